@@ -1,0 +1,60 @@
+"""The compiler: Tile IR -> verified -> TVM TIR -> backend code -> artifact + manifest.
+The only package of tiled that imports `tvm`."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from tiled.compiler.manifest import build_manifest
+from tiled.compiler.registry import Artifact, Target, get_backend, parse_target
+from tiled.ir import verify
+from tiled.ir.program import Program
+
+
+class CompiledKernel:
+    """A compiled kernel: `.artifact` (bytes), `.manifest` (tiled.runtime.Manifest), callable on
+    arrays / tensors through tiled.runtime (loaded on first call)."""
+
+    def __init__(self, artifact: bytes, manifest, source: str | None = None,
+                 stages: dict | None = None):
+        self.artifact, self.manifest, self.source = artifact, manifest, source
+        self.stages = stages or {}
+        self._loaded = None
+
+    def __call__(self, *args):
+        if self._loaded is None:
+            from tiled.runtime import load
+
+            self._loaded = load(self.artifact, self.manifest)
+        return self._loaded(*args)
+
+    def __repr__(self):
+        return f"<CompiledKernel {self.manifest.name} for {self.manifest.target}>"
+
+
+def as_program(kernel_or_program) -> Program:
+    if isinstance(kernel_or_program, Program):
+        return kernel_or_program
+    ir = getattr(kernel_or_program, "ir", None)
+    if isinstance(ir, Program):
+        return ir
+    raise TypeError(f"expected a @tiled.kernel or a tiled.ir.Program, got "
+                    f"{type(kernel_or_program).__name__}")
+
+
+def compile_program(kernel_or_program, target: str | Target = "cpu", **options) -> CompiledKernel:
+    """Compiles in this process. Raises VerifyError for an invalid program, UnsupportedTarget,
+    CompileError / ToolchainError when lowering or the toolchain fails."""
+    t0 = time.perf_counter()
+    program = as_program(kernel_or_program)
+    verify(program)
+    tgt = parse_target(target)
+    t1 = time.perf_counter()
+    art: Artifact = get_backend(tgt.backend).compile(program, tgt, options)
+    stages = {"verify": t1 - t0, **art.stages}
+    manifest = build_manifest(program, tgt, art, hashlib.sha256(art.data).hexdigest())
+    return CompiledKernel(art.data, manifest, art.source, stages)
+
+
+__all__ = ["CompiledKernel", "Target", "compile_program", "parse_target"]

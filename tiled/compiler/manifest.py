@@ -1,0 +1,92 @@
+"""Builds the launch manifest from the Tile IR, which tiled owns: parameters, grid expressions
+and symbolic dims come from the program, never from TVM's internals."""
+
+from __future__ import annotations
+
+from tiled.compiler.registry import Artifact, Target, get_backend
+from tiled.errors import CompileError
+from tiled.ir import dtypes
+from tiled.ir.program import Program
+from tiled.v1 import tile_ir_pb2 as pb
+
+_OPS = {pb.ADD: "add", pb.SUB: "sub", pb.MUL: "mul", pb.FLOOR_DIV: "floordiv",
+        pb.FLOOR_MOD: "floormod", pb.MIN: "min", pb.MAX: "max"}
+
+
+def expr_json(program: pb.Program, e: pb.Expr, dim_names: dict[int, str]):
+    """A grid expression as the manifest's JSON expression language."""
+    kind = e.WhichOneof("kind")
+    if kind == "int_value":
+        return int(e.int_value)
+    if kind == "var" and e.var in dim_names:
+        return dim_names[e.var]
+    if kind == "binary" and e.binary.op in _OPS:
+        return [_OPS[e.binary.op], expr_json(program, e.binary.a, dim_names),
+                expr_json(program, e.binary.b, dim_names)]
+    if kind == "binary" and e.binary.op == pb.DIV:
+        return ["floordiv", expr_json(program, e.binary.a, dim_names),
+                expr_json(program, e.binary.b, dim_names)]
+    if kind == "cast":
+        return expr_json(program, e.cast.value, dim_names)
+    raise CompileError("grid extents may use constants, symbolic dims and + - * // % min max "
+                       f"only (found {kind})")
+
+
+def dim_names(program: pb.Program) -> dict[int, str]:
+    out = {}
+    buffers = {b.id: b for b in program.buffers}
+    for p in program.params:
+        if p.WhichOneof("kind") == "buffer":
+            for d in buffers[p.buffer].shape:
+                if d.WhichOneof("kind") == "var":
+                    out[d.var] = program.vars[d.var].name or f"d{d.var}"
+    return out
+
+
+def manifest_params(program: pb.Program) -> list[dict]:
+    names = dim_names(program)
+    buffers = {b.id: b for b in program.buffers}
+    params = []
+    for p in program.params:
+        if p.WhichOneof("kind") == "buffer":
+            b = buffers[p.buffer]
+            shape = [names[d.var] if d.WhichOneof("kind") == "var" else int(d.size)
+                     for d in b.shape]
+            params.append({"name": p.name, "kind": "tensor",
+                           "dtype": dtypes.canonical_name(b.dtype), "shape": shape,
+                           "align": 16})
+        else:
+            params.append({"name": p.name, "kind": "scalar",
+                           "dtype": dtypes.canonical_name(program.vars[p.scalar].dtype)})
+    return params
+
+
+def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha256: str):
+    from tiled.runtime.manifest import Manifest
+
+    p = program.proto
+    names = dim_names(p)
+    grid = [expr_json(p, g, names) for g in p.kernel.grid]
+    grid += [1] * (3 - len(grid))
+    backend = get_backend(target.backend)
+    params = manifest_params(p)
+    if target.backend == "cpu":
+        for prm in params:
+            prm.pop("align", None)
+    return Manifest.from_dict({
+        "manifest_version": 1,
+        "name": p.name,
+        "program_digest": program.digest,
+        "target": str(target),
+        "backend": target.backend,
+        "arch": target.arch,
+        "artifact_format": backend.artifact_format,
+        "artifact_sha256": artifact_sha256,
+        "symbol": art.symbol,
+        "params": params,
+        "kernel_args": art.kernel_args or [],
+        "grid": grid,
+        "block": list(art.block),
+        "dynamic_smem_bytes": art.dynamic_smem_bytes,
+        "cluster": [1, 1, 1],
+    })

@@ -1,0 +1,136 @@
+"""Shared pieces of lowering Tile IR to TVM TIR: dtypes, expressions, parameters.
+
+Every backend walks the Tile IR itself and emits TIR through TVM's IR builder (never text).
+`ExprLowering` converts expressions given the backend's current binding of variables and
+buffers; backends rebind as they go (a loop var becomes a TIR loop var, a block var becomes an
+expression over a fused loop, a fragment load becomes a register access).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from tiled.errors import CompileError
+from tiled.ir import dtypes
+from tiled.ir.program import Program
+from tiled.v1 import tile_ir_pb2 as pb
+
+TVM_DTYPE = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
+
+
+def tvm_dtype(dtype: int | str) -> str:
+    name = dtypes.canonical_name(dtype)
+    return TVM_DTYPE.get(name, name)
+
+
+_BINARY: dict[int, Callable] = {
+    pb.ADD: lambda a, b: a + b,
+    pb.SUB: lambda a, b: a - b,
+    pb.MUL: lambda a, b: a * b,
+    pb.FLOOR_DIV: tirx.floordiv,
+    pb.FLOOR_MOD: tirx.floormod,
+    pb.MIN: tirx.Min,
+    pb.MAX: tirx.Max,
+    pb.EQ: tirx.EQ, pb.NE: tirx.NE, pb.LT: tirx.LT, pb.LE: tirx.LE, pb.GT: tirx.GT, pb.GE: tirx.GE,
+    pb.AND: tirx.And, pb.OR: tirx.Or,
+    pb.BIT_AND: tirx.bitwise_and, pb.BIT_OR: tirx.bitwise_or, pb.BIT_XOR: tirx.bitwise_xor,
+    pb.SHL: tirx.shift_left, pb.SHR: tirx.shift_right,
+}
+
+_CALL: dict[int, Callable] = {
+    pb.NEG: lambda a: tirx.const(0, str(a.ty)) - a,
+    pb.NOT: tirx.Not,
+    pb.EXP: tirx.exp, pb.EXP2: tirx.exp2, pb.LOG: tirx.log, pb.LOG2: tirx.log2,
+    pb.SQRT: tirx.sqrt, pb.RSQRT: tirx.rsqrt, pb.TANH: tirx.tanh, pb.ABS: tirx.abs,
+    pb.SIGMOID: tirx.sigmoid, pb.FLOOR: tirx.floor, pb.CEIL: tirx.ceil, pb.POW: tirx.power,
+    pb.ERF: tirx.erf, pb.SIN: tirx.sin, pb.COS: tirx.cos,
+}
+
+
+def loc_of(stmt: pb.Stmt) -> str:
+    return f"{stmt.loc.file}:{stmt.loc.line}" if stmt.HasField("loc") and stmt.loc.file else ""
+
+
+class ExprLowering:
+    """Converts Tile IR expressions to TIR. `vars` maps var id -> PrimExpr; `load` builds a
+    load of buffer id at TIR indices (backends decide what a fragment load means)."""
+
+    def __init__(self, program: Program):
+        self.program = program.proto
+        self.vars: dict[int, tirx.PrimExpr] = {}
+        self.var_dtype = {v.id: tvm_dtype(v.dtype) for v in self.program.vars}
+        self.buffers = {b.id: b for b in self.program.buffers}
+
+    def load(self, bid: int, indices: list) -> tirx.PrimExpr:
+        raise NotImplementedError
+
+    def expr(self, e: pb.Expr) -> tirx.PrimExpr:
+        kind = e.WhichOneof("kind")
+        dt = tvm_dtype(e.dtype)
+        if kind == "int_value":
+            return tirx.const(bool(e.int_value) if dt == "bool" else e.int_value, dt)
+        if kind == "float_value":
+            return tirx.const(e.float_value, dt)
+        if kind == "var":
+            return self.vars[e.var]
+        if kind == "binary":
+            a, b = self.expr(e.binary.a), self.expr(e.binary.b)
+            if e.binary.op == pb.DIV:
+                return a / b if dtypes.is_float(e.dtype) else tirx.truncdiv(a, b)
+            return _BINARY[e.binary.op](a, b)
+        if kind == "call":
+            return _CALL[e.call.op](*[self.expr(a) for a in e.call.args])
+        if kind == "cast":
+            return tirx.Cast(dt, self.expr(e.cast.value))
+        if kind == "select":
+            return tirx.Select(self.expr(e.select.cond), self.expr(e.select.true_value),
+                               self.expr(e.select.false_value))
+        if kind == "load":
+            return self.load(e.load.buffer, [self.expr(i) for i in e.load.indices])
+        raise CompileError(f"expression kind {kind} cannot be lowered")
+
+
+def declare_params(program: Program, lower: ExprLowering) -> dict[int, tirx.Buffer]:
+    """Declares the PrimFunc's parameters (inside `T.prim_func()`) in program order; binds the
+    symbolic dims and scalar params in `lower.vars`. Returns buffer id -> TIR buffer."""
+    p = program.proto
+    dims: dict[int, tirx.Var] = {}
+    out: dict[int, tirx.Buffer] = {}
+    for param in p.params:
+        if param.WhichOneof("kind") == "buffer":
+            b = lower.buffers[param.buffer]
+            shape = []
+            for d in b.shape:
+                if d.WhichOneof("kind") == "var":
+                    if d.var not in dims:
+                        dims[d.var] = tirx.Var(p.vars[d.var].name or f"d{d.var}", "int32")
+                        lower.vars[d.var] = dims[d.var]
+                    shape.append(dims[d.var])
+                else:
+                    shape.append(d.size)
+            out[b.id] = T.arg(param.name, T.Buffer(shape, tvm_dtype(b.dtype)))
+        else:
+            v = tirx.Var(param.name, lower.var_dtype[param.scalar])
+            lower.vars[param.scalar] = T.arg(param.name, v)
+    return out
+
+
+def static_shape(buf: pb.Buffer) -> list[int]:
+    return [d.size for d in buf.shape]
+
+
+def global_extent(lower: ExprLowering, buf: pb.Buffer, dim: int) -> tirx.PrimExpr:
+    d = buf.shape[dim]
+    return lower.vars[d.var] if d.WhichOneof("kind") == "var" else tirx.const(d.size, "int32")
+
+
+def grid_exprs(program: Program, lower: ExprLowering) -> list[tirx.PrimExpr]:
+    return [lower.expr(g) for g in program.proto.kernel.grid]
+
+
+def build_module(func: tirx.PrimFunc, name: str) -> tvm.IRModule:
+    return tvm.IRModule({name: func})

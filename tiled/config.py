@@ -1,0 +1,104 @@
+"""Every `TILED_*` setting, declared once: name, type, default, meaning.
+
+Read a setting with `config.get("cache_dir")`; override it in a scope (tests) with
+`with config.override(cache_dir=path): ...`. No other module reads os.environ for TILED_*.
+A value that does not parse raises ConfigError naming the variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tiled.errors import ConfigError
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G/T suffix (powers of 1024)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    if t and t[-1] in mult:
+        return int(float(t[:-1]) * mult[t[-1]])
+    return int(t)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[str], Any]
+    default: Callable[[], Any]
+    doc: str
+
+    @property
+    def env(self) -> str:
+        return "TILED_" + self.name.upper()
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tiled"
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in [
+    Setting("cache_dir", Path, _default_cache_dir, "root of the local disk cache"),
+    Setting("cuda_compiler", str, lambda: "auto",
+            "CUDA C++ to cubin driver: 'nvcc', 'nvrtc' or 'auto' (nvcc when on PATH)"),
+    Setting("nvcc", str, lambda: "nvcc", "the nvcc executable"),
+    Setting("cc", str, lambda: "cc", "the C compiler used to link CPU kernels"),
+    Setting("cpu_threads", int, lambda: 0, "threads for CPU kernels; 0 = the CPUs usable"),
+    Setting("keep_sources", _bool, lambda: False, "keep generated sources next to artifacts"),
+    Setting("server", str, lambda: "", "daemon address (unix:///path or host:port); empty: none"),
+    Setting("max_shared_bytes", _size, lambda: 227 * 1024,
+            "shared memory a block may use (verifier limit)"),
+    Setting("cache_max_bytes", _size, lambda: 10 << 30, "local disk cache size cap"),
+]}
+
+_local = threading.local()
+
+
+def _overrides() -> list[dict[str, Any]]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def get(name: str) -> Any:
+    """The setting's value: innermost override, else the environment, else the default."""
+    setting = SETTINGS[name]
+    for layer in reversed(_overrides()):
+        if name in layer:
+            return layer[name]
+    raw = os.environ.get(setting.env)
+    if raw is None:
+        return setting.default()
+    try:
+        return setting.parse(raw)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{setting.env}={raw!r} is not valid: {e}") from None
+
+
+@contextlib.contextmanager
+def override(**values: Any) -> Iterator[None]:
+    """Overrides settings for the current thread inside the `with` block."""
+    for k in values:
+        if k not in SETTINGS:
+            raise ConfigError(f"unknown setting {k!r}; known: {', '.join(SETTINGS)}")
+    _overrides().append(values)
+    try:
+        yield
+    finally:
+        _overrides().pop()

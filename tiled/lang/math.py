@@ -1,0 +1,93 @@
+"""Scalar math on traced values: casts, selects, intrinsics from the IR's fixed registry."""
+
+from __future__ import annotations
+
+import math as _math
+
+from tiled.ir import dtypes
+from tiled.lang.builder import definition_error
+from tiled.lang.expr import Dim, Expr, as_expr, binary, call, cast, const, select
+from tiled.v1 import tile_ir_pb2 as pb
+
+
+def _float_call(op: int, name: str, x) -> Expr:
+    e = as_expr(x)
+    if not dtypes.is_float(e.dtype):
+        raise definition_error(f"T.{name} needs a float argument, got {e.dtype}; cast it first")
+    return call(op, e)
+
+
+def exp(x): return _float_call(pb.EXP, "exp", x)
+def exp2(x): return _float_call(pb.EXP2, "exp2", x)
+def log(x): return _float_call(pb.LOG, "log", x)
+def log2(x): return _float_call(pb.LOG2, "log2", x)
+def sqrt(x): return _float_call(pb.SQRT, "sqrt", x)
+def rsqrt(x): return _float_call(pb.RSQRT, "rsqrt", x)
+def tanh(x): return _float_call(pb.TANH, "tanh", x)
+def sigmoid(x): return _float_call(pb.SIGMOID, "sigmoid", x)
+def erf(x): return _float_call(pb.ERF, "erf", x)
+def floor(x): return _float_call(pb.FLOOR, "floor", x)
+def ceil(x): return _float_call(pb.CEIL, "ceil", x)
+def sin(x): return _float_call(pb.SIN, "sin", x)
+def cos(x): return _float_call(pb.COS, "cos", x)
+
+
+def abs(x):  # noqa: A001 - mirrors T.abs
+    """|x| for any numeric x. `T.abs(v)`"""
+    return call(pb.ABS, as_expr(x))
+
+
+def _is_traced(x) -> bool:
+    return isinstance(x, (Expr, Dim))
+
+
+def max(a, b):  # noqa: A001
+    """Elementwise maximum; on two Python numbers, the Python max. `T.max(m, s)`"""
+    if not _is_traced(a) and not _is_traced(b):
+        return a if a >= b else b
+    return binary(pb.MAX, a, b)
+
+
+def min(a, b):  # noqa: A001
+    """Elementwise minimum. `T.min(x, 6.0)`"""
+    if not _is_traced(a) and not _is_traced(b):
+        return a if a <= b else b
+    return binary(pb.MIN, a, b)
+
+
+def ceildiv(a, b):
+    """ceil(a / b) for non-negative ints; exact on Python ints. `T.ceildiv(M, 128)`"""
+    if not _is_traced(a) and not _is_traced(b):
+        return -(-a // b)
+    return (a + b - 1) // b
+
+
+def if_then_else(cond, a, b):
+    """`a` where cond holds, else `b` (both evaluated). `T.if_then_else(i < n, x, 0.0)`"""
+    return select(cond, a, b)
+
+
+def infinity(dtype):
+    """+inf of a float dtype. `T.fill(m, -T.infinity("float32"))`"""
+    return const(_math.inf, dtypes.canonical_name(dtype))
+
+
+def all_of(*conds):
+    """Logical and of bools. `T.all_of(i < M, j < N)`"""
+    out = as_expr(conds[0])
+    for c in conds[1:]:
+        out = binary(pb.AND, out, c)
+    return out
+
+
+def any_of(*conds):
+    """Logical or of bools. `T.any_of(i == 0, j == 0)`"""
+    out = as_expr(conds[0])
+    for c in conds[1:]:
+        out = binary(pb.OR, out, c)
+    return out
+
+
+__all__ = ["abs", "all_of", "any_of", "cast", "ceil", "ceildiv", "cos", "erf", "exp", "exp2",
+           "floor", "if_then_else", "infinity", "log", "log2", "max", "min", "rsqrt", "sigmoid",
+           "sin", "sqrt", "tanh"]

@@ -1,0 +1,210 @@
+"""Allocations and tile operations: collective statements that the whole block executes."""
+
+from __future__ import annotations
+
+from tiled.ir import dtypes
+from tiled.lang.builder import current, definition_error
+from tiled.lang.expr import BufferRef, Element, RegionRef, cast, index_expr
+from tiled.v1 import tile_ir_pb2 as pb
+
+
+def _alloc(shape, dtype, scope: int, name: str | None) -> BufferRef:
+    b = current()
+    if not b.kernel_open:
+        raise definition_error("allocate buffers inside `with T.Kernel(...)`")
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool) or d <= 0:
+            raise definition_error(f"allocation shapes must be positive ints, got {shape!r}")
+    try:
+        dt = dtypes.canonical_name(dtype)
+    except ValueError as e:
+        raise definition_error(str(e)) from None
+    prefix = {pb.SHARED: "shared", pb.FRAGMENT: "frag", pb.LOCAL: "local"}[scope]
+    name = name or f"{prefix}{len(b.program.buffers)}"
+    buf = b.new_buffer(name, dt, list(shape), scope)
+    return BufferRef(buf.id, name, dt, shape, scope)
+
+
+def alloc_shared(shape, dtype, name: str | None = None) -> BufferRef:
+    """A tile in shared memory, visible to every thread of the block.
+
+    >>> A_shared = T.alloc_shared((128, 32), "float16")
+    """
+    return _alloc(shape, dtype, pb.SHARED, name)
+
+
+def alloc_fragment(shape, dtype, name: str | None = None) -> BufferRef:
+    """A tile held in the registers of the block's threads (the compiler picks the layout).
+
+    >>> C_local = T.alloc_fragment((128, 128), "float32")
+    """
+    return _alloc(shape, dtype, pb.FRAGMENT, name)
+
+
+def alloc_local(shape, dtype, name: str | None = None) -> BufferRef:
+    """Per-thread storage.
+
+    >>> acc = T.alloc_local((1,), "float32")
+    """
+    return _alloc(shape, dtype, pb.LOCAL, name)
+
+
+def _region(operand, other_shape: tuple | None, what: str) -> tuple[pb.Region, tuple]:
+    """A Region from a buffer (whole), a slice, or an element (a corner whose extents come
+    from the other operand's shape)."""
+    r = pb.Region()
+    if isinstance(operand, BufferRef):
+        r.buffer = operand.bid
+        for d in operand.shape:
+            r.offsets.add(dtype=pb.INT32, int_value=0)
+            if not isinstance(d, int):
+                raise definition_error(
+                    f"{what}: {operand.name} has a symbolic shape; name a tile of it, e.g. "
+                    f"{operand.name}[i, j]")
+            r.extents.append(d)
+        return r, tuple(operand.shape)
+    if isinstance(operand, RegionRef):
+        r.buffer = operand.buffer.bid
+        for o in operand.offsets:
+            r.offsets.add().CopyFrom(o.node)
+        r.extents.extend(operand.extents)
+        return r, tuple(operand.extents)
+    if isinstance(operand, Element):
+        if other_shape is None:
+            raise definition_error(
+                f"{what}: both operands are tile corners; one must be a whole buffer or a slice")
+        rank = operand.buffer.ndim
+        if len(other_shape) > rank:
+            raise definition_error(f"{what}: a {len(other_shape)}-d tile does not fit in "
+                                   f"{operand.buffer.name}, which has {rank} dims")
+        ext = (1,) * (rank - len(other_shape)) + tuple(other_shape)
+        r.buffer = operand.buffer.bid
+        for i in operand.indices:
+            r.offsets.add().CopyFrom(i.node)
+        r.extents.extend(ext)
+        return r, ext
+    raise definition_error(f"{what}: expected a buffer, a slice or buf[i, j], got "
+                           f"{type(operand).__name__}")
+
+
+def _squeeze(shape) -> tuple:
+    return tuple(d for d in shape if d != 1)
+
+
+def copy(src, dst) -> None:
+    """Copies a tile between global, shared and fragment memory. Parts of a global tile past the
+    tensor's end read as zero and are not written (ragged tails).
+
+    >>> T.copy(A[by * 128, k * 32], A_shared)   # global -> shared
+    >>> T.copy(C_local, C[by * 128, bx * 128])  # fragment -> global
+    """
+    src_shape = None if isinstance(src, Element) else _region(src, None, "T.copy")[1]
+    dst_shape = None if isinstance(dst, Element) else _region(dst, None, "T.copy")[1]
+    rs, s_shape = _region(src, dst_shape, "T.copy source")
+    rd, d_shape = _region(dst, src_shape if src_shape is not None else s_shape,
+                          "T.copy destination")
+    if _squeeze(s_shape) != _squeeze(d_shape):
+        raise definition_error(f"T.copy: source tile {s_shape} and destination tile {d_shape} "
+                               "have different shapes")
+    stmt = pb.Stmt()
+    stmt.copy.src.CopyFrom(rs)
+    stmt.copy.dst.CopyFrom(rd)
+    current().emit(stmt)
+
+
+def gemm(A: BufferRef, B: BufferRef, C: BufferRef, transpose_A: bool = False,
+         transpose_B: bool = False, clear_accum: bool = False) -> None:
+    """C += op(A) @ op(B) on tiles (tensor cores where the target has them). A and B are shared
+    or fragment tiles, C a fragment; op transposes when its flag is set.
+
+    >>> T.gemm(A_shared, B_shared, C_local)                    # (M,K) @ (K,N)
+    >>> T.gemm(Q_shared, K_shared, S_local, transpose_B=True)  # (M,K) @ (N,K)^T
+    """
+    for name, x in (("A", A), ("B", B), ("C", C)):
+        if not isinstance(x, BufferRef) or x.ndim != 2:
+            raise definition_error(f"T.gemm: {name} must be a 2-d tile buffer")
+    if C.scope != pb.FRAGMENT:
+        raise definition_error("T.gemm: C must be a fragment (T.alloc_fragment)")
+    m, k = (A.shape[1], A.shape[0]) if transpose_A else A.shape
+    k2, n = (B.shape[1], B.shape[0]) if transpose_B else B.shape
+    if k != k2 or tuple(C.shape) != (m, n):
+        raise definition_error(
+            f"T.gemm: shapes do not chain: op(A) is {m}x{k}, op(B) is {k2}x{n}, C is "
+            f"{C.shape[0]}x{C.shape[1]}")
+    stmt = pb.Stmt()
+    g = stmt.gemm
+    g.a, g.b, g.c = A.bid, B.bid, C.bid
+    g.transpose_a, g.transpose_b, g.clear_accum = transpose_A, transpose_B, clear_accum
+    current().emit(stmt)
+
+
+def fill(buffer, value) -> None:
+    """Sets every element of a tile (or a slice of one) to `value`.
+
+    >>> T.fill(m_local, -T.infinity("float32"))
+    """
+    r, _ = _region(buffer, None, "T.fill")
+    dt = current().buffer(r.buffer)
+    v = cast(value, dtypes.canonical_name(dt.dtype))
+    stmt = pb.Stmt()
+    stmt.fill.dst.CopyFrom(r)
+    stmt.fill.value.CopyFrom(v.node)
+    current().emit(stmt)
+
+
+def clear(buffer) -> None:
+    """Sets a tile to zero. `T.clear(C_local)`"""
+    fill(buffer, 0)
+
+
+def _reduce(kind: int, src: BufferRef, dst: BufferRef, dim: int, clear: bool) -> None:
+    if not isinstance(src, BufferRef) or not isinstance(dst, BufferRef):
+        raise definition_error("reduce operands must be tile buffers")
+    if dim < 0:
+        dim += src.ndim
+    if not 0 <= dim < src.ndim:
+        raise definition_error(f"reduce dim {dim} out of range for a {src.ndim}-d tile")
+    want = tuple(d for i, d in enumerate(src.shape) if i != dim) or (1,)
+    if tuple(dst.shape) != want:
+        raise definition_error(f"reduce over dim {dim} of {src.name}{tuple(src.shape)} gives "
+                               f"shape {want}, but {dst.name} is {tuple(dst.shape)}")
+    stmt = pb.Stmt()
+    stmt.reduce.kind, stmt.reduce.src, stmt.reduce.dst = kind, src.bid, dst.bid
+    stmt.reduce.dim, stmt.reduce.clear = dim, clear
+    current().emit(stmt)
+
+
+def reduce_max(src, dst, dim: int = -1, clear: bool = True) -> None:
+    """dst = max of src along `dim` (joined with the old dst when clear=False).
+
+    >>> T.reduce_max(S_local, m_local, dim=1)
+    """
+    _reduce(pb.REDUCE_MAX, src, dst, dim, clear)
+
+
+def reduce_sum(src, dst, dim: int = -1, clear: bool = True) -> None:
+    """dst = sum of src along `dim`. `T.reduce_sum(P_local, l_local, dim=1)`"""
+    _reduce(pb.REDUCE_SUM, src, dst, dim, clear)
+
+
+def reduce_min(src, dst, dim: int = -1, clear: bool = True) -> None:
+    """dst = min of src along `dim`. `T.reduce_min(S_local, lo_local, dim=1)`"""
+    _reduce(pb.REDUCE_MIN, src, dst, dim, clear)
+
+
+def atomic_add(dst, value) -> None:
+    """dst += value atomically across threads and blocks; `dst` is an element of a global or
+    shared buffer.
+
+    >>> T.atomic_add(Out[bx], partial[0])
+    """
+    if not isinstance(dst, Element):
+        raise definition_error("T.atomic_add: the destination must be an element, buf[i, ...]")
+    stmt = pb.Stmt()
+    stmt.atomic_add.buffer = dst.buffer.bid
+    for i in dst.indices:
+        stmt.atomic_add.indices.add().CopyFrom(index_expr(i).node)
+    stmt.atomic_add.value.CopyFrom(cast(value, dst.buffer.dtype).node)
+    current().emit(stmt)
+

@@ -3,16 +3,15 @@ Free of TVM: importing this package never imports `tvm`."""
 
 from tiled.errors import IRDecodeError, VerifyError
 from tiled.ir.program import SCHEMA_VERSION, Program
+from tiled.ir.verifier import Limits, verify_program
 from tiled.v1 import tile_ir_pb2 as pb
 
 
-def verify(program: Program, limits=None) -> Program:
-    """Checks every rule of the IR (see tiled.ir.verify); returns the program or raises
+def verify(program: Program, limits: Limits | None = None) -> Program:
+    """Checks every rule of the IR (see tiled.ir.verifier); returns the program or raises
     VerifyError with a located message."""
-    from tiled.ir.verify import verify_program
-
     verify_program(program, limits)
     return program
 
 
-__all__ = ["SCHEMA_VERSION", "IRDecodeError", "Program", "VerifyError", "pb", "verify"]
+__all__ = ["SCHEMA_VERSION", "IRDecodeError", "Limits", "Program", "VerifyError", "pb", "verify"]

@@ -1,0 +1,73 @@
+"""Operator tables of the Tile IR, shared by the verifier, the printer and the compiler.
+
+Every table is keyed by wire enum value. A value missing from a table is an unknown operator:
+the verifier rejects it, the printer shows it as `?`.
+"""
+
+from __future__ import annotations
+
+from tiled.v1 import tile_ir_pb2 as pb
+
+# Intrinsics: arity, and which dtypes each accepts. All of them return their argument dtype.
+INTRINSIC_ARITY: dict[int, int] = {
+    pb.NEG: 1, pb.NOT: 1, pb.EXP: 1, pb.EXP2: 1, pb.LOG: 1, pb.LOG2: 1, pb.SQRT: 1, pb.RSQRT: 1,
+    pb.TANH: 1, pb.ABS: 1, pb.SIGMOID: 1, pb.FLOOR: 1, pb.CEIL: 1, pb.POW: 2, pb.ERF: 1,
+    pb.SIN: 1, pb.COS: 1,
+}
+FLOAT_INTRINSICS = frozenset(INTRINSIC_ARITY) - {pb.NEG, pb.NOT, pb.ABS}
+NUMERIC_INTRINSICS = frozenset({pb.NEG, pb.ABS})  # ints or floats, not bool
+BOOL_INTRINSICS = frozenset({pb.NOT})  # logical not
+
+# Binary operators: both operands share one dtype.
+ARITHMETIC_OPS = frozenset({pb.ADD, pb.SUB, pb.MUL, pb.DIV, pb.MIN, pb.MAX})  # result: operand
+COMPARISON_OPS = frozenset({pb.EQ, pb.NE, pb.LT, pb.LE, pb.GT, pb.GE})  # result: BOOL
+LOGICAL_OPS = frozenset({pb.AND, pb.OR})  # BOOL operands and result
+BITWISE_OPS = frozenset({pb.BIT_AND, pb.BIT_OR, pb.BIT_XOR, pb.SHL, pb.SHR})  # ints only
+INT_ONLY_OPS = BITWISE_OPS | {pb.FLOOR_DIV, pb.FLOOR_MOD}
+BINARY_OPS = ARITHMETIC_OPS | COMPARISON_OPS | LOGICAL_OPS | INT_ONLY_OPS
+
+# Data types by family, and the value range of each integer dtype (BOOL holds 0 and 1).
+INT_DTYPES = frozenset({pb.INT8, pb.INT16, pb.INT32, pb.INT64,
+                        pb.UINT8, pb.UINT16, pb.UINT32, pb.UINT64})
+FLOAT_DTYPES = frozenset({pb.FLOAT16, pb.BFLOAT16, pb.FLOAT32, pb.FLOAT64,
+                          pb.FLOAT8_E4M3, pb.FLOAT8_E5M2})
+DTYPES = INT_DTYPES | FLOAT_DTYPES | {pb.BOOL}
+INT_RANGE: dict[int, tuple[int, int]] = {
+    pb.BOOL: (0, 1),
+    pb.INT8: (-(1 << 7), (1 << 7) - 1), pb.INT16: (-(1 << 15), (1 << 15) - 1),
+    pb.INT32: (-(1 << 31), (1 << 31) - 1), pb.INT64: (-(1 << 63), (1 << 63) - 1),
+    pb.UINT8: (0, (1 << 8) - 1), pb.UINT16: (0, (1 << 16) - 1),
+    pb.UINT32: (0, (1 << 32) - 1), pb.UINT64: (0, (1 << 64) - 1),
+}
+
+SCOPES = frozenset({pb.GLOBAL, pb.SHARED, pb.FRAGMENT, pb.LOCAL})
+LOOP_KINDS = frozenset({pb.SERIAL, pb.PARALLEL, pb.PIPELINED, pb.UNROLL})
+REDUCE_KINDS = frozenset({pb.REDUCE_SUM, pb.REDUCE_MAX, pb.REDUCE_MIN})
+
+# Printer spellings (TileLang-like). Infix operators carry a precedence, higher binds tighter,
+# as in Python; MIN and MAX print as calls.
+BINARY_SYMBOL: dict[int, tuple[str, int]] = {
+    pb.OR: ("or", 1), pb.AND: ("and", 2),
+    pb.EQ: ("==", 4), pb.NE: ("!=", 4), pb.LT: ("<", 4), pb.LE: ("<=", 4), pb.GT: (">", 4),
+    pb.GE: (">=", 4),
+    pb.BIT_OR: ("|", 5), pb.BIT_XOR: ("^", 6), pb.BIT_AND: ("&", 7),
+    pb.SHL: ("<<", 8), pb.SHR: (">>", 8),
+    pb.ADD: ("+", 9), pb.SUB: ("-", 9),
+    pb.MUL: ("*", 10), pb.DIV: ("/", 10), pb.FLOOR_DIV: ("//", 10), pb.FLOOR_MOD: ("%", 10),
+}
+BINARY_FUNCTION: dict[int, str] = {pb.MIN: "min", pb.MAX: "max"}
+INTRINSIC_NAME: dict[int, str] = {
+    pb.NEG: "neg", pb.NOT: "not_", pb.EXP: "exp", pb.EXP2: "exp2", pb.LOG: "log",
+    pb.LOG2: "log2", pb.SQRT: "sqrt", pb.RSQRT: "rsqrt", pb.TANH: "tanh", pb.ABS: "abs",
+    pb.SIGMOID: "sigmoid", pb.FLOOR: "floor", pb.CEIL: "ceil", pb.POW: "pow", pb.ERF: "erf",
+    pb.SIN: "sin", pb.COS: "cos",
+}
+LOOP_KIND_NAME: dict[int, str] = {
+    pb.SERIAL: "range", pb.PARALLEL: "Parallel", pb.PIPELINED: "Pipelined", pb.UNROLL: "unroll",
+}
+REDUCE_NAME: dict[int, str] = {
+    pb.REDUCE_SUM: "reduce_sum", pb.REDUCE_MAX: "reduce_max", pb.REDUCE_MIN: "reduce_min",
+}
+SCOPE_NAME: dict[int, str] = {
+    pb.GLOBAL: "global", pb.SHARED: "shared", pb.FRAGMENT: "fragment", pb.LOCAL: "local",
+}

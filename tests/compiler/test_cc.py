@@ -1,0 +1,212 @@
+"""The C compiler driver and the CPU runtime shim it links into every CPU kernel."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tiled import config
+from tiled.compiler.toolchain import cc
+from tiled.errors import ToolchainError
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+
+@pytest.fixture(autouse=True)
+def _scoped_config(tmp_path):
+    with config.override(cache_dir=tmp_path / "cache"):
+        yield
+
+
+def test_cc_version_names_the_compiler():
+    v = cc.cc_version()
+    assert v and "\n" not in v
+
+
+def test_shim_object_is_cached_per_digest(tmp_path):
+    first = cc.shim_object()
+    assert first.parent == tmp_path / "cache" / "shim"
+    assert cc.shim_digest()[:32] in first.name
+    stamp = first.stat().st_mtime_ns
+    assert cc.shim_object() == first and first.stat().st_mtime_ns == stamp
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temporaries left
+
+
+def test_missing_compiler_is_a_toolchain_error():
+    with config.override(cc="no-such-cc-tiled"), pytest.raises(ToolchainError, match="TILED_CC"):
+        cc.cc_version()
+
+
+def test_link_failure_carries_tool_output(tmp_path):
+    with pytest.raises(ToolchainError, match="does not exist"):
+        cc.link_cpu_library(tmp_path / "missing.o", tmp_path / "k.so")
+    junk = tmp_path / "junk.o"
+    junk.write_bytes(b"not an object file")
+    with pytest.raises(ToolchainError, match=r"linking the CPU kernel failed[\s\S]*junk\.o"):
+        cc.link_cpu_library(junk, tmp_path / "k.so")
+    assert not (tmp_path / "k.so").exists()
+
+
+# Stands in for a TVM object: it defines context pointers the way TVM's LLVM codegen does
+# (weak, zero-initialised, default visibility) and exports a safe-call style entry.
+FAKE_KERNEL = r"""
+#include <stdint.h>
+__attribute__((weak)) void* __TVMBackendParallelLaunch = 0;
+__attribute__((weak)) void* __TVMBackendAllocWorkspace = 0;
+void TVMFFIErrorSetRaisedFromCStrParts(const char*, const char**, int32_t);
+int __tvm_ffi_fake(void* self, const void* args, int32_t n, void* result) {
+  const char* parts[3] = {"bad ", 0, "input"};
+  if (n != 0) { TVMFFIErrorSetRaisedFromCStrParts("ValueError", parts, 3); return -1; }
+  return __TVMBackendParallelLaunch && __TVMBackendAllocWorkspace ? 0 : 7;
+}
+"""
+
+
+def test_linked_library_exports_only_entry_and_shim_api(tmp_path):
+    src = tmp_path / "fake.c"
+    src.write_text(FAKE_KERNEL)
+    obj = tmp_path / "fake.o"
+    subprocess.run(["cc", "-c", "-fPIC", str(src), "-o", str(obj)], check=True)
+    cc.link_cpu_library(obj, tmp_path / "fake.so")
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / "fake.so")],
+                        capture_output=True, text=True, check=True).stdout
+    names = {line.split()[-1] for line in nm.splitlines()}
+    assert {"__tvm_ffi_fake", "tiled_last_error", "tiled_set_num_threads"} <= names
+    assert not {n for n in names if n.startswith(("TVM", "__TVM"))}, names
+
+    import ctypes
+
+    lib = ctypes.CDLL(str(tmp_path / "fake.so"), mode=ctypes.RTLD_LOCAL)
+    lib.tiled_last_error.restype = ctypes.c_char_p
+    assert lib.__tvm_ffi_fake(None, None, 0, None) == 0  # the constructor filled both pointers
+    assert lib.__tvm_ffi_fake(None, None, 1, None) == -1
+    assert lib.tiled_last_error() == b"ValueError: bad input"  # NULL parts are skipped
+
+
+# Drives the shim's parallel launcher, barrier and workspace directly.
+HARNESS = r"""
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+typedef struct { void* sync_handle; int32_t num_task; } Env;
+typedef int (*Lambda)(int, Env*, void*);
+int TVMBackendParallelLaunch(Lambda, void*, int);
+int TVMBackendParallelBarrier(int, Env*);
+void* TVMBackendAllocWorkspace(int, int, uint64_t, int, int);
+int TVMBackendFreeWorkspace(int, int, void*);
+int TVMFFIHandleInitOnce(void**, int (*)(void**));
+void tiled_atomic_add_float32(float*, float);
+void tiled_atomic_add_float64(double*, double);
+void tiled_atomic_add_int32(int32_t*, int32_t);
+void tiled_atomic_add_int64(int64_t*, int64_t);
+void TVMFFIErrorSetRaisedFromCStrParts(const char*, const char**, int32_t);
+const char* tiled_last_error(void);
+int tiled_set_num_threads(int);
+
+static int hits[64], phase_ok = 1, seen_tasks;
+static int stage[64];
+static pthread_t who[64];
+
+static int count(int task, Env* env, void* cdata) {
+  (void)cdata;
+  __atomic_add_fetch(&hits[task], 1, __ATOMIC_SEQ_CST);
+  who[task] = pthread_self();
+  __atomic_store_n(&seen_tasks, env->num_task, __ATOMIC_SEQ_CST);
+  return 0;
+}
+static int with_barrier(int task, Env* env, void* cdata) {
+  (void)cdata;
+  for (int round = 1; round <= 50; ++round) {
+    stage[task] = round;
+    if (TVMBackendParallelBarrier(task, env)) return -1;
+    for (int t = 0; t < env->num_task; ++t) if (stage[t] < round) phase_ok = 0;
+    if (TVMBackendParallelBarrier(task, env)) return -1;
+  }
+  return 0;
+}
+static int failing(int task, Env* env, void* cdata) {
+  (void)cdata;
+  if (task == env->num_task - 1) {
+    const char* parts[1] = {"task failed on a worker"};
+    TVMFFIErrorSetRaisedFromCStrParts("RuntimeError", parts, 1);
+    return -1;
+  }
+  return 0;
+}
+static int inner_tasks;
+static int inner(int task, Env* env, void* cdata) { (void)task, (void)cdata;
+  inner_tasks = env->num_task; return 0; }
+static int outer(int task, Env* env, void* cdata) { (void)env, (void)cdata;
+  return task == 0 ? TVMBackendParallelLaunch(inner, 0, 0) : 0; }
+static float f32;
+static double f64;
+static int32_t i32;
+static int64_t i64;
+static int adds(int task, Env* env, void* cdata) {
+  (void)task, (void)env, (void)cdata;
+  for (int i = 0; i < 100000; ++i) {
+    tiled_atomic_add_float32(&f32, 1.0f);
+    tiled_atomic_add_float64(&f64, 0.5);
+    tiled_atomic_add_int32(&i32, 1);
+    tiled_atomic_add_int64(&i64, 1LL << 33);
+  }
+  return 0;
+}
+static int inits;
+static int init(void** out) { ++inits; *out = (void*)0x1; return 0; }
+
+#define CHECK(c) do { if (!(c)) { printf("FAIL %s:%d %s\n", __FILE__, __LINE__, #c); \
+  return 1; } } while (0)
+int main(void) {
+  CHECK(tiled_set_num_threads(4) == 4);
+  CHECK(TVMBackendParallelLaunch(count, 0, 0) == 0);
+  CHECK(seen_tasks == 4);
+  for (int t = 0; t < 4; ++t) CHECK(hits[t] == 1);
+  CHECK(pthread_equal(who[0], pthread_self()));
+  CHECK(!pthread_equal(who[3], pthread_self()));
+  memset(hits, 0, sizeof hits);
+  CHECK(TVMBackendParallelLaunch(count, 0, 10) == 0);  /* more tasks than threads */
+  for (int t = 0; t < 10; ++t) CHECK(hits[t] == 1);
+  CHECK(TVMBackendParallelLaunch(with_barrier, 0, 4) == 0 && phase_ok);
+  CHECK(TVMBackendParallelLaunch(failing, 0, 0) == -1);
+  CHECK(strcmp(tiled_last_error(), "RuntimeError: task failed on a worker") == 0);
+  CHECK(TVMBackendParallelLaunch(outer, 0, 0) == 0 && inner_tasks == 1);
+  CHECK(tiled_set_num_threads(1) == 1);
+  CHECK(TVMBackendParallelLaunch(with_barrier, 0, 0) == 0 && phase_ok);
+  void* p = TVMBackendAllocWorkspace(1, 0, 1 << 20, 2, 32);
+  CHECK(p && ((uintptr_t)p % 64) == 0);
+  CHECK(TVMBackendFreeWorkspace(1, 0, p) == 0);
+  CHECK(TVMBackendAllocWorkspace(2, 0, 16, 2, 32) == 0);
+  CHECK(strstr(tiled_last_error(), "device type 2") != 0);
+  CHECK(tiled_set_num_threads(4) == 4);
+  CHECK(TVMBackendParallelLaunch(adds, 0, 0) == 0);  /* 4 threads x 100000 adds, exact */
+  CHECK(f32 == 400000.0f && f64 == 200000.0 && i32 == 400000 && i64 == 400000LL << 33);
+  void* handle = 0;
+  CHECK(TVMFFIHandleInitOnce(&handle, init) == 0 && TVMFFIHandleInitOnce(&handle, init) == 0);
+  CHECK(inits == 1 && handle == (void*)0x1);
+  puts("ok");
+  return 0;
+}
+"""
+
+
+def test_shim_parallel_runtime(tmp_path):
+    src = tmp_path / "harness.c"
+    src.write_text(HARNESS)
+    exe = tmp_path / "harness"
+    subprocess.run(["cc", "-O1", "-pthread", str(src), str(cc.shim_object()), "-o", str(exe)],
+                   check=True)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_shim_digest_tracks_the_source(monkeypatch, tmp_path):
+    before = cc.shim_digest()
+    edited = tmp_path / "cpu_shim.c"
+    edited.write_text(Path(cc.SHIM_SOURCE).read_text() + "\n/* edit */\n")
+    monkeypatch.setattr(cc, "SHIM_SOURCE", edited)
+    assert cc.shim_digest() != before

@@ -1,0 +1,415 @@
+/*
+ * cpu_shim.c: the few runtime services a TVM LLVM (CPU) object needs, so that the linked .so is
+ * self-contained and loads without libtvm_runtime / libtvm_ffi.
+ *
+ * A TVM 0.27 CPU object exports `__tvm_ffi_<name>` (the TVM FFI safe-call ABI) and reaches the
+ * runtime in two ways:
+ *   - direct calls to undefined functions (always `TVMFFIErrorSetRaisedFromCStrParts`);
+ *   - "context pointers": weak, zero-initialised function-pointer *variables* such as
+ *     `__TVMBackendParallelLaunch` that TVM's own loader fills after dlopen. Nothing fills them
+ *     here, so the constructor below stores our implementations into those that exist.
+ *
+ * Every symbol here is hidden except the `tiled_*` entry points the Python runtime calls: the
+ * references from the kernel object bind inside this .so, never to another library's copy.
+ *
+ * Thread-safety: errors are thread-local; the parallel launcher is safe to call from several
+ * threads at once (launches serialise on the pool; a nested launch runs inline as one task).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define HIDDEN __attribute__((visibility("hidden")))
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- declarations matching tvm/runtime/c_backend_api.h and tvm/ffi/c_api.h ------------------ */
+
+typedef struct {
+  void* sync_handle;
+  int32_t num_task;
+} TVMParallelGroupEnv;
+
+typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
+
+enum { kDLCPU = 1, kTiledErrorCap = 4096, kWorkspaceAlign = 64 };
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+static __thread char tls_error[kTiledErrorCap];
+
+static void error_append(char* buf, size_t* used, const char* text) {
+  if (text == NULL) return;
+  size_t n = strlen(text);
+  size_t room = kTiledErrorCap - 1 - *used;
+  if (n > room) n = room;
+  memcpy(buf + *used, text, n);
+  *used += n;
+  buf[*used] = '\0';
+}
+
+HIDDEN void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t n) {
+  size_t used = 0;
+  tls_error[0] = '\0';
+  error_append(tls_error, &used, kind ? kind : "Error");
+  error_append(tls_error, &used, ": ");
+  for (int32_t i = 0; i < n; ++i) error_append(tls_error, &used, parts[i]);
+}
+
+HIDDEN void TVMFFIErrorSetRaisedFromCStr(const char* kind, const char* message) {
+  const char* parts[1] = {message};
+  TVMFFIErrorSetRaisedFromCStrParts(kind, parts, 1);
+}
+
+static void set_errorf(const char* kind, const char* fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  TVMFFIErrorSetRaisedFromCStr(kind, msg);
+}
+
+/* The message of the last failure on this thread ("Kind: message"), or "" if none. */
+EXPORT const char* tiled_last_error(void) { return tls_error; }
+
+EXPORT void tiled_clear_error(void) { tls_error[0] = '\0'; }
+
+/* ---- workspace ------------------------------------------------------------------------------- */
+
+HIDDEN void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes,
+                                      int dtype_code_hint, int dtype_bits_hint) {
+  (void)device_id, (void)dtype_code_hint, (void)dtype_bits_hint;
+  if (device_type != kDLCPU) {
+    set_errorf("RuntimeError", "workspace on device type %d requested from a CPU kernel",
+               device_type);
+    return NULL;
+  }
+  void* ptr = NULL;
+  size_t size = nbytes ? (size_t)nbytes : 1;
+  if (posix_memalign(&ptr, kWorkspaceAlign, size) != 0) {
+    set_errorf("MemoryError", "could not allocate %llu bytes of kernel workspace",
+               (unsigned long long)nbytes);
+    return NULL;
+  }
+  return ptr;
+}
+
+HIDDEN int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {
+  (void)device_type, (void)device_id;
+  free(ptr);
+  return 0;
+}
+
+/* ---- parallel launch ------------------------------------------------------------------------- */
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int count;
+  int total;
+  unsigned phase;
+} barrier_t;
+
+typedef struct {
+  pthread_mutex_t launch_mu; /* one launch at a time uses the pool */
+  pthread_mutex_t mu;        /* guards everything below */
+  pthread_cond_t work_cv;
+  pthread_cond_t done_cv;
+  int num_threads;    /* threads a launch uses, the caller included */
+  int num_workers;    /* worker threads started so far */
+  uint64_t generation;
+  int participants;   /* threads taking part in the current launch */
+  int pending;        /* participating workers not finished yet */
+  FTVMParallelLambda flambda;
+  void* cdata;
+  TVMParallelGroupEnv env;
+  int status;
+  char error[kTiledErrorCap];
+} pool_t;
+
+static pool_t pool = {
+    .launch_mu = PTHREAD_MUTEX_INITIALIZER,
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .work_cv = PTHREAD_COND_INITIALIZER,
+    .done_cv = PTHREAD_COND_INITIALIZER,
+};
+static barrier_t pool_barrier = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
+static __thread int tls_in_parallel;
+
+static int usable_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+/* Sets the threads a parallel loop uses (the calling thread included); n <= 0 means the CPUs
+   this process may run on. Returns the value now in effect. */
+EXPORT int tiled_set_num_threads(int n) {
+  if (n <= 0) n = usable_cpus();
+  if (n > 1024) n = 1024;
+  pthread_mutex_lock(&pool.launch_mu);
+  pool.num_threads = n;
+  pthread_mutex_unlock(&pool.launch_mu);
+  return n;
+}
+
+EXPORT int tiled_get_num_threads(void) {
+  pthread_mutex_lock(&pool.launch_mu);
+  if (pool.num_threads <= 0) pool.num_threads = usable_cpus();
+  int n = pool.num_threads;
+  pthread_mutex_unlock(&pool.launch_mu);
+  return n;
+}
+
+/* Runs the tasks of one thread: task ids index, index + stride, ... below num_task. On failure
+   the first error is copied to the pool, since the error is thread-local to this worker. */
+static void run_tasks(int index, int stride, FTVMParallelLambda f, void* cdata,
+                      TVMParallelGroupEnv* env, int* status, char* error) {
+  for (int t = index; t < env->num_task; t += stride) {
+    int rc = f(t, env, cdata);
+    if (rc != 0) {
+      pthread_mutex_lock(&pool.mu);
+      if (*status == 0) {
+        *status = rc;
+        memcpy(error, tls_error, kTiledErrorCap);
+      }
+      pthread_mutex_unlock(&pool.mu);
+      return;
+    }
+  }
+}
+
+static void* worker_main(void* arg) {
+  int index = (int)(intptr_t)arg; /* 1..num_workers; the launching thread is 0 */
+  uint64_t seen = 0;
+  tls_in_parallel = 1;
+  pthread_mutex_lock(&pool.mu);
+  for (;;) {
+    while (pool.generation == seen) pthread_cond_wait(&pool.work_cv, &pool.mu);
+    seen = pool.generation;
+    if (index >= pool.participants) continue;
+    FTVMParallelLambda f = pool.flambda;
+    void* cdata = pool.cdata;
+    int stride = pool.participants;
+    pthread_mutex_unlock(&pool.mu);
+    run_tasks(index, stride, f, cdata, &pool.env, &pool.status, pool.error);
+    pthread_mutex_lock(&pool.mu);
+    if (--pool.pending == 0) pthread_cond_signal(&pool.done_cv);
+  }
+  return NULL;
+}
+
+/* Starts workers up to `want`; returns how many exist (fewer if pthread_create failed). */
+static int ensure_workers(int want) {
+  while (pool.num_workers < want) {
+    pthread_t tid;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&tid, &attr, worker_main, (void*)(intptr_t)(pool.num_workers + 1));
+    pthread_attr_destroy(&attr);
+    if (rc != 0) break;
+    pool.num_workers++;
+  }
+  return pool.num_workers;
+}
+
+static void run_inline(FTVMParallelLambda flambda, void* cdata, int* rc) {
+  /* One task covers the whole range: TVM's lambdas split work by penv->num_task. */
+  TVMParallelGroupEnv env = {NULL, 1};
+  barrier_t single = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 1, 0};
+  env.sync_handle = &single;
+  *rc = flambda(0, &env, cdata);
+}
+
+HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void* cdata, int num_task) {
+  int rc = 0;
+  if (tls_in_parallel) { /* nested parallel loop: run it on this thread */
+    run_inline(flambda, cdata, &rc);
+    return rc;
+  }
+  pthread_mutex_lock(&pool.launch_mu);
+  if (pool.num_threads <= 0) pool.num_threads = usable_cpus();
+  int requested = num_task;
+  if (num_task <= 0) num_task = pool.num_threads;
+  int participants = num_task < pool.num_threads ? num_task : pool.num_threads;
+  pthread_mutex_lock(&pool.mu);
+  int workers = ensure_workers(participants - 1);
+  if (participants > workers + 1) participants = workers + 1;
+  if (requested <= 0) num_task = participants;
+  if (participants <= 1) {
+    pthread_mutex_unlock(&pool.mu);
+    pthread_mutex_unlock(&pool.launch_mu);
+    tls_in_parallel = 1;
+    run_inline(flambda, cdata, &rc);
+    tls_in_parallel = 0;
+    return rc;
+  }
+  pool_barrier.count = 0;
+  pool_barrier.total = participants;
+  pool.flambda = flambda;
+  pool.cdata = cdata;
+  pool.env.sync_handle = &pool_barrier;
+  pool.env.num_task = num_task;
+  pool.participants = participants;
+  pool.pending = participants - 1;
+  pool.status = 0;
+  pool.error[0] = '\0';
+  pool.generation++;
+  pthread_cond_broadcast(&pool.work_cv);
+  pthread_mutex_unlock(&pool.mu);
+
+  tls_in_parallel = 1;
+  run_tasks(0, participants, flambda, cdata, &pool.env, &pool.status, pool.error);
+  tls_in_parallel = 0;
+
+  pthread_mutex_lock(&pool.mu);
+  while (pool.pending > 0) pthread_cond_wait(&pool.done_cv, &pool.mu);
+  rc = pool.status;
+  if (rc != 0) memcpy(tls_error, pool.error, kTiledErrorCap);
+  pthread_mutex_unlock(&pool.mu);
+  pthread_mutex_unlock(&pool.launch_mu);
+  return rc;
+}
+
+HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv* penv) {
+  (void)task_id;
+  barrier_t* b = (barrier_t*)penv->sync_handle;
+  if (b == NULL || b->total <= 1) return 0;
+  if (penv->num_task > b->total) {
+    /* Tasks beyond the thread count run one after another on a thread; a barrier among them
+       would never open. */
+    set_errorf("RuntimeError", "parallel barrier with %d tasks on %d threads", penv->num_task,
+               b->total);
+    return -1;
+  }
+  pthread_mutex_lock(&b->mu);
+  unsigned phase = b->phase;
+  if (++b->count == b->total) {
+    b->count = 0;
+    b->phase++;
+    pthread_cond_broadcast(&b->cv);
+  } else {
+    while (phase == b->phase) pthread_cond_wait(&b->cv, &b->mu);
+  }
+  pthread_mutex_unlock(&b->mu);
+  return 0;
+}
+
+/* ---- atomics: T.atomic_add on cpu lowers to call_extern("tiled_atomic_add_<dtype>") --------- */
+
+HIDDEN void tiled_atomic_add_int32(int32_t* addr, int32_t value) {
+  __atomic_fetch_add(addr, value, __ATOMIC_RELAXED);
+}
+
+HIDDEN void tiled_atomic_add_int64(int64_t* addr, int64_t value) {
+  __atomic_fetch_add(addr, value, __ATOMIC_RELAXED);
+}
+
+/* Floats: compare-and-swap on the bit pattern until no other thread got in between. */
+HIDDEN void tiled_atomic_add_float32(float* addr, float value) {
+  uint32_t* bits = (uint32_t*)addr;
+  uint32_t old = __atomic_load_n(bits, __ATOMIC_RELAXED), want;
+  do {
+    float sum;
+    memcpy(&sum, &old, sizeof sum);
+    sum += value;
+    memcpy(&want, &sum, sizeof want);
+  } while (!__atomic_compare_exchange_n(bits, &old, want, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
+HIDDEN void tiled_atomic_add_float64(double* addr, double value) {
+  uint64_t* bits = (uint64_t*)addr;
+  uint64_t old = __atomic_load_n(bits, __ATOMIC_RELAXED), want;
+  do {
+    double sum;
+    memcpy(&sum, &old, sizeof sum);
+    sum += value;
+    memcpy(&want, &sum, sizeof want);
+  } while (!__atomic_compare_exchange_n(bits, &old, want, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
+/* ---- FFI services a tiled kernel never needs; they fail loudly instead of jumping to NULL ---- */
+
+HIDDEN int TVMFFIEnvModLookupFromImports(void* library_ctx, const char* func_name, void** out) {
+  (void)library_ctx, (void)out;
+  set_errorf("RuntimeError", "kernel looked up function '%s': the tiled runtime has no TVM "
+             "function registry", func_name ? func_name : "?");
+  return -1;
+}
+
+HIDDEN int TVMFFIFunctionCall(void* func, void* args, int32_t num_args, void* result) {
+  (void)func, (void)args, (void)num_args, (void)result;
+  set_errorf("RuntimeError", "kernel called a TVM packed function: unsupported by the tiled "
+             "runtime");
+  return -1;
+}
+
+static pthread_mutex_t init_once_mu = PTHREAD_MUTEX_INITIALIZER;
+
+HIDDEN int TVMFFIHandleInitOnce(void** handle_addr, int (*init_func)(void** result)) {
+  int rc = 0;
+  pthread_mutex_lock(&init_once_mu);
+  if (*handle_addr == NULL) {
+    void* result = NULL;
+    rc = init_func(&result);
+    if (rc == 0) *handle_addr = result;
+  }
+  pthread_mutex_unlock(&init_once_mu);
+  return rc;
+}
+
+/* ---- context pointers ------------------------------------------------------------------------ */
+
+/* Weak and hidden: a pointer the object does not define stays NULL (hidden undefined weak
+   symbols resolve at link time, never against another loaded library). */
+#define CONTEXT_POINTER(name) extern void* __##name __attribute__((weak, visibility("hidden")));
+CONTEXT_POINTER(TVMBackendParallelLaunch)
+CONTEXT_POINTER(TVMBackendParallelBarrier)
+CONTEXT_POINTER(TVMBackendAllocWorkspace)
+CONTEXT_POINTER(TVMBackendFreeWorkspace)
+CONTEXT_POINTER(TVMFFIErrorSetRaisedFromCStr)
+CONTEXT_POINTER(TVMFFIEnvModLookupFromImports)
+CONTEXT_POINTER(TVMFFIFunctionCall)
+CONTEXT_POINTER(TVMFFIHandleInitOnce)
+#undef CONTEXT_POINTER
+
+#define FILL(name) \
+  if (&__##name != NULL) __##name = (void*)&name;
+
+static void after_fork_in_child(void) {
+  /* Worker threads do not survive fork(); the child starts its own on first use. */
+  pthread_mutex_init(&pool.launch_mu, NULL);
+  pthread_mutex_init(&pool.mu, NULL);
+  pthread_cond_init(&pool.work_cv, NULL);
+  pthread_cond_init(&pool.done_cv, NULL);
+  pool.num_workers = 0;
+  pool.generation = 0;
+  pool.participants = 0;
+  pool.pending = 0;
+  tls_in_parallel = 0;
+}
+
+__attribute__((constructor)) static void tiled_shim_init(void) {
+  FILL(TVMBackendParallelLaunch)
+  FILL(TVMBackendParallelBarrier)
+  FILL(TVMBackendAllocWorkspace)
+  FILL(TVMBackendFreeWorkspace)
+  FILL(TVMFFIErrorSetRaisedFromCStr)
+  FILL(TVMFFIEnvModLookupFromImports)
+  FILL(TVMFFIFunctionCall)
+  FILL(TVMFFIHandleInitOnce)
+  pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+#undef FILL

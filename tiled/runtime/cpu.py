@@ -1,0 +1,128 @@
+"""CPU backend: a shared library (TVM LLVM object + tiled's shim, see
+tiled/compiler/toolchain/cc.py) loaded with ctypes and called through its TVM FFI safe-call
+entry `__tvm_ffi_<name>` with one DLTensor* per tensor and an int / float per scalar.
+
+Thread-safety: calls may run concurrently (each builds its own argument structs; ctypes
+releases the GIL for the call). Libraries are never unloaded: the kernel's thread pool may
+still be parked in its code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from pathlib import Path
+
+from tiled import config
+from tiled.errors import LaunchError
+from tiled.runtime import Kernel
+from tiled.runtime.args import BoundArgs, FastBinder, TensorView, bind_fast
+from tiled.runtime.dlpack import (
+    DL_DTYPES,
+    K_TVMFFI_BOOL,
+    K_TVMFFI_DLTENSOR_PTR,
+    K_TVMFFI_FLOAT,
+    K_TVMFFI_INT,
+    KDL_CPU,
+    SAFE_CALL_ARGTYPES,
+    DLDataType,
+    DLDevice,
+    DLTensor,
+    TVMFFIAny,
+)
+from tiled.runtime.manifest import Manifest
+
+# Empty tensors may have a NULL data pointer (torch), which TVM's entry rejects; they get the
+# address of this buffer instead (never read: there are no elements).
+_EMPTY = (ctypes.c_uint8 * 128)()
+_EMPTY_PTR = (ctypes.addressof(_EMPTY) + 63) & ~63
+
+
+def _open_library(data: bytes, digest: str) -> ctypes.CDLL:
+    """dlopens library bytes through a private file that is removed again once loaded. The
+    file name carries the sha256, so the dynamic loader (which reuses a library when a path
+    repeats) can only ever hand back a library with these very bytes."""
+    errors = []
+    for base in (None, Path(config.get("cache_dir")) / "tmp"):  # a noexec /tmp: try the cache
+        try:
+            if base is not None:
+                base.mkdir(parents=True, exist_ok=True)
+            tmpdir = tempfile.mkdtemp(prefix="tiled-cpu-", dir=base)
+        except OSError as e:
+            errors.append(f"{base}: {e}")
+            continue
+        path = os.path.join(tmpdir, f"{digest}.so")
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+            return ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as e:
+            errors.append(str(e))
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+            os.rmdir(tmpdir)
+    raise LaunchError("cannot load the CPU kernel library: " + "; ".join(errors))
+
+
+def _bind(lib: ctypes.CDLL, name: str, restype, argtypes, what: str):
+    try:
+        fn = getattr(lib, name)
+    except AttributeError:
+        raise LaunchError(f"{what}: the library has no symbol {name!r}") from None
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
+class CPUKernel(Kernel):
+    """A CPU kernel loaded from `.so` bytes. Raises LaunchError when the library does not load
+    or lacks the manifest's symbol or the tiled shim."""
+
+    def __init__(self, artifact: bytes, manifest: Manifest):
+        self.manifest = manifest
+        self._lib = _open_library(artifact, manifest.artifact_sha256)
+        what = manifest.name
+        self._fn = _bind(self._lib, manifest.symbol, ctypes.c_int, SAFE_CALL_ARGTYPES, what)
+        self._last_error = _bind(self._lib, "tiled_last_error", ctypes.c_char_p, [],
+                                 f"{what} (not linked with tiled's CPU shim)")
+        self._set_threads = _bind(self._lib, "tiled_set_num_threads", ctypes.c_int,
+                                  [ctypes.c_int], f"{what} (not linked with tiled's CPU shim)")
+        self._set_threads(int(config.get("cpu_threads")))
+        self._dl_dtypes = [DL_DTYPES[p.dtype] for p in manifest.params]
+        self._binder = FastBinder(manifest.params, "cpu")
+
+    def set_num_threads(self, n: int) -> int:
+        """Threads for this kernel's parallel loops (0: the CPUs usable); returns the count."""
+        return int(self._set_threads(int(n)))
+
+    def __call__(self, *args) -> None:
+        self.launch(bind_fast(self._binder, args))
+
+    def launch(self, bound: BoundArgs) -> None:
+        """Runs the kernel on arguments already checked by bind_args."""
+        n = len(bound.values)
+        anys = (TVMFFIAny * n)()
+        keep: list[object] = []  # DLTensors and shape arrays must outlive the call
+        for i, value in enumerate(bound.values):
+            if isinstance(value, TensorView):
+                code, bits = self._dl_dtypes[i]
+                shape = (ctypes.c_int64 * max(1, len(value.shape)))(*value.shape)
+                tensor = DLTensor(value.ptr or _EMPTY_PTR, DLDevice(KDL_CPU, 0), len(value.shape),
+                                  DLDataType(code, bits, 1), shape, None, 0)
+                keep += (shape, tensor)
+                anys[i].type_index = K_TVMFFI_DLTENSOR_PTR
+                anys[i].v_ptr = ctypes.addressof(tensor)
+            elif isinstance(value, bool):
+                anys[i].type_index, anys[i].v_int64 = K_TVMFFI_BOOL, int(value)
+            elif isinstance(value, int):
+                anys[i].type_index = K_TVMFFI_INT
+                anys[i].v_int64 = value - (1 << 64) if value >= 1 << 63 else value  # uint64
+            else:
+                anys[i].type_index, anys[i].v_float64 = K_TVMFFI_FLOAT, value
+        result = TVMFFIAny()
+        rc = self._fn(None, anys, n, ctypes.byref(result))
+        if rc != 0:
+            message = (self._last_error() or b"").decode("utf-8", "replace")
+            raise LaunchError(f"{self.manifest.name}: kernel failed: "
+                              f"{message or f'returned {rc} without a message'}")

@@ -1,0 +1,371 @@
+"""CUDA backend: a cubin loaded and launched through the driver API (`cuda-bindings`, imported
+on first launch). The pure parts (launch geometry, kernel parameter packing) are plain
+functions; the driver calls live in `_Driver` and `CUDAKernel`.
+
+Contexts: a kernel runs in the primary context of its tensors' device (the one torch and cupy
+use). When another context is current on the calling thread, the right one is pushed for the
+call and popped after, so the caller's current device never changes.
+
+Thread-safety: calls may run concurrently; module loading is serialised per kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import struct
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tiled.errors import LaunchError
+from tiled.runtime import Kernel
+from tiled.runtime.args import BoundArgs, FastBinder, TensorView, bind_fast
+from tiled.runtime.manifest import Manifest, compile_expr
+
+DEFAULT_SMEM_LIMIT = 48 * 1024  # beyond this a kernel must opt in (cuFuncSetAttribute)
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_BLOCK = (1024, 1024, 64)
+MAX_THREADS = 1024
+
+_SCALAR_CTYPES = {
+    "bool": ctypes.c_bool, "int8": ctypes.c_int8, "int16": ctypes.c_int16,
+    "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
+    "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64,
+    "float32": ctypes.c_float, "float64": ctypes.c_double,
+}
+_DIM_CTYPES = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32,
+               "uint64": ctypes.c_uint64}
+
+
+def _bf16_bits(x: float) -> int:
+    """float -> bfloat16 bits, rounding to nearest even (NaN stays NaN)."""
+    (bits,) = struct.unpack("<I", struct.pack("<f", x))
+    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
+        return 0x7FC0
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+class LaunchPlan:
+    """A manifest's launch, compiled once per kernel: grid / block functions of the dims and
+    a kernel parameter buffer layout. `geometry` and `pack` are pure (no driver)."""
+
+    def __init__(self, manifest: Manifest):
+        self.manifest = m = manifest
+        self._grid = [compile_expr(e) for e in m.grid]
+        self._block = [compile_expr(e) for e in m.block]
+        self._static_block = None
+        if all(isinstance(e, int) for e in m.block):  # the usual case: check it once, here
+            self._static_block = self._checked_block(tuple(m.block))  # type: ignore[arg-type]
+        fields, self._sources = [], []
+        for i, ka in enumerate(m.kernel_args):
+            if ka.kind == "tensor":
+                ctype, source = ctypes.c_uint64, ("tensor", ka.param, None, None)
+            elif ka.kind == "scalar":
+                p = m.params[ka.param]  # type: ignore[index]
+                if p.dtype in ("float16", "bfloat16"):
+                    ctype = ctypes.c_uint16
+                elif p.dtype in _SCALAR_CTYPES:
+                    ctype = _SCALAR_CTYPES[p.dtype]
+                else:
+                    raise LaunchError(f"{m.name}: {p.name}: {p.dtype} scalars cannot be passed "
+                                      f"to a CUDA kernel")
+                source = ("scalar", ka.param, p.dtype, None)
+            else:
+                ctype = _DIM_CTYPES[ka.dtype]  # type: ignore[index]
+                bits = ctypes.sizeof(ctype) * 8
+                lo, hi = (0, 2**bits - 1) if ka.dtype.startswith("u") else \
+                    (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)  # type: ignore[union-attr]
+                source = ("dim", ka.name, (lo, hi), i)
+            fields.append((f"a{i}", ctype))
+            self._sources.append((f"a{i}", *source))
+        self._buffer_type = type("KernelParams", (ctypes.Structure,), {"_fields_": fields})
+        self._local = threading.local()
+
+    def geometry(self, dims: dict[str, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """(grid, block) for the dims a call bound. A grid with a zero extent means "nothing to
+        launch". Raises LaunchError for negative or over-limit extents."""
+        m = self.manifest
+        grid = (self._grid[0](dims), self._grid[1](dims), self._grid[2](dims))
+        block = self._static_block or (self._block[0](dims), self._block[1](dims),
+                                       self._block[2](dims))
+        if not (0 <= grid[0] <= MAX_GRID[0] and 0 <= grid[1] <= MAX_GRID[1]
+                and 0 <= grid[2] <= MAX_GRID[2]):
+            axis = next(a for a in range(3) if not 0 <= grid[a] <= MAX_GRID[a])
+            raise LaunchError(f"{m.name}: grid[{axis}] = {grid[axis]} outside "
+                              f"[0, {MAX_GRID[axis]}] (dims {dims})")
+        if self._static_block is None:
+            block = self._checked_block(block)
+        cluster = m.cluster
+        if cluster != (1, 1, 1) and 0 not in grid:
+            for axis in range(3):
+                if grid[axis] % cluster[axis]:
+                    raise LaunchError(f"{m.name}: grid[{axis}] = {grid[axis]} is not a multiple "
+                                      f"of the cluster size {cluster[axis]}")
+        return grid, block
+
+    def _checked_block(self, block: tuple[int, int, int]) -> tuple[int, int, int]:
+        for axis, (b, limit) in enumerate(zip(block, MAX_BLOCK, strict=True)):
+            if not 1 <= b <= limit:
+                raise LaunchError(f"{self.manifest.name}: block[{axis}] = {b} outside "
+                                  f"[1, {limit}]")
+        if block[0] * block[1] * block[2] > MAX_THREADS:
+            raise LaunchError(f"{self.manifest.name}: block {block} has more than "
+                              f"{MAX_THREADS} threads")
+        return block
+
+    def pack(self, bound: BoundArgs) -> ctypes.Array:
+        """The `void**` kernelParams array, one slot per kernel_arg. Its storage is this
+        thread's and is reused by the thread's next call: the driver copies the values during
+        cuLaunchKernel, so it is free again once the launch call returns."""
+        local = self._local
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = self._buffer_type()
+            base = ctypes.addressof(buf)
+            n = len(self._sources)
+            local.array = (ctypes.c_void_p * max(1, n))(
+                *[base + getattr(self._buffer_type, f"a{i}").offset for i in range(n)])
+        values = bound.values
+        for i, (field, kind, key, extra, _) in enumerate(self._sources):
+            if kind == "tensor":
+                value = values[key].ptr  # type: ignore[union-attr]
+            elif kind == "scalar":
+                value = values[key]
+                if extra == "float16":
+                    value = struct.unpack("<H", struct.pack("<e", value))[0]
+                elif extra == "bfloat16":
+                    value = _bf16_bits(float(value))
+            else:
+                value = bound.dims[key]
+                if not extra[0] <= value <= extra[1]:
+                    raise LaunchError(f"{self.manifest.name}: dim {key}={value} does not fit "
+                                      f"the kernel's {self.manifest.kernel_args[i].dtype} "
+                                      f"parameter #{i}")
+            setattr(buf, field, value)
+        return local.array
+
+
+def launch_geometry(manifest: Manifest, dims: dict[str, int]
+                    ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) for `dims`; see LaunchPlan.geometry."""
+    return LaunchPlan(manifest).geometry(dims)
+
+
+def pack_kernel_params(manifest: Manifest, bound: BoundArgs) -> ctypes.Array:
+    """A `void**` kernelParams array for `bound` that owns its storage; see LaunchPlan.pack."""
+    plan = LaunchPlan(manifest)
+    array = plan.pack(bound)
+    array._owner = plan  # the values live in the plan's buffer
+    return array
+
+
+def stream_handle(stream: object) -> int:
+    """A CUstream address from an int, a torch.cuda.Stream (`.cuda_stream`), a cupy stream
+    (`.ptr`) or an object with `__cuda_stream__` (cuda.core)."""
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    for attr in ("cuda_stream", "ptr", "handle"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise LaunchError(f"stream: cannot get a CUDA stream handle from {type(stream).__name__}")
+
+
+def _torch_stream(device: int) -> int:
+    torch = sys.modules["torch"]
+    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+    if raw is not None:  # what Triton and Inductor use: an int, no Stream object
+        return int(raw(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def current_stream(bound: BoundArgs, device: int) -> int:
+    """The stream a call without an explicit stream runs on: torch's current stream when a
+    torch tensor is involved, else cupy's current stream, else the legacy default stream."""
+    if bound.uses_torch:
+        return _torch_stream(device)
+    if any(isinstance(v, TensorView) and v.framework == "cuda_array_interface"
+           and type(v.obj).__module__.startswith("cupy") for v in bound.values):
+        return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+    return 0
+
+
+# --- driver ----------------------------------------------------------------------------------
+
+
+class _Driver:
+    """The few driver calls the launcher makes; each checks its CUresult."""
+
+    def __init__(self) -> None:
+        try:
+            from cuda.bindings import driver as cu
+        except ImportError:
+            try:
+                from cuda import cuda as cu  # cuda-python 11.x / early 12.x layout
+            except ImportError:
+                raise LaunchError("the CUDA runtime needs the cuda-bindings package "
+                                  "(pip install cuda-bindings)") from None
+        self.cu = cu
+        self.call("cuInit", 0)
+
+    def call(self, name: str, *args):
+        result = getattr(self.cu, name)(*args)
+        err, rest = result[0], result[1:]
+        if int(err) != 0:
+            raise LaunchError(f"{name} failed: {self.error_name(err)}")
+        return rest[0] if len(rest) == 1 else (rest or None)
+
+    def error_name(self, err) -> str:
+        """"CUDA_ERROR_X (description)" for a CUresult."""
+        try:
+            _, name = self.cu.cuGetErrorName(err)
+            ok, desc = self.cu.cuGetErrorString(err)
+        except (AttributeError, TypeError, ValueError):  # naming must not hide the error
+            return f"CUresult {int(err)}"
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        desc = desc.decode() if isinstance(desc, bytes) else str(desc)
+        return f"{name} ({desc})" if int(ok) == 0 else name
+
+    def make_current(self, ctx) -> bool:
+        """Makes `ctx` current on this thread; True when it had to be pushed (then pop())."""
+        err, current = self.cu.cuCtxGetCurrent()
+        if int(err) == 0 and int(current) == int(ctx):
+            return False
+        self.call("cuCtxPushCurrent", ctx)
+        return True
+
+    def pop(self) -> None:
+        self.call("cuCtxPopCurrent")
+
+    @contextlib.contextmanager
+    def context(self, ctx) -> Iterator[None]:
+        """Makes `ctx` current for the block when it is not already."""
+        pushed = self.make_current(ctx)
+        try:
+            yield
+        finally:
+            if pushed:
+                self.pop()
+
+    def device_of_pointer(self, ptr: int) -> int:
+        attr = self.cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        return int(self.call("cuPointerGetAttribute", attr, ptr))
+
+
+_driver: _Driver | None = None
+_driver_lock = threading.Lock()
+
+
+def driver() -> _Driver:
+    global _driver
+    with _driver_lock:
+        if _driver is None:
+            _driver = _Driver()
+        return _driver
+
+
+@dataclass
+class _Loaded:
+    """The kernel as loaded on one device."""
+
+    ctx: object
+    module: object
+    function: object
+    compiled_cluster: tuple[int, int, int] | None  # cluster dims fixed in the cubin, if any
+
+
+class CUDAKernel(Kernel):
+    """A CUDA kernel from cubin bytes. Nothing touches the driver until the first call; the
+    module is then loaded once per device. Raises LaunchError for bad arguments, a missing
+    symbol or any failing driver call (named, e.g. CUDA_ERROR_INVALID_VALUE)."""
+
+    def __init__(self, artifact: bytes, manifest: Manifest):
+        self.manifest = manifest
+        self._cubin = artifact
+        self._binder = FastBinder(manifest.params, "cuda")
+        self._plan = LaunchPlan(manifest)
+        self._loaded: dict[int, _Loaded] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args, stream: object = None) -> None:
+        bound = bind_fast(self._binder, args)
+        grid, block = self._plan.geometry(bound.dims)
+        if 0 in grid:
+            return
+        params = self._plan.pack(bound)
+        drv = _driver or driver()
+        device = bound.device_index if bound.device_index is not None else \
+            self._device(drv, bound)
+        loaded = self._loaded.get(device) or self._load(drv, device)
+        if stream is not None:
+            handle = stream_handle(stream)
+        elif bound.uses_torch:
+            handle = _torch_stream(device)
+        else:
+            handle = current_stream(bound, device)
+        pushed = drv.make_current(loaded.ctx)
+        try:
+            self._launch(drv, loaded, grid, block, handle, ctypes.addressof(params))
+        finally:
+            if pushed:
+                drv.pop()
+
+    def _device(self, drv: _Driver, bound: BoundArgs) -> int:
+        for v in bound.values:
+            if isinstance(v, TensorView) and v.ptr:
+                return drv.device_of_pointer(v.ptr)
+        ctx = drv.call("cuCtxGetCurrent")
+        return int(drv.call("cuCtxGetDevice")) if ctx is not None and int(ctx) else 0
+
+    def _load(self, drv: _Driver, device: int) -> _Loaded:
+        with self._lock:
+            if device in self._loaded:
+                return self._loaded[device]
+            cu, m = drv.cu, self.manifest
+            ctx = drv.call("cuDevicePrimaryCtxRetain", drv.call("cuDeviceGet", device))
+            with drv.context(ctx):
+                module = drv.call("cuModuleLoadData", self._cubin)
+                try:
+                    function = drv.call("cuModuleGetFunction", module, m.symbol.encode())
+                except LaunchError as e:
+                    raise LaunchError(f"{m.name}: cubin has no kernel {m.symbol!r}: {e}") from None
+                attr = cu.CUfunction_attribute
+                if m.dynamic_smem_bytes > DEFAULT_SMEM_LIMIT:
+                    drv.call("cuFuncSetAttribute", function,
+                             attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                             m.dynamic_smem_bytes)
+                compiled = None
+                if hasattr(attr, "CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH"):
+                    dims = [int(drv.call("cuFuncGetAttribute",
+                                         getattr(attr, f"CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_{a}"),
+                                         function)) for a in ("WIDTH", "HEIGHT", "DEPTH")]
+                    compiled = tuple(max(1, d) for d in dims) if dims[0] else None
+                if compiled is not None and compiled != tuple(m.cluster):
+                    raise LaunchError(f"{m.name}: the cubin fixes cluster dims {compiled} but "
+                                      f"the manifest says {tuple(m.cluster)}")
+            loaded = _Loaded(ctx, module, function, compiled)
+            self._loaded[device] = loaded
+            return loaded
+
+    def _launch(self, drv: _Driver, loaded: _Loaded, grid, block, stream: int,
+                params_addr: int) -> None:
+        m, cu = self.manifest, drv.cu
+        if m.cluster == (1, 1, 1) or loaded.compiled_cluster is not None:
+            drv.call("cuLaunchKernel", loaded.function, *grid, *block, m.dynamic_smem_bytes,
+                     stream, params_addr, 0)
+            return
+        # Cluster dims chosen at launch time need cuLaunchKernelEx.
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = m.cluster
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = m.dynamic_smem_bytes
+        config.hStream = cu.CUstream(stream)
+        config.attrs = [attr]
+        config.numAttrs = 1
+        drv.call("cuLaunchKernelEx", config, loaded.function, params_addr, 0)

@@ -1,0 +1,405 @@
+"""The launch manifest: the thin side's whole contract with the compiler. A manifest is plain
+JSON; a client launches a kernel from the manifest and the artifact bytes alone.
+
+    {"manifest_version": 1, "name": "gemm", "program_digest": <sha256 hex>,
+     "target": "cuda:sm_90a", "backend": "cuda", "arch": "sm_90a",
+     "artifact_format": "cubin", "artifact_sha256": <sha256 hex>, "symbol": "gemm_kernel",
+     "params": [{"name": "A", "kind": "tensor", "dtype": "float16", "shape": ["M", 1024],
+                 "align": 16},
+                {"name": "alpha", "kind": "scalar", "dtype": "float32"}],
+     "kernel_args": [{"kind": "tensor", "param": 0}, {"kind": "scalar", "param": 1},
+                     {"kind": "dim", "name": "M", "dtype": "int32"}],
+     "grid": [["ceildiv", "M", 128], 1, 1], "block": [128, 1, 1],
+     "dynamic_smem_bytes": 49152, "cluster": [1, 1, 1]}
+
+Shape entries are ints (static) or dim names (symbolic, bound by the arguments). Grid and block
+entries are expressions: an int, a dim name, or `[op, a, b]` with op one of `OPS`.
+`kernel_args` (cuda only) lists the kernel's C parameters in order.
+
+Validation happens on construction; every problem raises ManifestError naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tiled.errors import LaunchError
+from tiled.ir import dtypes
+
+MANIFEST_VERSION = 1
+DTYPES = tuple(dtypes.NAME_TO_ENUM)
+OPS = ("add", "sub", "mul", "floordiv", "floormod", "ceildiv", "min", "max")
+# backend -> the artifact format its loader takes; other backends are accepted by the manifest
+# and refused by tiled.runtime.load until a loader exists.
+FORMATS = {"cpu": "so", "cuda": "cubin", "rocm": "hsaco", "metal": "msl"}
+
+Expr = int | str | tuple  # an int, a dim name, or (op, a, b); lists in JSON
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class ManifestError(LaunchError):
+    """A manifest that does not follow the schema; the message names the field."""
+
+
+def _fail(where: str, problem: str) -> ManifestError:
+    return ManifestError(f"manifest {where}: {problem}")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ident(v: object, where: str) -> str:
+    if not isinstance(v, str) or not _IDENT.fullmatch(v):
+        raise _fail(where, f"expected an identifier, got {v!r}")
+    return v
+
+
+def _dtype(v: object, where: str) -> str:
+    if v not in DTYPES:
+        raise _fail(where, f"unknown dtype {v!r}; known: {', '.join(DTYPES)}")
+    return v  # type: ignore[return-value]
+
+
+def expr_names(expr: Expr) -> set[str]:
+    """The dim names an expression reads."""
+    if isinstance(expr, str):
+        return {expr}
+    if isinstance(expr, list | tuple) and len(expr) == 3:
+        return expr_names(expr[1]) | expr_names(expr[2])
+    return set()
+
+
+def check_expr(expr: object, where: str) -> Expr:
+    """Checks the expression's form (not its names); returns it with nodes as tuples."""
+    if _is_int(expr):
+        return expr  # type: ignore[return-value]
+    if isinstance(expr, str):
+        return _ident(expr, where)
+    if isinstance(expr, list | tuple) and len(expr) == 3:
+        if expr[0] not in OPS:
+            raise _fail(where, f"unknown operator {expr[0]!r}; known: {', '.join(OPS)}")
+        return (expr[0], check_expr(expr[1], where), check_expr(expr[2], where))
+    raise _fail(where, f"expected an int, a dim name or [op, a, b], got {expr!r}")
+
+
+def eval_expr(expr: Expr, dims: dict[str, int]) -> int:
+    """Evaluates a manifest expression with the dims bound by a call. floordiv / floormod round
+    toward negative infinity (Python's // and %), ceildiv up. Raises LaunchError on an unknown
+    operator or name, a malformed node, or a division by zero."""
+    if _is_int(expr):
+        return expr  # type: ignore[return-value]
+    if isinstance(expr, str):
+        if expr not in dims:
+            known = ", ".join(sorted(dims)) or "none"
+            raise LaunchError(f"expression uses dim {expr!r}, which no argument binds "
+                              f"(bound: {known})")
+        return dims[expr]
+    if not (isinstance(expr, list | tuple) and len(expr) == 3):
+        raise LaunchError(f"malformed expression {expr!r}: expected int, name or [op, a, b]")
+    op, a, b = expr[0], eval_expr(expr[1], dims), eval_expr(expr[2], dims)
+    if op == "add":
+        return a + b
+    if op == "sub":
+        return a - b
+    if op == "mul":
+        return a * b
+    if op == "min":
+        return min(a, b)
+    if op == "max":
+        return max(a, b)
+    if op in ("floordiv", "floormod", "ceildiv"):
+        if b == 0:
+            raise LaunchError(f"division by zero evaluating {expr!r} with {dims}")
+        return a // b if op == "floordiv" else a % b if op == "floormod" else -(-a // b)
+    raise LaunchError(f"unknown operator {op!r} in {expr!r}; known: {', '.join(OPS)}")
+
+
+_OP_FUNCS: dict[str, Callable[[int, int], int]] = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "min": min, "max": max, "floordiv": lambda a, b: a // b, "floormod": lambda a, b: a % b,
+    "ceildiv": lambda a, b: -(-a // b),
+}
+
+
+def compile_expr(expr: Expr) -> Callable[[dict[str, int]], int]:
+    """A function of the dims that computes eval_expr(expr, dims), errors included, without
+    walking the expression on every call. `expr` must have passed check_expr."""
+    if _is_int(expr):
+        return lambda dims: expr  # type: ignore[return-value]
+    if isinstance(expr, str):
+        def name(dims: dict[str, int]) -> int:
+            v = dims.get(expr)
+            return v if v is not None else eval_expr(expr, dims)
+        return name
+    f, a, b = _OP_FUNCS[expr[0]], compile_expr(expr[1]), compile_expr(expr[2])
+    if expr[0] in ("floordiv", "floormod", "ceildiv"):
+        def div(dims: dict[str, int]) -> int:
+            y = b(dims)
+            return f(a(dims), y) if y else eval_expr(expr, dims)  # raises: division by zero
+        return div
+    return lambda dims: f(a(dims), b(dims))
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the kernel's Python-level signature."""
+
+    name: str
+    kind: str  # "tensor" | "scalar"
+    dtype: str
+    shape: tuple[int | str, ...] | None = None  # tensors only
+    align: int | None = None  # tensors only; bytes; None: the element size
+
+    @property
+    def alignment(self) -> int:
+        """Required data pointer alignment in bytes."""
+        return self.align if self.align is not None else dtypes.nbytes(self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "kind": self.kind, "dtype": self.dtype}
+        if self.shape is not None:
+            d["shape"] = list(self.shape)
+        if self.align is not None:
+            d["align"] = self.align
+        return d
+
+    @classmethod
+    def from_dict(cls, d: object, where: str) -> Param:
+        if not isinstance(d, dict):
+            raise _fail(where, f"expected an object, got {type(d).__name__}")
+        kind = d.get("kind")
+        allowed = {"tensor": {"name", "kind", "dtype", "shape", "align"},
+                   "scalar": {"name", "kind", "dtype"}}.get(kind)  # type: ignore[arg-type]
+        if allowed is None:
+            raise _fail(f"{where}.kind", f"expected 'tensor' or 'scalar', got {kind!r}")
+        extra = set(d) - allowed
+        if extra:
+            raise _fail(where, f"unexpected field(s) {sorted(extra)} for a {kind}")
+        for key in ("name", "dtype"):
+            if key not in d:
+                raise _fail(where, f"missing field {key!r}")
+        name = _ident(d["name"], f"{where}.name")
+        dtype = _dtype(d["dtype"], f"{where}.dtype")
+        if kind == "scalar":
+            return cls(name, kind, dtype)
+        if "shape" not in d:
+            raise _fail(where, "missing field 'shape'")
+        shape = d["shape"]
+        if not isinstance(shape, list | tuple):
+            raise _fail(f"{where}.shape", f"expected a list, got {shape!r}")
+        for i, s in enumerate(shape):
+            if not ((_is_int(s) and s >= 0) or isinstance(s, str)):
+                raise _fail(f"{where}.shape[{i}]", f"expected an int >= 0 or a dim name, got {s!r}")
+            if isinstance(s, str):
+                _ident(s, f"{where}.shape[{i}]")
+        align = d.get("align")
+        if align is not None and not (_is_int(align) and align > 0 and align & (align - 1) == 0):
+            raise _fail(f"{where}.align", f"expected a power of two, got {align!r}")
+        return cls(name, kind, dtype, tuple(shape), align)
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One C parameter of a CUDA kernel: a param's device pointer, a param's scalar value, or
+    the value of a symbolic dim."""
+
+    kind: str  # "tensor" | "scalar" | "dim"
+    param: int | None = None  # tensor / scalar: index into params
+    name: str | None = None  # dim: the dim's name
+    dtype: str | None = None  # dim: int32 | int64
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind == "dim":
+            return {"kind": "dim", "name": self.name, "dtype": self.dtype}
+        return {"kind": self.kind, "param": self.param}
+
+    @classmethod
+    def from_dict(cls, d: object, where: str) -> KernelArg:
+        if not isinstance(d, dict):
+            raise _fail(where, f"expected an object, got {type(d).__name__}")
+        kind = d.get("kind")
+        if kind == "dim":
+            if set(d) != {"kind", "name", "dtype"}:
+                raise _fail(where, "a dim entry has exactly the fields kind, name, dtype")
+            if d["dtype"] not in ("int32", "int64", "uint32", "uint64"):
+                raise _fail(f"{where}.dtype", f"expected int32 or int64, got {d['dtype']!r}")
+            return cls("dim", name=_ident(d["name"], f"{where}.name"), dtype=d["dtype"])
+        if kind in ("tensor", "scalar"):
+            if set(d) != {"kind", "param"} or not _is_int(d["param"]):
+                raise _fail(where, f"a {kind} entry has exactly the fields kind, param (an int)")
+            return cls(kind, param=d["param"])
+        raise _fail(f"{where}.kind", f"expected 'tensor', 'scalar' or 'dim', got {kind!r}")
+
+
+_REQUIRED = ("manifest_version", "name", "program_digest", "target", "backend", "arch",
+             "artifact_format", "artifact_sha256", "symbol", "params")
+_OPTIONAL = {"kernel_args": [], "grid": [1, 1, 1], "block": [1, 1, 1], "dynamic_smem_bytes": 0,
+             "cluster": [1, 1, 1]}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated launch manifest. Immutable; compare with ==; (de)serialize with
+    to_json / from_json (sorted keys: equal manifests give equal text)."""
+
+    name: str
+    program_digest: str
+    target: str
+    backend: str
+    arch: str
+    artifact_format: str
+    artifact_sha256: str
+    symbol: str
+    params: tuple[Param, ...]
+    kernel_args: tuple[KernelArg, ...] = ()
+    grid: tuple[Expr, Expr, Expr] = (1, 1, 1)
+    block: tuple[Expr, Expr, Expr] = (1, 1, 1)
+    dynamic_smem_bytes: int = 0
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    manifest_version: int = MANIFEST_VERSION
+    _dims: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Direct construction may pass dicts / lists; normalize to the frozen forms (and check
+        # Param / KernelArg objects built by hand through the same path as JSON).
+        def put(key: str, value: object) -> None:
+            object.__setattr__(self, key, value)
+
+        for key in ("params", "kernel_args", "grid", "block", "cluster"):
+            if not isinstance(getattr(self, key), list | tuple):
+                raise _fail(key, f"expected a list, got {type(getattr(self, key)).__name__}")
+        put("params", tuple(Param.from_dict(p.to_dict() if isinstance(p, Param) else p,
+                                            f"params[{i}]") for i, p in enumerate(self.params)))
+        put("kernel_args", tuple(
+            KernelArg.from_dict(k.to_dict() if isinstance(k, KernelArg) else k,
+                                f"kernel_args[{i}]") for i, k in enumerate(self.kernel_args)))
+        for key in ("grid", "block"):
+            put(key, tuple(check_expr(e, f"{key}[{i}]") for i, e in enumerate(getattr(self, key))))
+        put("cluster", tuple(self.cluster))
+        self._validate()
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """Symbolic dim names, in order of first appearance in the params."""
+        return self._dims
+
+    def _validate(self) -> None:
+        if self.manifest_version != MANIFEST_VERSION:
+            raise _fail("manifest_version", f"this runtime reads version {MANIFEST_VERSION}, "
+                        f"got {self.manifest_version!r}")
+        for key in ("name", "target", "backend", "arch", "artifact_format", "symbol"):
+            v = getattr(self, key)
+            if not isinstance(v, str) or not v:
+                raise _fail(key, f"expected a non-empty string, got {v!r}")
+        for key in ("program_digest", "artifact_sha256"):
+            v = getattr(self, key)
+            if not isinstance(v, str) or not _HEX64.fullmatch(v):
+                raise _fail(key, f"expected 64 lowercase hex digits (sha256), got {v!r}")
+        if not self.target.split(":")[0] == self.backend:
+            raise _fail("target", f"{self.target!r} does not belong to backend {self.backend!r}")
+        want = FORMATS.get(self.backend)
+        if want is not None and self.artifact_format != want:
+            raise _fail("artifact_format", f"backend {self.backend!r} produces {want!r}, "
+                        f"got {self.artifact_format!r}")
+        names: set[str] = set()
+        dims: list[str] = []
+        for i, p in enumerate(self.params):
+            if p.name in names:
+                raise _fail(f"params[{i}].name", f"duplicate parameter name {p.name!r}")
+            names.add(p.name)
+            for s in p.shape or ():
+                if isinstance(s, str) and s not in dims:
+                    dims.append(s)
+        object.__setattr__(self, "_dims", tuple(dims))
+        for i, ka in enumerate(self.kernel_args):
+            where = f"kernel_args[{i}]"
+            if ka.kind == "dim":
+                if ka.name not in dims:
+                    raise _fail(where, f"dim {ka.name!r} is not a dim of any tensor parameter")
+            elif not 0 <= ka.param < len(self.params):  # type: ignore[operator]
+                raise _fail(where, f"param index {ka.param} out of range "
+                            f"(0..{len(self.params) - 1})")
+            elif self.params[ka.param].kind != ka.kind:  # type: ignore[index]
+                p = self.params[ka.param]  # type: ignore[index]
+                raise _fail(where, f"kind {ka.kind!r} but params[{ka.param}] ({p.name}) is a "
+                            f"{p.kind}")
+        for key in ("grid", "block"):
+            exprs = getattr(self, key)
+            if len(exprs) != 3:
+                raise _fail(key, f"expected 3 entries, got {len(exprs)}")
+            for j, e in enumerate(exprs):
+                unknown = expr_names(e) - set(dims)
+                if unknown:
+                    raise _fail(f"{key}[{j}]", f"uses {sorted(unknown)}, which no tensor "
+                                f"parameter binds (dims: {', '.join(dims) or 'none'})")
+        if not _is_int(self.dynamic_smem_bytes) or self.dynamic_smem_bytes < 0:
+            raise _fail("dynamic_smem_bytes", f"expected an int >= 0, got "
+                        f"{self.dynamic_smem_bytes!r}")
+        if len(self.cluster) != 3 or not all(_is_int(c) and c >= 1 for c in self.cluster):
+            raise _fail("cluster", f"expected 3 ints >= 1, got {list(self.cluster)!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "manifest_version": self.manifest_version, "name": self.name,
+            "program_digest": self.program_digest, "target": self.target,
+            "backend": self.backend, "arch": self.arch, "artifact_format": self.artifact_format,
+            "artifact_sha256": self.artifact_sha256, "symbol": self.symbol,
+            "params": [p.to_dict() for p in self.params],
+            "kernel_args": [k.to_dict() for k in self.kernel_args],
+            "grid": [_expr_json(e) for e in self.grid],
+            "block": [_expr_json(e) for e in self.block],
+            "dynamic_smem_bytes": self.dynamic_smem_bytes, "cluster": list(self.cluster),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: object) -> Manifest:
+        if not isinstance(d, dict):
+            raise ManifestError(f"manifest: expected a JSON object, got {type(d).__name__}")
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise ManifestError(f"manifest: missing field(s) {', '.join(missing)}")
+        unknown = sorted(set(d) - set(_REQUIRED) - set(_OPTIONAL))
+        if unknown:
+            raise ManifestError(f"manifest: unknown field(s) {', '.join(unknown)} (manifest "
+                                f"version {MANIFEST_VERSION} has no such field)")
+        v = {**_OPTIONAL, **d}
+        if not _is_int(v["manifest_version"]):
+            raise _fail("manifest_version", f"expected an int, got {v['manifest_version']!r}")
+        for key in ("params", "kernel_args", "grid", "block", "cluster"):
+            if not isinstance(v[key], list):
+                raise _fail(key, f"expected a list, got {type(v[key]).__name__}")
+        return cls(**v)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        try:
+            d = json.loads(text)
+        except (ValueError, TypeError) as e:
+            raise ManifestError(f"manifest: not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def coerce(cls, m: Manifest | dict | str | bytes) -> Manifest:
+        """A Manifest from a Manifest, a dict or JSON text."""
+        if isinstance(m, Manifest):
+            return m
+        if isinstance(m, dict):
+            return cls.from_dict(m)
+        if isinstance(m, str | bytes):
+            return cls.from_json(m)
+        raise ManifestError(f"manifest: expected Manifest, dict or JSON text, got "
+                            f"{type(m).__name__}")
+
+
+def _expr_json(e: Expr) -> Expr:
+    return [e[0], _expr_json(e[1]), _expr_json(e[2])] if isinstance(e, list | tuple) else e

@@ -7,8 +7,8 @@ import tiled
 import tiled.lang as T
 
 
-def matmul(M, N, K, block_M=128, block_N=128, block_K=32, num_stages=3, dtype="float16",
-           accum_dtype="float32", out_dtype=None, threads=128):
+def matmul(M=4096, N=4096, K=4096, block_M=128, block_N=128, block_K=32, num_stages=3,
+           dtype="float16", accum_dtype="float32", out_dtype=None, threads=128):
     """M may be an int or T.dyn("M")."""
     out_dtype = out_dtype or dtype
 

@@ -7,7 +7,7 @@ import tiled
 import tiled.lang as T
 
 
-def softmax(N, block_M=4, dtype="float32", threads=128):
+def softmax(N=256, block_M=4, dtype="float32", threads=128):
     M = T.dyn("M")
     block_N = N
 

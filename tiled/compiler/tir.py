@@ -94,9 +94,12 @@ class ExprLowering:
         raise CompileError(f"expression kind {kind} cannot be lowered")
 
 
-def declare_params(program: Program, lower: ExprLowering) -> dict[int, tirx.Buffer]:
+def declare_params(program: Program, lower: ExprLowering,
+                   align: int | None = None) -> dict[int, tirx.Buffer]:
     """Declares the PrimFunc's parameters (inside `T.prim_func()`) in program order; binds the
-    symbolic dims and scalar params in `lower.vars`. Returns buffer id -> TIR buffer."""
+    symbolic dims and scalar params in `lower.vars`. Returns buffer id -> TIR buffer.
+    `align` is the data alignment TVM may assume (bytes); None: the element size, since
+    callers pass arbitrary arrays (TVM's own default of 64 would be undefined behaviour)."""
     p = program.proto
     dims: dict[int, tirx.Var] = {}
     out: dict[int, tirx.Buffer] = {}
@@ -112,7 +115,8 @@ def declare_params(program: Program, lower: ExprLowering) -> dict[int, tirx.Buff
                     shape.append(dims[d.var])
                 else:
                     shape.append(d.size)
-            out[b.id] = T.arg(param.name, T.Buffer(shape, tvm_dtype(b.dtype)))
+            out[b.id] = T.arg(param.name, T.Buffer(shape, tvm_dtype(b.dtype),
+                                                   align=align or dtypes.nbytes(b.dtype)))
         else:
             v = tirx.Var(param.name, lower.var_dtype[param.scalar])
             lower.vars[param.scalar] = T.arg(param.name, v)

@@ -243,7 +243,7 @@ class BufferRef:
         return [index_expr(k) for k in key]
 
     def __getitem__(self, key) -> Element:
-        if isinstance(key, tuple) and any(isinstance(k, slice) for k in key) or \
+        if (isinstance(key, tuple) and any(isinstance(k, slice) for k in key)) or \
                 isinstance(key, slice):
             return RegionRef(self, key if isinstance(key, tuple) else (key,))  # type: ignore
         idx = self._indices(key)

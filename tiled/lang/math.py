@@ -32,7 +32,7 @@ def sin(x): return _float_call(pb.SIN, "sin", x)
 def cos(x): return _float_call(pb.COS, "cos", x)
 
 
-def abs(x):  # noqa: A001 - mirrors T.abs
+def abs(x):
     """|x| for any numeric x. `T.abs(v)`"""
     return call(pb.ABS, as_expr(x))
 
@@ -41,14 +41,14 @@ def _is_traced(x) -> bool:
     return isinstance(x, (Expr, Dim))
 
 
-def max(a, b):  # noqa: A001
+def max(a, b):
     """Elementwise maximum; on two Python numbers, the Python max. `T.max(m, s)`"""
     if not _is_traced(a) and not _is_traced(b):
         return a if a >= b else b
     return binary(pb.MAX, a, b)
 
 
-def min(a, b):  # noqa: A001
+def min(a, b):
     """Elementwise minimum. `T.min(x, 6.0)`"""
     if not _is_traced(a) and not _is_traced(b):
         return a if a <= b else b

@@ -15,13 +15,14 @@ import tvm
 
 from tiled.compiler.backends.cuda_lower import lower_cuda
 from tiled.compiler.registry import Artifact, Backend, Target, register
-from tiled.compiler.toolchain.nvcc import INCLUDE_DIR, compile_cubin
+from tiled.compiler.toolchain.nvcc import compile_cubin
 from tiled.errors import CompileError
 from tiled.ir.program import Program
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a")
 MAX_SMEM = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024}
-_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')
+_SIGNATURE = re.compile(
+    r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')
 
 
 def _tiled_pipeline():

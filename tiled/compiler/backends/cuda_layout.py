@@ -146,10 +146,7 @@ def _exprs(s: pb.Stmt):
     """Expressions directly in statement `s` (not in nested statements)."""
     kind = s.WhichOneof("kind")
     node = getattr(s, kind)
-    if kind == "store":
-        yield from node.indices
-        yield node.value
-    elif kind == "atomic_add":
+    if kind == "store" or kind == "atomic_add":
         yield from node.indices
         yield node.value
     elif kind == "if_then_else":

@@ -433,10 +433,8 @@ class CudaLowering(ExprLowering):
     def copy_element(self, c, tile, frag, slot):
         src_idx, src_conds = self.region_index(c.src, tile)
         dst_idx, dst_conds = self.region_index(c.dst, tile)
-        if frag == c.src.buffer:
-            value = self.tir[frag][slot]
-        else:
-            value = self.load(c.src.buffer, src_idx)
+        value = self.tir[frag][slot] if frag == c.src.buffer else \
+            self.load(c.src.buffer, src_idx)
         ok = _and(src_conds)
         if ok is not None:
             value = tirx.if_then_else(ok, value, tirx.const(0, str(value.ty)))
@@ -525,7 +523,7 @@ class CudaLowering(ExprLowering):
         T.evaluate(T.call_extern("void", name, pa, pbuf, pc))
 
     def stmt_reduce(self, r, s):
-        src_b, dst_b = self.buffers[r.src], self.buffers[r.dst]
+        src_b = self.buffers[r.src]
         shape = [d.size for d in src_b.shape]
         keep = [d for i, d in enumerate(shape) if i != r.dim]
         n_out, depth = math.prod(keep), shape[r.dim]
@@ -538,7 +536,7 @@ class CudaLowering(ExprLowering):
             coords.insert(r.dim, k)
             return coords
 
-        if src_b.scope == pb.FRAGMENT and not isinstance(src_lay, ReplicatedLayout) or \
+        if (src_b.scope == pb.FRAGMENT and not isinstance(src_lay, ReplicatedLayout)) or \
                 src_b.scope == pb.SHARED:
             self.sync.before(True, True)
             scratch = T.decl_buffer((n_out * depth + n_out,), acc_dt, data=self.pool.data,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -63,8 +62,15 @@ def _nvrtc(source: str, arch: str) -> bytes:
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], [])
     opts = [f"--gpu-architecture=sm_{num}".encode(), b"-std=c++17", b"-default-device",
             f"-I{INCLUDE_DIR}".encode()]
-    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    opts.append(f"-I{cuda_home}/include".encode())
+    # NVRTC has its own copy of the fp16 / bf16 headers but not libcu++ (CUDA 13 keeps it
+    # under include/cccl): point it at a toolkit's headers when there is one.
+    nvcc = shutil.which(config.get("nvcc"))
+    homes = [Path(nvcc).resolve().parent.parent] if nvcc else []
+    homes.append(Path("/usr/local/cuda"))
+    for home in homes:
+        for inc in (home / "include", home / "include" / "cccl"):
+            if inc.is_dir():
+                opts.append(f"-I{inc}".encode())
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)

@@ -1,0 +1,94 @@
+"""The `tiled` command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from tiled.errors import TiledError
+
+
+def load_kernel(spec: str):
+    """FILE.py:NAME -> the kernel object NAME (a @tiled.kernel, or a zero-argument factory)."""
+    path, _, name = spec.rpartition(":")
+    if not path or not name:
+        raise SystemExit(f"expected FILE.py:NAME, got {spec!r}")
+    file = Path(path)
+    if not file.is_file():
+        raise SystemExit(f"no such file: {path}")
+    mod_spec = importlib.util.spec_from_file_location(f"_tiled_user_{file.stem}", file)
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.path.insert(0, str(file.parent.resolve()))
+    try:
+        mod_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise SystemExit(f"{path} has no attribute {name!r}")
+    if not hasattr(obj, "ir") and callable(obj):
+        obj = obj()
+    if not hasattr(obj, "ir"):
+        raise SystemExit(f"{spec} is not a @tiled.kernel (nor a factory returning one)")
+    return obj
+
+
+def cmd_compile(args) -> int:
+    import tiled
+
+    kernel = load_kernel(args.kernel)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    compiled = tiled.compile(kernel, target=args.target)
+    m = compiled.manifest
+    ext = {"cubin": "cubin", "so": "so"}[m.artifact_format]
+    (out / f"{m.name}.{ext}").write_bytes(compiled.artifact)
+    (out / f"{m.name}.manifest.json").write_text(m.to_json())
+    (out / f"{m.name}.tir.bytes").write_bytes(kernel.ir.to_bytes())
+    if args.source and compiled.source:
+        (out / f"{m.name}.cu").write_text(compiled.source)
+    stages = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in compiled.stages.items())
+    print(f"{m.name} -> {out}/{m.name}.{ext} ({len(compiled.artifact)} bytes, {m.target}; "
+          f"{stages})")
+    return 0
+
+
+def cmd_ir(args) -> int:
+    kernel = load_kernel(args.kernel)
+    program = kernel.ir
+    if args.json:
+        from google.protobuf import json_format
+
+        print(json.dumps(json_format.MessageToDict(program.proto), indent=1))
+    else:
+        print(program)
+        print(f"# digest {program.digest}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tiled", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="compile a kernel to an artifact + manifest")
+    c.add_argument("kernel", help="FILE.py:NAME")
+    c.add_argument("--target", default="cpu", help="cpu, cuda:sm_80, cuda:sm_90a")
+    c.add_argument("--out", default=".", help="output directory")
+    c.add_argument("--source", action="store_true", help="also write generated source")
+    c.set_defaults(fn=cmd_compile)
+    i = sub.add_parser("ir", help="print a kernel's Tile IR and digest")
+    i.add_argument("kernel", help="FILE.py:NAME")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=cmd_ir)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except TiledError as e:
+        print(f"tiled: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

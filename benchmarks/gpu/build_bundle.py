@@ -13,9 +13,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import elementwise  # noqa: E402
 import gemm  # noqa: E402
+import op_kernels  # noqa: E402
 import softmax  # noqa: E402
 
 import tiled  # noqa: E402
@@ -42,6 +44,7 @@ def kernels():
                                         dtype="float32")
     out["softmax_256"] = softmax.softmax(256)
     out["vadd"] = elementwise.add()
+    out.update(op_kernels.kernels())
     return out
 
 

@@ -16,6 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import op_kernels  # noqa: E402
 import torch  # noqa: E402
 
 from tiled.runtime import load  # noqa: E402
@@ -71,6 +74,45 @@ def numerics(bundle, results):
     torch.cuda.synchronize()
     err = rel_err(c, a + b)
     check(results, "vadd[n=100003]", err == 0, err, 0)
+    ops(bundle, results, randn)
+
+
+def ops(bundle, results, randn):
+    """Every DSL op, through op_kernels' kernels and torch references."""
+    x = randn(29, 64, dtype=torch.float32)
+    out = torch.full((29, 4), float("nan"), device="cuda")
+    total = torch.zeros(1, device="cuda")
+    kernel(bundle, "op_stats")(x, out, total, 0.5, 5)
+    torch.cuda.synchronize()
+    ref, count = op_kernels.stats_reference(torch, x, 0.5, 5)
+    err = rel_err(out, ref)
+    ok = err < 1e-5 and total.item() == count
+    check(results, "op_stats[M=29]", ok, err, 1e-5, f"total={total.item()} want={count}")
+    M, N, K = 256, 192, 160
+    for name in sorted(n.removesuffix(".cubin") for n in
+                       (p.name for p in bundle.glob("op_gemm_*.cubin"))):
+        ta, tb = "ta1" in name, "tb1" in name
+        if "int8" in name:
+            a = torch.randint(-8, 8, (K, M) if ta else (M, K), device="cuda", dtype=torch.int8)
+            b = torch.randint(-8, 8, (N, K) if tb else (K, N), device="cuda", dtype=torch.int8)
+            c = torch.full((M, N), -12345, device="cuda", dtype=torch.int32)
+        else:
+            dt = torch.bfloat16 if "bf16" in name else torch.float16
+            a = randn(*((K, M) if ta else (M, K)), dtype=dt)
+            b = randn(*((N, K) if tb else (K, N)), dtype=dt)
+            c = torch.full((M, N), float("nan"), device="cuda")
+        kernel(bundle, name)(a, b, c)
+        torch.cuda.synchronize()
+        ref = (a.T if ta else a).cpu().double() @ (b.T if tb else b).cpu().double()
+        err = rel_err(c.cpu(), ref)
+        tol = 0 if "int8" in name else 1e-3
+        check(results, name, err <= tol, err, tol)
+    x = randn(1001, 96, dtype=torch.float16)
+    y = torch.full_like(x, float("nan"))
+    kernel(bundle, "op_unary_fp16")(x, y)
+    torch.cuda.synchronize()
+    err = rel_err(y, op_kernels.unary_reference(torch, x))
+    check(results, "op_unary_fp16[M=1001]", err < 2e-3, err, 2e-3)
 
 
 def bench_gemm(bundle, results):

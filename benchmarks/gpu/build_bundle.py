@@ -15,13 +15,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import elementwise  # noqa: E402
-import gemm  # noqa: E402
-import op_kernels  # noqa: E402
-import softmax  # noqa: E402
+import elementwise
+import gemm
+import op_kernels
+import softmax
 
-import tiled  # noqa: E402
-import tiled.lang as T  # noqa: E402
+import tiled
+import tiled.lang as T
 
 # name -> (kernel factory, role). "bench" kernels are timed against torch.matmul.
 GEMM_CONFIGS = {  # block_M, block_N, block_K, num_stages, threads

@@ -18,10 +18,10 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import op_kernels  # noqa: E402
-import torch  # noqa: E402
+import op_kernels
+import torch
 
-from tiled.runtime import load  # noqa: E402
+from tiled.runtime import load
 
 
 def rel_err(out, ref):

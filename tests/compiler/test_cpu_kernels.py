@@ -9,9 +9,12 @@ import pytest
 import tiled
 import tiled.lang as T
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))  # op_kernels: the kernels the H200 run checks
 import elementwise
 import gemm as gemm_example
+import op_kernels
 import softmax as softmax_example
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -60,40 +63,25 @@ def test_gemm_symbolic_m_runs_many_sizes_with_one_compile():
         assert rel_err(c, a @ b) < 1e-5, M
 
 
-def test_gemm_transposed_operands():
-    def make(ta, tb):
-        @tiled.kernel
-        def gemm_t(A: T.Tensor((48, 80) if ta else (80, 48), "float32"),
-                   B: T.Tensor((72, 48) if tb else (48, 72), "float32"),
-                   C: T.Tensor((80, 72), "float32")):
-            with T.Kernel(T.ceildiv(72, 32), T.ceildiv(80, 32), threads=64) as (bx, by):
-                A_s = T.alloc_shared((16, 32) if ta else (32, 16), "float32")
-                B_s = T.alloc_shared((32, 16) if tb else (16, 32), "float32")
-                C_l = T.alloc_fragment((32, 32), "float32")
-                T.clear(C_l)
-                for k in T.serial(3):
-                    if ta:
-                        T.copy(A[k * 16, by * 32], A_s)
-                    else:
-                        T.copy(A[by * 32, k * 16], A_s)
-                    if tb:
-                        T.copy(B[bx * 32, k * 16], B_s)
-                    else:
-                        T.copy(B[k * 16, bx * 32], B_s)
-                    T.gemm(A_s, B_s, C_l, transpose_A=ta, transpose_B=tb)
-                T.copy(C_l, C[by * 32, bx * 32])
-
-        return gemm_t
-
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
+def test_gemm_transposed_operands(dtype):
+    M, N, K = 256, 192, 160
     rng = np.random.default_rng(3)
     for ta in (False, True):
         for tb in (False, True):
-            a = rand(rng, (48, 80) if ta else (80, 48), "float32")
-            b = rand(rng, (72, 48) if tb else (48, 72), "float32")
-            c = np.zeros((80, 72), np.float32)
-            tiled.compile(make(ta, tb), "cpu")(a, b, c)
-            ref = (a.T if ta else a) @ (b.T if tb else b)
-            assert rel_err(c, ref) < 1e-5, (ta, tb)
+            if dtype == "float32" and (ta, tb) != (True, True):
+                continue  # fp32 covers the one combination the others' fast path skips
+            shape_a, shape_b = ((K, M) if ta else (M, K)), ((N, K) if tb else (K, N))
+            if dtype == "int8":
+                a = rng.integers(-8, 8, shape_a).astype(np.int8)
+                b = rng.integers(-8, 8, shape_b).astype(np.int8)
+                c = np.full((M, N), -12345, np.int32)
+            else:
+                a, b = rand(rng, shape_a, dtype), rand(rng, shape_b, dtype)
+                c = np.full((M, N), np.nan, np.float32)
+            tiled.compile(op_kernels.gemm_transposed(ta, tb, dtype), "cpu")(a, b, c)
+            ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+            assert rel_err(c, ref) <= (0 if dtype == "int8" else 1e-5), (ta, tb)
 
 
 def test_softmax():
@@ -116,33 +104,7 @@ def test_elementwise_symbolic_length():
 
 
 def test_reductions_atomics_scalars_and_math():
-    M = T.dyn("M")
-
-    @tiled.kernel
-    def stats(X: T.Tensor((M, 64), "float32"), out: T.Tensor((M, 4), "float32"),
-              total: T.Tensor((1,), "float32"), scale: T.float32, limit: T.int32):
-        with T.Kernel(T.ceildiv(M, 8), threads=64) as bx:
-            x = T.alloc_fragment((8, 64), "float32")
-            lo = T.alloc_fragment((8,), "float32")
-            hi = T.alloc_fragment((8,), "float32")
-            s = T.alloc_fragment((8,), "float32")
-            acc = T.alloc_local((1,), "float32")
-            T.copy(X[bx * 8, 0], x)
-            T.reduce_min(x, lo, dim=1)
-            T.reduce_max(x, hi, dim=1)
-            T.fill(s, 1.0)
-            T.reduce_sum(x, s, dim=1, clear=False)   # s = 1 + row sum
-            acc[0] = 0.0
-            for i in T.serial(8):
-                if bx * 8 + i < M:
-                    out[bx * 8 + i, 0] = lo[i]
-                    out[bx * 8 + i, 1] = hi[i]
-                    out[bx * 8 + i, 2] = s[i] * scale
-                    out[bx * 8 + i, 3] = T.sqrt(T.abs(hi[i])) + T.max(T.tanh(lo[i]), -0.5)
-                    acc[0] = acc[0] + T.if_then_else(i < limit, T.exp2(lo[i] * 0.0), 0.0)
-            T.atomic_add(total[0], acc[0])
-
-    k = tiled.compile(stats, "cpu")
+    k = tiled.compile(op_kernels.stats(), "cpu")
     rng = np.random.default_rng(6)
     x = rand(rng, (29, 64), "float32")
     out = np.full((29, 4), np.nan, np.float32)
@@ -155,6 +117,15 @@ def test_reductions_atomics_scalars_and_math():
         out[:, 3], np.sqrt(np.abs(x.max(1))) + np.maximum(np.tanh(x.min(1)), -0.5), rtol=1e-5)
     # Each of the 4 blocks counts its rows with i < 5 that exist: 5 + 5 + 5 + 5 (29 = 3*8 + 5).
     assert total[0] == 20.0
+
+
+def test_unary_math_with_traced_guard():
+    k = tiled.compile(op_kernels.unary_math("float32"), "cpu")
+    x = np.random.default_rng(7).standard_normal((1001, 96)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    k(x, y)
+    ref = np.exp(x * 0.5) + np.log(np.abs(x) + 1) + 1 / np.sqrt(x * x + 1) + np.tanh(x)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_launch_rejects_bad_arguments_before_running():

@@ -18,11 +18,11 @@ from tiled.runtime import Manifest, TensorView, load
 from tiled.runtime.args import BoundArgs
 
 tvm = pytest.importorskip("tvm")
-from tvm import tirx  # noqa: E402
-from tvm.script.ir_builder import IRBuilder  # noqa: E402
-from tvm.script.ir_builder import tirx as T  # noqa: E402
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.toolchain.cc import link_cpu_library  # noqa: E402
+from tiled.compiler.toolchain.cc import link_cpu_library
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -86,6 +86,11 @@ def _flatten(stmt: pb.Stmt) -> None:
         _flatten(stmt.if_then_else.then_body)
         if stmt.if_then_else.HasField("else_body"):
             _flatten(stmt.if_then_else.else_body)
+            # An empty `else` means no `else`.
+            els = stmt.if_then_else.else_body
+            if els.WhichOneof("kind") is None or (els.WhichOneof("kind") == "seq"
+                                                  and not els.seq.stmts):
+                stmt.if_then_else.ClearField("else_body")
 
 
 def _clear_locations(msg: Message) -> None:

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Sets up .venv (scripts/setup.sh) plus the test-only extras, then runs the test suite.
+# This is the README's test command and what CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+scripts/setup.sh
+# torch, so the runtime's torch-tensor paths run too (a CPU build where the machine's wheel
+# store has one, as this project's machines do).
+.venv/bin/python -m pip install -q torch==2.13.0
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

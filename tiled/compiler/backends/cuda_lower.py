@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
@@ -26,6 +25,17 @@ from tiled.compiler.backends.cuda_layout import (
     ravel,
     unravel,
 )
+from tiled.compiler.backends.cuda_plan import (
+    SharedTile,
+    SyncTracker,
+    align_up,
+    and_all,
+    multiple_of,
+    shared_effects,
+    stores,
+    unravel_dyn,
+    walk,
+)
 from tiled.compiler.tir import ExprLowering, declare_params, global_extent, loc_of, tvm_dtype
 from tiled.errors import CompileError
 from tiled.ir import dtypes
@@ -38,68 +48,7 @@ _IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
              pb.REDUCE_MAX: lambda dt: tirx.min_value(dt),
              pb.REDUCE_MIN: lambda dt: tirx.max_value(dt)}
 _COMBINE = {pb.REDUCE_SUM: lambda a, b: a + b, pb.REDUCE_MAX: tirx.Max, pb.REDUCE_MIN: tirx.Min}
-POOL_ALIGN = 128
 UNROLL_LIMIT = 256
-
-
-@dataclass
-class SharedTile:
-    """Where a shared tile lives in the pool: `rows` x `cols` logical (leading dims flattened
-    into rows), each row padded to `stride` elements, `stages` copies back to back."""
-
-    rows: int
-    cols: int
-    stride: int
-    stages: int
-    offset: int  # bytes from the pool start
-    dtype: str
-
-    @property
-    def stage_elems(self) -> int:
-        return self.rows * self.stride
-
-    @property
-    def nbytes(self) -> int:
-        return self.stages * self.stage_elems * dtypes.nbytes(self.dtype)
-
-
-def _align(n: int, a: int = POOL_ALIGN) -> int:
-    return -(-n // a) * a
-
-
-def multiple_of(e: pb.Expr, m: int) -> bool:
-    """True when `e` is provably a multiple of m (constants, products, sums)."""
-    kind = e.WhichOneof("kind")
-    if kind == "int_value":
-        return e.int_value % m == 0
-    if kind == "binary":
-        a, b = e.binary.a, e.binary.b
-        if e.binary.op == pb.MUL:
-            return multiple_of(a, m) or multiple_of(b, m)
-        if e.binary.op in (pb.ADD, pb.SUB):
-            return multiple_of(a, m) and multiple_of(b, m)
-    if kind == "cast":
-        return multiple_of(e.cast.value, m)
-    return False
-
-
-class SyncTracker:
-    """Barrier placement: a __syncthreads() goes before a shared-memory write that follows
-    unsynchronized shared accesses, and before a read that follows an unsynchronized write."""
-
-    def __init__(self):
-        self.pending_read = self.pending_write = False
-
-    def before(self, reads: bool, writes: bool) -> None:
-        if (writes and (self.pending_read or self.pending_write)) or \
-                (reads and self.pending_write):
-            self.sync()
-        self.pending_read |= reads
-        self.pending_write |= writes
-
-    def sync(self) -> None:
-        T.evaluate(T.tvm_storage_sync("shared"))
-        self.pending_read = self.pending_write = False
 
 
 class CudaLowering(ExprLowering):
@@ -146,7 +95,7 @@ class CudaLowering(ExprLowering):
     def plan(self) -> None:
         p = self.program
         gemm_operands = set()
-        for st in _walk(p.kernel.body):
+        for st in walk(p.kernel.body):
             kind = st.WhichOneof("kind")
             if kind == "gemm" and isinstance(self.layouts.get(st.gemm.c), MmaLayout):
                 gemm_operands |= {st.gemm.a, st.gemm.b}
@@ -177,17 +126,17 @@ class CudaLowering(ExprLowering):
             tile = SharedTile(rows, cols, cols + pad, stages.get(b.id, 1), offset,
                               dtypes.canonical_name(b.dtype))
             self.shared[b.id] = tile
-            offset = _align(offset + tile.nbytes)
+            offset = align_up(offset + tile.nbytes)
         self.scratch_offset = offset
         scratch = 0
-        for st in _walk(p.kernel.body):
+        for st in walk(p.kernel.body):
             if st.WhichOneof("kind") == "reduce":
                 src = self.buffers[st.reduce.src]
                 dst = self.buffers[st.reduce.dst]
                 if not isinstance(self.layouts.get(src.id), ReplicatedLayout):
                     n = math.prod(d.size for d in src.shape) + math.prod(d.size for d in dst.shape)
                     scratch = max(scratch, n * 4)
-        self.pool_bytes = offset + _align(scratch) if scratch else offset
+        self.pool_bytes = offset + align_up(scratch) if scratch else offset
 
     # -- buffers ---------------------------------------------------------------------------
     def shared_index(self, bid: int, indices: list) -> list:
@@ -341,7 +290,7 @@ class CudaLowering(ExprLowering):
             return
         writes_replicated = any(
             self.buffers[b].scope in (pb.FRAGMENT, pb.LOCAL)
-            for b, _ in _stores(body))
+            for b, _ in stores(body))
         if writes_replicated:
             # Every thread needs the values (replicated tiles): each runs the whole nest.
             with contextlib.ExitStack() as stack:
@@ -435,10 +384,10 @@ class CudaLowering(ExprLowering):
         dst_idx, dst_conds = self.region_index(c.dst, tile)
         value = self.tir[frag][slot] if frag == c.src.buffer else \
             self.load(c.src.buffer, src_idx)
-        ok = _and(src_conds)
+        ok = and_all(src_conds)
         if ok is not None:
             value = tirx.if_then_else(ok, value, tirx.const(0, str(value.ty)))
-        dst_ok = _and(dst_conds)
+        dst_ok = and_all(dst_conds)
         with self.maybe_if(dst_ok):
             if frag == c.dst.buffer:
                 buf = self.tir[frag]
@@ -459,7 +408,7 @@ class CudaLowering(ExprLowering):
                 tile = unravel(v * vec, tile_shape)
                 src_idx, conds = self.region_index(c.src, tile)
                 dst_idx, _ = self.region_index(c.dst, tile)
-                ok = _and(conds + ([pred] if pred is not None else []))
+                ok = and_all(conds + ([pred] if pred is not None else []))
                 T.evaluate(T.call_extern(
                     "void", f"tiled::cp_async<{nbytes}>", self.addr(c.dst.buffer, dst_idx),
                     T.address_of(self.tir[c.src.buffer][tuple(src_idx)]),
@@ -489,7 +438,7 @@ class CudaLowering(ExprLowering):
             with self.maybe_if(None if numel % self.threads == 0 else flat < numel):
                 tile = unravel(flat, shape) if any(e != 1 for e in f.dst.extents) else []
                 idx, conds = self.region_index(f.dst, tile)
-                with self.maybe_if(_and(conds)):
+                with self.maybe_if(and_all(conds)):
                     self.store(b.id, value, idx)
 
     def stmt_gemm(self, g, s):
@@ -610,72 +559,6 @@ class CudaLowering(ExprLowering):
             self.stage.pop(bid, None)
         T.evaluate(T.call_extern("void", "tiled::cp_async_wait<0>"))
         self.sync.pending_read = self.sync.pending_write = False
-
-
-def _and(conds):
-    out = None
-    for c in conds:
-        if c is None:
-            continue
-        out = c if out is None else tirx.And(out, c)
-    return out
-
-
-def unravel_dyn(flat, extents):
-    out = []
-    for e in reversed(extents):
-        out.append(tirx.floormod(flat, e))
-        flat = tirx.floordiv(flat, e)
-    return list(reversed(out))
-
-
-def _walk(s: pb.Stmt):
-    yield s
-    kind = s.WhichOneof("kind")
-    if kind == "seq":
-        for x in s.seq.stmts:
-            yield from _walk(x)
-    elif kind == "for_":
-        yield from _walk(s.for_.body)
-    elif kind == "if_then_else":
-        yield from _walk(s.if_then_else.then_body)
-        if s.if_then_else.HasField("else_body"):
-            yield from _walk(s.if_then_else.else_body)
-
-
-def _stores(body: pb.Stmt):
-    for st in _walk(body):
-        kind = st.WhichOneof("kind")
-        if kind in ("store", "atomic_add"):
-            node = getattr(st, kind)
-            yield node.buffer, list(node.indices)
-
-
-def shared_effects(s: pb.Stmt, buffers) -> tuple[bool, bool]:
-    """(reads shared memory, writes shared memory) for statement `s` and all inside it."""
-    from tiled.compiler.backends.cuda_layout import _exprs, _subexprs
-
-    reads = writes = False
-    for st in _walk(s):
-        kind = st.WhichOneof("kind")
-        shared = lambda bid: buffers[bid].scope == pb.SHARED  # noqa: E731
-        if kind == "copy":
-            reads |= shared(st.copy.src.buffer)
-            writes |= shared(st.copy.dst.buffer)
-        elif kind == "gemm":
-            reads |= shared(st.gemm.a) or shared(st.gemm.b)
-        elif kind == "fill":
-            writes |= shared(st.fill.dst.buffer)
-        elif kind == "reduce":
-            reads = writes = True
-        elif kind in ("store", "atomic_add"):
-            writes |= shared(getattr(st, kind).buffer)
-        if kind in ("store", "atomic_add", "if_then_else", "for_", "copy", "fill"):
-            for e in _exprs(st):
-                for sub in _subexprs(e):
-                    if sub.WhichOneof("kind") == "load":
-                        reads |= shared(sub.load.buffer)
-    return reads, writes
 
 
 def lower_cuda(program: Program) -> tuple[object, CudaLowering]:

@@ -1,0 +1,140 @@
+"""Helpers of the CUDA lowering: shared-pool placement, alignment proofs, barrier placement
+and statement walks over the Tile IR."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from tiled.ir import dtypes
+from tiled.v1 import tile_ir_pb2 as pb
+
+POOL_ALIGN = 128
+
+
+@dataclass
+class SharedTile:
+    """Where a shared tile lives in the pool: `rows` x `cols` logical (leading dims flattened
+    into rows), each row padded to `stride` elements, `stages` copies back to back."""
+
+    rows: int
+    cols: int
+    stride: int
+    stages: int
+    offset: int  # bytes from the pool start
+    dtype: str
+
+    @property
+    def stage_elems(self) -> int:
+        return self.rows * self.stride
+
+    @property
+    def nbytes(self) -> int:
+        return self.stages * self.stage_elems * dtypes.nbytes(self.dtype)
+
+
+def align_up(n: int, a: int = POOL_ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def multiple_of(e: pb.Expr, m: int) -> bool:
+    """True when `e` is provably a multiple of m (constants, products, sums)."""
+    kind = e.WhichOneof("kind")
+    if kind == "int_value":
+        return e.int_value % m == 0
+    if kind == "binary":
+        a, b = e.binary.a, e.binary.b
+        if e.binary.op == pb.MUL:
+            return multiple_of(a, m) or multiple_of(b, m)
+        if e.binary.op in (pb.ADD, pb.SUB):
+            return multiple_of(a, m) and multiple_of(b, m)
+    if kind == "cast":
+        return multiple_of(e.cast.value, m)
+    return False
+
+
+class SyncTracker:
+    """Barrier placement: a __syncthreads() goes before a shared-memory write that follows
+    unsynchronized shared accesses, and before a read that follows an unsynchronized write."""
+
+    def __init__(self):
+        self.pending_read = self.pending_write = False
+
+    def before(self, reads: bool, writes: bool) -> None:
+        if (writes and (self.pending_read or self.pending_write)) or \
+                (reads and self.pending_write):
+            self.sync()
+        self.pending_read |= reads
+        self.pending_write |= writes
+
+    def sync(self) -> None:
+        T.evaluate(T.tvm_storage_sync("shared"))
+        self.pending_read = self.pending_write = False
+
+
+def and_all(conds):
+    out = None
+    for c in conds:
+        if c is None:
+            continue
+        out = c if out is None else tirx.And(out, c)
+    return out
+
+
+def unravel_dyn(flat, extents):
+    out = []
+    for e in reversed(extents):
+        out.append(tirx.floormod(flat, e))
+        flat = tirx.floordiv(flat, e)
+    return list(reversed(out))
+
+
+def walk(s: pb.Stmt):
+    yield s
+    kind = s.WhichOneof("kind")
+    if kind == "seq":
+        for x in s.seq.stmts:
+            yield from walk(x)
+    elif kind == "for_":
+        yield from walk(s.for_.body)
+    elif kind == "if_then_else":
+        yield from walk(s.if_then_else.then_body)
+        if s.if_then_else.HasField("else_body"):
+            yield from walk(s.if_then_else.else_body)
+
+
+def stores(body: pb.Stmt):
+    for st in walk(body):
+        kind = st.WhichOneof("kind")
+        if kind in ("store", "atomic_add"):
+            node = getattr(st, kind)
+            yield node.buffer, list(node.indices)
+
+
+def shared_effects(s: pb.Stmt, buffers) -> tuple[bool, bool]:
+    """(reads shared memory, writes shared memory) for statement `s` and all inside it."""
+    from tiled.compiler.backends.cuda_layout import _exprs, _subexprs
+
+    reads = writes = False
+    for st in walk(s):
+        kind = st.WhichOneof("kind")
+        shared = lambda bid: buffers[bid].scope == pb.SHARED  # noqa: E731
+        if kind == "copy":
+            reads |= shared(st.copy.src.buffer)
+            writes |= shared(st.copy.dst.buffer)
+        elif kind == "gemm":
+            reads |= shared(st.gemm.a) or shared(st.gemm.b)
+        elif kind == "fill":
+            writes |= shared(st.fill.dst.buffer)
+        elif kind == "reduce":
+            reads = writes = True
+        elif kind in ("store", "atomic_add"):
+            writes |= shared(getattr(st, kind).buffer)
+        if kind in ("store", "atomic_add", "if_then_else", "for_", "copy", "fill"):
+            for e in _exprs(st):
+                for sub in _subexprs(e):
+                    if sub.WhichOneof("kind") == "load":
+                        reads |= shared(sub.load.buffer)
+    return reads, writes

@@ -97,8 +97,42 @@ def unary_reference(torch, x):
             + torch.tanh(v)).to(x.dtype)
 
 
+def copies():
+    """Every copy direction without the async fast path (39 columns: rows are not 16-byte
+    aligned), fills of shared tiles, atomics on shared memory inside T.Parallel and on global
+    memory outside it, and T.unroll."""
+    M = T.dyn("M")
+
+    @tiled.kernel
+    def copies(X: T.Tensor((M, 39), "float32"), Y: T.Tensor((M, 39), "float32"),
+               H: T.Tensor((16,), "int32")):
+        with T.Kernel(T.ceildiv(M, 8), threads=64) as bx:
+            s = T.alloc_shared((8, 39), "float32")
+            f = T.alloc_fragment((8, 39), "float32")
+            s2 = T.alloc_shared((8, 39), "float32")
+            hist = T.alloc_shared((16,), "int32")
+            T.fill(hist, 0)
+            T.copy(X[bx * 8, 0], s)
+            T.copy(s, f)
+            for i, j in T.Parallel(8, 39):
+                f[i, j] = f[i, j] * 2.0 + 1.0
+            T.copy(f, s2)
+            for i, j in T.Parallel(8, 39):
+                if bx * 8 + i < M:
+                    T.atomic_add(hist[j % 16], 1)
+            T.copy(s2, Y[bx * 8, 0])
+            for k in T.unroll(16):
+                T.atomic_add(H[k], hist[k])
+
+    return copies
+
+
+def copies_histogram(rows: int) -> list[int]:
+    return [rows * sum(1 for j in range(39) if j % 16 == k) for k in range(16)]
+
+
 def kernels():
-    out = {"op_stats": stats(), "op_unary_fp16": unary_math()}
+    out = {"op_stats": stats(), "op_unary_fp16": unary_math(), "op_copies": copies()}
     for ta in (False, True):
         for tb in (False, True):
             out[f"op_gemm_fp16_ta{int(ta)}_tb{int(tb)}"] = gemm_transposed(ta, tb)

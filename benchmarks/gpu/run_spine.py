@@ -88,6 +88,15 @@ def ops(bundle, results, randn):
     err = rel_err(out, ref)
     ok = err < 1e-5 and total.item() == count
     check(results, "op_stats[M=29]", ok, err, 1e-5, f"total={total.item()} want={count}")
+    x = randn(1001, 39, dtype=torch.float32)
+    y = torch.full_like(x, float("nan"))
+    hist = torch.zeros(16, device="cuda", dtype=torch.int32)
+    kernel(bundle, "op_copies")(x, y, hist)
+    torch.cuda.synchronize()
+    err = rel_err(y, 2 * x + 1)
+    want = op_kernels.copies_histogram(1001)
+    ok = err < 1e-6 and hist.tolist() == want
+    check(results, "op_copies[M=1001]", ok, err, 1e-6, f"hist_ok={hist.tolist() == want}")
     M, N, K = 256, 192, 160
     for name in sorted(n.removesuffix(".cubin") for n in
                        (p.name for p in bundle.glob("op_gemm_*.cubin"))):

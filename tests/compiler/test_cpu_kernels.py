@@ -119,6 +119,16 @@ def test_reductions_atomics_scalars_and_math():
     assert total[0] == 20.0
 
 
+def test_copies_fills_shared_atomics_unroll():
+    k = tiled.compile(op_kernels.copies(), "cpu")
+    x = np.random.default_rng(8).standard_normal((1001, 39)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    hist = np.zeros(16, np.int32)
+    k(x, y, hist)
+    np.testing.assert_allclose(y, 2 * x + 1, rtol=1e-6)
+    assert hist.tolist() == op_kernels.copies_histogram(1001)
+
+
 def test_unary_math_with_traced_guard():
     k = tiled.compile(op_kernels.unary_math("float32"), "cpu")
     x = np.random.default_rng(7).standard_normal((1001, 96)).astype(np.float32)

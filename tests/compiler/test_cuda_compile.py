@@ -89,3 +89,30 @@ def test_nvrtc_and_nvcc_both_produce_cubins():
         c = tiled.compile(k, target="cuda:sm_90a", cuda_compiler=compiler)
         machine, sm, symbols = elf_info(c.artifact)
         assert (machine, sm) == (EM_CUDA, 0x5A) and c.manifest.symbol in symbols, compiler
+
+
+def _barriers_under_branches(source: str) -> list[int]:
+    """Line numbers of __syncthreads() that sit inside an `if` block of the kernel body."""
+    body = source[source.index('extern "C" __global__'):]
+    stack, bad = [], []
+    for n, line in enumerate(body.splitlines()):
+        text = line.strip()
+        if text.startswith("}"):
+            stack.pop()
+        if "__syncthreads()" in text and "if" in stack:
+            bad.append(n)
+        if text.endswith("{"):
+            stack.append("if" if text.lstrip("} ").startswith(("if", "else")) else "block")
+    return bad
+
+
+@pytest.mark.parametrize("name", ["op_copies", "op_stats", "op_unary_fp16",
+                                  "op_gemm_fp16_ta1_tb0"])
+def test_no_barrier_inside_per_thread_branches(name):
+    """A __syncthreads() under a per-thread condition deadlocks the block (seen on the H200
+    before the barrier tracker was suspended inside T.Parallel)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+    import op_kernels
+
+    k = tiled.compile(op_kernels.kernels()[name], target="cuda:sm_90a")
+    assert _barriers_under_branches(k.source) == []

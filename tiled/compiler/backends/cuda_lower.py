@@ -210,7 +210,11 @@ class CudaLowering(ExprLowering):
     def stmt_for_(self, f, s):
         if f.kind == pb.PARALLEL:
             self.uniform_stmt(s)
-            return self.lower_parallel(s)
+            self.sync.suspended += 1
+            try:
+                return self.lower_parallel(s)
+            finally:
+                self.sync.suspended -= 1
         if f.var in self.pipelines:
             return self.lower_pipeline(f, s)
         extent = self.expr(f.extent)
@@ -221,9 +225,10 @@ class CudaLowering(ExprLowering):
             self.stmt(f.body)
             if writes:
                 self.sync.sync()
-        if writes:
-            self.sync.pending_read = self.sync.pending_write = False
-        self.sync.pending_read |= reads
+        if not self.sync.suspended:
+            if writes:
+                self.sync.pending_read = self.sync.pending_write = False
+            self.sync.pending_read |= reads
 
     def stmt_if_then_else(self, node, s):
         with T.If(self.expr(node.cond)):

@@ -57,12 +57,18 @@ def multiple_of(e: pb.Expr, m: int) -> bool:
 
 class SyncTracker:
     """Barrier placement: a __syncthreads() goes before a shared-memory write that follows
-    unsynchronized shared accesses, and before a read that follows an unsynchronized write."""
+    unsynchronized shared accesses, and before a read that follows an unsynchronized write.
+    Inside a T.Parallel nest the tracker is suspended: that code runs per thread (possibly under
+    a per-thread condition), where a barrier would deadlock; the nest's accesses are accounted
+    for once, before it starts."""
 
     def __init__(self):
         self.pending_read = self.pending_write = False
+        self.suspended = 0
 
     def before(self, reads: bool, writes: bool) -> None:
+        if self.suspended:
+            return
         if (writes and (self.pending_read or self.pending_write)) or \
                 (reads and self.pending_write):
             self.sync()
@@ -70,6 +76,8 @@ class SyncTracker:
         self.pending_write |= writes
 
     def sync(self) -> None:
+        if self.suspended:
+            return
         T.evaluate(T.tvm_storage_sync("shared"))
         self.pending_read = self.pending_write = False
 

@@ -75,3 +75,17 @@ class LaunchError(TiledError, ValueError):
 
 class ConfigError(TiledError, ValueError):
     """A `TILED_*` setting that does not parse; the message names the variable."""
+
+
+class CacheError(TiledError, OSError):
+    """A cache operation that failed for a reason the caller should see (a full disk, a
+    refused bundle). Reads never raise it: a failed read is a counted miss."""
+
+
+class CacheWriteError(CacheError):
+    """An entry could not be stored (disk full, permissions, over the size cap); nothing
+    already stored was lost."""
+
+
+class BundleError(CacheError, ValueError):
+    """A bundle that does not verify or does not match this toolchain."""

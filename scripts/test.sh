@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 scripts/setup.sh
+# The Redis tier's tests run against a real redis-server (they start their own on a free port).
+command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y -q redis-server; }
 # torch, so the runtime's torch-tensor paths run too (a CPU build where the machine's wheel
 # store has one, as this project's machines do).
 .venv/bin/python -m pip install -q torch==2.13.0

@@ -65,6 +65,18 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("max_shared_bytes", _size, lambda: 227 * 1024,
             "shared memory a block may use (verifier limit)"),
     Setting("cache_max_bytes", _size, lambda: 10 << 30, "local disk cache size cap"),
+    Setting("cache_namespace", str, lambda: "",
+            "salt mixed into every action key; change it to disown every cached entry at once"),
+    Setting("memory_cache_bytes", _size, lambda: 256 << 20,
+            "in-process LRU cache size cap; 0 turns the memory tier off"),
+    Setting("redis_url", str, lambda: "",
+            "shared Redis tier (redis://host:port/db, rediss://, unix://); empty: none"),
+    Setting("redis_ttl_seconds", int, lambda: 7 * 24 * 3600,
+            "expiry of Redis cache keys, refreshed on every hit; 0 = never expire"),
+    Setting("redis_max_blob_bytes", _size, lambda: 16 << 20,
+            "largest blob written to Redis; an entry with a larger blob stays local"),
+    Setting("redis_timeout_seconds", float, lambda: 0.1,
+            "Redis connect and read timeout; a slow or dead Redis is skipped, never waited on"),
 ]}
 
 _local = threading.local()

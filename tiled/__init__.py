@@ -16,10 +16,16 @@ from tiled.lang.kernel import kernel
 __version__ = "0.1.0"
 
 
-def compile(kernel_or_program, target: str = "cpu", **options):
+def compile(kernel_or_program, target: str = "cpu", *, cache: bool = True, **options):
     """Compiles a `@tiled.kernel` (or a tiled.ir.Program) for `target` ("cpu", "cuda:sm_80",
     "cuda:sm_90a") and returns a callable `CompiledKernel` with `.artifact` and `.manifest`.
-    Compiles in this process; needs the compiler extra."""
+    With `cache` (the default) the result comes from, or goes to, the local kernel cache
+    (TILED_CACHE_DIR, plus Redis when TILED_REDIS_URL is set). Compiles in this process; needs
+    the compiler extra."""
+    if cache:
+        from tiled.compiler.cached import compile_cached, default_cache
+
+        return compile_cached(kernel_or_program, target, default_cache(), options)[0]
     from tiled.compiler import compile_program
 
     return compile_program(kernel_or_program, target, **options)

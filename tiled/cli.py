@@ -42,7 +42,12 @@ def cmd_compile(args) -> int:
     kernel = load_kernel(args.kernel)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    compiled = tiled.compile(kernel, target=args.target)
+    if args.no_cache or args.source:  # generated source is not kept in the cache
+        compiled, hit = tiled.compile(kernel, target=args.target, cache=False), False
+    else:
+        from tiled.compiler.cached import compile_cached, default_cache
+
+        compiled, hit = compile_cached(kernel, args.target, default_cache())
     m = compiled.manifest
     ext = {"cubin": "cubin", "so": "so"}[m.artifact_format]
     (out / f"{m.name}.{ext}").write_bytes(compiled.artifact)
@@ -51,8 +56,9 @@ def cmd_compile(args) -> int:
     if args.source and compiled.source:
         (out / f"{m.name}.cu").write_text(compiled.source)
     stages = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in compiled.stages.items())
+    how = "cache hit" if hit else ("no cache" if args.no_cache or args.source else "cache miss")
     print(f"{m.name} -> {out}/{m.name}.{ext} ({len(compiled.artifact)} bytes, {m.target}; "
-          f"{stages})")
+          f"{how}{'; ' + stages if stages and not hit else ''})")
     return 0
 
 
@@ -77,11 +83,15 @@ def main(argv=None) -> int:
     c.add_argument("--target", default="cpu", help="cpu, cuda:sm_80, cuda:sm_90a")
     c.add_argument("--out", default=".", help="output directory")
     c.add_argument("--source", action="store_true", help="also write generated source")
+    c.add_argument("--no-cache", action="store_true", help="compile without the kernel cache")
     c.set_defaults(fn=cmd_compile)
     i = sub.add_parser("ir", help="print a kernel's Tile IR and digest")
     i.add_argument("kernel", help="FILE.py:NAME")
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=cmd_ir)
+    from tiled.cli_cache import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

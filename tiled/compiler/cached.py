@@ -117,3 +117,18 @@ def _delete(tier: Tier, key: str, events: CacheEvents) -> None:
 
 
 __all__ = ["compile_cached", "compile_key"]
+
+
+_DEFAULT: dict[tuple, Tier] = {}
+
+
+def default_cache() -> Tier:
+    """This process's cache stack for the current settings (memory -> disk -> Redis), opened
+    once per distinct configuration (tests change TILED_CACHE_DIR per test)."""
+    key = tuple(config.get(k) for k in ("cache_dir", "cache_max_bytes", "memory_cache_bytes",
+                                        "redis_url"))
+    if key not in _DEFAULT:
+        from tiled.cache.tiered import open_default_cache
+
+        _DEFAULT[key] = open_default_cache()
+    return _DEFAULT[key]

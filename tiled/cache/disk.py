@@ -1,0 +1,474 @@
+"""The local disk tier: the embedded default, zero setup, shared by every process (and every
+host, over NFS) that points at the same directory.
+
+Layout, under `root` (TILED_CACHE_DIR); `v1` is the format, a later one sits beside it:
+
+    root/v1/cas/ab/<sha256>        a blob, named by the sha256 of its bytes (mode 0444)
+    root/v1/ac/ab/<key>/           one action entry, published by one rename
+    root/v1/ac/ab/<key>/record     sha256(rest) hex, "\\n", rest, where rest is a JSON header
+                                   {"v":1,"key":...,"blobs":[[sha256,size],...]}, "\\n", then
+                                   the manifest bytes verbatim; its mtime is the entry's last use
+    root/v1/ac/ab/<key>/<sha256>   a hard link to the blob's inode (the same one as cas/)
+    root/v1/staging/w.<token>/     a put in progress;  t.<token>/  an entry being removed
+    root/v1/lock                   flock'ed by every mutation (publish, evict, remove, gc)
+    root/v1/ledger                 bytes stored + reservations of writes in flight
+
+`ab` is the name's first two hex digits; `<token>` is `<host>.<pid>.<random>`.
+
+Invariants:
+- An entry directory holds its own hard link to every blob it names, so it is complete by
+  itself: nothing that happens to `cas/` (eviction, a lost race, a stale NFS attribute) can
+  leave a published entry without a blob. `cas/` is the dedup index: a new entry whose blob is
+  already there (and re-hashes to its name) links that inode instead of keeping its own copy.
+  A blob inode is freed when its last link goes; a `cas/` file with one link is an orphan.
+- A put stages every file in `staging/w.<token>/` on the same filesystem, fsyncs the files
+  and the directory, then (under `lock`) links blobs into `cas/` and renames the directory
+  to `ac/ab/<key>` (the record is written last, the rename publishes). A reader therefore
+  sees a whole entry or none. An existing entry is never replaced: the first complete put
+  wins, a lost race is a success, and a corrupt entry is removed by the reader that finds it.
+- Space is reserved in the ledger, evicting least recently used entries under `lock`, before
+  any byte is written: a put proceeds only when `used + reserved` stays within `max_bytes`.
+  The ledger over-counts after a crash rather than under-counts (see tiled.cache.disk_lru).
+- A reader takes a shared flock on the entry's record, then checks that the directory is still
+  the published one; eviction and `delete` take the exclusive lock (eviction without waiting:
+  an entry being read is skipped) and move the directory away while holding it. So an entry
+  is never removed while a reader holds it, and a reader never reads a half-removed one.
+- Every blob is hashed on read; a missing or wrong blob, or a record that fails its checksum,
+  is a miss counted as "corrupt", logged, and the entry (and the corrupt cas/ inode) removed.
+- Stale staging (a dead pid of this host, or older than `stale_after_s`) is swept on open
+  and by `gc()`, which also removes orphan blobs and re-measures the ledger.
+
+A hit opens the entry directory, its record and its blobs, and touches the record's mtime:
+no directory listing, so its cost does not grow with the number of entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+from pathlib import Path
+
+from tiled import config
+from tiled.cache.disk_layout import (
+    RECORD,
+    Corrupt,
+    DiskStats,
+    Layout,
+    Problem,
+    decode_record,
+    encode_record,
+    fsync_dir,
+    read_all,
+    write_file,
+)
+from tiled.cache.disk_lru import Ledger, LedgerState, lru_order, writer_token
+from tiled.cache.entry import CacheEvents, Entry, NullEvents, is_digest, sha256_hex
+from tiled.errors import CacheWriteError
+
+log = logging.getLogger(__name__)
+
+LOW_WATER = 0.9  # eviction frees down to this fraction of the cap, so it runs rarely
+
+# Test-only: called with a point name ("reserved", "staged", "committing", "linked",
+# "published", "evicting") so a test can kill the writer exactly there.
+_unsafe_fault_hook = None
+
+
+def _checkpoint(point: str) -> None:
+    if _unsafe_fault_hook is not None:
+        _unsafe_fault_hook(point)
+
+
+class DiskTier:
+    """The disk tier (name "disk"). Thread-safe and safe across processes and hosts sharing
+    `root` (see the module docstring for the layout and invariants).
+
+    `get` never raises: a miss, a corrupt entry or an OSError is None, reported through
+    `events`. `put` publishes atomically or raises CacheWriteError (an invalid entry, one
+    larger than `max_bytes`, a full disk, a cache whose space is all held by readers and
+    writers in flight, any other OSError); nothing already stored is lost by a failed put."""
+
+    name = "disk"
+
+    def __init__(self, root: Path | str | None = None, max_bytes: int | None = None,
+                 events: CacheEvents | None = None, stale_after_s: float = 3600.0):
+        self.root = Path(root if root is not None else config.get("cache_dir"))
+        self.max_bytes = int(max_bytes if max_bytes is not None else config.get("cache_max_bytes"))
+        self.events: CacheEvents = events or NullEvents()
+        self.stale_after_s = stale_after_s
+        self._layout = layout = Layout(self.root)
+        self._ac, self._cas, self._staging = layout.ac, layout.cas, layout.staging
+        self._ledger = Ledger(layout.base, layout.measure)
+        try:
+            for d in (self._ac, self._cas, self._staging):
+                d.mkdir(parents=True, exist_ok=True)
+            with os.scandir(self._staging) as it:
+                leftovers = any(True for _ in it)
+            if leftovers:
+                with self._ledger.locked(blocking=False) as led:
+                    self._sweep(led)
+        except BlockingIOError:
+            pass  # someone else holds the lock; gc() or a later open sweeps
+        except OSError as e:
+            log.warning("disk cache at %s not usable yet: %s", self.root, e)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, key: str) -> Entry | None:
+        if not is_digest(key):
+            self.events.lookup(self.name, "miss")
+            return None
+        status, entry, problem, ident = self._load(key, touch=True)
+        if status == "corrupt":
+            assert isinstance(problem, Corrupt)
+            self._remove_corrupt(key, ident, problem)
+        elif status == "error":
+            log.warning("disk cache: reading %s failed: %s", key[:12], problem)
+            self.events.error(self.name, "read")
+        self.events.lookup(self.name, status)
+        if entry is not None:
+            self.events.bytes_read(self.name, entry.nbytes)
+        return entry
+
+    def _load(self, key: str, touch: bool) -> tuple[str, Entry | None, Exception | None,
+                                                     tuple[int, int] | None]:
+        """(status, entry, problem, identity) with status hit | miss | corrupt | error."""
+        d = self._layout.entry_dir(key)
+        try:
+            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return "miss", None, None, None
+        except NotADirectoryError:
+            try:
+                st = os.lstat(d)
+            except OSError:
+                return "miss", None, None, None
+            return "corrupt", None, Corrupt("entry is not a directory"), (st.st_dev, st.st_ino)
+        except OSError as e:
+            return "error", None, e, None
+        try:
+            st = os.fstat(dfd)
+            ident = (st.st_dev, st.st_ino)
+            try:
+                entry = self._read_entry(key, d, dfd, ident, touch)
+            except Corrupt as c:
+                if not self._layout.published(d, ident):
+                    return "miss", None, None, None  # removed while we read: not corruption
+                return "corrupt", None, c, ident
+            if entry is None:
+                return "miss", None, None, None
+            return "hit", entry, None, ident
+        except OSError as e:
+            return "error", None, e, None
+        finally:
+            os.close(dfd)
+
+    def _read_entry(self, key: str, d: Path, dfd: int, ident: tuple[int, int],
+                    touch: bool) -> Entry | None:
+        try:
+            rfd = os.open(RECORD, os.O_RDONLY, dir_fd=dfd)
+        except FileNotFoundError:
+            raise Corrupt("entry has no record") from None
+        try:
+            # Holding LOCK_SH on a still-published entry: no eviction can remove it now.
+            fcntl.flock(rfd, fcntl.LOCK_SH)
+            if not self._layout.published(d, ident):
+                return None
+            manifest, names = decode_record(read_all(rfd), key)
+            blobs: dict[str, bytes] = {}
+            for digest, size in names:
+                try:
+                    bfd = os.open(digest, os.O_RDONLY, dir_fd=dfd)
+                except FileNotFoundError:
+                    raise Corrupt(f"blob {digest[:12]} is missing") from None
+                try:
+                    data = read_all(bfd)
+                finally:
+                    os.close(bfd)
+                if len(data) != size or sha256_hex(data) != digest:
+                    raise Corrupt(f"blob {digest[:12]} does not hash to its name", digest)
+                blobs[digest] = data
+            if touch:
+                with contextlib.suppress(OSError):  # recency is best effort (read-only mounts)
+                    os.utime(rfd)
+            return Entry(key, manifest, blobs)
+        finally:
+            os.close(rfd)
+
+    def contains(self, key: str) -> bool:
+        """Whether an entry is published under `key` (not verified; not a use)."""
+        return is_digest(key) and os.path.isfile(self._layout.entry_dir(key) / RECORD)
+
+    def keys(self) -> list[str]:
+        """Every published key. O(entries): lists the directory."""
+        return [path.rsplit(os.sep, 1)[-1] for _, path in lru_order(self._ac, RECORD)
+                if is_digest(path.rsplit(os.sep, 1)[-1])]
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def put(self, entry: Entry) -> None:
+        try:
+            entry.validate()
+        except ValueError as e:
+            self.events.error(self.name, "write")
+            raise CacheWriteError(f"disk cache refused entry {entry.key[:12]}: {e}") from None
+        status, _, problem, ident = self._load(entry.key, touch=True)
+        if status == "hit":
+            return  # first complete put wins
+        if status == "corrupt":
+            assert isinstance(problem, Corrupt)
+            self._remove_corrupt(entry.key, ident, problem)
+        record = encode_record(entry)
+        need = len(record) + sum(len(b) for b in entry.blobs.values())
+        if need > self.max_bytes:
+            self.events.error(self.name, "write")
+            raise CacheWriteError(
+                f"entry {entry.key[:12]} needs {need} bytes, more than the whole disk cache cap "
+                f"of {self.max_bytes} bytes at {self.root}; raise TILED_CACHE_MAX_BYTES")
+        token = writer_token()
+        stage = self._staging / f"w.{token}"
+        try:
+            self._reserve(token, need)
+            try:
+                self._stage(stage, record, entry)
+                shared = {d: ino for d, b in entry.blobs.items()
+                          if (ino := self._layout.stored_inode(d, len(b))) is not None}
+                written = self._commit(token, stage, entry, len(record), shared)
+            except BaseException:
+                self._abandon(token, stage)
+                raise
+        except CacheWriteError:
+            self.events.error(self.name, "write")
+            raise
+        except OSError as e:
+            self.events.error(self.name, "write")
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CacheWriteError(f"cache disk full at {self.root}: {e}") from e
+            raise CacheWriteError(f"disk cache write at {self.root} failed: {e}") from e
+        if written:
+            self.events.bytes_written(self.name, written)
+
+    def _reserve(self, token: str, need: int) -> None:
+        with self._ledger.locked() as led:
+            led.prune(self.stale_after_s)
+            if led.used + led.reserved + need > self.max_bytes:
+                self._evict(led, int(self.max_bytes * LOW_WATER) - need)
+            if led.used + led.reserved + need > self.max_bytes:
+                raise CacheWriteError(
+                    f"disk cache at {self.root} is full: {led.used} bytes stored and "
+                    f"{led.reserved} reserved by writes in flight, {need} more needed, cap "
+                    f"{self.max_bytes}; the entries left are being read")
+            led.reserve(token, need)
+        _checkpoint("reserved")
+
+    def _stage(self, stage: Path, record: bytes, entry: Entry) -> None:
+        os.mkdir(stage)
+        for digest, data in entry.blobs.items():
+            write_file(stage / digest, data, 0o444)
+        _checkpoint("staged-blobs")
+        write_file(stage / RECORD, record, 0o644)
+        fsync_dir(stage)
+        _checkpoint("staged")
+
+    def _commit(self, token: str, stage: Path, entry: Entry, record_len: int,
+                shared: dict[str, tuple[int, int]]) -> int:
+        """Links blobs into cas/ and publishes `stage`; returns the bytes newly stored (0 when
+        another writer published the key first)."""
+        final = self._layout.entry_dir(entry.key)
+        dirs = {final.parent}
+        with self._ledger.locked() as led:
+            # Count every staged byte, even those dedup is about to drop: counted before
+            # any link, a crash from here on over-counts and never under-counts.
+            planned = record_len + sum(len(b) for b in entry.blobs.values())
+            led.release(token)
+            led.used += planned
+            led.save()
+            _checkpoint("committing")
+            try:
+                stored = record_len
+                for digest, data in entry.blobs.items():
+                    dirs.add(self._layout.cas_path(digest).parent)
+                    if not self._layout.link_blob(stage, digest, shared.get(digest)):
+                        stored += len(data)
+                final.parent.mkdir(exist_ok=True)
+                _checkpoint("linked")
+                try:
+                    os.rename(stage, final)
+                except OSError as e:
+                    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+                    # Lost the race: the winner's entry stands, ours goes.
+                    stored = max(0, stored - self._layout.free(stage))
+            except BaseException:
+                with contextlib.suppress(OSError):  # what free() could not remove stays counted
+                    led.used -= self._layout.free(stage)
+                raise
+            led.used += stored - planned
+        _checkpoint("published")
+        for d in dirs:
+            with contextlib.suppress(OSError):  # published already; durability is best effort
+                fsync_dir(d)
+        return stored
+
+    def _abandon(self, token: str, stage: Path) -> None:
+        """Undoes a failed put: staged files, cas/ links they made, the reservation."""
+        try:
+            with self._ledger.locked() as led:
+                led.release(token)
+                if os.path.lexists(stage):
+                    self._layout.free(stage)
+        except OSError as e:
+            log.warning("disk cache: cleaning %s failed (%s); gc() sweeps it", stage, e)
+
+    # -- removal ---------------------------------------------------------------------------
+
+    def _unpublish(self, d: Path | str, wait: bool) -> int | None:
+        """Moves a published entry away and frees it; None when a reader holds it (and `wait`
+        is false) or it is gone. Call under the lock."""
+        try:
+            rfd = os.open(os.path.join(d, RECORD), os.O_RDWR)  # write mode: NFS needs it for
+        except FileNotFoundError:                              # an exclusive lock
+            rfd = None
+        except NotADirectoryError:
+            rfd = None
+        try:
+            if rfd is not None:
+                try:
+                    fcntl.flock(rfd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    return None
+            trash = self._staging / f"t.{writer_token()}"
+            try:
+                os.rename(d, trash)
+            except FileNotFoundError:
+                return None
+        finally:
+            if rfd is not None:
+                os.close(rfd)
+        _checkpoint("evicting")
+        return self._layout.free(trash)
+
+    def _evict(self, led: LedgerState, target: int) -> None:
+        """Evicts least recently used entries until used + reserved <= target. The ledger is
+        saved once, when the lock is left: a crash before that over-counts, which is safe."""
+        if led.recount:
+            led.used, led.recount = self._layout.measure(), False
+        count = nbytes = 0
+        for _, path in lru_order(self._ac, RECORD):
+            if led.used + led.reserved <= target:
+                break
+            freed = self._unpublish(path, wait=False)
+            if freed is not None:
+                led.used = max(0, led.used - freed)
+                count, nbytes = count + 1, nbytes + freed
+        if count:
+            self.events.evicted(self.name, count, nbytes)
+
+    def _remove_corrupt(self, key: str, ident: tuple[int, int] | None,
+                        problem: Corrupt) -> None:
+        d = self._layout.entry_dir(key)
+        log.warning("disk cache: entry %s at %s is corrupt (%s); removing it so the next put "
+                    "replaces it", key[:12], d, problem.detail)
+        try:
+            with self._ledger.locked() as led:
+                if ident is None or not self._layout.published(d, ident):
+                    return  # already removed or replaced
+                trash = self._staging / f"t.{writer_token()}"
+                os.rename(d, trash)
+                led.used = max(0, led.used - self._layout.free(trash, bad=problem.digest))
+        except OSError as e:
+            log.warning("disk cache: removing corrupt entry %s failed: %s", key[:12], e)
+            self.events.error(self.name, "delete")
+
+    def delete(self, key: str) -> bool:
+        """Removes `key`'s entry, waiting for its readers; False when there was none."""
+        if not is_digest(key):
+            return False
+        try:
+            with self._ledger.locked() as led:
+                freed = self._unpublish(self._layout.entry_dir(key), wait=True)
+                if freed is not None:
+                    led.used = max(0, led.used - freed)
+                return freed is not None
+        except OSError as e:
+            log.warning("disk cache: deleting %s failed: %s", key[:12], e)
+            self.events.error(self.name, "delete")
+            return False
+
+    def clear(self) -> None:
+        """Removes every entry (waiting for readers) and every blob."""
+        with self._ledger.locked() as led:
+            for _, path in lru_order(self._ac, RECORD):
+                self._unpublish(path, wait=True)
+            for path, _ in self._layout.files(self._cas):
+                os.unlink(path)
+            led.used, led.recount = self._layout.measure(), False
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def _sweep(self, led: LedgerState) -> int:
+        """Removes stale staging; returns how many. Call under the lock."""
+        swept = 0
+        for path in self._layout.stale_staging(self.stale_after_s):
+            try:
+                self._layout.free(path)
+                swept += 1
+            except OSError as e:
+                log.warning("disk cache: sweeping %s failed: %s", path, e)
+        if swept:
+            led.recount = True  # whether the ledger still counts those bytes is unknown
+        return swept
+
+    def gc(self) -> dict[str, int]:
+        """Sweeps stale staging, removes orphan blobs (in cas/ only, named by no entry),
+        re-measures the ledger and evicts down to the cap. O(files). Returns counts."""
+        with self._ledger.locked() as led:
+            swept = self._sweep(led)
+            orphans = 0
+            for path, st in self._layout.files(self._cas):
+                if st.st_nlink == 1:
+                    os.unlink(path)
+                    orphans += 1
+            led.prune(self.stale_after_s)
+            led.used, led.recount = self._layout.measure(), False
+            before = led.used
+            self._evict(led, self.max_bytes)
+            return {"swept": swept, "orphans": orphans, "evicted_bytes": before - led.used}
+
+    def total_bytes(self) -> int:
+        """Bytes the ledger counts as stored or reserved: O(1), an upper bound of what the
+        cache holds on disk (records and blobs; not directories, `lock` or `ledger`)."""
+        with self._ledger.locked() as led:
+            return led.used + led.reserved
+
+    def stats(self) -> DiskStats:
+        """Counts and measured bytes. O(files)."""
+        with self._ledger.locked() as led:
+            used, reserved = led.used, led.reserved
+        entries = len(lru_order(self._ac, RECORD))
+        blobs = sum(1 for _ in self._layout.files(self._cas))
+        staging = len(os.listdir(self._staging)) if self._staging.is_dir() else 0
+        return DiskStats(entries, blobs, self._layout.measure(), used, reserved, staging,
+                         self.max_bytes)
+
+    def verify(self) -> list[Problem]:
+        """Reads and hashes everything (O(bytes)); changes nothing. Returns what is wrong."""
+        problems: list[Problem] = []
+        for _, path in lru_order(self._ac, RECORD):
+            key = os.path.basename(path)
+            if not is_digest(key) or os.path.basename(os.path.dirname(path)) != key[:2]:
+                problems.append(Problem("stray", path, "not an entry name"))
+                continue
+            status, _, problem, _ = self._load(key, touch=False)
+            if status in ("corrupt", "error"):
+                problems.append(Problem("entry", path, str(problem), key))
+        problems += self._layout.verify_blobs()
+        problems += [Problem("staging", path, "stale; gc() sweeps it")
+                     for path in self._layout.stale_staging(self.stale_after_s)]
+        return problems
+
+    def close(self) -> None:
+        """Nothing to release: every call opens and closes its own files."""

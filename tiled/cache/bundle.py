@@ -97,6 +97,13 @@ def export_bundle(tier: Tier, path: Path, toolchain_digest: Callable[[str], str]
     return BundleReport(len(entries), nbytes, toolchains)
 
 
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    f = tar.extractfile(member)
+    if f is None:
+        raise BundleError(f"{member.name} is not a regular file")
+    return f.read()
+
+
 def _read_members(path: Path) -> tuple[bytes | None, dict[str, bytes]]:
     members: dict[str, bytes] = {}
     index = None
@@ -107,12 +114,12 @@ def _read_members(path: Path) -> tuple[bytes | None, dict[str, bytes]]:
             if m.name == "index.json":
                 if m.size > MAX_INDEX_BYTES:
                     raise BundleError(f"{path}: index is {m.size} bytes, over the limit")
-                index = tar.extractfile(m).read()
+                index = _member_bytes(tar, m)
                 continue
             kind, _, digest = m.name.partition("/")
             if kind not in ("manifests", "blobs") or not is_digest(digest):
                 raise BundleError(f"{path}: unexpected member {m.name!r}")
-            data = tar.extractfile(m).read()
+            data = _member_bytes(tar, m)
             if len(data) != m.size:
                 raise BundleError(f"{path}: {m.name} is truncated")
             if sha256_hex(data) != digest:

@@ -19,9 +19,15 @@ __version__ = "0.1.0"
 def compile(kernel_or_program, target: str = "cpu", *, cache: bool = True, **options):
     """Compiles a `@tiled.kernel` (or a tiled.ir.Program) for `target` ("cpu", "cuda:sm_80",
     "cuda:sm_90a") and returns a callable `CompiledKernel` with `.artifact` and `.manifest`.
-    With `cache` (the default) the result comes from, or goes to, the local kernel cache
-    (TILED_CACHE_DIR, plus Redis when TILED_REDIS_URL is set). Compiles in this process; needs
-    the compiler extra."""
+    With TILED_SERVER set, the daemon compiles (and caches) it; otherwise it compiles in this
+    process (needs the compiler extra), through the local kernel cache when `cache` is set
+    (TILED_CACHE_DIR, plus Redis when TILED_REDIS_URL is set)."""
+    from tiled import config
+
+    if config.get("server"):  # a daemon is configured: it compiles and caches
+        from tiled.client import compile_via_server
+
+        return compile_via_server(kernel_or_program, target, cache=cache, **options)
     if cache:
         from tiled.compiler.cached import compile_cached, default_cache
 

@@ -1,0 +1,284 @@
+"""The synchronous client of the compile daemon (compile.proto), and the pieces the asyncio
+client shares with it: request building, artifact checks, the in-process kernel table, backoff.
+
+    with Client("unix:///run/tiled.sock") as c:
+        kernel = c.compile(vadd, "cuda:sm_90a")     # a tiled.runtime kernel, ready to call
+        kernel(A, B, C)
+
+Thread-safe: one Client may serve many threads. Every call carries a deadline (`timeout_s`,
+TILED_CLIENT_TIMEOUT_SECONDS) and is retried with backoff on UNAVAILABLE only
+(TILED_CLIENT_RETRIES); every other failure maps to a tiled error in tiled.client.errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from tiled import config
+from tiled.client.errors import ServerUnavailable, from_rpc_error
+from tiled.errors import LaunchError, TiledError
+from tiled.ir.program import Program
+from tiled.runtime import Kernel, Manifest, load
+from tiled.v1 import compile_pb2, compile_pb2_grpc
+
+T = TypeVar("T")
+MAX_BACKOFF_S = 5.0
+# The daemon's unix socket or a host on the LAN: an HTTP proxy from the environment is wrong.
+CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]
+
+TableKey = tuple[str, str, str]
+
+
+class RemoteKernel:
+    """A kernel compiled by the daemon and loaded here: call it like the runtime kernel it
+    wraps (`.kernel`). `.manifest`, `.artifact`, `.action_key`, `.cache_hit` (whether the
+    daemon answered from its cache) and `.resolved_target` describe where it came from."""
+
+    def __init__(self, kernel: Kernel, artifact: bytes, response: compile_pb2.CompileResponse):
+        self.kernel, self.artifact = kernel, artifact
+        self.manifest: Manifest = kernel.manifest
+        self.action_key: str = response.action_key
+        self.cache_hit: bool = response.cache_hit
+        self.resolved_target: str = response.resolved_target
+
+    def __call__(self, *args: Any) -> Any:
+        return self.kernel(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "kernel":  # not yet set (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.kernel, name)
+
+    def __repr__(self) -> str:
+        return f"<RemoteKernel {self.kernel!r} action {self.action_key[:12]}>"
+
+
+def as_program(kernel_or_program: Any) -> Program:
+    """A tiled.ir.Program from a `@tiled.kernel` (its `.ir`) or a Program."""
+    if isinstance(kernel_or_program, Program):
+        return kernel_or_program
+    ir = getattr(kernel_or_program, "ir", None)
+    if isinstance(ir, Program):
+        return ir
+    raise TypeError(f"expected a @tiled.kernel or a tiled.ir.Program, "
+                    f"got {type(kernel_or_program).__name__}")
+
+
+def options_json(options: dict | None) -> str:
+    """Canonical JSON of backend options ("" for none): equal dicts give equal text."""
+    if not options:
+        return ""
+    return json.dumps(options, sort_keys=True, separators=(",", ":"))
+
+
+def compile_request(kernel_or_program: Any, target: str = "local", options: dict | None = None,
+                    *, inline_limit: int = 0, cache_only: bool = False,
+                    ) -> compile_pb2.CompileRequest:
+    return compile_pb2.CompileRequest(
+        program=as_program(kernel_or_program).proto, target=target,
+        options_json=options_json(options), inline_limit=inline_limit, cache_only=cache_only)
+
+
+def table_key(program: Program, target: str, options: dict | None) -> TableKey:
+    return (program.digest, target, options_json(options))
+
+
+def check_artifact(data: bytes, response: compile_pb2.CompileResponse) -> bytes:
+    """`data` when it is the blob the response and its manifest name; LaunchError otherwise,
+    so a corrupt or truncated transfer never reaches the loader."""
+    manifest = Manifest.coerce(response.manifest_json)
+    digest = hashlib.sha256(data).hexdigest()
+    for what, want in (("response", response.artifact_sha256),
+                       ("manifest", manifest.artifact_sha256)):
+        if digest != want:
+            raise LaunchError(f"{manifest.name}: artifact from the daemon has sha256 {digest} "
+                              f"({len(data)} bytes), but the {what} names {want}")
+    return data
+
+
+def warm_requests(requests: Iterable[Any]) -> compile_pb2.WarmRequest:
+    """A WarmRequest from CompileRequests or (kernel_or_program, target[, options]) tuples."""
+    items = []
+    for r in requests:
+        items.append(r if isinstance(r, compile_pb2.CompileRequest) else compile_request(*r))
+    return compile_pb2.WarmRequest(items=items)
+
+
+class ChunkAssembler:
+    """Reassembles GetArtifact chunks; raises LaunchError on a gap, an overlap or a size that
+    disagrees, and on a sha256 that is not the one asked for."""
+
+    def __init__(self, sha256: str):
+        self.sha256, self.parts, self.size, self.total = sha256, [], 0, None
+
+    def add(self, chunk: compile_pb2.ArtifactChunk) -> None:
+        if chunk.offset != self.size:
+            raise LaunchError(f"artifact {self.sha256[:12]}: chunk at offset {chunk.offset}, "
+                              f"expected {self.size}")
+        if self.total is not None and chunk.total_size != self.total:
+            raise LaunchError(f"artifact {self.sha256[:12]}: total size changed mid-stream")
+        self.total = chunk.total_size
+        self.parts.append(chunk.data)
+        self.size += len(chunk.data)
+
+    def result(self) -> bytes:
+        data = b"".join(self.parts)
+        if self.total is not None and len(data) != self.total:
+            raise LaunchError(f"artifact {self.sha256[:12]}: got {len(data)} bytes of "
+                              f"{self.total}")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != self.sha256:
+            raise LaunchError(f"artifact {self.sha256[:12]}: received bytes have sha256 "
+                              f"{digest}")
+        return data
+
+
+def backoff_delays(retries: int, base_s: float) -> Iterator[float]:
+    """`retries` delays: base * 2**n capped at MAX_BACKOFF_S, each jittered to [d/2, d] so
+    that clients refused together do not come back together."""
+    for n in range(retries):
+        d = min(MAX_BACKOFF_S, base_s * 2 ** n)
+        yield d / 2 + random.uniform(0, d / 2)
+
+
+def unavailable(e: BaseException) -> bool:
+    return isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE
+
+
+class Client:
+    """A connection to the compile daemon at `address` ("unix:///path" or "host:port";
+    default TILED_SERVER). Compiled kernels are kept in an in-process table keyed by
+    (program digest, target, canonical options), so a repeat compile makes no call."""
+
+    def __init__(self, address: str | None = None, timeout_s: float | None = None, *,
+                 retries: int | None = None, backoff_s: float | None = None,
+                 inline_limit: int = 0):
+        self.address = address or config.get("server")
+        if not self.address:
+            raise TiledError("no daemon address: pass one or set TILED_SERVER "
+                             "(unix:///path or host:port)")
+        self.timeout_s = timeout_s if timeout_s is not None else config.get(
+            "client_timeout_seconds")
+        self.retries = retries if retries is not None else config.get("client_retries")
+        self.backoff_s = backoff_s if backoff_s is not None else config.get(
+            "client_backoff_seconds")
+        self.inline_limit = inline_limit
+        self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self._stub = compile_pb2_grpc.CompilerStub(self._channel)
+        self._table: dict[TableKey, RemoteKernel] = {}
+        self._lock = threading.Lock()
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """fn(), retried on UNAVAILABLE with backoff, within the deadline's time; every
+        failure left is raised as a tiled error."""
+        start = time.monotonic()
+        delays = backoff_delays(self.retries, self.backoff_s)
+        while True:
+            try:
+                return fn()
+            except grpc.RpcError as e:
+                delay = next(delays, None) if unavailable(e) else None
+                if delay is None or time.monotonic() - start + delay > self.timeout_s:
+                    raise from_rpc_error(e, self.address) from None
+            time.sleep(delay)
+
+    def compile(self, kernel_or_program: Any, target: str = "local",
+                options: dict | None = None) -> RemoteKernel:
+        """Compiles on the daemon (or takes its cached result) and loads the artifact here.
+        Raises VerifyError, UnsupportedTarget, CompileTimeout, ServerBusy, ServerUnavailable
+        or LaunchError (an artifact that does not match its manifest is never loaded)."""
+        program = as_program(kernel_or_program)
+        key = table_key(program, target, options)
+        with self._lock:
+            hit = self._table.get(key)
+        if hit is not None:
+            return hit
+        # Not held across the call: two threads racing on one key both ask (the daemon merges
+        # identical in-flight compiles) and both get the kernel stored first.
+        response, artifact = self.compile_raw(program, target, options)
+        kernel = RemoteKernel(load(artifact, response.manifest_json), artifact, response)
+        with self._lock:
+            return self._table.setdefault(key, kernel)
+
+    def compile_raw(self, kernel_or_program: Any, target: str = "local",
+                    options: dict | None = None, *, cache_only: bool = False,
+                    ) -> tuple[compile_pb2.CompileResponse, bytes]:
+        """The daemon's CompileResponse and the checked artifact bytes (fetched with
+        GetArtifact when not inlined). Bypasses the in-process table."""
+        request = compile_request(kernel_or_program, target, options,
+                                  inline_limit=self.inline_limit, cache_only=cache_only)
+        response = self._call(lambda: self._stub.Compile(request, timeout=self.timeout_s))
+        data = response.artifact or self.get_artifact(response.artifact_sha256)
+        return response, check_artifact(data, response)
+
+    def get_artifact(self, sha256: str, chunk_bytes: int = 0) -> bytes:
+        """The blob `sha256`, streamed in chunks and checked. ArtifactNotFound when the
+        daemon does not hold it; LaunchError when the bytes received are not it."""
+        request = compile_pb2.GetArtifactRequest(sha256=sha256, chunk_bytes=chunk_bytes)
+
+        def fetch() -> bytes:
+            assembler = ChunkAssembler(sha256)
+            for chunk in self._stub.GetArtifact(request, timeout=self.timeout_s):
+                assembler.add(chunk)
+            return assembler.result()
+
+        return self._call(fetch)
+
+    def find_missing(self, keys: Iterable[str]) -> list[str]:
+        """The action keys among `keys` the daemon has not cached."""
+        request = compile_pb2.FindMissingRequest(action_keys=list(keys))
+        response = self._call(lambda: self._stub.FindMissing(request, timeout=self.timeout_s))
+        return list(response.missing)
+
+    def warm(self, requests: Iterable[Any]) -> Iterator[compile_pb2.WarmResult]:
+        """Compiles a list of requests on the daemon (CompileRequests or (kernel_or_program,
+        target[, options]) tuples); yields one WarmResult per item as each finishes. A failed
+        item is a result with a nonzero `code`, not an exception (see errors.error_for_code).
+        Retried on UNAVAILABLE only before the first result."""
+        request = warm_requests(requests)
+        stream = self._call(lambda: self._first(self._stub.Warm(request,
+                                                                timeout=self.timeout_s)))
+        try:
+            yield from stream
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, self.address) from None
+
+    @staticmethod
+    def _first(stream: Iterator[T]) -> Iterator[T]:
+        # Pulls the first item so that a refused connection surfaces inside the retry loop.
+        first = next(stream, None)
+        if first is None:
+            return iter(())
+        return _chain(first, stream)
+
+    def capabilities(self) -> compile_pb2.CapabilitiesResponse:
+        return self._call(lambda: self._stub.Capabilities(compile_pb2.CapabilitiesRequest(),
+                                                          timeout=self.timeout_s))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<tiled.client.Client {self.address}>"
+
+
+def _chain(first: T, rest: Iterator[T]) -> Iterator[T]:
+    yield first
+    yield from rest
+
+
+__all__ = ["Client", "RemoteKernel", "ServerUnavailable"]

@@ -1,0 +1,1 @@
+"""The compile daemon: gRPC service, worker pool, metrics."""

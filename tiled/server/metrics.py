@@ -1,0 +1,278 @@
+"""Prometheus metrics for the compile daemon and the client.
+
+`Metrics` owns a private CollectorRegistry, never the global one, so tests and several daemons in
+one process never collide. Every method is thread-safe. The hooks that the cache and the worker
+pool call (`cache_events()`, `pool_event`) never raise: a metric must not fail a compile.
+
+Label values are bounded sets (backend, arch, stage, result, tier, op, reason). Keys and digests
+never become labels: one series per kernel would grow without bound. `_label` maps anything that
+looks like a digest, or is too long to be a name, to "other".
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import re
+import threading
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import start_http_server
+
+log = logging.getLogger(__name__)
+
+STAGES = ("verify", "lower", "codegen", "toolchain", "store", "total")
+RESULTS = ("ok", "error", "timeout", "hit")
+# A cold CUDA compile with autotuning can take many minutes; the top buckets keep those visible.
+# fmt: off
+COMPILE_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120,
+                   300, 600, 1200, 1800)
+LOAD_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+# fmt: on
+
+_HEXRUN = re.compile(r"[0-9a-fA-F]{16,}")
+
+
+def _label(value: object) -> str:
+    text = str(value)
+    return "other" if len(text) > 48 or _HEXRUN.search(text) else text
+
+
+def _tvm_version() -> str:
+    # Imported at the first scrape, not at import: `import tvm` costs seconds and the client
+    # side never needs it. A broken install (missing libtvm: OSError) reads as "none" too.
+    try:
+        import tvm  # type: ignore[import-untyped]
+    except (ImportError, OSError):
+        return "none"
+    return str(getattr(tvm, "__version__", "unknown"))
+
+
+_BUILD_LABELS = ("version", "tvm_version", "python")
+
+
+class _BuildInfo:
+    """`tiled_build_info{version,tvm_version,python} 1`, labels computed once at first collect."""
+
+    def __init__(self) -> None:
+        self._labels: list[str] | None = None
+        self._lock = threading.Lock()
+
+    def labels(self) -> list[str]:
+        with self._lock:
+            if self._labels is None:
+                from tiled import __version__
+
+                self._labels = [__version__, _tvm_version(), platform.python_version()]
+            return self._labels
+
+    def describe(self):  # keeps registration from calling collect (and importing TVM)
+        return [GaugeMetricFamily("tiled_build_info", "tiled build", labels=_BUILD_LABELS)]
+
+    def collect(self):
+        family = GaugeMetricFamily("tiled_build_info", "tiled build", labels=_BUILD_LABELS)
+        family.add_metric(self.labels(), 1)
+        return [family]
+
+
+class _CacheSize:
+    """`tiled_cache_bytes{tier}`, read from callbacks at scrape time. A failing callback drops
+    its tier from that scrape (logged) instead of failing the whole scrape."""
+
+    HELP = "bytes held by a cache tier"
+
+    def __init__(self) -> None:
+        self._callbacks: dict[str, Callable[[], float]] = {}
+        self._lock = threading.Lock()
+
+    def set(self, tier: str, fn: Callable[[], float] | None) -> None:
+        with self._lock:
+            if fn is None:
+                self._callbacks.pop(tier, None)
+            else:
+                self._callbacks[tier] = fn
+
+    def describe(self):
+        return [GaugeMetricFamily("tiled_cache_bytes", self.HELP, labels=["tier"])]
+
+    def collect(self):
+        family = GaugeMetricFamily("tiled_cache_bytes", self.HELP, labels=["tier"])
+        with self._lock:
+            callbacks = list(self._callbacks.items())
+        for tier, fn in callbacks:
+            try:
+                family.add_metric([tier], float(fn()))
+            except Exception:  # a scrape must survive a broken tier; the failure is logged
+                log.warning("cache size callback for tier %s failed", tier, exc_info=True)
+        return [family]
+
+
+class _CacheEvents:
+    """The CacheEvents protocol (tiled.cache.entry) counted into a Metrics registry."""
+
+    def __init__(self, m: Metrics):
+        self._m = m
+
+    def lookup(self, tier: str, result: str) -> None:
+        self._m._safe(self._m.cache_lookups.labels(_label(tier), _label(result)).inc)
+
+    def bytes_written(self, tier: str, n: int) -> None:
+        self._m._safe(self._m.cache_bytes_written.labels(_label(tier)).inc, n)
+
+    def bytes_read(self, tier: str, n: int) -> None:
+        self._m._safe(self._m.cache_bytes_read.labels(_label(tier)).inc, n)
+
+    def evicted(self, tier: str, entries: int, nbytes: int) -> None:
+        self._m._safe(self._m.cache_evictions.labels(_label(tier)).inc, entries)
+        self._m._safe(self._m.cache_evicted_bytes.labels(_label(tier)).inc, nbytes)
+
+    def error(self, tier: str, op: str) -> None:
+        self._m._safe(self._m.cache_errors.labels(_label(tier), _label(op)).inc)
+
+
+class Metrics:
+    """All tiled metrics in one private registry. Thread-safe.
+
+    Server: `observe_compile`, `cache_events()`, `set_cache_size_callback`, `pool_event`,
+    `start_http`. Client: `observe_load`. Tests: `render()`."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.compile_duration = Histogram(
+            "tiled_compile_duration_seconds",
+            "compile time per stage",
+            ["backend", "arch", "stage", "result"],
+            buckets=COMPILE_BUCKETS,
+            registry=r,
+        )
+        self.cache_lookups = Counter(
+            "tiled_cache_lookups_total", "cache lookups", ["tier", "result"], registry=r
+        )
+        self.cache_bytes_written = Counter(
+            "tiled_cache_bytes_written_total", "bytes written to a cache tier", ["tier"], registry=r
+        )
+        self.cache_bytes_read = Counter(
+            "tiled_cache_bytes_read_total", "bytes read from a cache tier", ["tier"], registry=r
+        )
+        self.cache_evictions = Counter(
+            "tiled_cache_evictions_total", "entries evicted", ["tier"], registry=r
+        )
+        self.cache_evicted_bytes = Counter(
+            "tiled_cache_evicted_bytes_total", "bytes evicted", ["tier"], registry=r
+        )
+        self.cache_errors = Counter(
+            "tiled_cache_errors_total", "failed cache reads and writes", ["tier", "op"], registry=r
+        )
+        self.queue_depth = Gauge("tiled_queue_depth", "compiles waiting for a worker", registry=r)
+        self.in_flight = Gauge(
+            "tiled_compiles_in_flight", "compiles running on a worker", registry=r
+        )
+        self.compile_requests = Counter(
+            "tiled_compile_requests_total", "compiles finished by the pool", ["result"], registry=r
+        )
+        self.merged_requests = Counter(
+            "tiled_merged_requests_total",
+            "requests merged onto an identical compile in flight",
+            registry=r,
+        )
+        self.workers_replaced = Counter(
+            "tiled_workers_replaced_total", "worker processes replaced", ["reason"], registry=r
+        )
+        self.artifact_load = Histogram(
+            "tiled_artifact_load_seconds",
+            "time to load a compiled artifact (client side)",
+            ["backend"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self._cache_size = _CacheSize()
+        r.register(self._cache_size)
+        r.register(_BuildInfo())
+        self._events = _CacheEvents(self)
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._running = 0
+        self._http: tuple | None = None
+
+    def observe_compile(
+        self, backend: str, arch: str, stages: Mapping[str, float], result: str
+    ) -> None:
+        """One compile's stage times in seconds (a subset of STAGES; add "total" for the whole).
+        Raises ValueError for a stage or result outside STAGES / RESULTS: a caller bug."""
+        if result not in RESULTS:
+            raise ValueError(f"compile result {result!r} is not one of {RESULTS}")
+        unknown = set(stages) - set(STAGES)
+        if unknown:
+            raise ValueError(f"compile stages {sorted(unknown)} are not among {STAGES}")
+        backend, arch = _label(backend), _label(arch)
+        for stage, seconds in stages.items():
+            self.compile_duration.labels(backend, arch, stage, result).observe(seconds)
+
+    def observe_load(self, backend: str, seconds: float) -> None:
+        self.artifact_load.labels(_label(backend)).observe(seconds)
+
+    def cache_events(self) -> _CacheEvents:
+        """A CacheEvents (tiled.cache.entry) feeding the tiled_cache_* counters."""
+        return self._events
+
+    def set_cache_size_callback(self, tier: str, fn: Callable[[], float] | None) -> None:
+        """`fn()` returns the bytes tier holds; called at each scrape. None removes the tier."""
+        self._cache_size.set(_label(tier), fn)
+
+    def pool_event(self, name: str, fields: Mapping[str, object]) -> None:
+        """The worker pool's hook. "queued": a compile waits; "started": it left the queue for
+        a worker; "finished" (ok, seconds, optional result: ok|error|timeout): it left the
+        worker; "merged": a request joined an identical compile in flight and never queues;
+        "replaced" (reason): a worker process was replaced. Never raises; unknown names are
+        ignored. Gauges never go below 0, so a pool that skips "queued" stays consistent."""
+        self._safe(self._pool_event, name, fields)
+
+    def _pool_event(self, name: str, fields: Mapping[str, object]) -> None:
+        if name == "merged":
+            self.merged_requests.inc()
+        elif name == "replaced":
+            self.workers_replaced.labels(_label(fields.get("reason", "unknown"))).inc()
+        elif name in ("queued", "started", "finished"):
+            with self._lock:
+                if name == "queued":
+                    self._queued += 1
+                elif name == "started":
+                    self._queued = max(0, self._queued - 1)
+                    self._running += 1
+                else:
+                    self._running = max(0, self._running - 1)
+                self.queue_depth.set(self._queued)
+                self.in_flight.set(self._running)
+            if name == "finished":
+                result = fields.get("result")
+                if result not in ("ok", "error", "timeout"):
+                    result = "ok" if fields.get("ok") else "error"
+                self.compile_requests.labels(result).inc()
+
+    def _safe(self, fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # metrics hooks must never fail the caller; counted nowhere, logged
+            log.warning(
+                "metrics hook %s%r failed", getattr(fn, "__name__", fn), args, exc_info=True
+            )
+
+    def start_http(self, port: int, addr: str = "127.0.0.1"):
+        """Serves /metrics from this registry on a daemon thread; returns the server, whose
+        `server_port` is the bound port (port 0 picks a free one). `stop_http` closes it."""
+        server, thread = start_http_server(port, addr, registry=self.registry)
+        self._http = (server, thread)
+        return server
+
+    def stop_http(self) -> None:
+        if self._http is not None:
+            server, thread = self._http
+            self._http = None
+            server.shutdown()
+            server.server_close()
+            thread.join()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

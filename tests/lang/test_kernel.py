@@ -213,3 +213,13 @@ def test_program_round_trips_through_bytes():
     prog = make_gemm().ir
     again = tiled.ir.Program.from_bytes(prog.to_bytes())
     assert again == prog and again.digest == prog.digest
+
+
+def test_kernel_location_is_the_with_statement():
+    p = make_gemm().ir.proto
+    assert p.kernel.loc.file == __file__
+    import inspect
+    src = inspect.getsource(make_gemm).splitlines()
+    first = make_gemm.__code__.co_firstlineno
+    line = first + next(i for i, s in enumerate(src) if "with T.Kernel(" in s)
+    assert p.kernel.loc.line == line

@@ -8,6 +8,7 @@ this package.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import sys
@@ -20,13 +21,18 @@ from tiled.ir.program import SCHEMA_VERSION
 from tiled.v1 import tile_ir_pb2 as pb
 
 _LANG_DIR = os.path.dirname(os.path.abspath(__file__))
+# Frames that are never the author's: this package and the context-manager machinery that
+# runs T.Kernel / T.If bodies.
+_SKIP_FILES = {os.path.abspath(contextlib.__file__)}
 _state = threading.local()
 
 
 def user_frame():
     """The innermost frame outside tiled/lang: where the author wrote the current call."""
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _LANG_DIR:
+    while f is not None and (
+            os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _LANG_DIR
+            or os.path.abspath(f.f_code.co_filename) in _SKIP_FILES):
         f = f.f_back
     return f
 

@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tiled.cache.disk import DiskTier  # noqa: E402
-from tiled.cache.entry import Entry, sha256_hex  # noqa: E402
-from tiled.cache.memory import MemoryTier  # noqa: E402
+from tiled.cache.disk import DiskTier
+from tiled.cache.entry import Entry, sha256_hex
+from tiled.cache.memory import MemoryTier
 
 ARTIFACT = 100 * 1024
 
@@ -46,7 +46,7 @@ def percentiles(samples: list[float]) -> dict:
 
 def time_hits(tier, keys: list[str], rounds: int) -> dict:
     samples = []
-    for r in range(rounds):
+    for _ in range(rounds):
         for k in keys:
             t0 = time.perf_counter()
             got = tier.get(k)
@@ -75,7 +75,7 @@ def redis_row(entries: list[Entry]) -> dict | None:
                 tier.put(entries[0])
                 if tier.get(entries[0].key):
                     break
-            except Exception:  # noqa: BLE001 - the server is still starting
+            except Exception:
                 pass
             time.sleep(0.05)
         for e in entries:

@@ -75,6 +75,19 @@ def cmd_ir(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from tiled import config
+    from tiled.config import _size
+    from tiled.server.app import ServeOptions, serve
+
+    return serve(ServeOptions(
+        socket=args.socket or config.get("socket"), tcp=args.tcp, tls_cert=args.tls_cert,
+        tls_key=args.tls_key, token_file=args.token_file, workers=args.workers,
+        metrics_port=args.metrics_port, compile_timeout_s=args.timeout,
+        memory_bytes=_size(args.memory_limit) if args.memory_limit else None,
+        queue_limit=args.queue_limit))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tiled", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -89,6 +102,19 @@ def main(argv=None) -> int:
     i.add_argument("kernel", help="FILE.py:NAME")
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=cmd_ir)
+    sv = sub.add_parser("serve", help="run the compile daemon")
+    sv.add_argument("--socket", help="Unix socket path (default: TILED_SOCKET)")
+    sv.add_argument("--tcp", help="also listen on HOST:PORT")
+    sv.add_argument("--tls-cert", help="PEM certificate for --tcp")
+    sv.add_argument("--tls-key", help="PEM private key for --tcp")
+    sv.add_argument("--token-file", help="require this bearer token on --tcp")
+    sv.add_argument("--workers", type=int, help="compile worker processes (default: CPUs)")
+    sv.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    sv.add_argument("--timeout", type=float, default=600.0, help="per-compile time limit, s")
+    sv.add_argument("--memory-limit", help="per-worker address-space limit, e.g. 8G")
+    sv.add_argument("--queue-limit", type=int, default=256, help="queued compiles before "
+                    "RESOURCE_EXHAUSTED")
+    sv.set_defaults(fn=cmd_serve)
     from tiled.cli_cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)

@@ -89,3 +89,11 @@ class CacheWriteError(CacheError):
 
 class BundleError(CacheError, ValueError):
     """A bundle that does not verify or does not match this toolchain."""
+
+
+class QueueFull(TiledError, RuntimeError):
+    """The compile queue is at its limit; retry later (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class WorkerCrashed(TiledError, RuntimeError):
+    """The worker process running a compile died or ran out of memory; only that compile fails."""

@@ -1,0 +1,220 @@
+"""The daemon end to end: a real `tiled serve` process on a real Unix socket, driven with the
+generated gRPC stubs (what a client in any language would do)."""
+
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+import tiled
+import tiled.lang as T
+from tiled.runtime import load
+from tiled.v1 import compile_pb2 as cpb
+from tiled.v1 import compile_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+import elementwise
+import softmax
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    base = tmp_path_factory.mktemp("daemon")
+    sock = base / "tiled.sock"
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TILED_CACHE_DIR": str(base / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(sock), "--workers", "2",
+         "--metrics-port", str(port), "--timeout", "120"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    channel = grpc.insecure_channel(f"unix://{sock}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=60)
+    except grpc.FutureTimeoutError:
+        proc.kill()
+        pytest.fail(f"daemon did not start:\n{proc.stdout.read()}")
+    yield {"proc": proc, "sock": sock, "channel": channel,
+           "stub": compile_pb2_grpc.CompilerStub(channel), "metrics": port}
+    channel.close()
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert not sock.exists()
+
+
+def request(kernel, target="cpu", **kw):
+    return cpb.CompileRequest(program=kernel.ir.proto, target=target, **kw)
+
+
+def metric(daemon, name, **labels):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon['metrics']}/metrics",
+                                  timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_socket_is_private(daemon):
+    assert stat.S_IMODE(daemon["sock"].stat().st_mode) == 0o600
+
+
+def test_compile_runs_and_second_call_hits(daemon):
+    stub = daemon["stub"]
+    r1 = stub.Compile(request(elementwise.add(block=512)), timeout=120)
+    r2 = stub.Compile(request(elementwise.add(block=512)), timeout=120)
+    assert not r1.cache_hit and r2.cache_hit and r1.action_key == r2.action_key
+    assert r1.artifact == r2.artifact and len(r1.artifact) == r1.artifact_size
+    k = load(r1.artifact, r1.manifest_json)
+    a, b = np.random.rand(1000).astype(np.float32), np.random.rand(1000).astype(np.float32)
+    c = np.zeros_like(a)
+    k(a, b, c)
+    np.testing.assert_array_equal(c, a + b)
+    assert r1.resolved_target == "cpu" and "total" in r1.stage_seconds
+
+
+def test_get_artifact_streams_chunks(daemon):
+    stub = daemon["stub"]
+    r = stub.Compile(request(elementwise.add(block=256), inline_limit=1), timeout=120)
+    assert r.artifact == b"" and r.artifact_size > 1
+    chunks = list(stub.GetArtifact(cpb.GetArtifactRequest(sha256=r.artifact_sha256,
+                                                          chunk_bytes=4096), timeout=30))
+    assert len(chunks) > 1
+    data = b"".join(c.data for c in chunks)
+    import hashlib
+    assert hashlib.sha256(data).hexdigest() == r.artifact_sha256
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.GetArtifact(cpb.GetArtifactRequest(sha256="0" * 64), timeout=30))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_find_missing_and_warm(daemon):
+    stub = daemon["stub"]
+    items = [request(softmax.softmax(N=n)) for n in (32, 64)]
+    items.append(request(softmax.softmax(N=32), target="cuda:sm_75"))
+    results = sorted(stub.Warm(cpb.WarmRequest(items=items), timeout=300),
+                     key=lambda r: r.index)
+    assert [r.index for r in results] == [0, 1, 2]
+    assert results[0].code == 0 and results[1].code == 0
+    assert results[2].code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert "sm_75" in results[2].message
+    keys = [results[0].action_key, "f" * 64]
+    missing = stub.FindMissing(cpb.FindMissingRequest(action_keys=keys), timeout=30).missing
+    assert list(missing) == ["f" * 64]
+
+
+def test_malformed_program_is_invalid_argument_with_location(daemon):
+    req = request(elementwise.add(block=128))
+    req.program.kernel.threads = 5000
+    with pytest.raises(grpc.RpcError) as e:
+        daemon["stub"].Compile(req, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "threads" in e.value.details() and "elementwise.py" in e.value.details()
+
+
+def test_unknown_target_is_unimplemented(daemon):
+    with pytest.raises(grpc.RpcError) as e:
+        daemon["stub"].Compile(request(elementwise.add(), target="metal"), timeout=30)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_oversized_request_is_refused(daemon):
+    req = request(elementwise.add())
+    req.options_json = '{"pad": "' + "x" * (65 << 20) + '"}'
+    with pytest.raises(grpc.RpcError) as e:
+        daemon["stub"].Compile(req, timeout=60)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_health_and_reflection(daemon):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(daemon["channel"])
+    for name in ("", "tiled.v1.Compiler/cpu", "tiled.v1.Compiler/cuda"):
+        r = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10)
+        assert r.status == health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(daemon["channel"])
+    resp = next(refl.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10))
+    names = {s.name for s in resp.list_services_response.service}
+    assert {"tiled.v1.Compiler", "grpc.health.v1.Health"} <= names
+
+
+def test_capabilities(daemon):
+    caps = daemon["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60)
+    assert caps.local_target == "cpu"  # no GPU on this machine
+    assert caps.version == tiled.__version__ and caps.tile_ir_schema_version == 1
+    assert {b.name for b in caps.backends} == {"cpu", "cuda"}
+    assert all(re.fullmatch(r"[0-9a-f]{64}", b.toolchain_digest) for b in caps.backends)
+
+
+def test_fifty_concurrent_identical_cold_requests_compile_once(daemon):
+    M = T.dyn("M")
+
+    @tiled.kernel
+    def scale(X: T.Tensor((M,), "float32")):  # a program no other test compiles
+        with T.Kernel(T.ceildiv(M, 128), threads=128) as bx:
+            for i in T.Parallel(128):
+                if bx * 128 + i < M:
+                    X[bx * 128 + i] = X[bx * 128 + i] * 3.0
+
+    compiles = metric(daemon, "tiled_compile_requests_total")
+    merged = metric(daemon, "tiled_merged_requests_total")
+    barrier = threading.Barrier(50)
+    results, errors = [], []
+
+    def one():
+        barrier.wait()
+        try:
+            results.append(daemon["stub"].Compile(request(scale), timeout=120))
+        except grpc.RpcError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({r.action_key for r in results}) == 1 and len(results) == 50
+    # One compile ran in a worker; the other 49 requests waited on it (single-flight) or, if
+    # they arrived after it finished, were served from the cache.
+    assert metric(daemon, "tiled_compile_requests_total") - compiles == 1
+    hits = sum(r.cache_hit for r in results)
+    assert metric(daemon, "tiled_merged_requests_total") - merged + hits == 49
+
+
+def test_thin_client_and_tiled_compile_through_the_daemon(daemon):
+    from tiled import config
+    from tiled.client import Client
+
+    kernel = elementwise.add(block=2048)
+    with Client(f"unix://{daemon['sock']}") as client:
+        k = client.compile(kernel, "cpu")
+        a = np.random.rand(5000).astype(np.float32)
+        c = np.zeros_like(a)
+        k(a, a, c)
+        np.testing.assert_array_equal(c, a + a)
+    with config.override(server=f"unix://{daemon['sock']}"):
+        k2 = tiled.compile(kernel, "cpu")
+    assert k2.action_key == k.action_key and k2.cache_hit

@@ -1,0 +1,197 @@
+"""CompilePool with real worker processes. Synchronization is by gates (a job that waits for a
+file the test creates) and by pool events, never by sleeping in the test."""
+
+import concurrent.futures
+import multiprocessing
+import threading
+
+import pytest
+
+from tiled.errors import CompileError, CompileTimeout, QueueFull, WorkerCrashed
+from tiled.server.pool import CompilePool
+
+M = "tiled.server.pool:"
+
+
+class Events:
+    """Records on_event calls; `wait_for` blocks until `name` has been seen `count` times."""
+
+    def __init__(self):
+        self.seen: list[tuple[str, dict]] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, name, fields):
+        with self.cond:
+            self.seen.append((name, fields))
+            self.cond.notify_all()
+
+    def count(self, name):
+        return sum(n == name for n, _ in self.seen)
+
+    def wait_for(self, name, count=1, timeout=30):
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.count(name) >= count, timeout), self.seen
+
+
+@pytest.fixture
+def make_pool():
+    pools = []
+
+    def make(**kwargs):
+        kwargs.setdefault("workers", 1)
+        pools.append(CompilePool(**kwargs))
+        return pools[-1]
+
+    yield make
+    for pool in pools:
+        pool.shutdown(wait=False)
+    assert multiprocessing.active_children() == []
+
+
+@pytest.fixture
+def gate(tmp_path):
+    """A payload for `_test_gate` and the function that opens it."""
+    path = tmp_path / "gate"
+    return str(path).encode(), path.touch
+
+
+def test_echo_round_trip(make_pool):
+    pool = make_pool()
+    assert pool.submit("k", M + "_test_echo", b"hello").result(30) == b"hello"
+    assert pool.stats()["completed_total"] == 1
+
+
+def test_identical_submits_run_once(make_pool, gate):
+    events = Events()
+    pool = make_pool(workers=2, on_event=events)
+    payload, open_gate = gate
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        futures = list(ex.map(lambda _: pool.submit("same", M + "_test_gate", payload), range(50)))
+    assert all(f is futures[0] for f in futures)
+    open_gate()
+    assert [f.result(30) for f in futures] == [payload] * 50
+    stats = pool.stats()
+    assert (stats["merged_total"], stats["completed_total"], events.count("started")) == (49, 1, 1)
+    # once finished, the key starts a new job
+    assert pool.submit("same", M + "_test_echo", b"again").result(30) == b"again"
+    assert pool.stats()["completed_total"] == 2
+
+
+def test_different_keys_run_in_parallel_up_to_workers(make_pool, gate):
+    events = Events()
+    pool = make_pool(workers=2, on_event=events)
+    payload, open_gate = gate
+    futures = [pool.submit(f"k{i}", M + "_test_gate", payload) for i in range(3)]
+    events.wait_for("started", 2)
+    stats = pool.stats()
+    assert (stats["in_flight"], stats["queued"]) == (2, 1)
+    open_gate()
+    assert [f.result(30) for f in futures] == [payload] * 3
+    assert events.count("started") == 3
+
+
+def test_queue_full_and_cancel(make_pool, gate):
+    events = Events()
+    pool = make_pool(queue_limit=2, on_event=events)
+    payload, open_gate = gate
+    running = pool.submit("run", M + "_test_gate", payload)
+    events.wait_for("started")
+    queued = [pool.submit(f"q{i}", M + "_test_echo", b"q") for i in range(2)]
+    with pytest.raises(QueueFull):
+        pool.submit("over", M + "_test_echo", b"x")
+    assert pool.submit("q0", M + "_test_echo", b"q") is queued[0]  # merging is not admission
+    assert queued[1].cancel()
+    assert pool.stats()["queued"] == 1
+    open_gate()
+    assert running.result(30) == payload and queued[0].result(30) == b"q"
+    with pytest.raises(concurrent.futures.CancelledError):
+        queued[1].result(0)
+
+
+def test_timeout_replaces_worker(make_pool):
+    events = Events()
+    pool = make_pool(timeout_s=0.5, on_event=events)
+    with pytest.raises(CompileTimeout):
+        pool.submit("slow", M + "_test_sleep", b"60").result(30)
+    assert pool.submit("next", M + "_test_echo", b"ok").result(30) == b"ok"
+    assert pool.stats()["replaced_total"] == 1
+    assert ("replaced", {"reason": "timeout"}) in events.seen
+
+
+def test_killed_worker_fails_only_its_job(make_pool, gate):
+    events = Events()
+    pool = make_pool(workers=2, on_event=events)
+    payload, open_gate = gate
+    other = pool.submit("other", M + "_test_gate", payload)
+    events.wait_for("started")
+    with pytest.raises(WorkerCrashed, match="signal 9"):
+        pool.submit("crash", M + "_test_crash", b"").result(30)
+    open_gate()
+    assert other.result(30) == payload
+    assert pool.submit("next", M + "_test_echo", b"ok").result(30) == b"ok"
+    stats = pool.stats()
+    assert (stats["replaced_total"], stats["failed_total"], stats["completed_total"]) == (1, 1, 2)
+
+
+def test_memory_limit(make_pool):
+    pool = make_pool(memory_bytes=300 << 20)
+    assert pool.submit("small", M + "_test_alloc", b"%d" % (10 << 20)).result(30) == b"10485760"
+    with pytest.raises(WorkerCrashed, match="ran out of memory"):
+        pool.submit("big", M + "_test_alloc", b"%d" % (1 << 30)).result(30)
+    assert pool.submit("next", M + "_test_echo", b"ok").result(30) == b"ok"
+    assert pool.stats()["replaced_total"] == 1
+
+
+def test_exception_passthrough_keeps_worker(make_pool):
+    pool = make_pool()
+    pid = pool.submit("pid1", M + "_test_pid", b"").result(30)
+    with pytest.raises(CompileError) as info:
+        pool.submit("raise", M + "_test_raise", b"bad tile").result(30)
+    assert (info.value.message, info.value.loc) == ("bad tile", "kernel.py:7")
+    with pytest.raises(AttributeError):  # a missing function under tiled. is the job's error
+        pool.submit("missing", M + "no_such_function", b"").result(30)
+    assert pool.submit("pid2", M + "_test_pid", b"").result(30) == pid
+    assert pool.stats()["replaced_total"] == 0
+
+
+@pytest.mark.parametrize("fn", ["os:system", "subprocess:run", "tiledx.evil:f", "tiled.server.pool",
+                                "tiled.server.pool:_test_echo; import os", ""])
+def test_functions_outside_tiled_are_rejected(make_pool, fn):
+    pool = make_pool()
+    with pytest.raises(ValueError):
+        pool.submit("k", fn, b"")
+
+
+def test_shutdown_cancels_pending_and_leaves_no_processes(gate):
+    events = Events()
+    pool = CompilePool(workers=1, on_event=events)
+    payload, open_gate = gate
+    running = pool.submit("run", M + "_test_gate", payload)
+    events.wait_for("started")
+    queued = pool.submit("queued", M + "_test_echo", b"q")
+    threading.Timer(0, open_gate).start()  # shutdown(wait=True) waits for the running job
+    pool.shutdown(wait=True, cancel_pending=True)
+    assert running.result(0) == payload
+    with pytest.raises(concurrent.futures.CancelledError):
+        queued.result(0)
+    assert multiprocessing.active_children() == []
+    with pytest.raises(RuntimeError):
+        pool.submit("late", M + "_test_echo", b"")
+
+
+def test_shutdown_without_wait_kills_running_jobs():
+    events = Events()
+    pool = CompilePool(workers=2, on_event=events)
+    futures = [pool.submit(f"k{i}", M + "_test_sleep", b"60") for i in range(3)]
+    events.wait_for("started", 2)
+    pool.shutdown(wait=False)
+    assert all(f.cancelled() for f in futures)
+    assert multiprocessing.active_children() == []
+
+
+def test_raising_event_hook_does_not_break_the_pool(make_pool):
+    def hook(name, fields):
+        raise RuntimeError("metrics are down")
+
+    pool = make_pool(on_event=hook)
+    assert pool.submit("k", M + "_test_echo", b"ok").result(30) == b"ok"

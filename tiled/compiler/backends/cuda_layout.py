@@ -128,18 +128,19 @@ def mma_eligible(a: pb.Buffer, b: pb.Buffer, c: pb.Buffer) -> bool:
             and a.scope == pb.SHARED and b.scope == pb.SHARED)
 
 
-def _stmts(s: pb.Stmt):
+def walk(s: pb.Stmt):
+    """`s` and every statement nested in it, in program order."""
     yield s
     kind = s.WhichOneof("kind")
     if kind == "seq":
         for x in s.seq.stmts:
-            yield from _stmts(x)
+            yield from walk(x)
     elif kind == "for_":
-        yield from _stmts(s.for_.body)
+        yield from walk(s.for_.body)
     elif kind == "if_then_else":
-        yield from _stmts(s.if_then_else.then_body)
+        yield from walk(s.if_then_else.then_body)
         if s.if_then_else.HasField("else_body"):
-            yield from _stmts(s.if_then_else.else_body)
+            yield from walk(s.if_then_else.else_body)
 
 
 def _exprs(s: pb.Stmt):
@@ -192,7 +193,7 @@ def parallel_nest(s: pb.Stmt) -> tuple[list[pb.For], pb.Stmt]:
 
 def element_accesses(body: pb.Stmt):
     """(buffer id, index exprs) of every element load / store / atomic in `body`."""
-    for st in _stmts(body):
+    for st in walk(body):
         kind = st.WhichOneof("kind")
         if kind in ("store", "atomic_add"):
             node = getattr(st, kind)
@@ -215,7 +216,7 @@ def infer_layouts(program: pb.Program) -> dict[int, object]:
     frags = {b.id for b in program.buffers if b.scope == pb.FRAGMENT}
     layouts: dict[int, object] = {}
     replicated: set[int] = set()
-    all_stmts = list(_stmts(program.kernel.body))
+    all_stmts = list(walk(program.kernel.body))
 
     for st in all_stmts:
         if st.WhichOneof("kind") == "gemm":

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler.backends.cuda_layout import walk
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -97,20 +98,6 @@ def unravel_dyn(flat, extents):
         out.append(tirx.floormod(flat, e))
         flat = tirx.floordiv(flat, e)
     return list(reversed(out))
-
-
-def walk(s: pb.Stmt):
-    yield s
-    kind = s.WhichOneof("kind")
-    if kind == "seq":
-        for x in s.seq.stmts:
-            yield from walk(x)
-    elif kind == "for_":
-        yield from walk(s.for_.body)
-    elif kind == "if_then_else":
-        yield from walk(s.if_then_else.then_body)
-        if s.if_then_else.HasField("else_body"):
-            yield from walk(s.if_then_else.else_body)
 
 
 def stores(body: pb.Stmt):

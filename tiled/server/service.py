@@ -63,6 +63,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         self.max_request_bytes = max_request_bytes
         self.compile_timeout_s = compile_timeout_s
         self._artifacts: dict[str, str] = {}  # artifact sha256 -> action key that names it
+        self._inflight: dict[str, concurrent.futures.Future] = {}  # key -> its entry
         self._lock = threading.Lock()
 
     # -- helpers ----------------------------------------------------------------------------
@@ -99,26 +100,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         if entry is None:
             if request.cache_only:
                 raise KeyError(f"action {key} is not cached")
-            timeout = self.compile_timeout_s if time_left is None else \
-                max(0.001, min(self.compile_timeout_s, time_left))
-            payload = encode({"target": str(target), "options": options},
-                             program.to_bytes())
-            try:
-                result = self.pool.submit(key, "tiled.server.worker:compile_job", payload,
-                                          timeout_s=timeout).result()
-            except Exception:
-                self._observe(target, {"total": time.perf_counter() - t0}, "error")
-                raise
-            header, artifact = decode(result)
-            stages.update(header.get("stages", {}))
-            manifest = header["manifest"].encode()
-            entry = Entry(key, manifest, {sha256_hex(artifact): artifact})
-            t_store = time.perf_counter()
-            try:
-                self.cache.put(entry)
-            except CacheWriteError as e:
-                log.warning("could not store %s: %s", key[:12], e)
-            stages["store"] = time.perf_counter() - t_store
+            entry, hit = self._compile_once(key, program, target, options, time_left, stages, t0)
         manifest_json = entry.manifest.decode()
         artifact_sha = json.loads(manifest_json)["artifact_sha256"]
         artifact = entry.blobs[artifact_sha]
@@ -131,6 +113,58 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             action_key=key, manifest_json=manifest_json, artifact_sha256=artifact_sha,
             artifact_size=len(artifact), artifact=artifact if len(artifact) <= limit else b"",
             cache_hit=hit, resolved_target=str(target), stage_seconds=stages)
+
+    def _compile_once(self, key, program, target, options, time_left, stages, t0):
+        """Single-flight over compile *and* store: the first request for a key compiles and
+        stores; requests arriving meanwhile wait for its entry. The owner looks the cache up
+        again after registering, so a request that missed just before the previous owner
+        stored and left is a hit, not a second compile."""
+        with self._lock:
+            pending = self._inflight.get(key)
+            if pending is None:
+                pending = self._inflight[key] = concurrent.futures.Future()
+                owner = True
+            else:
+                owner = False
+        if not owner:
+            if self.metrics is not None:
+                self.metrics.pool_event("merged", {})
+            return pending.result(), False  # merged: not from the cache, not compiled here
+        try:
+            entry = self.cache.get(key)
+            hit = entry is not None
+            if entry is None:
+                entry = self._compile_and_store(key, program, target, options, time_left,
+                                                stages, t0)
+            pending.set_result(entry)
+            return entry, hit
+        except BaseException as e:
+            pending.set_exception(e)
+            raise
+        finally:
+            with self._lock:
+                del self._inflight[key]
+
+    def _compile_and_store(self, key, program, target, options, time_left, stages, t0):
+        timeout = self.compile_timeout_s if time_left is None else \
+            max(0.001, min(self.compile_timeout_s, time_left))
+        payload = encode({"target": str(target), "options": options}, program.to_bytes())
+        try:
+            result = self.pool.submit(key, "tiled.server.worker:compile_job", payload,
+                                      timeout_s=timeout).result()
+        except Exception:
+            self._observe(target, {"total": time.perf_counter() - t0}, "error")
+            raise
+        header, artifact = decode(result)
+        stages.update(header.get("stages", {}))
+        entry = Entry(key, header["manifest"].encode(), {sha256_hex(artifact): artifact})
+        t_store = time.perf_counter()
+        try:
+            self.cache.put(entry)
+        except CacheWriteError as e:
+            log.warning("could not store %s: %s", key[:12], e)
+        stages["store"] = time.perf_counter() - t_store
+        return entry
 
     # -- RPCs -------------------------------------------------------------------------------
     def Compile(self, request, context):

@@ -9,7 +9,7 @@ import time
 from tiled.compiler.manifest import build_manifest
 from tiled.compiler.registry import Artifact, Target, get_backend, parse_target
 from tiled.ir import verify
-from tiled.ir.program import Program
+from tiled.ir.program import as_program
 
 
 class CompiledKernel:
@@ -31,16 +31,6 @@ class CompiledKernel:
 
     def __repr__(self):
         return f"<CompiledKernel {self.manifest.name} for {self.manifest.target}>"
-
-
-def as_program(kernel_or_program) -> Program:
-    if isinstance(kernel_or_program, Program):
-        return kernel_or_program
-    ir = getattr(kernel_or_program, "ir", None)
-    if isinstance(ir, Program):
-        return ir
-    raise TypeError(f"expected a @tiled.kernel or a tiled.ir.Program, got "
-                    f"{type(kernel_or_program).__name__}")
 
 
 def compile_program(kernel_or_program, target: str | Target = "cpu", **options) -> CompiledKernel:

@@ -73,3 +73,14 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<tiled.ir.Program {self.name!r} {self.digest[:12]}>"
+
+
+def as_program(kernel_or_program: object) -> Program:
+    """A Program from a `@tiled.kernel` (its `.ir`) or a Program itself."""
+    if isinstance(kernel_or_program, Program):
+        return kernel_or_program
+    ir = getattr(kernel_or_program, "ir", None)
+    if isinstance(ir, Program):
+        return ir
+    raise TypeError(f"expected a @tiled.kernel or a tiled.ir.Program, "
+                    f"got {type(kernel_or_program).__name__}")

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from tiled import config
 from tiled.client.client import (
     CHANNEL_OPTIONS,
     ChunkAssembler,
@@ -26,12 +25,12 @@ from tiled.client.client import (
     backoff_delays,
     check_artifact,
     compile_request,
+    configure,
     table_key,
     unavailable,
     warm_requests,
 )
 from tiled.client.errors import from_rpc_error
-from tiled.errors import TiledError
 from tiled.runtime import load
 from tiled.v1 import compile_pb2, compile_pb2_grpc
 
@@ -44,16 +43,7 @@ class AsyncClient:
     def __init__(self, address: str | None = None, timeout_s: float | None = None, *,
                  retries: int | None = None, backoff_s: float | None = None,
                  inline_limit: int = 0):
-        self.address = address or config.get("server")
-        if not self.address:
-            raise TiledError("no daemon address: pass one or set TILED_SERVER "
-                             "(unix:///path or host:port)")
-        self.timeout_s = timeout_s if timeout_s is not None else config.get(
-            "client_timeout_seconds")
-        self.retries = retries if retries is not None else config.get("client_retries")
-        self.backoff_s = backoff_s if backoff_s is not None else config.get(
-            "client_backoff_seconds")
-        self.inline_limit = inline_limit
+        configure(self, address, timeout_s, retries, backoff_s, inline_limit)
         self._channel: grpc.aio.Channel | None = None
         self._stub: compile_pb2_grpc.CompilerStub | None = None
         self._table: dict[TableKey, RemoteKernel] = {}

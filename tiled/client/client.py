@@ -25,7 +25,7 @@ import grpc
 from tiled import config
 from tiled.client.errors import ServerUnavailable, from_rpc_error
 from tiled.errors import LaunchError, TiledError
-from tiled.ir.program import Program
+from tiled.ir.program import Program, as_program
 from tiled.runtime import Kernel, Manifest, load
 from tiled.v1 import compile_pb2, compile_pb2_grpc
 
@@ -59,17 +59,6 @@ class RemoteKernel:
 
     def __repr__(self) -> str:
         return f"<RemoteKernel {self.kernel!r} action {self.action_key[:12]}>"
-
-
-def as_program(kernel_or_program: Any) -> Program:
-    """A tiled.ir.Program from a `@tiled.kernel` (its `.ir`) or a Program."""
-    if isinstance(kernel_or_program, Program):
-        return kernel_or_program
-    ir = getattr(kernel_or_program, "ir", None)
-    if isinstance(ir, Program):
-        return ir
-    raise TypeError(f"expected a @tiled.kernel or a tiled.ir.Program, "
-                    f"got {type(kernel_or_program).__name__}")
 
 
 def options_json(options: dict | None) -> str:
@@ -153,6 +142,21 @@ def unavailable(e: BaseException) -> bool:
     return isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def configure(client: Any, address: str | None, timeout_s: float | None, retries: int | None,
+              backoff_s: float | None, inline_limit: int) -> None:
+    """Sets a client's address, deadline, retry and inline settings: arguments, else config."""
+    client.address = address or config.get("server")
+    if not client.address:
+        raise TiledError("no daemon address: pass one or set TILED_SERVER "
+                         "(unix:///path or host:port)")
+    client.timeout_s = timeout_s if timeout_s is not None else config.get(
+        "client_timeout_seconds")
+    client.retries = retries if retries is not None else config.get("client_retries")
+    client.backoff_s = backoff_s if backoff_s is not None else config.get(
+        "client_backoff_seconds")
+    client.inline_limit = inline_limit
+
+
 class Client:
     """A connection to the compile daemon at `address` ("unix:///path" or "host:port";
     default TILED_SERVER). Compiled kernels are kept in an in-process table keyed by
@@ -161,16 +165,7 @@ class Client:
     def __init__(self, address: str | None = None, timeout_s: float | None = None, *,
                  retries: int | None = None, backoff_s: float | None = None,
                  inline_limit: int = 0):
-        self.address = address or config.get("server")
-        if not self.address:
-            raise TiledError("no daemon address: pass one or set TILED_SERVER "
-                             "(unix:///path or host:port)")
-        self.timeout_s = timeout_s if timeout_s is not None else config.get(
-            "client_timeout_seconds")
-        self.retries = retries if retries is not None else config.get("client_retries")
-        self.backoff_s = backoff_s if backoff_s is not None else config.get(
-            "client_backoff_seconds")
-        self.inline_limit = inline_limit
+        configure(self, address, timeout_s, retries, backoff_s, inline_limit)
         self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         self._stub = compile_pb2_grpc.CompilerStub(self._channel)
         self._table: dict[TableKey, RemoteKernel] = {}

@@ -1,10 +1,10 @@
 import re
 import sys
-import types
 import urllib.request
 
 import pytest
 
+import tiled.server.metrics as metrics_module
 from tiled.cache.entry import sha256_hex
 from tiled.server.metrics import COMPILE_BUCKETS, Metrics
 
@@ -13,8 +13,10 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 
 @pytest.fixture(autouse=True)
 def fake_tvm(monkeypatch):
-    # build_info imports tvm at the first scrape; a stub keeps these tests fast and TVM-free.
-    monkeypatch.setitem(sys.modules, "tvm", types.SimpleNamespace(__version__="9.9.9"))
+    # build_info reads the TVM distribution's version from package metadata; pin it.
+    real = metrics_module.metadata.version
+    monkeypatch.setattr(metrics_module.metadata, "version",
+                        lambda name: "9.9.9" if name == "apache-tvm" else real(name))
 
 
 def value(m, name, **labels):
@@ -130,7 +132,14 @@ def test_build_info(monkeypatch):
         for s in f.samples
     }
     assert info == {"9.9.9": 1}
-    monkeypatch.setitem(sys.modules, "tvm", None)  # import tvm -> ImportError
+    real = metrics_module.metadata.version
+
+    def missing(name):
+        if name == "apache-tvm":
+            raise metrics_module.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metrics_module.metadata, "version", missing)  # no compiler extra
     assert (
         value(
             Metrics(),

@@ -118,6 +118,12 @@ def main(argv=None) -> int:
     from tiled.cli_cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)
+    from tiled.cli_warm import add_parser as add_warm_parser
+
+    add_warm_parser(sub)
+    from tiled.cli_status import add_parser as add_status_parser
+
+    add_status_parser(sub)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

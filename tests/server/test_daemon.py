@@ -3,11 +3,13 @@ generated gRPC stubs (what a client in any language would do)."""
 
 import os
 import re
+import signal
 import socket
 import stat
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from tiled.v1 import compile_pb2_grpc
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 import elementwise
+import gemm
 import softmax
 
 
@@ -33,15 +36,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    base = tmp_path_factory.mktemp("daemon")
+def start_daemon(base: Path, *args: str) -> dict:
+    """A `tiled serve` process on `base`/tiled.sock with its own cache, plus a channel."""
     sock = base / "tiled.sock"
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TILED_CACHE_DIR": str(base / "cache")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(sock), "--workers", "2",
-         "--metrics-port", str(port), "--timeout", "120"],
+        [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(sock),
+         "--metrics-port", str(port), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     channel = grpc.insecure_channel(f"unix://{sock}")
     try:
@@ -49,13 +51,25 @@ def daemon(tmp_path_factory):
     except grpc.FutureTimeoutError:
         proc.kill()
         pytest.fail(f"daemon did not start:\n{proc.stdout.read()}")
-    yield {"proc": proc, "sock": sock, "channel": channel,
-           "stub": compile_pb2_grpc.CompilerStub(channel), "metrics": port}
-    channel.close()
-    proc.terminate()
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out
-    assert not sock.exists()
+    return {"proc": proc, "sock": sock, "channel": channel, "base": base,
+            "stub": compile_pb2_grpc.CompilerStub(channel), "metrics": port}
+
+
+def stop_daemon(d: dict) -> str:
+    """SIGTERM, then check a clean exit and that the socket is gone; returns the log."""
+    d["channel"].close()
+    d["proc"].terminate()
+    out, _ = d["proc"].communicate(timeout=60)
+    assert d["proc"].returncode == 0, out
+    assert not d["sock"].exists()
+    return out
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = start_daemon(tmp_path_factory.mktemp("daemon"), "--workers", "2", "--timeout", "120")
+    yield d
+    stop_daemon(d)
 
 
 def request(kernel, target="cpu", **kw):
@@ -218,3 +232,106 @@ def test_thin_client_and_tiled_compile_through_the_daemon(daemon):
     with config.override(server=f"unix://{daemon['sock']}"):
         k2 = tiled.compile(kernel, "cpu")
     assert k2.action_key == k.action_key and k2.cache_hit
+
+
+# -- failures of one compile: crash, timeout, cancellation -----------------------------------
+
+def worker_pids(daemon) -> list[int]:
+    """The daemon's compile workers: its child processes (spawned by multiprocessing)."""
+    ppid, pids = daemon["proc"].pid, []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == ppid:
+            pids.append(int(stat_file.parent.name))
+    return pids
+
+
+def wait_until(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def gemm_request(n: int) -> cpb.CompileRequest:
+    """A cold sm_90a GEMM compile: nvcc alone takes about a second here."""
+    return request(gemm.matmul(M=n, N=n, K=n), target="cuda:sm_90a")
+
+
+def test_worker_killed_mid_compile_fails_that_request_only(daemon):
+    stub = daemon["stub"]
+    replaced = metric(daemon, "tiled_workers_replaced_total", reason="crashed")
+    pending = stub.Compile.future(gemm_request(384), timeout=120)
+    wait_until(lambda: metric(daemon, "tiled_compiles_in_flight") >= 1, what="compile to start")
+    for pid in worker_pids(daemon):
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(grpc.RpcError) as e:
+        pending.result()
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert "crashed" in e.value.details() and "signal 9" in e.value.details()
+    assert metric(daemon, "tiled_workers_replaced_total", reason="crashed") > replaced
+    r = stub.Compile(gemm_request(384), timeout=120)  # the same request now succeeds
+    assert not r.cache_hit and r.artifact_size > 0
+    assert stub.Compile(request(elementwise.add(block=512)), timeout=120).action_key
+
+
+def test_cancelled_request_stops_its_compile(daemon):
+    stub = daemon["stub"]
+    cancelled = metric(daemon, "tiled_compile_requests_total", result="cancelled")
+    replaced = metric(daemon, "tiled_workers_replaced_total", reason="cancelled")
+    pending = stub.Compile.future(gemm_request(320), timeout=120)
+    wait_until(lambda: metric(daemon, "tiled_compiles_in_flight") >= 1, what="compile to start")
+    assert pending.cancel()
+    wait_until(lambda: metric(daemon, "tiled_compile_requests_total", result="cancelled")
+               > cancelled, what="the pool to cancel the compile")
+    assert metric(daemon, "tiled_workers_replaced_total", reason="cancelled") == replaced + 1
+    # A client deadline that passes mid-compile cancels it the same way.
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Compile(gemm_request(352), timeout=0.5)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_until(lambda: metric(daemon, "tiled_compile_requests_total", result="cancelled")
+               > cancelled + 1, what="the deadline to cancel the compile")
+    r = stub.Compile(gemm_request(320), timeout=120)  # nothing was cached; it compiles again
+    assert not r.cache_hit
+    wait_until(lambda: metric(daemon, "tiled_compiles_in_flight") == 0, what="idle gauges")
+    assert metric(daemon, "tiled_queue_depth") == 0
+
+
+def test_compile_past_its_timeout_is_deadline_exceeded(tmp_path):
+    d = start_daemon(tmp_path, "--workers", "1", "--timeout", "0.3")
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            d["stub"].Compile(gemm_request(256), timeout=60)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "0.3 s limit" in e.value.details()
+        assert metric(d, "tiled_workers_replaced_total", reason="timeout") == 1
+        caps = d["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60)
+        assert caps.workers == 1  # still serving, with a replaced worker
+    finally:
+        stop_daemon(d)
+
+
+def test_get_artifact_after_restart(tmp_path):
+    d = start_daemon(tmp_path, "--workers", "1")
+    try:
+        r = d["stub"].Compile(request(elementwise.add(block=64)), timeout=120)
+    finally:
+        stop_daemon(d)
+    d = start_daemon(tmp_path, "--workers", "1")  # same cache dir, new process
+    try:
+        chunks = d["stub"].GetArtifact(cpb.GetArtifactRequest(sha256=r.artifact_sha256),
+                                       timeout=30)
+        assert b"".join(c.data for c in chunks) == r.artifact
+    finally:
+        stop_daemon(d)
+
+
+def test_bytes_that_do_not_decode_are_invalid_argument(daemon):
+    compile_raw = daemon["channel"].unary_unary("/tiled.v1.Compiler/Compile")
+    with pytest.raises(grpc.RpcError) as e:
+        compile_raw(b"\x0a\x05\x0a\x03abc\xff", timeout=30)  # a truncated nested message
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "tiled.v1.CompileRequest" in e.value.details()

@@ -103,6 +103,12 @@ def test_pool_events_drive_gauges():
     assert value(m, "tiled_compile_requests_total", result="ok") == 2
     assert value(m, "tiled_compile_requests_total", result="error") == 1
     assert value(m, "tiled_compile_requests_total", result="timeout") == 1
+    m.pool_event("queued", {"key": key})
+    m.pool_event("dequeued", {"key": key})  # cancelled while queued
+    m.pool_event("started", {"key": key})
+    m.pool_event("finished", {"key": key, "ok": False, "result": "cancelled"})
+    assert (depth(), running()) == (0, 0)
+    assert value(m, "tiled_compile_requests_total", result="cancelled") == 2
     m.pool_event("replaced", {"reason": "crashed"})
     m.pool_event("replaced", {"reason": "crashed"})
     m.pool_event("no-such-event", {})

@@ -108,6 +108,21 @@ def test_queue_full_and_cancel(make_pool, gate):
         queued[1].result(0)
 
 
+def test_cancelling_a_running_job_kills_its_worker(make_pool, gate):
+    events = Events()
+    pool = make_pool(on_event=events)
+    payload, _never_opened = gate
+    pid = pool.submit("pid", M + "_test_pid", b"").result(30)
+    running = pool.submit("run", M + "_test_gate", payload)
+    events.wait_for("started", 2)
+    assert running.cancel()
+    events.wait_for("replaced")
+    assert ("replaced", {"reason": "cancelled"}) in events.seen
+    assert pool.submit("pid2", M + "_test_pid", b"").result(30) != pid  # a fresh worker
+    stats = pool.stats()
+    assert (stats["cancelled_total"], stats["failed_total"], stats["in_flight"]) == (1, 0, 0)
+
+
 def test_timeout_replaces_worker(make_pool):
     events = Events()
     pool = make_pool(timeout_s=0.5, on_event=events)

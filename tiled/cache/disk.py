@@ -198,6 +198,31 @@ class DiskTier:
         finally:
             os.close(rfd)
 
+    def get_blob(self, digest: str) -> bytes | None:
+        """The blob whose sha256 is `digest`, from cas/ (verified), or None. Not a use of any
+        entry: the blob may outlive its entries until gc() removes it as an orphan."""
+        if not is_digest(digest):
+            return None
+        try:
+            fd = os.open(self._layout.cas_path(digest), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("disk cache: reading blob %s failed: %s", digest[:12], e)
+            return None
+        try:
+            data = read_all(fd)
+        except OSError as e:
+            log.warning("disk cache: reading blob %s failed: %s", digest[:12], e)
+            return None
+        finally:
+            os.close(fd)
+        if sha256_hex(data) != digest:
+            log.warning("disk cache: blob %s does not hash to its name (run `tiled cache "
+                        "verify`)", digest[:12])
+            return None
+        return data
+
     def contains(self, key: str) -> bool:
         """Whether an entry is published under `key` (not verified; not a use)."""
         return is_digest(key) and os.path.isfile(self._layout.entry_dir(key) / RECORD)

@@ -64,6 +64,16 @@ class TieredCache:
             raise CacheWriteError(f"entry {entry.key[:12]} not stored in the "
                                   f"{', '.join(failed)} tier(s); see the log")
 
+    def get_blob(self, digest: str) -> bytes | None:
+        """A blob by its sha256 from the first tier that can look blobs up (the disk tier
+        keeps them by digest), or None."""
+        for tier in self.tiers:
+            get_blob = getattr(tier, "get_blob", None)
+            data = get_blob(digest) if get_blob is not None else None
+            if data is not None:
+                return data
+        return None
+
     def contains(self, key: str) -> bool:
         return any(tier.contains(key) for tier in self.tiers)
 

@@ -254,9 +254,48 @@ class Client:
             return iter(())
         return _chain(first, stream)
 
+    def lookup(self, request: compile_pb2.CompileRequest) -> compile_pb2.CompileResponse | None:
+        """Asks whether `request` is cached, compiling nothing: the daemon decodes, verifies
+        and keys it (the toolchain digest is daemon-side) and looks the key up. The response
+        (artifact not inlined) on a hit, None on a miss; VerifyError, UnsupportedTarget, ...
+        for a request that would fail."""
+        probe = compile_pb2.CompileRequest()
+        probe.CopyFrom(request)
+        probe.cache_only, probe.inline_limit = True, 1  # every artifact is > 1 byte
+
+        def call() -> compile_pb2.CompileResponse | None:
+            try:
+                return self._stub.Compile(probe, timeout=self.timeout_s)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return None
+                raise
+
+        return self._call(call)
+
     def capabilities(self) -> compile_pb2.CapabilitiesResponse:
         return self._call(lambda: self._stub.Capabilities(compile_pb2.CapabilitiesRequest(),
                                                           timeout=self.timeout_s))
+
+    def health(self, service: str = "") -> str:
+        """The daemon's grpc.health.v1 status of `service` ("" is the whole daemon): "SERVING",
+        "NOT_SERVING", ..., or "SERVICE_UNKNOWN" for a name it does not serve. Needs
+        grpcio-health-checking (ImportError without it)."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        request = health_pb2.HealthCheckRequest(service=service)
+
+        def call() -> str:
+            try:
+                status = stub.Check(request, timeout=self.timeout_s).status
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return "SERVICE_UNKNOWN"
+                raise
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+
+        return self._call(call)
 
     def close(self) -> None:
         self._channel.close()

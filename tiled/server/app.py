@@ -70,32 +70,19 @@ class _TokenInterceptor(grpc.ServerInterceptor):
         return self._deny
 
 
-def build_server(opts: ServeOptions):
-    """Creates (server, service, pool, metrics, metrics_http) without starting the server."""
+def _grpc_server(opts: ServeOptions, service, interceptors: list) -> grpc.Server:
+    """A gRPC server with the Compiler service, health (one name per backend) and reflection."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    from tiled.cache.tiered import open_default_cache
-    from tiled.server.metrics import Metrics
-    from tiled.server.pool import CompilePool
-    from tiled.server.service import CompilerService
-    from tiled.v1 import compile_pb2, compile_pb2_grpc
+    from tiled.server.service import add_to_server
+    from tiled.v1 import compile_pb2
 
-    metrics = Metrics()
-    pool = CompilePool(workers=opts.workers, timeout_s=opts.compile_timeout_s,
-                       memory_bytes=opts.memory_bytes, queue_limit=opts.queue_limit,
-                       on_event=metrics.pool_event)
-    cache = open_default_cache(events=metrics.cache_events())
-    service = CompilerService(cache, pool, metrics, max_request_bytes=opts.max_request_bytes,
-                              compile_timeout_s=opts.compile_timeout_s)
     msg_opts = [("grpc.max_receive_message_length", opts.max_request_bytes),
                 ("grpc.max_send_message_length", 4 << 20)]
-    interceptors = []
-    if opts.tcp and opts.token_file:
-        interceptors.append(_TokenInterceptor(Path(opts.token_file).read_text().strip()))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=msg_opts,
                          interceptors=interceptors)
-    compile_pb2_grpc.add_CompilerServicer_to_server(service, server)
+    add_to_server(service, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     serving = health_pb2.HealthCheckResponse.SERVING
@@ -107,34 +94,59 @@ def build_server(opts: ServeOptions):
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
+    return server
 
+
+def build_server(opts: ServeOptions):
+    """Creates (servers, service, pool, metrics, metrics_http) without starting the servers:
+    one on the Unix socket, and one on TCP when asked for. They are separate servers because
+    the TCP one alone checks the bearer token; both serve the same service, pool and cache."""
+    from tiled.cache.tiered import open_default_cache
+    from tiled.server.metrics import Metrics
+    from tiled.server.pool import CompilePool
+    from tiled.server.service import CompilerService
+
+    metrics = Metrics()
+    pool = CompilePool(workers=opts.workers, timeout_s=opts.compile_timeout_s,
+                       memory_bytes=opts.memory_bytes, queue_limit=opts.queue_limit,
+                       on_event=metrics.pool_event)
+    cache = open_default_cache(events=metrics.cache_events())
+    service = CompilerService(cache, pool, metrics, max_request_bytes=opts.max_request_bytes,
+                              compile_timeout_s=opts.compile_timeout_s)
+    servers = [_grpc_server(opts, service, [])]
     sock = Path(opts.socket)
     sock.parent.mkdir(parents=True, exist_ok=True)
     if sock.exists():
         sock.unlink()  # a stale socket from a previous daemon
     old = os.umask(0o177)  # the socket is created 0600: only this user may compile
     try:
-        server.add_insecure_port(f"unix://{sock}")
+        servers[0].add_insecure_port(f"unix://{sock}")
     finally:
         os.umask(old)
     if opts.tcp:
+        interceptors = []
+        if opts.token_file:
+            interceptors.append(_TokenInterceptor(Path(opts.token_file).read_text().strip()))
+        tcp = _grpc_server(opts, service, interceptors)
         if opts.tls_cert and opts.tls_key:
             creds = grpc.ssl_server_credentials(
                 [(Path(opts.tls_key).read_bytes(), Path(opts.tls_cert).read_bytes())])
-            server.add_secure_port(opts.tcp, creds)
+            tcp.add_secure_port(opts.tcp, creds)
         else:
             log.warning("TCP listener %s without TLS: use only on a trusted network", opts.tcp)
-            server.add_insecure_port(opts.tcp)
+            tcp.add_insecure_port(opts.tcp)
+        servers.append(tcp)
     http = metrics.start_http(opts.metrics_port) if opts.metrics_port is not None else None
-    return server, service, pool, metrics, http
+    return servers, service, pool, metrics, http
 
 
 def serve(opts: ServeOptions) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
-    server, service, pool, _metrics, http = build_server(opts)
-    server.start()
+    servers, service, pool, _metrics, http = build_server(opts)
+    for server in servers:
+        server.start()
     log.info("serving on unix://%s%s (local target %s, %s workers%s)", opts.socket,
              f" and {opts.tcp}" if opts.tcp else "", service.local_target,
              pool.stats().get("workers"),
@@ -150,7 +162,8 @@ def serve(opts: ServeOptions) -> int:
     while not done.wait(0.5):
         pass
     t0 = time.monotonic()
-    server.stop(opts.grace_s).wait()
+    for stopped in [server.stop(opts.grace_s) for server in servers]:
+        stopped.wait()
     pool.shutdown(wait=True, cancel_pending=True)
     if http is not None:
         _metrics.stop_http()

@@ -224,8 +224,9 @@ class Metrics:
 
     def pool_event(self, name: str, fields: Mapping[str, object]) -> None:
         """The worker pool's hook. "queued": a compile waits; "started": it left the queue for
-        a worker; "finished" (ok, seconds, optional result: ok|error|timeout): it left the
-        worker; "merged": a request joined an identical compile in flight and never queues;
+        a worker; "dequeued": it was cancelled while queued; "finished" (ok, seconds, optional
+        result: ok|error|timeout|cancelled): it left the worker; "merged": a request joined an
+        identical compile in flight and never queues;
         "replaced" (reason): a worker process was replaced. Never raises; unknown names are
         ignored. Gauges never go below 0, so a pool that skips "queued" stays consistent."""
         self._safe(self._pool_event, name, fields)
@@ -235,10 +236,12 @@ class Metrics:
             self.merged_requests.inc()
         elif name == "replaced":
             self.workers_replaced.labels(_label(fields.get("reason", "unknown"))).inc()
-        elif name in ("queued", "started", "finished"):
+        elif name in ("queued", "started", "dequeued", "finished"):
             with self._lock:
                 if name == "queued":
                     self._queued += 1
+                elif name == "dequeued":
+                    self._queued = max(0, self._queued - 1)
                 elif name == "started":
                     self._queued = max(0, self._queued - 1)
                     self._running += 1
@@ -246,9 +249,9 @@ class Metrics:
                     self._running = max(0, self._running - 1)
                 self.queue_depth.set(self._queued)
                 self.in_flight.set(self._running)
-            if name == "finished":
-                result = fields.get("result")
-                if result not in ("ok", "error", "timeout"):
+            if name in ("finished", "dequeued"):
+                result = "cancelled" if name == "dequeued" else fields.get("result")
+                if result not in ("ok", "error", "timeout", "cancelled"):
                     result = "ok" if fields.get("ok") else "error"
                 self.compile_requests.labels(result).inc()
 

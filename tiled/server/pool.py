@@ -13,11 +13,12 @@ Invariants:
 - Single-flight: while a job is queued or running, `_by_key[key]` is that job, and a submit with
   the same key returns the same future (all merged callers share it, cancellation included).
   A key leaves `_by_key` when its job finishes or its future is cancelled.
-- Futures stay PENDING while their job runs, so `cancel()` succeeds on a running job too: the
-  job runs on and its result is dropped. A queued job that is cancelled leaves the queue at once.
+- Futures stay PENDING while their job runs, so `cancel()` succeeds on a running job too: its
+  worker is killed and replaced (a compile nobody waits for does not hold a worker). A queued
+  job that is cancelled leaves the queue at once.
 - A job ends in exactly one way: result, exception raised by `fn` (re-raised as the same type
   when it pickles, else RuntimeError; the worker stays), `CompileTimeout` (worker killed and
-  replaced), or `WorkerCrashed` (worker died or reported MemoryError; replaced).
+  replaced), `WorkerCrashed` (worker died or reported MemoryError; replaced), or cancellation.
 - Futures are resolved and `on_event` is called outside `_lock`; `on_event` never raises into
   the pool (its errors are logged).
 - After `shutdown` returns, no worker process of this pool is alive.
@@ -98,14 +99,16 @@ class CompilePool:
     def __init__(self, workers: int | None = None, timeout_s: float = 600.0,
                  memory_bytes: int | None = None, queue_limit: int = 256,
                  on_event: Callable[[str, dict], None] | None = None):
-        self._size = max(1, workers or len(os.sched_getaffinity(0)))
+        self.workers = self._size = max(1, workers or len(os.sched_getaffinity(0)))
+        self.queue_limit = self._queue_limit = queue_limit
         self._timeout_s, self._memory_bytes = timeout_s, memory_bytes
-        self._queue_limit, self._on_event = queue_limit, on_event
+        self._on_event = on_event
         self._lock = threading.Lock()
         self._queue: collections.deque[_Job] = collections.deque()
         self._by_key: dict[str, _Job] = {}
         self._counts = dict.fromkeys(
-            ("merged_total", "completed_total", "failed_total", "replaced_total"), 0)
+            ("merged_total", "completed_total", "failed_total", "cancelled_total",
+             "replaced_total"), 0)
         self._in_flight = 0
         self._closing = False
         self._kill_running = False
@@ -210,7 +213,9 @@ class CompilePool:
             if wake_r in ready:
                 self._drain_wake()
             for i, w in enumerate(self._workers):
-                if w.conn in ready or w.process.sentinel in ready:
+                if w.job is not None and w.job.future.cancelled():
+                    self._finish(i, w, None, "cancelled")
+                elif w.conn in ready or w.process.sentinel in ready:
                     self._collect(i, w)
                 elif w.job is not None and time.monotonic() >= w.job.started + w.job.timeout_s:
                     job = w.job
@@ -221,6 +226,11 @@ class CompilePool:
 
     def _start_job(self, w: _Worker) -> None:
         job = w.job
+        if job.future.cancelled():  # cancelled between leaving the queue and starting
+            with self._lock:
+                w.job = None
+                self._in_flight -= 1
+            return
         try:
             w.conn.send((job.fn, job.payload))
         except OSError:  # the idle worker had died: run the job on its replacement
@@ -261,7 +271,8 @@ class CompilePool:
             w.job = None
             if job is not None:
                 self._in_flight -= 1
-                self._counts["completed_total" if ok else "failed_total"] += 1
+                self._counts["completed_total" if ok else "cancelled_total"
+                             if replace == "cancelled" else "failed_total"] += 1
             if replace is not None:
                 self._counts["replaced_total"] += 1
         if replace is not None:
@@ -269,7 +280,9 @@ class CompilePool:
         if job is None:
             return
         self._forget(job)
-        self._emit("finished", key=job.key, seconds=time.monotonic() - job.started, ok=ok)
+        result = "ok" if ok else replace if replace in ("timeout", "cancelled") else "error"
+        self._emit("finished", key=job.key, seconds=time.monotonic() - job.started, ok=ok,
+                   result=result)
         if job.future.set_running_or_notify_cancel():  # False: cancelled, the result is dropped
             if ok:
                 job.future.set_result(value)
@@ -279,12 +292,20 @@ class CompilePool:
     # -- helpers -------------------------------------------------------------------------------
 
     def _forget(self, job: _Job) -> None:
-        """Take a finished or cancelled job off the queue and out of single-flight."""
+        """Take a finished or cancelled job off the queue and out of single-flight; a cancelled
+        job that runs wakes the dispatcher, which kills its worker."""
+        dequeued = False
         with self._lock:
             if self._by_key.get(job.key) is job:
                 del self._by_key[job.key]
-            if job.future.cancelled() and job in self._queue:
-                self._queue.remove(job)
+            if job.future.cancelled():
+                if job in self._queue:
+                    self._queue.remove(job)
+                    dequeued = True
+                elif job.started and self._wake_w >= 0:
+                    self._wake()
+        if dequeued:
+            self._emit("dequeued", key=job.key)
 
     def _start_worker(self) -> _Worker:
         parent, child = _SPAWN.Pipe()

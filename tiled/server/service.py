@@ -55,6 +55,25 @@ def resolve_local() -> str:
     return f"cuda:{'sm_90a' if arch == 'sm_90' else arch}"
 
 
+class _Flight:
+    """One compile in progress: the future of its entry, how many requests wait for it, and
+    the pool job (cancelled when the last waiting request goes away)."""
+
+    def __init__(self):
+        self.entry: concurrent.futures.Future = concurrent.futures.Future()
+        self.waiters = 1
+        self.job: concurrent.futures.Future | None = None
+
+
+class _Waiter:
+    """Ties one request to the flight it waits on, so that the request's gRPC termination
+    (cancelled by the client, deadline passed) can leave it."""
+
+    def __init__(self):
+        self.key: str | None = None
+        self.flight: _Flight | None = None
+
+
 class CompilerService(compile_pb2_grpc.CompilerServicer):
     def __init__(self, cache, pool, metrics=None, local_target: str | None = None,
                  max_request_bytes: int = 64 << 20, compile_timeout_s: float = 600.0):
@@ -63,8 +82,10 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         self.max_request_bytes = max_request_bytes
         self.compile_timeout_s = compile_timeout_s
         self._artifacts: dict[str, str] = {}  # artifact sha256 -> action key that names it
-        self._inflight: dict[str, concurrent.futures.Future] = {}  # key -> its entry
+        self._inflight: dict[str, _Flight] = {}  # key -> the compile of it now running
         self._lock = threading.Lock()
+        self._hits = self._merged = 0  # requests answered from the cache / by another's compile
+        self._started = time.monotonic()  # Capabilities reports the uptime
 
     # -- helpers ----------------------------------------------------------------------------
     def _target(self, text: str):
@@ -85,8 +106,10 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         if self.metrics is not None:
             self.metrics.observe_compile(target.backend, target.arch, stages, result)
 
-    def compile(self, request: cpb.CompileRequest, time_left: float | None) -> cpb.CompileResponse:
-        """One Compile, raising tiled errors (the caller maps them to statuses)."""
+    def compile(self, request: cpb.CompileRequest, time_left: float | None,
+                waiter: _Waiter | None = None) -> cpb.CompileResponse:
+        """One Compile, raising tiled errors (the caller maps them to statuses). `waiter`, when
+        given, lets `abandon` withdraw this request from a compile it waits for."""
         t0 = time.perf_counter()
         program = Program(request.program)
         verify(program)
@@ -100,12 +123,14 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         if entry is None:
             if request.cache_only:
                 raise KeyError(f"action {key} is not cached")
-            entry, hit = self._compile_once(key, program, target, options, time_left, stages, t0)
+            entry, hit = self._compile_once(key, program, target, options, time_left, stages, t0,
+                                            waiter or _Waiter())
         manifest_json = entry.manifest.decode()
         artifact_sha = json.loads(manifest_json)["artifact_sha256"]
         artifact = entry.blobs[artifact_sha]
         with self._lock:
             self._artifacts[artifact_sha] = key
+            self._hits += hit
         stages["total"] = time.perf_counter() - t0
         self._observe(target, stages, "hit" if hit else "ok")
         limit = request.inline_limit or DEFAULT_INLINE
@@ -114,44 +139,73 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             artifact_size=len(artifact), artifact=artifact if len(artifact) <= limit else b"",
             cache_hit=hit, resolved_target=str(target), stage_seconds=stages)
 
-    def _compile_once(self, key, program, target, options, time_left, stages, t0):
+    def _compile_once(self, key, program, target, options, time_left, stages, t0, waiter):
         """Single-flight over compile *and* store: the first request for a key compiles and
         stores; requests arriving meanwhile wait for its entry. The owner looks the cache up
         again after registering, so a request that missed just before the previous owner
-        stored and left is a hit, not a second compile."""
+        stored and left is a hit, not a second compile. When every waiting request has gone
+        (`abandon`), the pool job is cancelled and the flight forgotten."""
         with self._lock:
-            pending = self._inflight.get(key)
-            if pending is None:
-                pending = self._inflight[key] = concurrent.futures.Future()
-                owner = True
+            flight = self._inflight.get(key)
+            owner = flight is None
+            if owner:
+                flight = self._inflight[key] = _Flight()
             else:
-                owner = False
+                flight.waiters += 1
+            waiter.key, waiter.flight = key, flight
         if not owner:
+            with self._lock:
+                self._merged += 1
             if self.metrics is not None:
                 self.metrics.pool_event("merged", {})
-            return pending.result(), False  # merged: not from the cache, not compiled here
+            return flight.entry.result(), False  # merged: not from the cache, not compiled here
         try:
             entry = self.cache.get(key)
             hit = entry is not None
             if entry is None:
                 entry = self._compile_and_store(key, program, target, options, time_left,
-                                                stages, t0)
-            pending.set_result(entry)
+                                                stages, t0, flight)
+            flight.entry.set_result(entry)
             return entry, hit
         except BaseException as e:
-            pending.set_exception(e)
+            flight.entry.set_exception(e)
             raise
         finally:
             with self._lock:
-                del self._inflight[key]
+                if self._inflight.get(key) is flight:
+                    del self._inflight[key]
 
-    def _compile_and_store(self, key, program, target, options, time_left, stages, t0):
+    def abandon(self, waiter: _Waiter) -> None:
+        """The request behind `waiter` ended without waiting for its compile (the client
+        cancelled or its deadline passed). The last one to leave cancels the pool job, which
+        kills its worker; a later request for the key starts afresh."""
+        with self._lock:
+            flight, waiter.flight = waiter.flight, None
+            if flight is None or flight.entry.done():
+                return
+            flight.waiters -= 1
+            if flight.waiters > 0:
+                return
+            if self._inflight.get(waiter.key) is flight:
+                del self._inflight[waiter.key]
+            job = flight.job
+        log.info("compile %s cancelled: no request waits for it", waiter.key[:12])
+        if job is not None:
+            job.cancel()
+
+    def _compile_and_store(self, key, program, target, options, time_left, stages, t0, flight):
         timeout = self.compile_timeout_s if time_left is None else \
             max(0.001, min(self.compile_timeout_s, time_left))
         payload = encode({"target": str(target), "options": options}, program.to_bytes())
         try:
-            result = self.pool.submit(key, "tiled.server.worker:compile_job", payload,
-                                      timeout_s=timeout).result()
+            job = self.pool.submit(key, "tiled.server.worker:compile_job", payload,
+                                   timeout_s=timeout)
+            with self._lock:
+                flight.job = job
+                abandoned = flight.waiters == 0 or self._inflight.get(key) is not flight
+            if abandoned:  # every request left before the job existed
+                job.cancel()
+            result = job.result()
         except Exception:
             self._observe(target, {"total": time.perf_counter() - t0}, "error")
             raise
@@ -168,8 +222,12 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
 
     # -- RPCs -------------------------------------------------------------------------------
     def Compile(self, request, context):
+        waiter = _Waiter()
+        context.add_callback(lambda: self.abandon(waiter))  # runs when the RPC ends, any way
         try:
-            return self.compile(request, context.time_remaining())
+            response = self.compile(request, context.time_remaining(), waiter)
+            waiter.flight = None  # answered: ending the RPC now abandons nothing
+            return response
         except Exception as e:
             code, message = status_of(e)
             context.abort(code, message)
@@ -179,6 +237,8 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             key = self._artifacts.get(request.sha256)
         entry = self.cache.get(key) if key else None
         data = entry.blobs.get(request.sha256) if entry else None
+        if data is None:  # not answered by this process (e.g. before a restart): by digest
+            data = self.cache.get_blob(request.sha256)
         if data is None:
             context.abort(grpc.StatusCode.NOT_FOUND,
                           f"artifact {request.sha256} is not held by this daemon")
@@ -191,7 +251,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             missing=[k for k in request.action_keys if not self.cache.contains(k)])
 
     def Warm(self, request, context):
-        workers = max(1, getattr(self.pool, "workers", 1) * 2)
+        workers = max(1, self.pool.workers * 2)  # compiles queue in the pool, hits return
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:
             futures = {ex.submit(self.compile, item, None): i
                        for i, item in enumerate(request.items)}
@@ -217,9 +277,80 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             except (UnsupportedTarget, ImportError):
                 continue
             backends.append(cpb.Backend(name=name, archs=list(b.archs), toolchain_digest=digest))
-        stats = self.pool.stats() if hasattr(self.pool, "stats") else {}
+        stats = self.pool.stats()
+        with self._lock:
+            hits, merged = self._hits, self._merged
+        tiers = []
+        for tier in getattr(self.cache, "tiers", [self.cache]):
+            entry = cpb.CapabilitiesResponse.CacheTier(
+                name=getattr(tier, "name", type(tier).__name__),
+                remote=bool(getattr(tier, "remote", False)))
+            if not entry.remote:  # a remote tier is not measured: no network call here
+                entry.max_bytes = int(getattr(tier, "max_bytes", 0) or 0)
+                try:  # disk: the ledger's O(1) count; memory: its byte count
+                    entry.bytes = int(tier.total_bytes() if hasattr(tier, "total_bytes")
+                                      else getattr(tier, "nbytes", 0))
+                except OSError as e:  # a status call never fails on a cache read
+                    log.warning("cache tier %s: size unreadable: %s", entry.name, e)
+            tiers.append(entry)
         return cpb.CapabilitiesResponse(
             version=tiled.__version__, backends=backends, local_target=self.local_target,
             tile_ir_schema_version=SCHEMA_VERSION, max_request_bytes=self.max_request_bytes,
             max_inline_bytes=DEFAULT_INLINE, workers=int(stats.get("workers", 0)),
-            queue_limit=int(getattr(self.pool, "queue_limit", 0)))
+            queue_limit=self.pool.queue_limit,
+            uptime_seconds=max(1e-6, time.monotonic() - self._started),
+            queued=int(stats.get("queued", 0)), in_flight=int(stats.get("in_flight", 0)),
+            compiles_total=int(stats.get("completed_total", 0)),
+            compile_failures_total=int(stats.get("failed_total", 0)),
+            merged_total=merged + int(stats.get("merged_total", 0)), cache_hits_total=hits,
+            workers_replaced_total=int(stats.get("replaced_total", 0)), cache_tiers=tiers)
+
+
+class _Undecodable:
+    """What a request that is not valid protobuf deserializes to, so that the service (not
+    gRPC's INTERNAL "Exception deserializing request!") answers INVALID_ARGUMENT."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _lenient(message_cls):
+    def deserialize(data: bytes):
+        try:
+            return message_cls.FromString(data)
+        except Exception as e:  # DecodeError, or RecursionError for absurd nesting
+            return _Undecodable(f"the request is not a valid {message_cls.DESCRIPTOR.full_name}: "
+                                f"{e or type(e).__name__}")
+    return deserialize
+
+
+def _checked(method, streaming: bool):
+    if streaming:
+        def stream(request, context):
+            if isinstance(request, _Undecodable):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            yield from method(request, context)
+        return stream
+
+    def unary(request, context):
+        if isinstance(request, _Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return method(request, context)
+    return unary
+
+
+def add_to_server(service: CompilerService, server: grpc.Server) -> None:
+    """Registers `service` for every method of tiled.v1.Compiler (read from the proto's
+    descriptor), with requests decoded by the service so that bad bytes are INVALID_ARGUMENT."""
+    desc = cpb.DESCRIPTOR.services_by_name["Compiler"]
+    handlers = {}
+    for m in desc.methods:
+        make = grpc.unary_stream_rpc_method_handler if m.server_streaming else \
+            grpc.unary_unary_rpc_method_handler
+        handlers[m.name] = make(
+            _checked(getattr(service, m.name), m.server_streaming),
+            request_deserializer=_lenient(getattr(cpb, m.input_type.name)),
+            response_serializer=getattr(cpb, m.output_type.name).SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name,
+                                                                          handlers),))
+    server.add_registered_method_handlers(desc.full_name, handlers)

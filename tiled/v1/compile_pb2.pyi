@@ -113,7 +113,18 @@ class Backend(_message.Message):
     def __init__(self, name: _Optional[str] = ..., archs: _Optional[_Iterable[str]] = ..., toolchain_digest: _Optional[str] = ...) -> None: ...
 
 class CapabilitiesResponse(_message.Message):
-    __slots__ = ("version", "backends", "local_target", "tile_ir_schema_version", "max_request_bytes", "max_inline_bytes", "workers", "queue_limit")
+    __slots__ = ("version", "backends", "local_target", "tile_ir_schema_version", "max_request_bytes", "max_inline_bytes", "workers", "queue_limit", "uptime_seconds", "queued", "in_flight", "compiles_total", "compile_failures_total", "merged_total", "cache_hits_total", "workers_replaced_total", "cache_tiers")
+    class CacheTier(_message.Message):
+        __slots__ = ("name", "bytes", "max_bytes", "remote")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        BYTES_FIELD_NUMBER: _ClassVar[int]
+        MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+        REMOTE_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        bytes: int
+        max_bytes: int
+        remote: bool
+        def __init__(self, name: _Optional[str] = ..., bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., remote: bool = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +133,15 @@ class CapabilitiesResponse(_message.Message):
     MAX_INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    COMPILES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_FAILURES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MERGED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HITS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_REPLACED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TIERS_FIELD_NUMBER: _ClassVar[int]
     version: str
     backends: _containers.RepeatedCompositeFieldContainer[Backend]
     local_target: str
@@ -130,4 +150,13 @@ class CapabilitiesResponse(_message.Message):
     max_inline_bytes: int
     workers: int
     queue_limit: int
-    def __init__(self, version: _Optional[str] = ..., backends: _Optional[_Iterable[_Union[Backend, _Mapping]]] = ..., local_target: _Optional[str] = ..., tile_ir_schema_version: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., workers: _Optional[int] = ..., queue_limit: _Optional[int] = ...) -> None: ...
+    uptime_seconds: float
+    queued: int
+    in_flight: int
+    compiles_total: int
+    compile_failures_total: int
+    merged_total: int
+    cache_hits_total: int
+    workers_replaced_total: int
+    cache_tiers: _containers.RepeatedCompositeFieldContainer[CapabilitiesResponse.CacheTier]
+    def __init__(self, version: _Optional[str] = ..., backends: _Optional[_Iterable[_Union[Backend, _Mapping]]] = ..., local_target: _Optional[str] = ..., tile_ir_schema_version: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., workers: _Optional[int] = ..., queue_limit: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., compiles_total: _Optional[int] = ..., compile_failures_total: _Optional[int] = ..., merged_total: _Optional[int] = ..., cache_hits_total: _Optional[int] = ..., workers_replaced_total: _Optional[int] = ..., cache_tiers: _Optional[_Iterable[_Union[CapabilitiesResponse.CacheTier, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,93 @@
+"""The daemon's optional TCP listener: TLS with a certificate made here, and a bearer token."""
+
+import datetime
+import ipaddress
+
+import elementwise
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.server.test_daemon import _free_port, request, start_daemon, stop_daemon
+from tiled.v1 import compile_pb2 as cpb
+from tiled.v1 import compile_pb2_grpc
+
+
+def self_signed(tmp_path):
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tiled-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    (tmp_path / "cert.pem").write_bytes(cert_pem)
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return cert_pem
+
+
+@pytest.fixture(scope="module")
+def tls_daemon(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tls")
+    cert_pem = self_signed(base)
+    (base / "token").write_text("s3cret-token\n")
+    port = _free_port()
+    d = start_daemon(base, "--workers", "1", "--tcp", f"127.0.0.1:{port}",
+                     "--tls-cert", str(base / "cert.pem"), "--tls-key", str(base / "key.pem"),
+                     "--token-file", str(base / "token"))
+    d.update(port=port, cert=cert_pem)
+    yield d
+    stop_daemon(d)
+
+
+def tls_stub(d, token=None):
+    creds = grpc.ssl_channel_credentials(root_certificates=d["cert"])
+    if token is not None:
+        creds = grpc.composite_channel_credentials(
+            creds, grpc.access_token_call_credentials(token))
+    channel = grpc.secure_channel(f"127.0.0.1:{d['port']}", creds)
+    return channel, compile_pb2_grpc.CompilerStub(channel)
+
+
+def test_tls_with_token_compiles(tls_daemon):
+    channel, stub = tls_stub(tls_daemon, token="s3cret-token")
+    with channel:
+        r = stub.Compile(request(elementwise.add(block=128), inline_limit=1), timeout=120)
+        assert r.artifact_size > 0 and r.resolved_target == "cpu"
+        chunks = stub.GetArtifact(cpb.GetArtifactRequest(sha256=r.artifact_sha256), timeout=30)
+        assert sum(len(c.data) for c in chunks) == r.artifact_size
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_missing_or_wrong_token_is_unauthenticated(tls_daemon, token):
+    channel, stub = tls_stub(tls_daemon, token=token)
+    with channel:
+        for call in (lambda: stub.Capabilities(cpb.CapabilitiesRequest(), timeout=30),
+                     lambda: list(stub.GetArtifact(cpb.GetArtifactRequest(sha256="0" * 64),
+                                                   timeout=30))):
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_plaintext_to_the_tls_port_fails(tls_daemon):
+    with grpc.insecure_channel(f"127.0.0.1:{tls_daemon['port']}") as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            compile_pb2_grpc.CompilerStub(channel).Capabilities(cpb.CapabilitiesRequest(),
+                                                                timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_unix_socket_needs_no_token(tls_daemon):
+    caps = tls_daemon["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60)
+    assert caps.local_target == "cpu"

@@ -7,6 +7,11 @@ command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 scripts/setup.sh
 # The Redis tier's tests run against a real redis-server (they start their own on a free port).
 command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y -q redis-server; }
+# The Node.js client's tests (tests/clients) run node against a real daemon: Debian's nodejs and
+# npm where node is missing, then the client's locked dependencies.
+{ command -v node && command -v npm; } >/dev/null || {
+  apt-get update -q && apt-get install -y -q nodejs npm; }
+(cd clients/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 # torch, so the runtime's torch-tensor paths run too (a CPU build where the machine's wheel
 # store has one, as this project's machines do).
 .venv/bin/python -m pip install -q torch==2.13.0

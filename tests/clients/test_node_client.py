@@ -1,0 +1,123 @@
+"""The Node.js client (clients/node) against a real `tiled serve` process on a real Unix socket:
+the committed Tile IR file compiles from Node, the second call is a cache hit, and Node and the
+Python client agree on the action and the artifact.
+
+Needs `node` on PATH (scripts/test.sh installs it); `npm ci` runs here when node_modules is
+missing."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tiled.client import Client
+from tiled.ir import Program, verify
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_CLIENT = ROOT / "clients" / "node"
+PROGRAM = NODE_CLIENT / "testdata" / "vadd.tir"
+SIDECAR = NODE_CLIENT / "testdata" / "vadd.json"
+
+
+@pytest.fixture(scope="module")
+def node():
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH (scripts/test.sh installs nodejs and npm with apt)")
+    if not (NODE_CLIENT / "node_modules").is_dir():
+        npm = shutil.which("npm")
+        assert npm, "node is on PATH but npm is not: install npm to run the Node client"
+        r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_CLIENT,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"npm ci failed:\n{r.stdout}\n{r.stderr}"
+    return node
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    base = tmp_path_factory.mktemp("node-daemon")
+    sock = base / "tiled.sock"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TILED_CACHE_DIR": str(base / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(sock), "--workers", "1",
+         "--timeout", "120"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with grpc.insecure_channel(f"unix://{sock}") as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        except grpc.FutureTimeoutError:
+            proc.kill()
+            pytest.fail(f"daemon did not start:\n{proc.stdout.read()}")
+    yield f"unix://{sock}"
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+
+
+def run_node(node, server, program, *args):
+    return subprocess.run(
+        [node, str(NODE_CLIENT / "compile.js"), "--server", server, "--target", "cpu", *args,
+         str(program)], capture_output=True, text=True, timeout=300)
+
+
+def test_committed_program_decodes_verifies_and_matches_its_sidecar():
+    data = PROGRAM.read_bytes()
+    sidecar = json.loads(SIDECAR.read_text())
+    program = verify(Program.from_bytes(data))
+    assert len(data) == sidecar["size"]
+    assert hashlib.sha256(data).hexdigest() == sidecar["sha256"]
+    assert program.digest == sidecar["digest"] and program.name == sidecar["name"]
+
+
+def test_node_compiles_then_hits_and_agrees_with_python(node, daemon):
+    runs = [run_node(node, daemon, PROGRAM), run_node(node, daemon, PROGRAM, "--chunk-bytes",
+                                                        "4096")]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    first, second = (json.loads(r.stdout) for r in runs)
+    assert not first["cache_hit"] and second["cache_hit"]
+    assert first == {**second, "cache_hit": False}
+
+    with Client(daemon, timeout_s=120) as client:
+        response, artifact = client.compile_raw(Program.from_bytes(PROGRAM.read_bytes()), "cpu")
+    assert response.action_key == first["action_key"]
+    assert hashlib.sha256(artifact).hexdigest() == first["artifact_sha256"]
+    assert len(artifact) == first["size"]
+
+
+def test_program_that_does_not_verify_is_invalid_argument(node, daemon, tmp_path):
+    program = Program.from_bytes(PROGRAM.read_bytes())
+    program.proto.kernel.threads = 5000
+    bad = tmp_path / "threads.tir"
+    bad.write_bytes(program.to_bytes())
+    r = run_node(node, daemon, bad)
+    assert r.returncode == 1 and r.stdout == ""
+    assert "INVALID_ARGUMENT" in r.stderr and "threads" in r.stderr, r.stderr
+    assert "examples/elementwise.py" in r.stderr  # the daemon's message is located
+
+
+def test_program_that_does_not_decode_is_invalid_argument(node, daemon, tmp_path):
+    bad = tmp_path / "truncated.tir"
+    bad.write_bytes(PROGRAM.read_bytes()[:300])
+    r = run_node(node, daemon, bad)
+    assert r.returncode == 1
+    assert "INVALID_ARGUMENT" in r.stderr, r.stderr
+
+
+def test_node_rejects_an_artifact_its_manifest_does_not_name(node):
+    script = """
+        const { checkArtifact, sha256Hex } = require('./tiled_client');
+        const data = Buffer.from('not a shared library');
+        checkArtifact(data, { artifact_sha256: sha256Hex(data), artifact_size: data.length,
+                              manifest_json: JSON.stringify({ artifact_sha256: '0'.repeat(64) }) });
+    """
+    r = subprocess.run([node, "-e", script], cwd=NODE_CLIENT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0
+    assert "ARTIFACT_MISMATCH" in r.stderr and "the manifest names 000" in r.stderr, r.stderr

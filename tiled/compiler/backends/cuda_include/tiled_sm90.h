@@ -1,0 +1,621 @@
+// tiled_sm90.h -- sm_90a (Hopper) device primitives for the tiled CUDA backend.
+//
+// Companion of tiled_cuda.h (the sm_80 path).  Everything lives in namespace
+// `tiled::sm90` and is written from the PTX ISA (8.0+):
+//   1. mbarrier: init / arrive / arrive.expect_tx / try_wait.parity loop, fences
+//   2. TMA (cp.async.bulk.tensor) 2-D tile load completing on an mbarrier,
+//      tensormap prefetch, 2-D tile store with bulk commit / wait groups
+//   3. wgmma: fence / commit_group / wait_group, shared-memory matrix
+//      descriptors for the 128-byte swizzle, mma_async m64nNk16 f16/bf16 -> f32
+//      with both operands in shared memory
+//   4. setmaxnreg inc / dec (warp specialisation)
+//   5. epilogue: m64nN f32 accumulator fragment -> f16/bf16 global, bounds-checked
+//
+// The whole body is compiled only for sm_90a device passes (the `a` features:
+// wgmma and setmaxnreg do not exist on plain sm_90), so including this header
+// in an sm_80 build, or in the host pass, declares nothing and costs nothing.
+// Guard uses of it the same way (`#if TILED_SM90A_ENABLED`).
+//
+// Conventions the compiler relies on (see the descriptor section for details):
+//   * Shared-memory tiles fed to wgmma are written by TMA with
+//     CU_TENSOR_MAP_SWIZZLE_128B, box inner extent exactly 128 bytes
+//     (64 f16/bf16 elements), and start 1024-byte aligned.
+//   * A is K-major (row-major MxK in global); B may be K-major (NxK in
+//     global, "col-major B") or MN-major (row-major KxN in global).
+//   * Accumulator fragment layout of one warpgroup for m64nN is fixed by PTX;
+//     acc_coord() below spells it out.
+#ifndef TILED_SM90_H_
+#define TILED_SM90_H_
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#ifdef __CUDACC_RTC__
+#include <cuda/std/cstdint>
+using cuda::std::int32_t;
+using cuda::std::int64_t;
+using cuda::std::uint32_t;
+using cuda::std::uint64_t;
+#else
+#include <stdint.h>
+#endif
+
+// nvcc defines __CUDA_ARCH_FEAT_SM90_ALL only for compute_90a device passes.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TILED_SM90A_ENABLED 1
+#else
+#define TILED_SM90A_ENABLED 0
+#endif
+
+namespace tiled {
+namespace sm90 {
+// Opaque 128-byte CUtensorMap image (cuTensorMapEncodeTiled output).  Declared
+// for every pass so kernel signatures that take one compile everywhere.
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+}  // namespace sm90
+}  // namespace tiled
+
+#if TILED_SM90A_ENABLED
+
+namespace tiled {
+namespace sm90 {
+
+// 32-bit shared-state-space address of a generic pointer into shared memory.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------------------
+// 1. mbarrier (64-bit shared-memory barrier objects with transaction counts)
+// ---------------------------------------------------------------------------
+// Phase protocol used throughout: a barrier completes a phase when `count`
+// arrivals AND all expected transaction bytes have landed.  Waiters track the
+// phase parity they wait for: 0 for the first use, flipped every time a ring
+// of stages wraps.  A fresh barrier counts as having just completed phase
+// parity 1, so waiting for parity 1 on it returns at once (producers use this
+// to skip the wait on the first pass over an "empty" ring).
+
+// Initialise one barrier for `count` arrivals.  One thread only; follow with
+// fence_barrier_init() and a block-wide barrier before any other thread uses it.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+
+// Makes mbarrier.init visible to the async proxy (TMA complete_tx) and to the
+// other threads of the cluster.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Orders this thread's generic-proxy shared-memory accesses before later
+// async-proxy accesses (wgmma operand reads, TMA stores from shared memory).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Plain arrival (release semantics at CTA scope).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Arrival that also raises the phase's expected transaction count by
+// `tx_bytes`; the phase completes only once that many bytes were reported by
+// complete_tx (TMA).  Issue it before or after the matching copies: the count
+// may go transiently negative within a phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t tx_bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(tx_bytes)
+               : "memory");
+}
+
+// One probe: true once the phase with parity `parity` has completed.  The
+// hardware may suspend the thread for a bounded time inside the instruction.
+__device__ __forceinline__ bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
+// Block until the phase with parity `parity` has completed (acquire at CTA
+// scope: data written by TMA for that phase is visible afterwards).
+__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
+  while (!mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 2. TMA: bulk tensor copies described by a CUtensorMap
+// ---------------------------------------------------------------------------
+// The tensor map (128 bytes, built on the host by cuTensorMapEncodeTiled) must
+// live in param / const / global memory; pass it as a
+// `const __grid_constant__ TensorMap` kernel parameter and hand its address
+// here.  Coordinates are in elements, innermost (contiguous) dimension first.
+// Out-of-bounds box elements are zero-filled on load (OOB_FILL_NONE) and
+// still count toward the transaction bytes; on store they are skipped.
+// TensorMap itself is declared above the sm_90a guard.
+__device__ __forceinline__ void tma_prefetch_desc(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Load the box at (c0, c1) into shared `dst` (1024-byte aligned for the
+// 128-byte swizzle) and report its bytes to `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, uint64_t* bar,
+                                            int32_t c0, int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// Store the shared box `src` to (c0, c1).  Writers of `src` must have run
+// fence_proxy_async_shared() and synchronised before one thread issues this.
+__device__ __forceinline__ void tma_store_2d(const TensorMap* map, const void* src, int32_t c0,
+                                             int32_t c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Wait until at most N committed store groups are still reading shared memory
+// (after which their source buffers may be overwritten).
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// Wait until at most N committed store groups are incomplete (writes done).
+template <int N>
+__device__ __forceinline__ void tma_store_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// 3. wgmma
+// ---------------------------------------------------------------------------
+// Shared-memory matrix descriptor (64 bits), PTX ISA "Matrix Descriptor Format":
+//   bits  0-13  start address >> 4        (shared-state-space byte address)
+//   bits 16-29  leading-dimension byte offset (LBO) >> 4
+//   bits 32-45  stride-dimension byte offset (SBO) >> 4
+//   bits 49-51  matrix base offset (0: tiles start 1024-byte aligned)
+//   bits 62-63  swizzle: 0 none, 1 128B, 2 64B, 3 32B
+//
+// The 128-byte swizzle (TMA CU_TENSOR_MAP_SWIZZLE_128B) stores a tile as rows
+// of 128 bytes (64 16-bit elements); within each 1024-byte group of 8 rows the
+// 16-byte chunk j of row r sits at chunk j ^ (r % 8).  The hardware applies
+// the XOR on address bits [4:6] ^ [7:9], which is why tiles must start
+// 1024-byte aligned and why stepping the start address by a multiple of 32
+// bytes inside a row selects the next k16 slice without touching LBO/SBO.
+//
+// K-major operand (A: MxK row-major; B: NxK row-major), tile [rows][64] with
+// a 128-byte row per M/N index, 8-row groups 1024 bytes apart:
+//   SBO = 1024 (next 8 rows of M/N), LBO unused (one k16 slice lies inside
+//   the 128-byte row; encoded as 1 by convention).  k16 slice kk starts at
+//   base + 32*kk bytes.
+// MN-major operand (B: KxN row-major), tile = N/64 sub-tiles, each
+// [64 K rows][64 N] with a 128-byte row per K index (one TMA box each):
+//   LBO = byte distance between 64-wide N sub-tiles (64*128 = 8192 for a
+//   64-deep K box), SBO = 1024 (next 8 K rows).  k16 slice kk starts at
+//   base + 16*128*kk = 2048*kk bytes.
+enum class Swizzle : uint32_t { kNone = 0, k128B = 1, k64B = 2, k32B = 3 };
+
+__device__ __forceinline__ uint64_t make_smem_desc(const void* tile, uint32_t lbo_bytes,
+                                                   uint32_t sbo_bytes,
+                                                   Swizzle swizzle = Swizzle::k128B) {
+  const uint64_t addr = smem_addr(tile);
+  return ((addr & 0x3FFFFull) >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) |
+         (static_cast<uint64_t>(swizzle) << 62);
+}
+
+// Descriptor of a K-major, 128B-swizzled operand tile (see above).
+__device__ __forceinline__ uint64_t desc_kmajor_sw128(const void* tile) {
+  return make_smem_desc(tile, 16, 1024);
+}
+
+// Descriptor of an MN-major, 128B-swizzled operand tile whose 64-wide MN
+// sub-tiles lie `mn_stride_bytes` apart (= 128 * K rows per box).
+__device__ __forceinline__ uint64_t desc_mnmajor_sw128(const void* tile,
+                                                       uint32_t mn_stride_bytes) {
+  return make_smem_desc(tile, mn_stride_bytes, 1024);
+}
+
+// Advance a descriptor's start address by `bytes` (multiple of 16).  Safe as
+// long as the start field does not carry out of its 14 bits, i.e. always for
+// shared memory below 256 KiB.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return desc + static_cast<uint64_t>(bytes >> 4);
+}
+
+// Make prior register / shared accesses of the warpgroup visible to the next
+// wgmma (required before the first wgmma and whenever the accumulator
+// registers were touched by ordinary instructions).
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// Wait until at most N committed wgmma groups are pending.  Accumulators
+// (and the shared tiles they read) of the completed groups may be used after.
+template <int N>
+__device__ __forceinline__ void wgmma_wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keep the compiler from moving accumulator reads/writes across wgmma
+// boundaries: ties each register to an empty asm.
+template <int NREG>
+__device__ __forceinline__ void fence_operands(float (&d)[NREG]) {
+#pragma unroll
+  for (int i = 0; i < NREG; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D[64 x N] (+)= A[64 x 16] * B[16 x N] for one warpgroup, both operands in
+// shared memory.  T: half or __nv_bfloat16.  SCALE_A / SCALE_B: 1 or -1
+// (negate an operand).  TRANS_A / TRANS_B: 0 = K-major, 1 = MN-major
+// (transposed).  scale_d: 0 -> D = A*B (accumulator ignored), else D += A*B.
+// d holds N/2 f32 per thread in the layout of acc_coord().
+template <typename T, int N, int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>
+struct WgmmaSS;
+
+template <int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>
+struct WgmmaSS<half, 64, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {
+  __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                             uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+        "}, %32, %33, p, %35, %36, %37, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),
+          "n"(TRANS_B));
+  }
+};
+
+template <int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>
+struct WgmmaSS<__nv_bfloat16, 64, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {
+  __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                             uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+        "}, %32, %33, p, %35, %36, %37, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),
+          "n"(TRANS_B));
+  }
+};
+
+template <int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>
+struct WgmmaSS<half, 128, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {
+  __device__ __forceinline__ static void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                             uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+        "}, %64, %65, p, %67, %68, %69, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),
+          "n"(TRANS_B));
+  }
+};
+
+template <int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>
+struct WgmmaSS<__nv_bfloat16, 128, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {
+  __device__ __forceinline__ static void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                             uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+        "}, %64, %65, p, %67, %68, %69, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),
+          "n"(TRANS_B));
+  }
+};
+
+template <int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>
+struct WgmmaSS<half, 256, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {
+  __device__ __forceinline__ static void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                             uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, %128, %129, p, %131, %132, %133, %134;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+          "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+          "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+          "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+          "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+          "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+          "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),
+          "n"(TRANS_B));
+  }
+};
+
+template <int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>
+struct WgmmaSS<__nv_bfloat16, 256, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {
+  __device__ __forceinline__ static void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                             uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, %128, %129, p, %131, %132, %133, %134;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+          "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+          "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+          "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+          "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+          "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+          "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),
+          "n"(TRANS_B));
+  }
+};
+
+template <typename T, int N, int TRANS_A = 0, int TRANS_B = 0, int SCALE_A = 1, int SCALE_B = 1>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                         uint32_t scale_d) {
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma_ss: N must be 64, 128 or 256");
+  WgmmaSS<T, N, SCALE_A, SCALE_B, TRANS_A, TRANS_B>::run(d, desc_a, desc_b, scale_d);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Register reallocation between warpgroups (warp specialisation)
+// ---------------------------------------------------------------------------
+// Takes effect only when the kernel has a register cap at entry
+// (__launch_bounds__(threads, 1)); every warp of the warpgroup must execute
+// the same one.  REGS: multiple of 8 in [24, 256].
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+
+// ---------------------------------------------------------------------------
+// 5. Epilogue: accumulator fragment -> global memory
+// ---------------------------------------------------------------------------
+// Fragment layout of m64nN f32 accumulators, thread t of the warpgroup
+// (t = threadIdx.x % 128), register i in [0, N/2):
+//   row = 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2)
+//   col = 8 * (i / 4) + 2 * (t % 4) + (i % 2)
+__device__ __forceinline__ void acc_coord(int t, int i, int& row, int& col) {
+  row = 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1);
+  col = 8 * (i >> 2) + 2 * (t & 3) + (i & 1);
+}
+
+namespace detail {
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ half from_f32<half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <typename T>
+struct pair_of;
+template <>
+struct pair_of<half> {
+  using type = half2;
+  __device__ __forceinline__ static half2 make(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <>
+struct pair_of<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  __device__ __forceinline__ static __nv_bfloat162 make(float a, float b) {
+    return __floats2bfloat162_rn(a, b);
+  }
+};
+}  // namespace detail
+
+namespace detail {
+// Reinterpret two packed 16-bit values as one 32-bit word (shuffles move words).
+template <typename P>
+__device__ __forceinline__ uint32_t as_u32(P v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 4 x 4 transpose of 32-bit words across the 4 lanes of a quad (lane % 4 = q):
+// on entry v[c] is the word of column c, on exit v[p] is lane p's former v[q].
+// Two butterfly steps; step b swaps index bit b between lane and slot for the
+// words whose bit b differs, so no register is indexed at run time.
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // bit 0: slots (2k, 2k + 1)
+    const bool odd = q & 1;
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? v[2 * k] : v[2 * k + 1], 1);
+    if (odd) v[2 * k] = got; else v[2 * k + 1] = got;
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // bit 1: slots (k, k + 2)
+    const bool hi = q & 2;
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? v[k] : v[k + 2], 2);
+    if (hi) v[k] = got; else v[k + 2] = got;
+  }
+}
+}  // namespace detail
+
+// Write the warpgroup's 64 x N accumulator tile, converted to T, to
+// C[row0 + r, col0 + c] (row-major, leading dimension ldc, in elements).
+// Elements with row >= m or col >= n are skipped.  All 128 threads must call
+// it (it shuffles within quads).
+//
+// Fast path (C, ldc and col0 16-byte aligned, i.e. multiples of 8 elements):
+// a quad transposes its 4 x 4 words so each lane owns 8 consecutive columns
+// and writes them with one 16-byte store; a warp's store then covers 8 rows
+// x 64 contiguous bytes instead of 8 rows x 16 bytes (4x fewer store
+// instructions, whole 32-byte sectors).  Otherwise, pairs of columns go out
+// as 32-bit stores where 4-byte aligned, else element by element.
+template <typename T, int N>
+__device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, int64_t ldc,
+                                                 int row0, int col0, int m, int n) {
+  using P = detail::pair_of<T>;
+  const int t = threadIdx.x & 127;
+  const int q = t & 3;
+  const int row_base = row0 + 16 * (t >> 5) + ((t & 31) >> 2);
+  const bool vec16 = ((ldc | col0) & 7) == 0 && (reinterpret_cast<uint64_t>(C) & 15) == 0;
+  if (vec16) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int gr = row_base + 8 * half;
+      T* crow = C + static_cast<int64_t>(gr) * ldc;
+#pragma unroll
+      for (int g = 0; g < N / 32; ++g) {  // 4 blocks of 8 columns per group
+        uint32_t v[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = 4 * (4 * g + c) + 2 * half;
+          v[c] = detail::as_u32(P::make(d[i], d[i + 1]));
+        }
+        detail::quad_transpose(v, q);
+        const int gc = col0 + 8 * (4 * g + q);
+        if (gr >= m) continue;
+        if (gc + 8 <= n) {
+          *reinterpret_cast<uint4*>(crow + gc) = make_uint4(v[0], v[1], v[2], v[3]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            if (gc + e < n) {
+              const uint32_t w = v[e >> 1];
+              const unsigned short bits = static_cast<unsigned short>(e & 1 ? w >> 16 : w);
+              crow[gc + e] = *reinterpret_cast<const T*>(&bits);
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+  const bool paired = ((ldc | col0) & 1) == 0 && (reinterpret_cast<uint64_t>(C) & 3) == 0;
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 2) {
+    int r, c;
+    acc_coord(t, i, r, c);
+    const int gr = row0 + r, gc = col0 + c;
+    if (gr >= m) continue;
+    T* p = C + static_cast<int64_t>(gr) * ldc + gc;
+    if (paired && gc + 1 < n) {
+      *reinterpret_cast<typename P::type*>(p) = P::make(d[i], d[i + 1]);
+    } else {
+      if (gc < n) p[0] = detail::from_f32<T>(d[i]);
+      if (gc + 1 < n) p[1] = detail::from_f32<T>(d[i + 1]);
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace tiled
+
+#endif  // TILED_SM90A_ENABLED
+#endif  // TILED_SM90_H_

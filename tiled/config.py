@@ -64,6 +64,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("server", str, lambda: "", "daemon address (unix:///path or host:port); empty: none"),
     Setting("socket", str, lambda: f"/tmp/tiled-{os.getuid()}/tiled.sock",
             "the Unix socket `tiled serve` listens on"),
+    Setting("tls_ca", str, lambda: "",
+            "TLS for a host:port daemon: a PEM file of the CA to trust, or 'system'; empty: "
+            "plaintext (the Unix socket never uses TLS)"),
+    Setting("token_file", str, lambda: "",
+            "file holding the bearer token sent to a host:port daemon (needs TILED_TLS_CA)"),
     Setting("client_timeout_seconds", float, lambda: 600.0,
             "deadline of each call the client makes to the daemon (a compile included)"),
     Setting("client_retries", int, lambda: 5,

@@ -2,8 +2,9 @@
 
 import datetime
 import ipaddress
+import sys
+from pathlib import Path
 
-import elementwise
 import grpc
 import pytest
 from cryptography import x509
@@ -14,6 +15,9 @@ from cryptography.x509.oid import NameOID
 from tests.server.test_daemon import _free_port, request, start_daemon, stop_daemon
 from tiled.v1 import compile_pb2 as cpb
 from tiled.v1 import compile_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import elementwise
 
 
 def self_signed(tmp_path):
@@ -91,3 +95,33 @@ def test_plaintext_to_the_tls_port_fails(tls_daemon):
 def test_unix_socket_needs_no_token(tls_daemon):
     caps = tls_daemon["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60)
     assert caps.local_target == "cpu"
+
+
+def test_thin_clients_use_tls_ca_and_token_file(tls_daemon, tmp_path):
+    import asyncio
+
+    from tiled import config
+    from tiled.client import Client
+    from tiled.client.aio import AsyncClient
+    from tiled.errors import TiledError
+
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(tls_daemon["cert"])
+    address = f"127.0.0.1:{tls_daemon['port']}"
+    with config.override(tls_ca=str(ca), token_file=str(tls_daemon["base"] / "token")):
+        with Client(address, timeout_s=120) as client:
+            k = client.compile(elementwise.add(block=128), "cpu")
+            assert k.resolved_target == "cpu"
+
+        async def via_aio():
+            async with AsyncClient(address, timeout_s=120) as client:
+                return (await client.capabilities()).local_target
+
+        assert asyncio.run(via_aio()) == "cpu"
+    with config.override(tls_ca=str(ca)):  # TLS but no token: refused with a clear error
+        with Client(address, timeout_s=30, retries=0) as client:
+            with pytest.raises(TiledError, match="token"):
+                client.capabilities()
+    with config.override(token_file=str(tls_daemon["base"] / "token")):
+        with pytest.raises(TiledError, match="plaintext"):
+            Client(address)

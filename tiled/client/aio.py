@@ -23,6 +23,7 @@ from tiled.client.client import (
     TableKey,
     as_program,
     backoff_delays,
+    channel_credentials,
     check_artifact,
     compile_request,
     configure,
@@ -51,7 +52,10 @@ class AsyncClient:
     @property
     def stub(self) -> compile_pb2_grpc.CompilerStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            creds = channel_credentials(self.address)
+            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS) \
+                if creds is None else grpc.aio.secure_channel(self.address, creds,
+                                                              CHANNEL_OPTIONS)
             self._stub = compile_pb2_grpc.CompilerStub(self._channel)
         return self._stub
 

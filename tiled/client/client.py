@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -142,6 +143,30 @@ def unavailable(e: BaseException) -> bool:
     return isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def channel_credentials(address: str) -> grpc.ChannelCredentials | None:
+    """Credentials for a host:port daemon from TILED_TLS_CA and TILED_TOKEN_FILE, or None
+    (plaintext; always for unix:// addresses, which the socket's file mode protects). A token
+    is only ever sent over TLS."""
+    if address.startswith("unix:"):
+        return None
+    ca, token_file = config.get("tls_ca"), config.get("token_file")
+    if token_file and not ca:
+        raise TiledError(f"TILED_TOKEN_FILE is set but TILED_TLS_CA is not: the bearer token "
+                         f"would cross the network to {address} in plaintext")
+    if not ca:
+        return None
+    try:
+        roots = None if ca == "system" else Path(ca).read_bytes()
+        token = Path(token_file).read_text().strip() if token_file else None
+    except OSError as e:
+        raise TiledError(f"daemon credentials: {e}") from None
+    creds = grpc.ssl_channel_credentials(root_certificates=roots)
+    if token:
+        creds = grpc.composite_channel_credentials(
+            creds, grpc.access_token_call_credentials(token))
+    return creds
+
+
 def configure(client: Any, address: str | None, timeout_s: float | None, retries: int | None,
               backoff_s: float | None, inline_limit: int) -> None:
     """Sets a client's address, deadline, retry and inline settings: arguments, else config."""
@@ -166,7 +191,9 @@ class Client:
                  retries: int | None = None, backoff_s: float | None = None,
                  inline_limit: int = 0):
         configure(self, address, timeout_s, retries, backoff_s, inline_limit)
-        self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        creds = channel_credentials(self.address)
+        self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS) \
+            if creds is None else grpc.secure_channel(self.address, creds, CHANNEL_OPTIONS)
         self._stub = compile_pb2_grpc.CompilerStub(self._channel)
         self._table: dict[TableKey, RemoteKernel] = {}
         self._lock = threading.Lock()

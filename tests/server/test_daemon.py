@@ -236,17 +236,24 @@ def test_thin_client_and_tiled_compile_through_the_daemon(daemon):
 
 # -- failures of one compile: crash, timeout, cancellation -----------------------------------
 
-def worker_pids(daemon) -> list[int]:
-    """The daemon's compile workers: its child processes (spawned by multiprocessing)."""
-    ppid, pids = daemon["proc"].pid, []
+def _children(pid: int) -> list[int]:
+    out = []
     for stat_file in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat_file.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == ppid:
-            pids.append(int(stat_file.parent.name))
-    return pids
+        if int(fields[1]) == pid:
+            out.append(int(stat_file.parent.name))
+    return out
+
+
+def worker_pids(daemon) -> list[int]:
+    """The daemon's compile workers: the children of its multiprocessing fork server."""
+    servers = [p for p in _children(daemon["proc"].pid)
+               if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert servers, "the daemon has no fork server"
+    return [w for server in servers for w in _children(server)]
 
 
 def wait_until(predicate, timeout=60.0, what="condition"):
@@ -335,3 +342,4 @@ def test_bytes_that_do_not_decode_are_invalid_argument(daemon):
         compile_raw(b"\x0a\x05\x0a\x03abc\xff", timeout=30)  # a truncated nested message
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "tiled.v1.CompileRequest" in e.value.details()
+

@@ -8,6 +8,7 @@ published atomically, so it is consistent at any instant.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -109,7 +110,7 @@ def build_server(opts: ServeOptions):
     metrics = Metrics()
     pool = CompilePool(workers=opts.workers, timeout_s=opts.compile_timeout_s,
                        memory_bytes=opts.memory_bytes, queue_limit=opts.queue_limit,
-                       on_event=metrics.pool_event)
+                       on_event=metrics.pool_event, preload=("tiled.server.preload",))
     cache = open_default_cache(events=metrics.cache_events())
     service = CompilerService(cache, pool, metrics, max_request_bytes=opts.max_request_bytes,
                               compile_timeout_s=opts.compile_timeout_s)
@@ -144,6 +145,7 @@ def serve(opts: ServeOptions) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: stacks to stderr
     servers, service, pool, _metrics, http = build_server(opts)
     for server in servers:
         server.start()

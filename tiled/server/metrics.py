@@ -17,6 +17,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from importlib import metadata
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -117,13 +118,13 @@ class _CacheEvents:
         self._m = m
 
     def lookup(self, tier: str, result: str) -> None:
-        self._m._safe(self._m.cache_lookups.labels(_label(tier), _label(result)).inc)
+        self._m._safe(self._m.child(self._m.cache_lookups, tier, result).inc)
 
     def bytes_written(self, tier: str, n: int) -> None:
-        self._m._safe(self._m.cache_bytes_written.labels(_label(tier)).inc, n)
+        self._m._safe(self._m.child(self._m.cache_bytes_written, tier).inc, n)
 
     def bytes_read(self, tier: str, n: int) -> None:
-        self._m._safe(self._m.cache_bytes_read.labels(_label(tier)).inc, n)
+        self._m._safe(self._m.child(self._m.cache_bytes_read, tier).inc, n)
 
     def evicted(self, tier: str, entries: int, nbytes: int) -> None:
         self._m._safe(self._m.cache_evictions.labels(_label(tier)).inc, entries)
@@ -141,6 +142,7 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._children: dict[tuple, Any] = {}  # (metric id, *labels) -> labelled child
         self.compile_duration = Histogram(
             "tiled_compile_duration_seconds",
             "compile time per stage",
@@ -207,9 +209,17 @@ class Metrics:
         unknown = set(stages) - set(STAGES)
         if unknown:
             raise ValueError(f"compile stages {sorted(unknown)} are not among {STAGES}")
-        backend, arch = _label(backend), _label(arch)
         for stage, seconds in stages.items():
-            self.compile_duration.labels(backend, arch, stage, result).observe(seconds)
+            self.child(self.compile_duration, backend, arch, stage, result).observe(seconds)
+
+    def child(self, metric, *labels: object):
+        """`metric.labels(*labels)` with each label passed through `_label`, memoized:
+        prometheus_client's `labels()` costs microseconds, and a cache hit makes several."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*(_label(v) for v in labels))
+        return child
 
     def observe_load(self, backend: str, seconds: float) -> None:
         self.artifact_load.labels(_label(backend)).observe(seconds)

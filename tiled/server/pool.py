@@ -5,9 +5,11 @@ Invariants:
 - One dispatcher thread owns every worker process and pipe: it alone starts, feeds, kills and
   replaces workers. `submit`, `cancel` and `shutdown` only touch the queue and counters under
   `_lock` and wake the dispatcher through a self-pipe.
-- A worker runs one job at a time. Workers are started with "spawn" (forking a process that holds
-  gRPC threads is unsafe), preload `tiled.compiler` once, and limit their address space to
-  `memory_bytes` (RLIMIT_AS) when given.
+- A worker runs one job at a time. Workers never fork from the caller (forking a process that
+  holds gRPC threads is unsafe): with `preload` modules they fork from multiprocessing's fork
+  server, a clean single-threaded process that imported those modules once (so a replacement
+  worker is ready in milliseconds and siblings share the compiler's pages); without, they are
+  spawned. Each limits its address space to `memory_bytes` (RLIMIT_AS) when given.
 - `fn` is "module:function" with the module inside the `tiled` package; the daemon executes
   nothing else a request names. The check is lexical: nothing is imported in the daemon.
 - Single-flight: while a job is queued or running, `_by_key[key]` is that job, and a submit with
@@ -46,7 +48,6 @@ from tiled.errors import CompileError, CompileTimeout, QueueFull, WorkerCrashed
 
 log = logging.getLogger(__name__)
 _FN = re.compile(r"tiled(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
-_SPAWN = multiprocessing.get_context("spawn")
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, memory_bytes: int | None) -> None:
@@ -98,11 +99,17 @@ class CompilePool:
 
     def __init__(self, workers: int | None = None, timeout_s: float = 600.0,
                  memory_bytes: int | None = None, queue_limit: int = 256,
-                 on_event: Callable[[str, dict], None] | None = None):
+                 on_event: Callable[[str, dict], None] | None = None,
+                 preload: tuple[str, ...] = ()):
         self.workers = self._size = max(1, workers or len(os.sched_getaffinity(0)))
         self.queue_limit = self._queue_limit = queue_limit
         self._timeout_s, self._memory_bytes = timeout_s, memory_bytes
         self._on_event = on_event
+        if preload:  # the fork server is per process: the first pool's preload list wins
+            self._ctx = multiprocessing.get_context("forkserver")
+            self._ctx.set_forkserver_preload(list(preload))
+        else:
+            self._ctx = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
         self._queue: collections.deque[_Job] = collections.deque()
         self._by_key: dict[str, _Job] = {}
@@ -245,10 +252,16 @@ class CompilePool:
         self._emit("started", key=job.key)
 
     def _collect(self, i: int, w: _Worker) -> None:
-        """A worker's pipe is readable or its process ended: take its answer."""
+        """A worker's pipe is readable or its process ended: take its answer. A sentinel that
+        fires with nothing to read means the process is gone, or (forked workers) its fork
+        server is: the worker is treated as crashed, killed and replaced, never waited on."""
         try:
+            if not w.conn.poll():
+                raise EOFError
             kind, value = w.conn.recv()
         except (EOFError, OSError):
+            if w.process.is_alive():  # orphaned by a dead fork server: not ours to keep
+                w.process.kill()
             w.process.join(5)
             code = w.process.exitcode
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
@@ -308,8 +321,8 @@ class CompilePool:
             self._emit("dequeued", key=job.key)
 
     def _start_worker(self) -> _Worker:
-        parent, child = _SPAWN.Pipe()
-        process = _SPAWN.Process(target=_worker_main, args=(child, self._memory_bytes),
+        parent, child = self._ctx.Pipe()
+        process = self._ctx.Process(target=_worker_main, args=(child, self._memory_bytes),
                                  name="tiled-compile-worker", daemon=True)
         process.start()
         child.close()

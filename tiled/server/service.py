@@ -8,7 +8,9 @@ stored once its compile finishes.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import hashlib
 import json
 import logging
 import threading
@@ -17,6 +19,7 @@ import time
 import grpc
 
 import tiled
+from tiled import config
 from tiled.cache.entry import Entry, sha256_hex
 from tiled.compiler.cached import compile_key
 from tiled.compiler.registry import get_backend, parse_target
@@ -30,6 +33,8 @@ from tiled.v1 import compile_pb2_grpc
 
 log = logging.getLogger("tiled.server")
 DEFAULT_INLINE = 1 << 20
+KEY_MEMO_ENTRIES = 100_000  # requests remembered as verified and keyed (~200 bytes each)
+RESPONSE_MEMO_BYTES = 64 << 20  # serialized hit responses remembered by request bytes
 MAX_CHUNK = 3 << 20
 
 
@@ -82,6 +87,11 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         self.max_request_bytes = max_request_bytes
         self.compile_timeout_s = compile_timeout_s
         self._artifacts: dict[str, str] = {}  # artifact sha256 -> action key that names it
+        # (sha256 of program bytes, target, options, namespace) -> (action key, target)
+        self._keys: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
+        # sha256 of a Compile request's bytes -> (action key, target, its hit response's bytes)
+        self._responses: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
+        self._response_bytes = 0
         self._inflight: dict[str, _Flight] = {}  # key -> the compile of it now running
         self._lock = threading.Lock()
         self._hits = self._merged = 0  # requests answered from the cache / by another's compile
@@ -102,6 +112,32 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             raise ValueError("options_json must be a JSON object")
         return options
 
+    def _admit(self, request: cpb.CompileRequest):
+        """(action key, target, program, options) of a request: the program is decoded and
+        verified, the target resolved and the options parsed, then keyed. A request seen before
+        (same program bytes, target text, options text and namespace) is answered from a memo
+        instead, with program and options None: a verified program stays verified, and this
+        process's toolchain digest does not change while it runs (tiled.compiler.toolchain
+        .digest memoizes it per process too). So a cache hit costs a hash, not a verify."""
+        memo_key = (hashlib.sha256(request.program.SerializeToString(deterministic=True))
+                    .digest(), request.target, request.options_json,
+                    config.get("cache_namespace"))
+        with self._lock:
+            known = self._keys.get(memo_key)
+            if known is not None:
+                self._keys.move_to_end(memo_key)
+                return known[0], known[1], None, None
+        program = Program(request.program)
+        verify(program)
+        target = self._target(request.target)
+        options = self._options(request.options_json)
+        key = compile_key(program, target, options)
+        with self._lock:
+            self._keys[memo_key] = (key, target)
+            if len(self._keys) > KEY_MEMO_ENTRIES:
+                self._keys.popitem(last=False)
+        return key, target, program, options
+
     def _observe(self, target, stages: dict, result: str) -> None:
         if self.metrics is not None:
             self.metrics.observe_compile(target.backend, target.arch, stages, result)
@@ -111,18 +147,15 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         """One Compile, raising tiled errors (the caller maps them to statuses). `waiter`, when
         given, lets `abandon` withdraw this request from a compile it waits for."""
         t0 = time.perf_counter()
-        program = Program(request.program)
-        verify(program)
-        target = self._target(request.target)
-        options = self._options(request.options_json)
-        key = compile_key(program, target, options)
-        t_verify = time.perf_counter() - t0
+        key, target, program, options = self._admit(request)
         entry = self.cache.get(key)
         hit = entry is not None
-        stages: dict[str, float] = {"verify": t_verify}
+        stages: dict[str, float] = {"verify": time.perf_counter() - t0}
         if entry is None:
             if request.cache_only:
                 raise KeyError(f"action {key} is not cached")
+            if program is None:  # admitted before (memo), evicted since: decode it again
+                program, options = Program(request.program), self._options(request.options_json)
             entry, hit = self._compile_once(key, program, target, options, time_left, stages, t0,
                                             waiter or _Waiter())
         manifest_json = entry.manifest.decode()
@@ -210,7 +243,8 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             self._observe(target, {"total": time.perf_counter() - t0}, "error")
             raise
         header, artifact = decode(result)
-        stages.update(header.get("stages", {}))
+        for stage, seconds in header.get("stages", {}).items():  # the worker verifies again
+            stages[stage] = stages.get(stage, 0.0) + seconds
         entry = Entry(key, header["manifest"].encode(), {sha256_hex(artifact): artifact})
         t_store = time.perf_counter()
         try:
@@ -221,6 +255,51 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         return entry
 
     # -- RPCs -------------------------------------------------------------------------------
+    def compile_rpc(self, request: _RawCompile, context) -> bytes:
+        """The Compile RPC on the request's bytes (see `add_to_server`). A request whose exact
+        bytes were answered before, and whose entry the cache still holds, gets the response
+        remembered then: no decode, verify, key or serialization, which is most of a hit's
+        cost. Anything else goes through `Compile`."""
+        t0 = time.perf_counter()
+        digest = hashlib.sha256(request.data).digest()
+        with self._lock:
+            known = self._responses.get(digest)
+            if known is not None:
+                self._responses.move_to_end(digest)
+        if known is not None:
+            key, target, body = known
+            if self.cache.contains(key):  # evicted or cleared since: answer the long way
+                seconds = time.perf_counter() - t0
+                with self._lock:
+                    self._hits += 1
+                self.cache.events.lookup("response", "hit")
+                self._observe(target, {"verify": seconds, "total": seconds}, "hit")
+                return body  # as remembered: no stage_seconds (nothing was staged)
+            self._forget_response(digest)
+        if isinstance(request.message, _Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message.message)
+        response = self.Compile(request.message, context)
+        hit = cpb.CompileResponse()
+        hit.CopyFrom(response)
+        hit.cache_hit = True
+        hit.ClearField("stage_seconds")
+        body = hit.SerializeToString(deterministic=True)
+        with self._lock:
+            if digest not in self._responses and len(body) <= RESPONSE_MEMO_BYTES // 16:
+                self._responses[digest] = (response.action_key, self._target(
+                    response.resolved_target), body)
+                self._response_bytes += len(body)
+                while self._response_bytes > RESPONSE_MEMO_BYTES:
+                    _, (_, _, old) = self._responses.popitem(last=False)
+                    self._response_bytes -= len(old)
+        return response.SerializeToString()
+
+    def _forget_response(self, digest: bytes) -> None:
+        with self._lock:
+            known = self._responses.pop(digest, None)
+            if known is not None:
+                self._response_bytes -= len(known[2])
+
     def Compile(self, request, context):
         waiter = _Waiter()
         context.add_callback(lambda: self.abandon(waiter))  # runs when the RPC ends, any way
@@ -306,6 +385,22 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             workers_replaced_total=int(stats.get("replaced_total", 0)), cache_tiers=tiers)
 
 
+class _RawCompile:
+    """A Compile request as it arrived: its bytes (the hit fast path keys on them), decoded
+    only when needed (`message`: a CompileRequest, or _Undecodable)."""
+
+    __slots__ = ("_message", "data")
+
+    def __init__(self, data: bytes, message=None):
+        self.data, self._message = data, message
+
+    @property
+    def message(self):
+        if self._message is None:
+            self._message = _parse_compile_request(self.data)
+        return self._message
+
+
 class _Undecodable:
     """What a request that is not valid protobuf deserializes to, so that the service (not
     gRPC's INTERNAL "Exception deserializing request!") answers INVALID_ARGUMENT."""
@@ -343,8 +438,12 @@ def add_to_server(service: CompilerService, server: grpc.Server) -> None:
     """Registers `service` for every method of tiled.v1.Compiler (read from the proto's
     descriptor), with requests decoded by the service so that bad bytes are INVALID_ARGUMENT."""
     desc = cpb.DESCRIPTOR.services_by_name["Compiler"]
-    handlers = {}
+    handlers = {"Compile": grpc.unary_unary_rpc_method_handler(
+        service.compile_rpc, request_deserializer=_RawCompile,
+        response_serializer=lambda data: data)}  # compile_rpc returns the response's bytes
     for m in desc.methods:
+        if m.name in handlers:
+            continue
         make = grpc.unary_stream_rpc_method_handler if m.server_streaming else \
             grpc.unary_unary_rpc_method_handler
         handlers[m.name] = make(
@@ -354,3 +453,6 @@ def add_to_server(service: CompilerService, server: grpc.Server) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name,
                                                                           handlers),))
     server.add_registered_method_handlers(desc.full_name, handlers)
+
+
+_parse_compile_request = _lenient(cpb.CompileRequest)

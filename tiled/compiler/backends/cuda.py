@@ -3,7 +3,8 @@
 Targets `cuda:sm_80` and `cuda:sm_90a`. Tensor-core gemm and async copies are calls into
 cuda_include/tiled_cuda.h, which is prepended to TVM's source. The sm_90a warp-specialized
 TMA / wgmma path slots in here as another lowering of the same tile ops (cuda_lower.py picks
-per op); today sm_90a uses the sm_80 instruction set, which Hopper runs.
+per op); today sm_90a uses the sm_80 instruction set, which Hopper runs. TVM is imported when
+a kernel is compiled, not with this module: parsing a target or computing a key never loads it.
 """
 
 from __future__ import annotations
@@ -11,9 +12,6 @@ from __future__ import annotations
 import re
 import time
 
-import tvm
-
-from tiled.compiler.backends.cuda_lower import lower_cuda
 from tiled.compiler.registry import Artifact, Backend, Target, register
 from tiled.compiler.toolchain.nvcc import compile_cubin
 from tiled.errors import CompileError
@@ -28,6 +26,7 @@ _SIGNATURE = re.compile(
 def _tiled_pipeline():
     """TVM's tirx lowering without its barrier insertion and shared-memory merging: tiled owns
     the shared pool and places every barrier itself."""
+    import tvm
     from tvm import tirx
     from tvm.backend.cuda import transforms as cuda_transforms
     from tvm.tirx.compilation_pipeline import finalize_device_passes, finalize_host_passes
@@ -112,6 +111,10 @@ class CudaBackend(Backend):
         return arch
 
     def generate_source(self, program: Program, arch: str) -> tuple[str, int]:
+        import tvm  # here, not at import: describing the target must not load TVM
+
+        from tiled.compiler.backends.cuda_lower import lower_cuda
+
         mod, low = lower_cuda(program)
         if low.pool_bytes > MAX_SMEM[arch]:
             raise CompileError(

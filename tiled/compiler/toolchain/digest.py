@@ -68,15 +68,16 @@ def source_tree_digest(root: Path | None = None) -> str:
 
 
 def tvm_libraries() -> list[Path]:
-    """The shared libraries `tvm` loaded (libtvm_runtime, libtvm_compiler, ...); when it does
-    not say, every lib*.so* in its package's lib/ folder."""
-    import tvm
+    """Every lib*.so* in the installed `tvm` package's lib/ folder (what `import tvm` loads),
+    found without importing tvm: a process that only computes keys (the daemon's front end)
+    never maps TVM's 250 MB."""
+    import importlib.util
 
-    loaded = getattr(getattr(tvm, "base", None), "_LOADED_LIBS", None) or {}
-    paths = [Path(lib._name) for lib in loaded.values() if getattr(lib, "_name", None)]
-    if not paths:
-        paths = sorted((Path(tvm.__file__).parent / "lib").glob("lib*.so*"))
-    return sorted({p.resolve() for p in paths})
+    spec = importlib.util.find_spec("tvm")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    return sorted({p.resolve() for p in lib.glob("lib*.so*")})
 
 
 def _memo_file() -> Path:
@@ -220,13 +221,11 @@ def _memoized(target: Any, cuda_compiler: str | None,
     key = _memo_key(target, cuda_compiler, compiler_root)
     hit = _memo.get(key)
     if hit is None:
-        import tvm
-
         import tiled
 
         backend, compiler, root = key[:3]
         record = {"tiled": tiled.__version__, "sources": source_tree_digest(root),
-                  "tvm": tvm.__version__, "tvm_ffi": _dist_version("apache-tvm-ffi"),
+                  "tvm": _dist_version("apache-tvm"), "tvm_ffi": _dist_version("apache-tvm-ffi"),
                   "tvm_libraries": library_digests(tvm_libraries()), "backend": backend,
                   **_backend_record(backend, compiler, root)}
         text = json.dumps(record, sort_keys=True, separators=(",", ":"))
@@ -238,7 +237,7 @@ def toolchain_record(target: Any, cuda_compiler: str | None = None,
                      compiler_root: Path | None = None) -> dict[str, Any]:
     """The toolchain record for `target` ("cpu", "cuda:sm_90a" or a Target):
 
-        {"tiled": __version__, "sources": <source_tree_digest>, "tvm": tvm.__version__,
+        {"tiled": __version__, "sources": <source_tree_digest>, "tvm": <apache-tvm version>,
          "tvm_ffi": <apache-tvm-ffi version>, "tvm_libraries": {name: sha256},
          "backend": <name>, <backend fields>}
 

@@ -1,0 +1,87 @@
+"""CompilerService in-process (no gRPC server): the hit fast path and its invalidation."""
+
+import concurrent.futures
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiled.cache.disk import DiskTier
+from tiled.cache.memory import MemoryTier
+from tiled.cache.tiered import TieredCache
+from tiled.server.service import CompilerService, _RawCompile
+from tiled.server.worker import compile_job
+from tiled.v1 import compile_pb2 as cpb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import elementwise
+
+
+class InlinePool:
+    """Runs compile jobs in this process; counts them."""
+
+    workers, queue_limit = 1, 8
+
+    def __init__(self):
+        self.jobs = 0
+
+    def submit(self, key, fn, payload, timeout_s=None):
+        self.jobs += 1
+        future = concurrent.futures.Future()
+        future.set_result(compile_job(payload))
+        return future
+
+    def stats(self):
+        return {"workers": 1}
+
+
+class Context:
+    def time_remaining(self):
+        return 60.0
+
+    def add_callback(self, fn):
+        return True
+
+    def abort(self, code, message):
+        raise AssertionError(f"aborted: {code} {message}")
+
+
+@pytest.fixture
+def service(tmp_path):
+    cache = TieredCache([MemoryTier(64 << 20), DiskTier(tmp_path / "cache")])
+    return CompilerService(cache, InlinePool(), local_target="cpu")
+
+
+def rpc(service, request):
+    data = request.SerializeToString()
+    return cpb.CompileResponse.FromString(
+        service.compile_rpc(_RawCompile(data, cpb.CompileRequest.FromString(data)), Context()))
+
+
+def test_repeat_is_answered_from_the_response_memo(service):
+    req = cpb.CompileRequest(program=elementwise.add(block=64).ir.proto, target="cpu")
+    first, second, third = (rpc(service, req) for _ in range(3))
+    assert service.pool.jobs == 1
+    assert not first.cache_hit and second.cache_hit and third.cache_hit
+    for r in (second, third):
+        assert (r.action_key, r.artifact, r.manifest_json) == \
+            (first.action_key, first.artifact, first.manifest_json)
+    assert not third.stage_seconds  # answered from the memo: nothing staged
+    assert service.Capabilities(cpb.CapabilitiesRequest(), Context()).cache_hits_total == 2
+
+
+def test_memo_is_not_used_once_the_entry_is_gone(service):
+    req = cpb.CompileRequest(program=elementwise.add(block=96).ir.proto, target="cpu")
+    first = rpc(service, req)
+    assert rpc(service, req).cache_hit
+    assert service.cache.delete(first.action_key)
+    again = rpc(service, req)
+    assert not again.cache_hit and service.pool.jobs == 2
+    assert again.action_key == first.action_key
+
+
+def test_other_request_bytes_miss_the_memo(service):
+    program = elementwise.add(block=128).ir.proto
+    rpc(service, cpb.CompileRequest(program=program, target="cpu"))
+    r = rpc(service, cpb.CompileRequest(program=program, target="cpu", inline_limit=1))
+    assert r.cache_hit and r.artifact == b"" and r.artifact_size > 1  # not the inlined answer

@@ -1,0 +1,23 @@
+"""Imported once by the compile pool's fork server (`CompilePool(preload=...)`): loads the
+compiler backends, and with them TVM, before any worker is forked. Every worker then starts with
+the compiler ready (no second of imports on its first compile, or after a replacement) and
+shares those pages with its siblings until it writes to them.
+
+A backend that cannot load here (no LLVM, no CUDA toolchain) is skipped: the worker that needs
+it loads it on first use and reports the real error there, with the request that needed it."""
+
+from __future__ import annotations
+
+
+def _load() -> None:
+    import importlib
+
+    for module in ("tvm", "tiled.compiler.backends.cpu_lower",
+                   "tiled.compiler.backends.cuda_lower"):
+        try:
+            importlib.import_module(module)
+        except Exception:  # reported by the compile that needs this backend
+            pass
+
+
+_load()

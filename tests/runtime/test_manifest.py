@@ -103,7 +103,8 @@ def test_direct_construction_is_validated():
      r"kernel_args\[0\]: dim 'Q' is not a dim of any tensor parameter"),
     ({"kernel_args": [{"kind": "dim", "name": "M", "dtype": "float32"}]},
      r"kernel_args\[0\].dtype: expected int32 or int64"),
-    ({"kernel_args": [{"kind": "pointer", "param": 0}]}, r"kernel_args\[0\].kind: expected"),
+    ({"kernel_args": [{"kind": "pointer", "param": 0}]},
+     r"kernel_args\[0\].kind: expected one of 'tensor', 'scalar', 'dim', 'tensor_map'"),
 ])
 def test_validation_names_the_field(change, message):
     with pytest.raises(ManifestError, match=message):
@@ -166,3 +167,66 @@ def test_eval_expr(expr, value):
 def test_eval_expr_rejects(expr, message):
     with pytest.raises(LaunchError, match=message):
         eval_expr(expr, {"M": 5})
+
+
+# --- tensor_map: a TMA descriptor of a 2-D tensor param --------------------------------------
+
+
+def tma(param=0, box=(64, 128), swizzle=128, **extra) -> dict:
+    return {"kind": "tensor_map", "param": param, "box": list(box), "swizzle": swizzle, **extra}
+
+
+def test_tensor_map_round_trip():
+    d = gemm_dict(kernel_args=[tma(0), tma(1, box=(8, 256), swizzle=0),
+                               {"kind": "tensor", "param": 2}, tma(2, box=(32, 1), swizzle=128)])
+    m = Manifest.from_dict(d)
+    assert m.to_dict() == d
+    assert Manifest.from_json(m.to_json()) == m
+    assert pickle.loads(pickle.dumps(m)) == m
+    assert m.kernel_args[0] == KernelArg("tensor_map", param=0, box=(64, 128), swizzle=128)
+    assert m.kernel_args[0].to_dict() == tma(0)
+    built = Manifest(**{**{k: v for k, v in d.items() if k != "manifest_version"},
+                        "kernel_args": [KernelArg("tensor_map", param=0, box=[64, 128],
+                                                  swizzle=128)]})
+    assert built.kernel_args[0].box == (64, 128)  # normalized to a tuple: hashable
+    hash(built)
+
+
+@pytest.mark.parametrize("arg, message", [
+    (tma(box=(0, 64)), r"kernel_args\[0\].box\[0\]: expected an int in 1..256 \(TMA box limit\)"),
+    (tma(box=(64, 257)), r"kernel_args\[0\].box\[1\]: expected an int in 1..256 .*, got 257"),
+    (tma(box=(64, True)), r"kernel_args\[0\].box\[1\]: expected an int in 1..256 .*, got True"),
+    (tma(box=(64,)), r"kernel_args\[0\].box: expected \[inner, outer\] \(2 ints\)"),
+    ({**tma(), "box": 64}, r"kernel_args\[0\].box: expected \[inner, outer\]"),
+    (tma(swizzle=16), r"kernel_args\[0\].swizzle: expected one of 0, 32, 64, 128 \(bytes\), "
+                      r"got 16"),
+    (tma(swizzle="128B"), r"kernel_args\[0\].swizzle: expected one of"),
+    (tma(param="A"), r"kernel_args\[0\].param: expected an int, got 'A'"),
+    (tma(param=7), r"kernel_args\[0\]: param index 7 out of range \(0..3\)"),
+    (tma(param=3), r"kernel_args\[0\].param: a tensor_map needs a tensor, but params\[3\] "
+                   r"\(alpha\) is a scalar"),
+    ({k: v for k, v in tma().items() if k != "swizzle"},
+     r"kernel_args\[0\]: a tensor_map entry has exactly the fields kind, param, box, swizzle"),
+    (tma(name="M"), r"kernel_args\[0\]: a tensor_map entry has exactly the fields"),
+    # A is float16: 65 elements are 130 bytes, 128 elements 256 bytes
+    (tma(box=(65, 64), swizzle=0), r"kernel_args\[0\].box\[0\]: 65 float16 elements are 130 "
+                                   r"bytes; TMA needs the box's inner extent to be a multiple of "
+                                   r"16 bytes \(a multiple of 8 elements\)"),
+    (tma(box=(128, 64), swizzle=128), r"kernel_args\[0\].box\[0\]: 128 float16 elements are "
+                                      r"256 bytes, more than the 128-byte swizzle span; use "
+                                      r"box\[0\] <= 64 or a wider swizzle"),
+    (tma(2, box=(16, 64), swizzle=32), r"box\[0\]: 16 float32 elements are 64 bytes, more than "
+                                       r"the 32-byte swizzle span; use box\[0\] <= 8"),
+])
+def test_tensor_map_validation_names_the_field(arg, message):
+    with pytest.raises(ManifestError, match=message):
+        Manifest.from_dict(gemm_dict(kernel_args=[arg]))
+
+
+def test_tensor_map_needs_a_2d_tensor():
+    params = [{"name": "X", "kind": "tensor", "dtype": "float16", "shape": ["B", "M", 64]}]
+    with pytest.raises(ManifestError, match=r"kernel_args\[0\].param: a tensor_map needs a 2-D "
+                                            r"tensor, but params\[0\] \(X\) has shape "
+                                            r"\['B', 'M', 64\] \(3-D\)"):
+        Manifest.from_dict(gemm_dict(params=params, kernel_args=[tma(0)], grid=[1, 1, 1]))
+    assert issubclass(ManifestError, LaunchError)

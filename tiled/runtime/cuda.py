@@ -7,6 +7,9 @@ use). When another context is current on the calling thread, the right one is pu
 call and popped after, so the caller's current device never changes.
 
 Thread-safety: calls may run concurrently; module loading is serialised per kernel.
+
+TMA descriptors (kernel_args of kind "tensor_map") are encoded on the host at launch by
+cuTensorMapEncodeTiled, once per (argument, pointer, shape, strides): see LaunchPlan.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import ctypes
 import struct
 import sys
 import threading
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tiled.errors import LaunchError
+from tiled.ir import dtypes
 from tiled.runtime import Kernel
 from tiled.runtime.args import BoundArgs, FastBinder, TensorView, bind_fast
-from tiled.runtime.manifest import Manifest, compile_expr
+from tiled.runtime.manifest import KernelArg, Manifest, Param, compile_expr
 
 DEFAULT_SMEM_LIMIT = 48 * 1024  # beyond this a kernel must opt in (cuFuncSetAttribute)
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -38,6 +43,65 @@ _SCALAR_CTYPES = {
 _DIM_CTYPES = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32,
                "uint64": ctypes.c_uint64}
 
+TENSOR_MAP_BYTES = 128  # sizeof(CUtensorMap); the kernel parameter is 64-byte aligned
+TENSOR_MAP_CACHE_SIZE = 64  # encoded descriptors kept per LaunchPlan (LRU)
+# TMA copies bits: integer, bool and float8 types travel as the unsigned type of their width
+# (as CUTLASS does); the signed / float names only matter for OOB NaN fill, which is not used.
+TMA_DATA_TYPES = {
+    "float16": "FLOAT16", "bfloat16": "BFLOAT16", "float32": "FLOAT32", "float64": "FLOAT64",
+    "int32": "INT32", "uint32": "UINT32", "int64": "INT64", "uint64": "UINT64",
+    "int16": "UINT16", "uint16": "UINT16", "int8": "UINT8", "uint8": "UINT8", "bool": "UINT8",
+    "float8_e4m3": "UINT8", "float8_e5m2": "UINT8",
+}
+TMA_SWIZZLE_NAMES = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
+
+
+class TensorMapStorage(ctypes.Structure):
+    """A CUtensorMap by value: 128 opaque bytes. cuLaunchKernel copies the bytes its
+    kernelParams pointer points at into the (64-byte aligned) parameter slot, so the host copy
+    needs no alignment; LaunchPlan still puts it on a 64-byte boundary."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * (TENSOR_MAP_BYTES // 8))]
+
+
+@dataclass(frozen=True)
+class TensorMapRequest:
+    """One cuTensorMapEncodeTiled call for a 2-D tensor (R, C), innermost dim first. Interleave
+    none, element strides [1, 1], L2 promotion 256B and zero out-of-bounds fill are implied."""
+
+    dtype: str  # manifest dtype of the elements (see TMA_DATA_TYPES)
+    address: int  # globalAddress, 16-byte aligned
+    dims: tuple[int, int]  # globalDim: (C, R) elements
+    strides: tuple[int]  # globalStrides: (row stride in bytes,), a multiple of 16
+    box: tuple[int, int]  # boxDim: (inner, outer) elements
+    swizzle: int  # bytes: 0 | 32 | 64 | 128
+
+
+TensorMapEncoder = Callable[[TensorMapRequest], bytes]
+
+
+def tensor_map_encode_args(cu, request: TensorMapRequest) -> tuple:
+    """The cuTensorMapEncodeTiled arguments for `request`, built with the driver module `cu`
+    (cuda.bindings.driver). Pure: builds the enums and cuuint wrappers, calls nothing."""
+    u64, u32 = cu.cuuint64_t, cu.cuuint32_t
+    return (
+        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{TMA_DATA_TYPES[request.dtype]}"),
+        2, request.address,
+        [u64(d) for d in request.dims], [u64(s) for s in request.strides],
+        [u32(b) for b in request.box], [u32(1), u32(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(cu.CUtensorMapSwizzle,
+                f"CU_TENSOR_MAP_SWIZZLE_{TMA_SWIZZLE_NAMES[request.swizzle]}"),
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+
+
+def encode_tensor_map(request: TensorMapRequest) -> bytes:
+    """The 128 descriptor bytes for `request`, from the driver (loaded on first use). The
+    default encoder of a LaunchPlan. Raises LaunchError when the driver refuses."""
+    return (_driver or driver()).encode_tensor_map(request)
+
 
 def _bf16_bits(x: float) -> int:
     """float -> bfloat16 bits, rounding to nearest even (NaN stays NaN)."""
@@ -49,10 +113,21 @@ def _bf16_bits(x: float) -> int:
 
 class LaunchPlan:
     """A manifest's launch, compiled once per kernel: grid / block functions of the dims and
-    a kernel parameter buffer layout. `geometry` and `pack` are pure (no driver)."""
+    a kernel parameter buffer layout. `geometry` is pure; so is `pack`, except that a
+    "tensor_map" argument calls `encode_tensor_map` (a TensorMapRequest -> 128 bytes; default:
+    the driver's cuTensorMapEncodeTiled, reached only when such an argument exists).
 
-    def __init__(self, manifest: Manifest):
+    Thread-safe: each thread packs into its own buffer; encoded descriptors are shared through
+    an LRU of TENSOR_MAP_CACHE_SIZE entries per plan, keyed by (argument, data pointer, shape,
+    strides) and guarded by a lock. Two threads that miss on one key both encode it (same
+    bytes). A buffer freed and reallocated at the same address with the same shape reuses the
+    entry, which is right: the descriptor depends on nothing else."""
+
+    def __init__(self, manifest: Manifest, encode_tensor_map: TensorMapEncoder | None = None):
         self.manifest = m = manifest
+        self._encode = encode_tensor_map
+        self._tensor_maps: OrderedDict[tuple, bytes] = OrderedDict()
+        self._tensor_maps_lock = threading.Lock()
         self._grid = [compile_expr(e) for e in m.grid]
         self._block = [compile_expr(e) for e in m.block]
         self._static_block = None
@@ -62,6 +137,9 @@ class LaunchPlan:
         for i, ka in enumerate(m.kernel_args):
             if ka.kind == "tensor":
                 ctype, source = ctypes.c_uint64, ("tensor", ka.param, None, None)
+            elif ka.kind == "tensor_map":
+                ctype = TensorMapStorage
+                source = ("tensor_map", ka.param, m.params[ka.param], ka)  # type: ignore[index]
             elif ka.kind == "scalar":
                 p = m.params[ka.param]  # type: ignore[index]
                 if p.dtype in ("float16", "bfloat16"):
@@ -80,6 +158,9 @@ class LaunchPlan:
                 source = ("dim", ka.name, (lo, hi), i)
             fields.append((f"a{i}", ctype))
             self._sources.append((f"a{i}", *source))
+        # Descriptors first: at multiples of 128 bytes from a 64-byte aligned base (the order of
+        # the storage is free; kernelParams points at each field).
+        fields.sort(key=lambda f: f[1] is not TensorMapStorage)
         self._buffer_type = type("KernelParams", (ctypes.Structure,), {"_fields_": fields})
         self._local = threading.local()
 
@@ -122,7 +203,9 @@ class LaunchPlan:
         local = self._local
         buf = getattr(local, "buf", None)
         if buf is None:
-            buf = local.buf = self._buffer_type()
+            size = ctypes.sizeof(self._buffer_type)
+            raw = (ctypes.c_char * (size + 63))()  # the view below keeps it alive
+            buf = local.buf = self._buffer_type.from_buffer(raw, -ctypes.addressof(raw) % 64)
             base = ctypes.addressof(buf)
             n = len(self._sources)
             local.array = (ctypes.c_void_p * max(1, n))(
@@ -131,6 +214,10 @@ class LaunchPlan:
         for i, (field, kind, key, extra, _) in enumerate(self._sources):
             if kind == "tensor":
                 value = values[key].ptr  # type: ignore[union-attr]
+            elif kind == "tensor_map":
+                desc = self._tensor_map(i, extra, values[key])  # type: ignore[arg-type]
+                ctypes.memmove(local.array[i], desc, TENSOR_MAP_BYTES)
+                continue
             elif kind == "scalar":
                 value = values[key]
                 if extra == "float16":
@@ -146,6 +233,69 @@ class LaunchPlan:
             setattr(buf, field, value)
         return local.array
 
+    def _tensor_map(self, i: int, p: Param, view: TensorView) -> bytes:
+        """The descriptor bytes of kernel_args[i] for `view`: cached, else checked and encoded."""
+        key = (i, view.ptr, tuple(view.shape), view.strides)
+        cache, lock = self._tensor_maps, self._tensor_maps_lock
+        with lock:
+            desc = cache.get(key)
+            if desc is not None:
+                cache.move_to_end(key)
+                return desc
+        request = self._tensor_map_request(i, p, view)
+        what = f"{self.manifest.name}: {p.name} (kernel_args[{i}], tensor_map)"
+        encode = self._encode or encode_tensor_map
+        try:
+            desc = bytes(encode(request))
+        except LaunchError as e:
+            raise LaunchError(f"{what}: encoding the TMA descriptor failed for {request}: "
+                              f"{e}") from None
+        if len(desc) != TENSOR_MAP_BYTES:
+            raise LaunchError(f"{what}: the encoder returned {len(desc)} bytes, not "
+                              f"{TENSOR_MAP_BYTES}")
+        with lock:
+            cache[key] = desc
+            if len(cache) > TENSOR_MAP_CACHE_SIZE:
+                cache.popitem(last=False)
+        return desc
+
+    def _tensor_map_request(self, i: int, p: Param, view: TensorView) -> TensorMapRequest:
+        """Checks the TMA rules that depend on the tensor (the manifest checked the box)."""
+        ka: KernelArg = self.manifest.kernel_args[i]
+        what = f"{self.manifest.name}: {p.name} (kernel_args[{i}], tensor_map)"
+        size = dtypes.nbytes(p.dtype)
+        rows, cols = view.shape
+        row_stride, col_stride = view.strides if view.strides is not None else (cols, 1)
+        if not (1 <= rows <= 2**32 and 1 <= cols <= 2**32):
+            raise LaunchError(f"{what}: shape ({rows}, {cols}); TMA needs every dim in "
+                              f"1..2^32")
+        if col_stride != 1 and cols != 1:
+            raise LaunchError(f"{what}: the last dim is not contiguous (strides "
+                              f"{view.strides}); TMA needs unit stride along the last dim")
+        if rows == 1:  # one row: its stride is never stepped, any legal value describes it
+            row_stride = -(-cols * size // 16) * 16 // size
+        if row_stride < cols:
+            raise LaunchError(f"{what}: row stride {row_stride} is shorter than a row "
+                              f"({cols} elements); rows must not overlap")
+        row_bytes = row_stride * size
+        if row_bytes % 16:
+            dim = p.shape[1] if p.shape else None  # type: ignore[index]
+            rows_are = (f"{dim}={cols} {p.dtype} rows are" if isinstance(dim, str) else
+                        f"{cols}-element {p.dtype} rows are")
+            if row_stride != cols:
+                rows_are = f"rows {row_stride} {p.dtype} elements apart are"
+            raise LaunchError(f"{what}: {rows_are} {row_bytes} bytes; TMA needs row strides "
+                              f"that are multiples of 16 bytes: pad the row length to a "
+                              f"multiple of {max(1, 16 // size)}")
+        if row_bytes >= 2**40:
+            raise LaunchError(f"{what}: row stride {row_bytes} bytes; TMA needs less than 2^40")
+        if view.ptr % 16:
+            raise LaunchError(f"{what}: data pointer {view.ptr:#x} is not 16-byte aligned; TMA "
+                              f"needs a 16-byte aligned base (a view that starts mid-row or at "
+                              f"an offset moves the pointer)")
+        return TensorMapRequest(p.dtype, view.ptr, (cols, rows), (row_bytes,),
+                                ka.box, ka.swizzle)  # type: ignore[arg-type]
+
 
 def launch_geometry(manifest: Manifest, dims: dict[str, int]
                     ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -153,9 +303,10 @@ def launch_geometry(manifest: Manifest, dims: dict[str, int]
     return LaunchPlan(manifest).geometry(dims)
 
 
-def pack_kernel_params(manifest: Manifest, bound: BoundArgs) -> ctypes.Array:
+def pack_kernel_params(manifest: Manifest, bound: BoundArgs,
+                       encode_tensor_map: TensorMapEncoder | None = None) -> ctypes.Array:
     """A `void**` kernelParams array for `bound` that owns its storage; see LaunchPlan.pack."""
-    plan = LaunchPlan(manifest)
+    plan = LaunchPlan(manifest, encode_tensor_map)
     array = plan.pack(bound)
     array._owner = plan  # the values live in the plan's buffer
     return array
@@ -209,7 +360,10 @@ class _Driver:
                 raise LaunchError("the CUDA runtime needs the cuda-bindings package "
                                   "(pip install cuda-bindings)") from None
         self.cu = cu
-        self.call("cuInit", 0)
+        try:
+            self.call("cuInit", 0)
+        except RuntimeError as e:  # cuda-bindings 13 loads libcuda here and raises if it is absent
+            raise LaunchError(f"cuInit failed: no usable CUDA driver ({e})") from None
 
     def call(self, name: str, *args):
         result = getattr(self.cu, name)(*args)
@@ -254,6 +408,13 @@ class _Driver:
         attr = self.cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
         return int(self.call("cuPointerGetAttribute", attr, ptr))
 
+    def encode_tensor_map(self, request: TensorMapRequest) -> bytes:
+        """The CUtensorMap for `request` as its 128 bytes (cuda-bindings' CUtensorMap is
+        64-byte aligned storage; getPtr() is its address)."""
+        tensor_map = self.call("cuTensorMapEncodeTiled",
+                               *tensor_map_encode_args(self.cu, request))
+        return ctypes.string_at(tensor_map.getPtr(), TENSOR_MAP_BYTES)
+
 
 _driver: _Driver | None = None
 _driver_lock = threading.Lock()
@@ -295,7 +456,6 @@ class CUDAKernel(Kernel):
         grid, block = self._plan.geometry(bound.dims)
         if 0 in grid:
             return
-        params = self._plan.pack(bound)
         drv = _driver or driver()
         device = bound.device_index if bound.device_index is not None else \
             self._device(drv, bound)
@@ -308,6 +468,8 @@ class CUDAKernel(Kernel):
             handle = current_stream(bound, device)
         pushed = drv.make_current(loaded.ctx)
         try:
+            # packed in the kernel's context: encoding a tensor_map is a driver call
+            params = self._plan.pack(bound)
             self._launch(drv, loaded, grid, block, handle, ctypes.addressof(params))
         finally:
             if pushed:

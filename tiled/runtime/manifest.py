@@ -8,13 +8,27 @@ JSON; a client launches a kernel from the manifest and the artifact bytes alone.
                  "align": 16},
                 {"name": "alpha", "kind": "scalar", "dtype": "float32"}],
      "kernel_args": [{"kind": "tensor", "param": 0}, {"kind": "scalar", "param": 1},
-                     {"kind": "dim", "name": "M", "dtype": "int32"}],
+                     {"kind": "dim", "name": "M", "dtype": "int32"},
+                     {"kind": "tensor_map", "param": 0, "box": [64, 128], "swizzle": 128}],
      "grid": [["ceildiv", "M", 128], 1, 1], "block": [128, 1, 1],
      "dynamic_smem_bytes": 49152, "cluster": [1, 1, 1]}
 
 Shape entries are ints (static) or dim names (symbolic, bound by the arguments). Grid and block
 entries are expressions: an int, a dim name, or `[op, a, b]` with op one of `OPS`.
-`kernel_args` (cuda only) lists the kernel's C parameters in order.
+`kernel_args` (cuda only) lists the kernel's C parameters in order, one of four kinds:
+
+    tensor      {"kind": "tensor", "param": i}            the tensor's device pointer (8 bytes)
+    scalar      {"kind": "scalar", "param": i}            the scalar's value, in its dtype
+    dim         {"kind": "dim", "name": n, "dtype": t}    a symbolic dim; int32|int64|uint32|uint64
+    tensor_map  {"kind": "tensor_map", "param": i,        a CUtensorMap (TMA descriptor, 128
+                 "box": [inner, outer], "swizzle": b}     bytes) passed by value to a
+                                                          `const __grid_constant__ CUtensorMap`
+
+A tensor_map's param is a 2-D tensor (R, C) with a contiguous last dim; the runtime encodes the
+descriptor at launch (cuTensorMapEncodeTiled: globalDim [C, R], globalStrides [row bytes],
+boxDim `box` in elements with `inner` along the contiguous dim, swizzle `b` in {0, 32, 64, 128}
+bytes, out-of-bounds elements read as zeros). Checked here: box entries in 1..256, box[0] times
+the element size a multiple of 16 bytes and, when swizzled, at most `b` bytes.
 
 Validation happens on construction; every problem raises ManifestError naming the field.
 """
@@ -31,6 +45,9 @@ from tiled.errors import LaunchError
 from tiled.ir import dtypes
 
 MANIFEST_VERSION = 1
+KERNEL_ARG_KINDS = ("tensor", "scalar", "dim", "tensor_map")
+TMA_SWIZZLES = (0, 32, 64, 128)  # tensor_map swizzle spans in bytes; 0: none
+TMA_MAX_BOX = 256  # elements per box dim (cuTensorMapEncodeTiled)
 DTYPES = tuple(dtypes.NAME_TO_ENUM)
 OPS = ("add", "sub", "mul", "floordiv", "floormod", "ceildiv", "min", "max")
 # backend -> the artifact format its loader takes; other backends are accepted by the manifest
@@ -207,17 +224,22 @@ class Param:
 
 @dataclass(frozen=True)
 class KernelArg:
-    """One C parameter of a CUDA kernel: a param's device pointer, a param's scalar value, or
-    the value of a symbolic dim."""
+    """One C parameter of a CUDA kernel: a param's device pointer, a param's scalar value, the
+    value of a symbolic dim, or a TMA descriptor of a 2-D tensor param (see the module doc)."""
 
-    kind: str  # "tensor" | "scalar" | "dim"
-    param: int | None = None  # tensor / scalar: index into params
+    kind: str  # "tensor" | "scalar" | "dim" | "tensor_map"
+    param: int | None = None  # tensor / scalar / tensor_map: index into params
     name: str | None = None  # dim: the dim's name
     dtype: str | None = None  # dim: int32 | int64
+    box: tuple[int, int] | None = None  # tensor_map: (inner, outer) elements
+    swizzle: int | None = None  # tensor_map: bytes, one of TMA_SWIZZLES
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "dim":
             return {"kind": "dim", "name": self.name, "dtype": self.dtype}
+        if self.kind == "tensor_map":
+            return {"kind": "tensor_map", "param": self.param, "box": list(self.box or ()),
+                    "swizzle": self.swizzle}
         return {"kind": self.kind, "param": self.param}
 
     @classmethod
@@ -235,7 +257,47 @@ class KernelArg:
             if set(d) != {"kind", "param"} or not _is_int(d["param"]):
                 raise _fail(where, f"a {kind} entry has exactly the fields kind, param (an int)")
             return cls(kind, param=d["param"])
-        raise _fail(f"{where}.kind", f"expected 'tensor', 'scalar' or 'dim', got {kind!r}")
+        if kind == "tensor_map":
+            if set(d) != {"kind", "param", "box", "swizzle"}:
+                raise _fail(where, "a tensor_map entry has exactly the fields kind, param, box, "
+                            f"swizzle; got {sorted(d)}")
+            if not _is_int(d["param"]):
+                raise _fail(f"{where}.param", f"expected an int, got {d['param']!r}")
+            box = d["box"]
+            if not isinstance(box, list | tuple) or len(box) != 2:
+                raise _fail(f"{where}.box", f"expected [inner, outer] (2 ints), got {box!r}")
+            for j, b in enumerate(box):
+                if not (_is_int(b) and 1 <= b <= TMA_MAX_BOX):
+                    raise _fail(f"{where}.box[{j}]", f"expected an int in 1..{TMA_MAX_BOX} "
+                                f"(TMA box limit), got {b!r}")
+            if not _is_int(d["swizzle"]) or d["swizzle"] not in TMA_SWIZZLES:
+                raise _fail(f"{where}.swizzle", f"expected one of "
+                            f"{', '.join(map(str, TMA_SWIZZLES))} (bytes), got {d['swizzle']!r}")
+            return cls("tensor_map", param=d["param"], box=(box[0], box[1]),
+                       swizzle=d["swizzle"])
+        raise _fail(f"{where}.kind", f"expected one of {', '.join(map(repr, KERNEL_ARG_KINDS))}, "
+                    f"got {kind!r}")
+
+
+def _check_tensor_map(ka: KernelArg, p: Param, k: int, where: str) -> None:
+    """The TMA rules a manifest alone decides: a 2-D tensor and a box its dtype can encode."""
+    if p.kind != "tensor":
+        raise _fail(f"{where}.param", f"a tensor_map needs a tensor, but params[{k}] ({p.name}) "
+                    f"is a {p.kind}")
+    shape = list(p.shape or ())
+    if len(shape) != 2:
+        raise _fail(f"{where}.param", f"a tensor_map needs a 2-D tensor, but params[{k}] "
+                    f"({p.name}) has shape {shape} ({len(shape)}-D)")
+    size = dtypes.nbytes(p.dtype)
+    inner, swizzle = (ka.box or (0, 0))[0], ka.swizzle or 0
+    if inner * size % 16:
+        raise _fail(f"{where}.box[0]", f"{inner} {p.dtype} elements are {inner * size} bytes; "
+                    f"TMA needs the box's inner extent to be a multiple of 16 bytes "
+                    f"(a multiple of {max(1, 16 // size)} elements)")
+    if swizzle and inner * size > swizzle:
+        raise _fail(f"{where}.box[0]", f"{inner} {p.dtype} elements are {inner * size} bytes, "
+                    f"more than the {swizzle}-byte swizzle span; use box[0] <= "
+                    f"{swizzle // size} or a wider swizzle")
 
 
 _REQUIRED = ("manifest_version", "name", "program_digest", "target", "backend", "arch",
@@ -326,6 +388,8 @@ class Manifest:
             elif not 0 <= ka.param < len(self.params):  # type: ignore[operator]
                 raise _fail(where, f"param index {ka.param} out of range "
                             f"(0..{len(self.params) - 1})")
+            elif ka.kind == "tensor_map":
+                _check_tensor_map(ka, self.params[ka.param], ka.param, where)  # type: ignore[index]
             elif self.params[ka.param].kind != ka.kind:  # type: ignore[index]
                 p = self.params[ka.param]  # type: ignore[index]
                 raise _fail(where, f"kind {ka.kind!r} but params[{ka.param}] ({p.name}) is a "

@@ -20,7 +20,8 @@ from tiled.ir.program import Program
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a")
 MAX_SMEM = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024}
 _SIGNATURE = re.compile(
-    r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')
+    r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(([^)]*)\)')
+_TMAP_PARAM = re.compile(r"void\* __restrict__ (tiled_tmap_\w+)")
 
 
 def _tiled_pipeline():
@@ -62,8 +63,23 @@ def _register_pipeline() -> None:
     PIPELINE_MAP.setdefault("tiled_cuda", _tiled_pipeline)
 
 
-def kernel_args(source: str, program: Program) -> tuple[str, list[dict]]:
-    """The kernel symbol and its C parameter list, mapped onto the program's parameters."""
+def with_tensor_maps(source: str, threads: int) -> str:
+    """The sm90 path's kernel source: each `tiled_tmap_*` handle parameter becomes a TMA
+    descriptor passed by value (`const __grid_constant__`), which the body uses through a
+    pointer of the same name; the launch bounds say one block per SM, which setmaxnreg needs."""
+    source = source.replace(f"__launch_bounds__({threads})", f"__launch_bounds__({threads}, 1)")
+    names = sorted(set(_TMAP_PARAM.findall(source)))
+    source = _TMAP_PARAM.sub(r"const __grid_constant__ tiled::sm90::TensorMap \1_desc", source)
+    body = next(m.end() + 2 for m in _SIGNATURE.finditer(source)
+                if source.startswith(" {", m.end()))  # the definition's opening brace
+    pointers = "".join(f"\n  const void* {n} = &{n}_desc;" for n in names)
+    return source[:body] + pointers + source[body:]
+
+
+def kernel_args(source: str, program: Program,
+                tensor_maps: dict[str, dict] | None = None) -> tuple[str, list[dict]]:
+    """The kernel symbol and its C parameter list, mapped onto the program's parameters (and
+    the TMA descriptors of the sm90 path, `tensor_maps`: parameter name -> recipe)."""
     m = _SIGNATURE.search(source)
     if not m:
         raise CompileError("generated CUDA source has no kernel signature")
@@ -80,7 +96,9 @@ def kernel_args(source: str, program: Program) -> tuple[str, list[dict]]:
     for decl in params:
         name = decl.split()[-1]
         ctype = " ".join(decl.split()[:-1])
-        if name in by_ptr:
+        if name.endswith("_desc") and name[:-5] in (tensor_maps or {}):
+            out.append(dict(tensor_maps[name[:-5]]))  # type: ignore[index]
+        elif name in by_ptr:
             out.append({"kind": "tensor", "param": by_ptr[name]})
         elif name in by_scalar:
             out.append({"kind": "scalar", "param": by_scalar[name]})
@@ -110,12 +128,13 @@ class CudaBackend(Backend):
                                     f"{', '.join(ARCHS)}")
         return arch
 
-    def generate_source(self, program: Program, arch: str) -> tuple[str, int]:
+    def generate_source(self, program: Program, arch: str, warp_specialize: bool = True):
+        """(CUDA source, dynamic shared memory bytes, the lowering)."""
         import tvm  # here, not at import: describing the target must not load TVM
 
         from tiled.compiler.backends.cuda_lower import lower_cuda
 
-        mod, low = lower_cuda(program)
+        mod, low = lower_cuda(program, arch, warp_specialize)
         if low.pool_bytes > MAX_SMEM[arch]:
             raise CompileError(
                 f"kernel needs {low.pool_bytes / 1024:.0f} KiB of shared memory (pipeline stages "
@@ -125,17 +144,21 @@ class CudaBackend(Backend):
         target = tvm.target.Target({"kind": "cuda", "arch": arch})
         ex = tvm.compile(mod, target=target, tir_pipeline="tiled_cuda")
         src = ex.mod.imports[0].inspect_source()
-        return '#include "tiled_cuda.h"\n' + src, low.pool_bytes
+        if low.ws is None:
+            return '#include "tiled_cuda.h"\n' + src, low.pool_bytes, low
+        src = with_tensor_maps(src, low.launch_threads)
+        return '#include "tiled_cuda.h"\n#include "tiled_sm90.h"\n' + src, low.pool_bytes, low
 
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         t0 = time.perf_counter()
-        source, smem = self.generate_source(program, target.arch)
+        source, smem, low = self.generate_source(program, target.arch,
+                                                 options.get("warp_specialize", True))
         t1 = time.perf_counter()
         cubin = compile_cubin(source, target.arch, options.get("cuda_compiler"))
         t2 = time.perf_counter()
-        symbol, args = kernel_args(source, program)
+        symbol, args = kernel_args(source, program, low.tensor_maps)
         return Artifact(data=cubin, symbol=symbol, kernel_args=args, dynamic_smem_bytes=smem,
-                        block=(program.proto.kernel.threads, 1, 1), source=source,
+                        block=(low.launch_threads, 1, 1), source=source,
                         stages={"lower": t1 - t0, "toolchain": t2 - t1})
 
 

@@ -143,7 +143,7 @@ def walk(s: pb.Stmt):
             yield from walk(s.if_then_else.else_body)
 
 
-def _exprs(s: pb.Stmt):
+def stmt_exprs(s: pb.Stmt):
     """Expressions directly in statement `s` (not in nested statements)."""
     kind = s.WhichOneof("kind")
     node = getattr(s, kind)
@@ -162,24 +162,24 @@ def _exprs(s: pb.Stmt):
         yield node.value
 
 
-def _subexprs(e: pb.Expr):
+def subexprs(e: pb.Expr):
     yield e
     kind = e.WhichOneof("kind")
     if kind == "binary":
-        yield from _subexprs(e.binary.a)
-        yield from _subexprs(e.binary.b)
+        yield from subexprs(e.binary.a)
+        yield from subexprs(e.binary.b)
     elif kind == "call":
         for a in e.call.args:
-            yield from _subexprs(a)
+            yield from subexprs(a)
     elif kind == "cast":
-        yield from _subexprs(e.cast.value)
+        yield from subexprs(e.cast.value)
     elif kind == "select":
-        yield from _subexprs(e.select.cond)
-        yield from _subexprs(e.select.true_value)
-        yield from _subexprs(e.select.false_value)
+        yield from subexprs(e.select.cond)
+        yield from subexprs(e.select.true_value)
+        yield from subexprs(e.select.false_value)
     elif kind == "load":
         for i in e.load.indices:
-            yield from _subexprs(i)
+            yield from subexprs(i)
 
 
 def parallel_nest(s: pb.Stmt) -> tuple[list[pb.For], pb.Stmt]:
@@ -198,8 +198,8 @@ def element_accesses(body: pb.Stmt):
         if kind in ("store", "atomic_add"):
             node = getattr(st, kind)
             yield node.buffer, list(node.indices)
-        for e in _exprs(st):
-            for sub in _subexprs(e):
+        for e in stmt_exprs(st):
+            for sub in subexprs(e):
                 if sub.WhichOneof("kind") == "load":
                     yield sub.load.buffer, list(sub.load.indices)
 
@@ -253,8 +253,8 @@ def infer_layouts(program: pb.Program) -> dict[int, object]:
                     replicated.add(bid)
             nests.append(ident)
             return
-        for e in _exprs(st):
-            for sub in _subexprs(e):
+        for e in stmt_exprs(st):
+            for sub in subexprs(e):
                 if sub.WhichOneof("kind") == "load" and sub.load.buffer in frags:
                     replicated.add(sub.load.buffer)
         if kind in ("store", "atomic_add") and getattr(st, kind).buffer in frags:

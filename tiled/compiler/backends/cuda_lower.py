@@ -36,6 +36,12 @@ from tiled.compiler.backends.cuda_plan import (
     unravel_dyn,
     walk,
 )
+from tiled.compiler.backends.cuda_sm90 import (
+    CONSUMER_REGS,
+    PRODUCER_REGS,
+    PRODUCER_THREADS,
+    find_ws_gemm,
+)
 from tiled.compiler.tir import ExprLowering, declare_params, global_extent, loc_of, tvm_dtype
 from tiled.errors import CompileError
 from tiled.ir import dtypes
@@ -52,17 +58,29 @@ UNROLL_LIMIT = 256
 
 
 class CudaLowering(ExprLowering):
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True):
         super().__init__(program)
         p = self.program
-        self.threads = p.kernel.threads
+        self.threads = p.kernel.threads  # the program's threads (consumers on the sm90 path)
         self.layouts = infer_layouts(p)
+        self.ws = find_ws_gemm(p, self.layouts) if arch == "sm_90a" and warp_specialize \
+            else None
+        self.launch_threads = self.threads
+        self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe
+        if self.ws is not None:
+            mma = self.layouts[self.ws.c]
+            for bid, lay in self.layouts.items():  # fragments that followed the accumulator
+                if lay == mma:
+                    self.layouts[bid] = self.ws.layout
+            self.launch_threads = self.threads + PRODUCER_THREADS
+            self.ws_offset = 0
         self.tir: dict[int, tirx.Buffer] = {}
         self.shared: dict[int, SharedTile] = {}
         self.stage: dict[int, tirx.PrimExpr] = {}  # shared bid -> current stage index
         self.frag_bind: dict[int, tirx.PrimExpr] = {}  # fragment bid -> local slot in a nest
         self.nest_vars: list[int] = []
-        self.sync = SyncTracker()
+        self.sync = SyncTracker(None if self.ws is None else
+                                f"tiled::sm90::consumer_sync<{self.threads}>")
         self.tx = None
         self.pool = None
         self.pool_bytes = 0
@@ -99,7 +117,8 @@ class CudaLowering(ExprLowering):
             kind = st.WhichOneof("kind")
             if kind == "gemm" and isinstance(self.layouts.get(st.gemm.c), MmaLayout):
                 gemm_operands |= {st.gemm.a, st.gemm.b}
-            if kind == "for_" and st.for_.kind == pb.PIPELINED and st.for_.num_stages >= 2:
+            if kind == "for_" and st.for_.kind == pb.PIPELINED and st.for_.num_stages >= 2 \
+                    and not (self.ws and st.for_.var == self.ws.loop_var):
                 body = st.for_.body
                 stmts = list(body.seq.stmts) if body.WhichOneof("kind") == "seq" else [body]
                 producers = []
@@ -115,8 +134,9 @@ class CudaLowering(ExprLowering):
             for bid in producers:
                 stages[bid] = max(stages.get(bid, 1), s_count)
         offset = 0
+        ring_tiles = {self.ws.a, self.ws.b} if self.ws else set()
         for b in p.buffers:
-            if b.scope != pb.SHARED:
+            if b.scope != pb.SHARED or b.id in ring_tiles:
                 continue
             shape = [d.size for d in b.shape]
             cols = shape[-1]
@@ -127,6 +147,8 @@ class CudaLowering(ExprLowering):
                               dtypes.canonical_name(b.dtype))
             self.shared[b.id] = tile
             offset = align_up(offset + tile.nbytes)
+        if self.ws is not None:
+            self.ws_offset, offset = offset, align_up(offset + self.ws.ring_bytes)
         self.scratch_offset = offset
         scratch = 0
         for st in walk(p.kernel.body):
@@ -217,6 +239,8 @@ class CudaLowering(ExprLowering):
                 self.sync.suspended -= 1
         if f.var in self.pipelines:
             return self.lower_pipeline(f, s)
+        if self.ws is not None and f.var == self.ws.loop_var:
+            return self.lower_ws_consumer(f)
         extent = self.expr(f.extent)
         kind = T.unroll if f.kind == pb.UNROLL and isinstance(extent, tirx.IntImm) else T.serial
         reads, writes = self.effects(f.body)
@@ -352,6 +376,8 @@ class CudaLowering(ExprLowering):
     def stmt_copy(self, c, s):
         self.uniform_stmt(s)
         src_b, dst_b = self.buffers[c.src.buffer], self.buffers[c.dst.buffer]
+        if self.ws is not None and c.src.buffer == self.ws.c and self.store_ws_tile(c):
+            return
         vec = self.copy_vector(c)
         if vec:
             self.issue_async_copy(c, vec)
@@ -528,6 +554,52 @@ class CudaLowering(ExprLowering):
                 T.buffer_store(tmp, _COMBINE[r.kind](tmp[0], tirx.Cast(acc_dt, v)), [0])
             T.buffer_store(dst, tmp[0], [o])
 
+    # -- sm_90a warp-specialized GEMM (cuda_sm90.py) --------------------------------------
+    def ring(self):
+        return T.address_of(self.pool[self.ws_offset])
+
+    def ws_template(self) -> str:
+        return self.ws.template(CTYPE[self.ws.dtype])
+
+    def lower_ws_consumer(self, f: pb.For) -> None:
+        n = self.expr(f.extent)
+        acc = T.address_of(self.tir[self.ws.c][0])
+        with T.serial(0, n) as k:
+            T.evaluate(T.call_extern("void", f"{self.ws_template()}::consume", self.ring(), k,
+                                     acc))
+        T.evaluate(T.call_extern("void", f"{self.ws_template()}::consume_end", self.ring(), n))
+
+    def lower_ws_producer(self, tmap_a, tmap_b) -> None:
+        """The producer warpgroup's part: its first thread feeds the ring."""
+        ws = self.ws
+        loop = next(st.for_ for st in walk(self.program.kernel.body)
+                    if st.WhichOneof("kind") == "for_" and st.for_.var == ws.loop_var)
+        n = self.expr(loop.extent)
+        with T.If(self.tx == self.threads), T.Then():
+            with T.serial(0, n) as k:
+                self.vars[ws.loop_var] = k
+                a = [self.expr(o) for o in ws.copy_a.src.offsets]
+                b = [self.expr(o) for o in ws.copy_b.src.offsets]
+                T.evaluate(T.call_extern("void", f"{self.ws_template()}::produce", self.ring(), k,
+                                         tmap_a, tmap_b, a[1], a[0], b[1], b[0]))
+
+    def store_ws_tile(self, c: pb.Copy) -> bool:
+        """The whole accumulator to a 16-bit global tile with 16-byte stores
+        (WsGemm::store); False when the copy is not that (it is then lowered generically)."""
+        dst = self.buffers[c.dst.buffer]
+        dt = dtypes.canonical_name(dst.dtype)
+        if dst.scope != pb.GLOBAL or len(dst.shape) != 2 or dt not in ("float16", "bfloat16") \
+                or list(c.dst.extents) != [self.ws.BM, self.ws.BN] or \
+                any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
+            return False
+        row0, col0 = (self.expr(o) for o in c.dst.offsets)
+        m, n = global_extent(self, dst, 0), global_extent(self, dst, 1)
+        base = T.address_of(self.tir[dst.id][0, 0])
+        T.evaluate(T.call_extern("void", f"{self.ws_template()}::store<{CTYPE[dt]}>",
+                                 T.address_of(self.tir[self.ws.c][0]), base,
+                                 tirx.Cast("int64", n), row0, col0, m, n))
+        return True
+
     # -- T.Pipelined ----------------------------------------------------------------------
     def lower_pipeline(self, f: pb.For, s: pb.Stmt) -> None:
         stages, producers = self.pipelines[f.var]
@@ -566,12 +638,14 @@ class CudaLowering(ExprLowering):
         self.sync.pending_read = self.sync.pending_write = False
 
 
-def lower_cuda(program: Program) -> tuple[object, CudaLowering]:
-    """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size."""
+def lower_cuda(program: Program, arch: str = "sm_80",
+               warp_specialize: bool = True) -> tuple[object, CudaLowering]:
+    """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
+    launch's thread count and the TMA descriptors the kernel takes (sm_90a path)."""
     import tvm
 
     p = program.proto
-    low = CudaLowering(program)
+    low = CudaLowering(program, arch, warp_specialize)
     low.plan()
     with IRBuilder() as ib:
         with T.prim_func():
@@ -579,6 +653,18 @@ def lower_cuda(program: Program) -> tuple[object, CudaLowering]:
             T.func_attr({"tirx.noalias": True, "global_symbol": p.name})
             for bid, buf in declare_params(program, low).items():
                 low.tir[bid] = buf
+            tmaps = []
+            if low.ws is not None:
+                ws = low.ws
+                param_of = {prm.buffer: i for i, prm in enumerate(p.params)
+                            if prm.WhichOneof("kind") == "buffer"}
+                b_box = [64, ws.BN] if ws.b_kmajor else [64, 64]
+                for name, cp, box in (("tiled_tmap_a", ws.copy_a, [64, ws.BM]),
+                                      ("tiled_tmap_b", ws.copy_b, b_box)):
+                    tmaps.append(T.arg(name, T.handle()))
+                    low.tensor_maps[name] = {"kind": "tensor_map",
+                                             "param": param_of[cp.src.buffer], "box": box,
+                                             "swizzle": 128}
             grid = [low.expr(g) for g in p.kernel.grid]
             frames = contextlib.ExitStack()
             with frames:
@@ -586,12 +672,16 @@ def lower_cuda(program: Program) -> tuple[object, CudaLowering]:
                     bv = T.env_thread(("blockIdx.x", "blockIdx.y", "blockIdx.z")[i])
                     frames.enter_context(T.launch_thread(bv, g))
                     low.vars[vid] = bv
+                if low.ws is not None and len(grid) == 2:
+                    grouped_raster(low, list(p.kernel.block_vars))
                 tx = T.env_thread("threadIdx.x")
-                frames.enter_context(T.launch_thread(tx, low.threads))
+                frames.enter_context(T.launch_thread(tx, low.launch_threads))
                 low.tx = tx
                 if low.pool_bytes:
                     low.pool = T.alloc_buffer((low.pool_bytes,), "uint8", scope="shared.dyn")
                 for b in p.buffers:
+                    if b.scope == pb.SHARED and b.id not in low.shared:
+                        continue  # a ring tile of the sm90 path: only TMA and wgmma see it
                     if b.scope == pb.SHARED:
                         tile = low.shared[b.id]
                         low.tir[b.id] = T.decl_buffer(
@@ -604,5 +694,39 @@ def lower_cuda(program: Program) -> tuple[object, CudaLowering]:
                     elif b.scope == pb.LOCAL:
                         low.tir[b.id] = T.alloc_buffer([d.size for d in b.shape],
                                                        tvm_dtype(b.dtype), scope="local")
-                low.stmt(p.kernel.body)
+                if low.ws is None:
+                    low.stmt(p.kernel.body)
+                else:
+                    lower_ws_kernel(low, tmaps)
     return tvm.IRModule({p.name: ib.get()}), low
+
+
+def grouped_raster(low: CudaLowering, block_vars: list[int], group: int = 8) -> None:
+    """Renumbers a 2-D grid's blocks so that consecutive blocks walk `group` rows of y before
+    moving along x: blocks running together then share their A rows and B columns in L2. A
+    bijection of the grid, so it changes no result (blocks are independent)."""
+    # The grid's extents as the kernel sees them (gridDim): an expression of the dims here
+    # would become an extra kernel parameter computed by TVM's host code.
+    gx, gy = (T.call_extern("int32", f"tiled::sm90::grid_dim_{a}") for a in "xy")
+    bx, by = (low.vars[v] for v in block_vars)
+    linear = by * gx + bx
+    per_group = group * gx
+    first = tirx.floordiv(linear, per_group) * group
+    rows = tirx.min(gy - first, group)
+    low.vars[block_vars[1]] = first + tirx.floormod(tirx.floormod(linear, per_group), rows)
+    low.vars[block_vars[0]] = tirx.floordiv(tirx.floormod(linear, per_group), rows)
+
+
+def lower_ws_kernel(low: CudaLowering, tmaps: list) -> None:
+    """The warp-specialized kernel: barriers initialized, then the program's threads run its
+    body (consumers) while the extra warpgroup feeds the ring (producer)."""
+    with T.If(low.tx == 0), T.Then():
+        T.evaluate(T.call_extern("void", f"{low.ws_template()}::init", low.ring()))
+    T.evaluate(T.tvm_storage_sync("shared"))
+    with T.If(low.tx < low.threads):
+        with T.Then():
+            T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_inc<{CONSUMER_REGS}>"))
+            low.stmt(low.program.kernel.body)
+        with T.Else():
+            T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_dec<{PRODUCER_REGS}>"))
+            low.lower_ws_producer(*tmaps)

@@ -63,9 +63,10 @@ class SyncTracker:
     a per-thread condition), where a barrier would deadlock; the nest's accesses are accounted
     for once, before it starts."""
 
-    def __init__(self):
+    def __init__(self, barrier: str | None = None):
         self.pending_read = self.pending_write = False
         self.suspended = 0
+        self.barrier = barrier  # an extern call instead of __syncthreads() (named barriers)
 
     def before(self, reads: bool, writes: bool) -> None:
         if self.suspended:
@@ -79,7 +80,10 @@ class SyncTracker:
     def sync(self) -> None:
         if self.suspended:
             return
-        T.evaluate(T.tvm_storage_sync("shared"))
+        if self.barrier is None:
+            T.evaluate(T.tvm_storage_sync("shared"))
+        else:
+            T.evaluate(T.call_extern("void", self.barrier))
         self.pending_read = self.pending_write = False
 
 
@@ -110,7 +114,7 @@ def stores(body: pb.Stmt):
 
 def shared_effects(s: pb.Stmt, buffers) -> tuple[bool, bool]:
     """(reads shared memory, writes shared memory) for statement `s` and all inside it."""
-    from tiled.compiler.backends.cuda_layout import _exprs, _subexprs
+    from tiled.compiler.backends.cuda_layout import stmt_exprs, subexprs
 
     reads = writes = False
     for st in walk(s):
@@ -128,8 +132,8 @@ def shared_effects(s: pb.Stmt, buffers) -> tuple[bool, bool]:
         elif kind in ("store", "atomic_add"):
             writes |= shared(getattr(st, kind).buffer)
         if kind in ("store", "atomic_add", "if_then_else", "for_", "copy", "fill"):
-            for e in _exprs(st):
-                for sub in _subexprs(e):
+            for e in stmt_exprs(st):
+                for sub in subexprs(e):
                     if sub.WhichOneof("kind") == "load":
                         reads |= shared(sub.load.buffer)
     return reads, writes

@@ -614,6 +614,124 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
   }
 }
 
+// ---------------------------------------------------------------------------
+// 6. The warp-specialized GEMM pipeline the compiler emits (cuda_sm90.py)
+// ---------------------------------------------------------------------------
+// A T.Pipelined loop of "TMA-load an A tile and a B tile, T.gemm them" becomes:
+// one producer warpgroup (the block's last 128 threads) whose first thread
+// calls `produce` per k-tile, and NWG consumer warpgroups (threads
+// [0, 128 * NWG)) that call `consume` per k-tile and `consume_end` after the
+// loop. They share a STAGES-deep ring in dynamic shared memory guarded by a
+// full / empty mbarrier pair per stage. Consumer warpgroup w owns rows
+// [w * BM / NWG, (w + 1) * BM / NWG) of the BM x BN accumulator tile, as
+// BM / NWG / 64 m64 blocks of BN / 2 floats per thread (acc_coord layout).
+// A is K-major ([BM][64], one TMA box {64, BM}); B is MN-major ([64][BN],
+// BN / 64 boxes {64, 64}) or, with B_KMAJOR, K-major ([BN][64], one box
+// {64, BN}). All boxes use the 128-byte swizzle, so BK is 64 (16-bit types).
+template <typename T, int BM, int BN, int STAGES, int NWG, bool B_KMAJOR>
+struct WsGemm {
+  static constexpr int kBK = 64;
+  static constexpr uint32_t kABytes = BM * kBK * 2;
+  static constexpr uint32_t kBBytes = kBK * BN * 2;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  static constexpr int kRowsPerWg = BM / NWG;
+  static constexpr int kMBlocks = kRowsPerWg / 64;
+  static constexpr int kAcc = kMBlocks * BN / 2;
+  static_assert(BM % (64 * NWG) == 0 && BN % 64 == 0 && BN <= 256 && BM <= 256, "WsGemm tile");
+
+  // The 1024-byte aligned ring inside `pool` (which has 1024 bytes of slack).
+  __device__ __forceinline__ static unsigned char* ring(unsigned char* pool) {
+    return pool + ((1024 - (smem_addr(pool) & 1023)) & 1023);
+  }
+  __device__ __forceinline__ static uint64_t* full(unsigned char* pool) {
+    return reinterpret_cast<uint64_t*>(ring(pool) + STAGES * kStageBytes);
+  }
+  // Thread 0 initializes the barriers; the caller then synchronizes the block.
+  __device__ __forceinline__ static void init(unsigned char* pool) {
+    uint64_t* f = full(pool);
+    for (int s = 0; s < STAGES; ++s) {
+      mbarrier_init(&f[s], 1);               // the producer's arrive.expect_tx
+      mbarrier_init(&f[STAGES + s], NWG * 4);  // one arrival per consumer warp
+    }
+    fence_barrier_init();
+  }
+  // Producer, one thread: k-tile `k` into its stage. (a0, a1): A's box
+  // coordinates (K index, M index); (b0, b1): B's (N, K), or (K, N) if B_KMAJOR.
+  __device__ __forceinline__ static void produce(unsigned char* pool, int k, const void* ta,
+                                                 const void* tb, int a0, int a1, int b0,
+                                                 int b1) {
+    const int stage = k % STAGES;
+    const uint32_t phase = (k / STAGES) & 1;
+    uint64_t* f = full(pool);
+    unsigned char* sa = ring(pool) + stage * kStageBytes;
+    const TensorMap* mapa = reinterpret_cast<const TensorMap*>(ta);
+    const TensorMap* mapb = reinterpret_cast<const TensorMap*>(tb);
+    if (k == 0) {
+      tma_prefetch_desc(mapa);
+      tma_prefetch_desc(mapb);
+    }
+    mbarrier_wait_parity(&f[STAGES + stage], phase ^ 1);
+    mbarrier_arrive_expect_tx(&f[stage], kStageBytes);
+    tma_load_2d(sa, mapa, &f[stage], a0, a1);
+    if (B_KMAJOR) {
+      tma_load_2d(sa + kABytes, mapb, &f[stage], b0, b1);
+    } else {
+#pragma unroll
+      for (int j = 0; j < BN / 64; ++j)
+        tma_load_2d(sa + kABytes + j * 8192, mapb, &f[stage], b0 + 64 * j, b1);
+    }
+  }
+  // Consumers: acc += A(k) @ B(k). The wgmma group of tile k stays in flight;
+  // tile k-1's stage is released once its group has retired.
+  __device__ __forceinline__ static void consume(unsigned char* pool, int k, float* acc) {
+    const int stage = k % STAGES;
+    uint64_t* f = full(pool);
+    mbarrier_wait_parity(&f[stage], (k / STAGES) & 1);
+    const int wg = threadIdx.x / 128;
+    const unsigned char* sa = ring(pool) + stage * kStageBytes + wg * kRowsPerWg * 128;
+    const unsigned char* sb = ring(pool) + stage * kStageBytes + kABytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint64_t db = B_KMAJOR ? desc_kmajor_sw128(sb + 32 * kk)
+                                   : make_smem_desc(sb + 2048 * kk, 8192, 1024);
+#pragma unroll
+      for (int h = 0; h < kMBlocks; ++h) {
+        const uint64_t da = desc_kmajor_sw128(sa + h * 64 * 128 + 32 * kk);
+        wgmma_ss<T, BN, 0, B_KMAJOR ? 0 : 1>(
+            *reinterpret_cast<float(*)[BN / 2]>(acc + h * (BN / 2)), da, db, 1u);
+      }
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<1>();
+    if (k > 0 && (threadIdx.x & 31) == 0) mbarrier_arrive(&f[STAGES + (k - 1) % STAGES]);
+  }
+  __device__ __forceinline__ static void consume_end(unsigned char* pool, int n) {
+    wgmma_wait_group<0>();
+    if (n > 0 && (threadIdx.x & 31) == 0) mbarrier_arrive(&full(pool)[STAGES + (n - 1) % STAGES]);
+  }
+  // The accumulator tile to C[row0.., col0..] (row-major, ldc), rows < m, cols < n.
+  template <typename TC>
+  __device__ __forceinline__ static void store(const float* acc, TC* C, int64_t ldc, int row0,
+                                               int col0, int m, int n) {
+    const int wg = threadIdx.x / 128;
+#pragma unroll
+    for (int h = 0; h < kMBlocks; ++h)
+      store_acc_global<TC, BN>(*reinterpret_cast<const float(*)[BN / 2]>(acc + h * (BN / 2)), C,
+                               ldc, row0 + wg * kRowsPerWg + 64 * h, col0, m, n);
+  }
+};
+
+__device__ __forceinline__ int grid_dim_x() { return static_cast<int>(gridDim.x); }
+__device__ __forceinline__ int grid_dim_y() { return static_cast<int>(gridDim.y); }
+
+// A barrier among the first N threads of the block only (the consumer
+// warpgroups of a warp-specialized kernel; the producer never joins it).
+template <int N>
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
+}
+
 }  // namespace sm90
 }  // namespace tiled
 

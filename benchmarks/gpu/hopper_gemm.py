@@ -1,0 +1,218 @@
+"""The sm_90a warp-specialized GEMM (examples/gemm.py's kernel, compiled for cuda:sm_90a) against
+cuBLAS (torch.matmul) and a Triton GEMM, on the H200.
+
+Here (the CPU machine, with TVM):
+    python benchmarks/gpu/hopper_gemm.py build --out .gpu/hopper
+There (device tool, carry=[".gpu"]; thin runtime only, no TVM):
+    python3 benchmarks/gpu/hopper_gemm.py run --bundle .gpu/hopper --out $OUT/hopper_gemm.json
+
+`build` compiles one kernel per (dtype, tile config) with symbolic M, N, K and records each cold
+compile time; `run` checks every (kernel, shape) against torch (outputs poisoned with NaN first,
+compared with a float32 torch reference) and times the kernels, cuBLAS and the Triton GEMM with
+triton.testing.do_bench in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+# name -> (block_M, block_N, num_stages, threads). BK is 64 (one 128-byte swizzle row).
+CONFIGS = {
+    "128x256": (128, 256, 4, 256),
+    "128x128": (128, 128, 6, 128),
+    "64x128": (64, 128, 8, 128),
+}
+DTYPES = ("float16", "bfloat16")
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096), (16, 14336, 4096),
+          (32, 14336, 4096), (64, 14336, 4096), (128, 14336, 4096), (1000, 1000, 1000),
+          (4095, 4104, 4096)]
+
+
+def build(out: Path) -> None:
+    sys.path.insert(0, str(ROOT / "examples"))
+    import gemm
+
+    import tiled
+    import tiled.lang as T
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for dtype in DTYPES:
+        for cfg, (bm, bn, stages, threads) in CONFIGS.items():
+            name = f"ws_{dtype}_{cfg}"
+            kernel = gemm.matmul(T.dyn("M"), T.dyn("N"), T.dyn("K"), bm, bn, 64, stages, dtype,
+                                 threads=threads)
+            t0 = time.perf_counter()
+            compiled = tiled.compile(kernel, target="cuda:sm_90a", cache=False)
+            seconds = time.perf_counter() - t0
+            (out / f"{name}.cubin").write_bytes(compiled.artifact)
+            (out / f"{name}.manifest.json").write_text(compiled.manifest.to_json())
+            index[name] = {"dtype": dtype, "config": cfg, "cold_compile_s": round(seconds, 3),
+                           "stages": {k: round(v, 3) for k, v in compiled.stages.items()},
+                           "threads": compiled.manifest.block[0],
+                           "dynamic_smem_bytes": compiled.manifest.dynamic_smem_bytes}
+            print(f"{name}: {seconds:.2f} s", flush=True)
+    (out / "index.json").write_text(json.dumps({
+        "command": f"python benchmarks/gpu/hopper_gemm.py build --out {out}",
+        "machine": {"cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(), "python": platform.python_version()},
+        "kernels": index}, indent=1))
+
+
+# -- on the GPU machine ------------------------------------------------------------------------
+
+def triton_gemm():
+    """A Triton GEMM (C = A @ B, row-major, fp32 accumulate), autotuned over a few configs."""
+    import triton
+    import triton.language as tl
+
+    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk, "G": 8}, num_warps=w, num_stages=s)
+               for bm, bn, bk, w, s in [(128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
+                                        (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
+                                        (64, 256, 64, 4, 4)]]
+
+    @triton.autotune(configs=configs, key=["M", "N", "K"])
+    @triton.jit
+    def kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, G: tl.constexpr):
+        pid = tl.program_id(0)
+        tiles_m, tiles_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+        group = pid // (G * tiles_n)
+        first = group * G
+        rows = min(tiles_m - first, G)
+        tm = first + (pid % (G * tiles_n)) % rows
+        tn = (pid % (G * tiles_n)) // rows
+        rm = tm * BM + tl.arange(0, BM)
+        rn = tn * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            ka = k0 + rk
+            x = tl.load(a + rm[:, None] * sam + ka[None, :] * sak,
+                        mask=(rm[:, None] < M) & (ka[None, :] < K), other=0.0)
+            y = tl.load(b + ka[:, None] * sbk + rn[None, :] * sbn,
+                        mask=(ka[:, None] < K) & (rn[None, :] < N), other=0.0)
+            acc = tl.dot(x, y, acc)
+        tl.store(c + rm[:, None] * scm + rn[None, :] * scn, acc.to(c.dtype.element_ty),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    def run(a, b, c):
+        M, K = a.shape
+        N = b.shape[1]
+        grid = lambda meta: (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]),)  # noqa: E731
+        kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                     c.stride(0), c.stride(1))
+
+    return run
+
+
+def smoke(bundle: Path) -> None:
+    """One small launch of every kernel (run in a child with a timeout: a hang costs seconds)."""
+    import torch
+
+    from tiled.runtime import load
+
+    for manifest in sorted(bundle.glob("*.manifest.json")):
+        name = manifest.name.removesuffix(".manifest.json")
+        k = load((bundle / f"{name}.cubin").read_bytes(), manifest.read_text())
+        dt = getattr(torch, json.loads(manifest.read_text())["params"][0]["dtype"])
+        a = torch.randn(300, 256, device="cuda", dtype=dt)
+        b = torch.randn(256, 264, device="cuda", dtype=dt)
+        c = torch.full((300, 264), float("nan"), device="cuda", dtype=dt)
+        k(a, b, c)
+        torch.cuda.synchronize()
+        err = ((c.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
+        print(f"smoke {name}: rel err {err:.2e}", flush=True)
+
+
+def run(bundle: Path, out: Path) -> None:
+    import torch
+    import triton
+    from triton.testing import do_bench
+
+    from tiled.runtime import load
+
+    child = subprocess.run([sys.executable, __file__, "smoke", "--bundle", str(bundle)],
+                           capture_output=True, text=True, timeout=240)
+    print(child.stdout + child.stderr[-3000:], flush=True)
+    if child.returncode:
+        raise SystemExit("smoke run failed; not timing")
+    index = json.loads((bundle / "index.json").read_text())
+    kernels = {name: load((bundle / f"{name}.cubin").read_bytes(),
+                          (bundle / f"{name}.manifest.json").read_text())
+               for name in index["kernels"]}
+    tri = triton_gemm()
+    rows = []
+    for dtype in DTYPES:
+        dt = getattr(torch, dtype)
+        for M, N, K in SHAPES:
+            torch.manual_seed(0)
+            a = torch.randn(M, K, device="cuda", dtype=dt)
+            b = torch.randn(K, N, device="cuda", dtype=dt)
+            ref = a.float() @ b.float()
+            flop = 2 * M * N * K
+            tflops = lambda ms: flop / ms / 1e9  # noqa: E731
+            row = {"dtype": dtype, "M": M, "N": N, "K": K}
+            c_ref = torch.matmul(a, b)
+            row["cublas_err"] = ((c_ref.float() - ref).norm() / ref.norm()).item()
+            row["cublas_tflops"] = tflops(do_bench(lambda: torch.matmul(a, b)))  # noqa: B023
+            c_tri = torch.empty(M, N, device="cuda", dtype=dt)
+            tri(a, b, c_tri)
+            row["triton_err"] = ((c_tri.float() - ref).norm() / ref.norm()).item()
+            row["triton_tflops"] = tflops(do_bench(lambda: tri(a, b, c_tri)))  # noqa: B023
+            row["tiled"] = {}
+            for name, meta in index["kernels"].items():
+                if meta["dtype"] != dtype:
+                    continue
+                k = kernels[name]
+                c = torch.full((M, N), float("nan"), device="cuda", dtype=dt)
+                k(a, b, c)
+                torch.cuda.synchronize()
+                err = ((c.float() - ref).norm() / ref.norm()).item()
+                ms = do_bench(lambda: k(a, b, c))  # noqa: B023
+                row["tiled"][meta["config"]] = {"err": err, "tflops": tflops(ms),
+                                                "nan": bool(torch.isnan(c).any().item())}
+            best = max(row["tiled"].items(), key=lambda kv: kv[1]["tflops"])
+            row["tiled_best"] = {"config": best[0], "tflops": best[1]["tflops"]}
+            row["ratio_to_cublas"] = best[1]["tflops"] / row["cublas_tflops"]
+            row["ratio_to_triton"] = best[1]["tflops"] / row["triton_tflops"]
+            rows.append(row)
+            print(f"{dtype} {M}x{N}x{K}: cuBLAS {row['cublas_tflops']:.0f}, Triton "
+                  f"{row['triton_tflops']:.0f}, tiled {best[1]['tflops']:.0f} ({best[0]}) "
+                  f"= {row['ratio_to_cublas']:.2f}x cuBLAS; errs "
+                  + ", ".join(f"{c}:{v['err']:.1e}" for c, v in row["tiled"].items()),
+                  flush=True)
+    out.write_text(json.dumps({
+        "command": f"python3 benchmarks/gpu/hopper_gemm.py run --bundle {bundle} --out {out}",
+        "build": index, "device": torch.cuda.get_device_name(),
+        "versions": {"torch": torch.__version__, "triton": triton.__version__,
+                     "cuda": torch.version.cuda},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["build", "run", "smoke"])
+    p.add_argument("--out", default=".gpu/hopper")
+    p.add_argument("--bundle", default=".gpu/hopper")
+    args = p.parse_args()
+    if args.mode == "build":
+        build(Path(args.out))
+    elif args.mode == "smoke":
+        smoke(Path(args.bundle))
+    else:
+        run(Path(args.bundle), Path(args.out))
+
+
+if __name__ == "__main__":
+    main()

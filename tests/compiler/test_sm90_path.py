@@ -1,0 +1,55 @@
+"""The automatic sm_90a path (cuda_sm90.py): which GEMMs take it, and that their cubins really
+use wgmma, TMA and mbarriers (SASS read with cuobjdump; no GPU needed)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tiled
+import tiled.lang as T
+from tests.compiler.test_sm90_header import _find_tool
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import gemm
+
+
+def sass(artifact: bytes, tmp_path: Path) -> str:
+    tool = _find_tool("cuobjdump")
+    assert tool, "cuobjdump is missing: the dev extra installs nvidia-cuda-cuobjdump"
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(artifact)
+    return subprocess.run([tool, "-sass", str(cubin)], check=True, capture_output=True,
+                          text=True).stdout
+
+
+@pytest.mark.parametrize("dtype,bm,bn,threads", [("float16", 128, 256, 256),
+                                                 ("bfloat16", 128, 128, 128)])
+def test_example_gemm_is_warp_specialized_on_sm90a(tmp_path, dtype, bm, bn, threads):
+    k = gemm.matmul(T.dyn("M"), T.dyn("N"), T.dyn("K"), bm, bn, 64, 4, dtype, threads=threads)
+    c = tiled.compile(k, target="cuda:sm_90a", cache=False)
+    m = c.manifest
+    assert m.block[0] == threads + 128  # the producer warpgroup
+    maps = [a for a in m.kernel_args if a.kind == "tensor_map"]
+    assert [a.param for a in maps] == [0, 1]
+    text = sass(c.artifact, tmp_path)
+    for instr in ("HGMMA.64x", "UTMALDG", "SYNCS", "USETMAXREG", "STG.E.128"):
+        assert instr in text, instr
+    assert "LDL" not in text and "STL" not in text  # the accumulator stays in registers
+    assert "HMMA" not in text  # not the sm_80 instruction path
+
+
+def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
+    k = gemm.matmul(256, 256, 256, 128, 128, 64, 3, "float16", threads=128)
+    for target, kernel, options in [
+            ("cuda:sm_80", k, {}),
+            ("cuda:sm_90a", gemm.matmul(256, 256, 256, 128, 128, 32, 3, "float16"), {}),
+            ("cuda:sm_90a", k, {"warp_specialize": False})]:
+        from tiled.compiler import compile_program
+
+        c = compile_program(kernel, target, **options)
+        assert c.manifest.block[0] == 128
+        assert not [a for a in c.manifest.kernel_args if a.kind == "tensor_map"]
+        text = sass(c.artifact, tmp_path)
+        assert "HMMA" in text and "HGMMA" not in text and "UTMALDG" not in text

@@ -85,7 +85,8 @@ def cmd_serve(args) -> int:
         tls_key=args.tls_key, token_file=args.token_file, workers=args.workers,
         metrics_port=args.metrics_port, compile_timeout_s=args.timeout,
         memory_bytes=_size(args.memory_limit) if args.memory_limit else None,
-        queue_limit=args.queue_limit))
+        queue_limit=args.queue_limit,
+        recycle_bytes=_size(args.recycle_memory) if args.recycle_memory != "0" else None))
 
 
 def main(argv=None) -> int:
@@ -114,6 +115,8 @@ def main(argv=None) -> int:
     sv.add_argument("--memory-limit", help="per-worker address-space limit, e.g. 8G")
     sv.add_argument("--queue-limit", type=int, default=256, help="queued compiles before "
                     "RESOURCE_EXHAUSTED")
+    sv.add_argument("--recycle-memory", default="128M", help="replace a worker whose private "
+                    "memory exceeds this after a compile (0: never)")
     sv.set_defaults(fn=cmd_serve)
     from tiled.cli_cache import add_parser as add_cache_parser
 

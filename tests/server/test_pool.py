@@ -123,6 +123,16 @@ def test_cancelling_a_running_job_kills_its_worker(make_pool, gate):
     assert (stats["cancelled_total"], stats["failed_total"], stats["in_flight"]) == (1, 0, 0)
 
 
+def test_worker_over_its_memory_budget_is_recycled_after_answering(make_pool):
+    events = Events()
+    pool = make_pool(recycle_bytes=1, on_event=events)  # every worker is over 1 byte
+    first = pool.submit("a", M + "_test_pid", b"").result(30)
+    assert pool.submit("b", M + "_test_pid", b"").result(30) != first
+    assert ("replaced", {"reason": "recycled"}) in events.seen
+    stats = pool.stats()
+    assert (stats["completed_total"], stats["failed_total"]) == (2, 0)
+
+
 def test_timeout_replaces_worker(make_pool):
     events = Events()
     pool = make_pool(timeout_s=0.5, on_event=events)

@@ -50,6 +50,7 @@ class ServeOptions:
     queue_limit: int = 256
     max_request_bytes: int = 64 << 20
     grace_s: float = 10.0
+    recycle_bytes: int | None = 128 << 20  # replace a worker whose own memory grew past this
 
 
 class _TokenInterceptor(grpc.ServerInterceptor):
@@ -110,7 +111,8 @@ def build_server(opts: ServeOptions):
     metrics = Metrics()
     pool = CompilePool(workers=opts.workers, timeout_s=opts.compile_timeout_s,
                        memory_bytes=opts.memory_bytes, queue_limit=opts.queue_limit,
-                       on_event=metrics.pool_event, preload=("tiled.server.preload",))
+                       on_event=metrics.pool_event, preload=("tiled.server.preload",),
+                       recycle_bytes=opts.recycle_bytes)
     cache = open_default_cache(events=metrics.cache_events())
     service = CompilerService(cache, pool, metrics, max_request_bytes=opts.max_request_bytes,
                               compile_timeout_s=opts.compile_timeout_s)

@@ -9,7 +9,9 @@ Invariants:
   holds gRPC threads is unsafe): with `preload` modules they fork from multiprocessing's fork
   server, a clean single-threaded process that imported those modules once (so a replacement
   worker is ready in milliseconds and siblings share the compiler's pages); without, they are
-  spawned. Each limits its address space to `memory_bytes` (RLIMIT_AS) when given.
+  spawned. Each limits its address space to `memory_bytes` (RLIMIT_AS) when given. A worker
+  whose private memory exceeds `recycle_bytes` after a job (a compile's heap stays mapped)
+  exits after answering and is replaced by a fresh fork ("recycled").
 - `fn` is "module:function" with the module inside the `tiled` package; the daemon executes
   nothing else a request names. The check is lexical: nothing is imported in the daemon.
 - Single-flight: while a job is queued or running, `_by_key[key]` is that job, and a submit with
@@ -50,7 +52,18 @@ log = logging.getLogger(__name__)
 _FN = re.compile(r"tiled(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, memory_bytes: int | None) -> None:
+def _private_bytes() -> int:
+    """This process's private resident memory (pages no other process shares), 0 if unknown."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            return sum(int(line.split()[1]) * 1024 for line in f
+                       if line.startswith(("Private_Clean:", "Private_Dirty:")))
+    except OSError:
+        return 0
+
+
+def _worker_main(conn: multiprocessing.connection.Connection, memory_bytes: int | None,
+                 recycle_bytes: int | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the daemon: the parent shuts us down
     importlib.import_module("tiled.compiler")  # pay the import cost once per worker
     if memory_bytes is not None:
@@ -65,7 +78,11 @@ def _worker_main(conn: multiprocessing.connection.Connection, memory_bytes: int 
         fn, payload = job
         try:
             module, _, name = fn.partition(":")
-            conn.send(("ok", getattr(importlib.import_module(module), name)(payload)))
+            result = getattr(importlib.import_module(module), name)(payload)
+            retire = recycle_bytes is not None and _private_bytes() > recycle_bytes
+            conn.send(("ok", result, retire))
+            if retire:  # a compile's heap stays mapped: a fresh fork is smaller
+                return
         except MemoryError:
             conn.send(("oom", None))
             return  # the heap may be in a bad state: the pool replaces us
@@ -100,10 +117,11 @@ class CompilePool:
     def __init__(self, workers: int | None = None, timeout_s: float = 600.0,
                  memory_bytes: int | None = None, queue_limit: int = 256,
                  on_event: Callable[[str, dict], None] | None = None,
-                 preload: tuple[str, ...] = ()):
+                 preload: tuple[str, ...] = (), recycle_bytes: int | None = None):
         self.workers = self._size = max(1, workers or len(os.sched_getaffinity(0)))
         self.queue_limit = self._queue_limit = queue_limit
         self._timeout_s, self._memory_bytes = timeout_s, memory_bytes
+        self._recycle_bytes = recycle_bytes
         self._on_event = on_event
         if preload:  # the fork server is per process: the first pool's preload list wins
             self._ctx = multiprocessing.get_context("forkserver")
@@ -258,7 +276,7 @@ class CompilePool:
         try:
             if not w.conn.poll():
                 raise EOFError
-            kind, value = w.conn.recv()
+            kind, value, *retire = w.conn.recv()
         except (EOFError, OSError):
             if w.process.is_alive():  # orphaned by a dead fork server: not ours to keep
                 w.process.kill()
@@ -271,7 +289,8 @@ class CompilePool:
             limit = f" (limit {self._memory_bytes} bytes)" if self._memory_bytes else ""
             self._finish(i, w, WorkerCrashed(f"compile worker ran out of memory{limit}"), "oom")
         else:
-            self._finish(i, w, value, None, ok=kind == "ok")
+            self._finish(i, w, value, "recycled" if retire and retire[0] else None,
+                         ok=kind == "ok")
 
     def _finish(self, i: int, w: _Worker, value: object, replace: str | None,
                 ok: bool = False) -> None:
@@ -322,7 +341,8 @@ class CompilePool:
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        process = self._ctx.Process(target=_worker_main, args=(child, self._memory_bytes),
+        process = self._ctx.Process(target=_worker_main,
+                                    args=(child, self._memory_bytes, self._recycle_bytes),
                                  name="tiled-compile-worker", daemon=True)
         process.start()
         child.close()

@@ -33,6 +33,8 @@ def test_example_gemm_is_warp_specialized_on_sm90a(tmp_path, dtype, bm, bn, thre
     assert m.block[0] == threads + 128  # the producer warpgroup
     maps = [a for a in m.kernel_args if a.kind == "tensor_map"]
     assert [a.param for a in maps] == [0, 1]
+    assert m.grid[0][0] == "min" and m.grid[0][2] == "tiled_sm_count"  # persistent blocks
+    assert list(m.grid[1:]) == [1, 1]
     text = sass(c.artifact, tmp_path)
     for instr in ("HGMMA.64x", "UTMALDG", "SYNCS", "USETMAXREG", "STG.E.128"):
         assert instr in text, instr

@@ -140,12 +140,17 @@ def test_threads_share_the_cache_not_the_buffer():
     plan = LaunchPlan(manifest(), encode_tensor_map=enc)
     mine = plan.pack(bound())
     theirs = []
-    t = threading.Thread(target=lambda: theirs.append(plan.pack(bound())))
+
+    def other_thread():  # read its buffer here: thread-local storage dies with the thread
+        array = plan.pack(bound())
+        theirs.append((array[0], slot_bytes(array, 0)))
+
+    t = threading.Thread(target=other_thread)
     t.start()
     t.join()
     assert len(enc.requests) == 2
     assert mine[0] != theirs[0][0]
-    assert slot_bytes(mine, 0) == slot_bytes(theirs[0], 0)
+    assert slot_bytes(mine, 0) == theirs[0][1]
 
 
 def test_padded_and_single_row_tensors():

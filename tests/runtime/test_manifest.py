@@ -230,3 +230,17 @@ def test_tensor_map_needs_a_2d_tensor():
                                             r"\['B', 'M', 64\] \(3-D\)"):
         Manifest.from_dict(gemm_dict(params=params, kernel_args=[tma(0)], grid=[1, 1, 1]))
     assert issubclass(ManifestError, LaunchError)
+
+
+def test_persistent_grid_may_use_the_sm_count_only_in_the_grid():
+    from tiled.runtime.cuda import LaunchPlan
+    from tiled.runtime.manifest import SM_COUNT_DIM
+
+    blocks = ["mul", ["ceildiv", "N", 128], ["ceildiv", "M", 128]]
+    m = Manifest.from_dict(gemm_dict(grid=[["min", blocks, SM_COUNT_DIM], 1, 1]))
+    plan = LaunchPlan(m)
+    assert plan.uses_sm_count and not LaunchPlan(Manifest.from_dict(gemm_dict())).uses_sm_count
+    assert plan.geometry({"M": 4096, "N": 4096, SM_COUNT_DIM: 132})[0] == (132, 1, 1)
+    assert plan.geometry({"M": 256, "N": 256, SM_COUNT_DIM: 132})[0] == (4, 1, 1)
+    with pytest.raises(ManifestError, match="block"):
+        Manifest.from_dict(gemm_dict(block=[SM_COUNT_DIM, 1, 1]))

@@ -67,6 +67,13 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
     p = program.proto
     names = dim_names(p)
     grid = [expr_json(p, g, names) for g in p.kernel.grid]
+    if art.persistent:
+        from tiled.runtime.manifest import SM_COUNT_DIM
+
+        blocks = grid[0]
+        for g in grid[1:]:
+            blocks = ["mul", blocks, g]
+        grid = [["min", blocks, SM_COUNT_DIM]]
     grid += [1] * (3 - len(grid))
     backend = get_backend(target.backend)
     params = manifest_params(p)

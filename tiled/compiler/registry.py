@@ -36,6 +36,11 @@ class Artifact:
     block: tuple[int, int, int]
     source: str | None = None
     stages: dict[str, float] = field(default_factory=dict)
+    # A persistent kernel: launched with min(the program's block count, the SM count) blocks,
+    # each of which walks the program's blocks (tiled.runtime.manifest.SM_COUNT_DIM).
+    persistent: bool = False
+
+
 
 
 class Backend:

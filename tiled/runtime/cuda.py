@@ -27,7 +27,14 @@ from tiled.errors import LaunchError
 from tiled.ir import dtypes
 from tiled.runtime import Kernel
 from tiled.runtime.args import BoundArgs, FastBinder, TensorView, bind_fast
-from tiled.runtime.manifest import KernelArg, Manifest, Param, compile_expr
+from tiled.runtime.manifest import (
+    SM_COUNT_DIM,
+    KernelArg,
+    Manifest,
+    Param,
+    compile_expr,
+    expr_names,
+)
 
 DEFAULT_SMEM_LIMIT = 48 * 1024  # beyond this a kernel must opt in (cuFuncSetAttribute)
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -129,6 +136,7 @@ class LaunchPlan:
         self._tensor_maps: OrderedDict[tuple, bytes] = OrderedDict()
         self._tensor_maps_lock = threading.Lock()
         self._grid = [compile_expr(e) for e in m.grid]
+        self.uses_sm_count = any(SM_COUNT_DIM in expr_names(e) for e in m.grid)
         self._block = [compile_expr(e) for e in m.block]
         self._static_block = None
         if all(isinstance(e, int) for e in m.block):  # the usual case: check it once, here
@@ -438,6 +446,9 @@ class _Loaded:
     compiled_cluster: tuple[int, int, int] | None  # cluster dims fixed in the cubin, if any
 
 
+_SM_COUNTS: dict[int, int] = {}  # device ordinal -> multiprocessors
+
+
 class CUDAKernel(Kernel):
     """A CUDA kernel from cubin bytes. Nothing touches the driver until the first call; the
     module is then loaded once per device. Raises LaunchError for bad arguments, a missing
@@ -453,12 +464,20 @@ class CUDAKernel(Kernel):
 
     def __call__(self, *args, stream: object = None) -> None:
         bound = bind_fast(self._binder, args)
-        grid, block = self._plan.geometry(bound.dims)
+        drv = device = None
+        dims = bound.dims
+        if self._plan.uses_sm_count:  # a persistent kernel: its grid depends on the device
+            drv = _driver or driver()
+            device = bound.device_index if bound.device_index is not None else \
+                self._device(drv, bound)
+            dims = {**dims, SM_COUNT_DIM: self._sm_count(drv, device)}
+        grid, block = self._plan.geometry(dims)
         if 0 in grid:
             return
-        drv = _driver or driver()
-        device = bound.device_index if bound.device_index is not None else \
-            self._device(drv, bound)
+        if drv is None:
+            drv = _driver or driver()
+            device = bound.device_index if bound.device_index is not None else \
+                self._device(drv, bound)
         loaded = self._loaded.get(device) or self._load(drv, device)
         if stream is not None:
             handle = stream_handle(stream)
@@ -474,6 +493,14 @@ class CUDAKernel(Kernel):
         finally:
             if pushed:
                 drv.pop()
+
+    def _sm_count(self, drv: _Driver, device: int) -> int:
+        count = _SM_COUNTS.get(device)
+        if count is None:
+            dev = drv.call("cuDeviceGet", device)
+            attr = drv.cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+            count = _SM_COUNTS[device] = int(drv.call("cuDeviceGetAttribute", attr, dev))
+        return count
 
     def _device(self, drv: _Driver, bound: BoundArgs) -> int:
         for v in bound.values:

@@ -93,6 +93,11 @@ def expr_names(expr: Expr) -> set[str]:
     return set()
 
 
+# A name a manifest expression may use besides the dims: the CUDA runtime binds it to the
+# device's multiprocessor count (a persistent kernel's grid is min(blocks, SM count)).
+SM_COUNT_DIM = "tiled_sm_count"
+
+
 def check_expr(expr: object, where: str) -> Expr:
     """Checks the expression's form (not its names); returns it with nodes as tuples."""
     if _is_int(expr):
@@ -399,7 +404,7 @@ class Manifest:
             if len(exprs) != 3:
                 raise _fail(key, f"expected 3 entries, got {len(exprs)}")
             for j, e in enumerate(exprs):
-                unknown = expr_names(e) - set(dims)
+                unknown = expr_names(e) - set(dims) - ({SM_COUNT_DIM} if key == "grid" else set())
                 if unknown:
                     raise _fail(f"{key}[{j}]", f"uses {sorted(unknown)}, which no tensor "
                                 f"parameter binds (dims: {', '.join(dims) or 'none'})")

@@ -159,6 +159,7 @@ class CudaBackend(Backend):
         symbol, args = kernel_args(source, program, low.tensor_maps)
         return Artifact(data=cubin, symbol=symbol, kernel_args=args, dynamic_smem_bytes=smem,
                         block=(low.launch_threads, 1, 1), source=source,
+                        persistent=low.ws is not None,
                         stages={"lower": t1 - t0, "toolchain": t2 - t1})
 
 

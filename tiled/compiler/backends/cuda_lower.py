@@ -562,12 +562,17 @@ class CudaLowering(ExprLowering):
         return self.ws.template(CTYPE[self.ws.dtype])
 
     def lower_ws_consumer(self, f: pb.For) -> None:
+        """The loop on the consumers' side: wgmma over the ring, k-tiles numbered from the
+        block's running count (`ws_k`) so that the ring's phases continue across tiles."""
         n = self.expr(f.extent)
         acc = T.address_of(self.tir[self.ws.c][0])
+        base = self.ws_k[0]
         with T.serial(0, n) as k:
-            T.evaluate(T.call_extern("void", f"{self.ws_template()}::consume", self.ring(), k,
-                                     acc))
-        T.evaluate(T.call_extern("void", f"{self.ws_template()}::consume_end", self.ring(), n))
+            T.evaluate(T.call_extern("void", f"{self.ws_template()}::consume", self.ring(),
+                                     base + k, k == 0, acc))
+        T.evaluate(T.call_extern("void", f"{self.ws_template()}::consume_end", self.ring(),
+                                 base + n - 1, n > 0))
+        T.buffer_store(self.ws_k, base + n, [0])
 
     def lower_ws_producer(self, tmap_a, tmap_b) -> None:
         """The producer warpgroup's part: its first thread feeds the ring."""
@@ -575,13 +580,14 @@ class CudaLowering(ExprLowering):
         loop = next(st.for_ for st in walk(self.program.kernel.body)
                     if st.WhichOneof("kind") == "for_" and st.for_.var == ws.loop_var)
         n = self.expr(loop.extent)
-        with T.If(self.tx == self.threads), T.Then():
-            with T.serial(0, n) as k:
-                self.vars[ws.loop_var] = k
-                a = [self.expr(o) for o in ws.copy_a.src.offsets]
-                b = [self.expr(o) for o in ws.copy_b.src.offsets]
-                T.evaluate(T.call_extern("void", f"{self.ws_template()}::produce", self.ring(), k,
-                                         tmap_a, tmap_b, a[1], a[0], b[1], b[0]))
+        base = self.ws_k[0]
+        with T.serial(0, n) as k:
+            self.vars[ws.loop_var] = k
+            a = [self.expr(o) for o in ws.copy_a.src.offsets]
+            b = [self.expr(o) for o in ws.copy_b.src.offsets]
+            T.evaluate(T.call_extern("void", f"{self.ws_template()}::produce", self.ring(),
+                                     base + k, tmap_a, tmap_b, a[1], a[0], b[1], b[0]))
+        T.buffer_store(self.ws_k, base + n, [0])
 
     def store_ws_tile(self, c: pb.Copy) -> bool:
         """The whole accumulator to a 16-bit global tile with 16-byte stores
@@ -668,12 +674,17 @@ def lower_cuda(program: Program, arch: str = "sm_80",
             grid = [low.expr(g) for g in p.kernel.grid]
             frames = contextlib.ExitStack()
             with frames:
-                for i, (g, vid) in enumerate(zip(grid, p.kernel.block_vars, strict=True)):
-                    bv = T.env_thread(("blockIdx.x", "blockIdx.y", "blockIdx.z")[i])
-                    frames.enter_context(T.launch_thread(bv, g))
-                    low.vars[vid] = bv
-                if low.ws is not None and len(grid) == 2:
-                    grouped_raster(low, list(p.kernel.block_vars))
+                if low.ws is None:
+                    for i, (g, vid) in enumerate(zip(grid, p.kernel.block_vars, strict=True)):
+                        bv = T.env_thread(("blockIdx.x", "blockIdx.y", "blockIdx.z")[i])
+                        frames.enter_context(T.launch_thread(bv, g))
+                        low.vars[vid] = bv
+                else:  # persistent: one block per SM at most, walking the program's blocks
+                    bv = T.env_thread("blockIdx.x")
+                    # Any bound holds; a constant shares no term with the kernel's own
+                    # expressions, which TVM would otherwise compute on the host and pass in.
+                    frames.enter_context(T.launch_thread(bv, tirx.const(2**31 - 1, "int32")))
+                    low.block_x = bv
                 tx = T.env_thread("threadIdx.x")
                 frames.enter_context(T.launch_thread(tx, low.launch_threads))
                 low.tx = tx
@@ -697,27 +708,41 @@ def lower_cuda(program: Program, arch: str = "sm_80",
                 if low.ws is None:
                     low.stmt(p.kernel.body)
                 else:
-                    lower_ws_kernel(low, tmaps)
+                    lower_ws_kernel(low, tmaps, grid)
     return tvm.IRModule({p.name: ib.get()}), low
 
 
-def grouped_raster(low: CudaLowering, block_vars: list[int], group: int = 8) -> None:
-    """Renumbers a 2-D grid's blocks so that consecutive blocks walk `group` rows of y before
-    moving along x: blocks running together then share their A rows and B columns in L2. A
-    bijection of the grid, so it changes no result (blocks are independent)."""
-    # The grid's extents as the kernel sees them (gridDim): an expression of the dims here
-    # would become an extra kernel parameter computed by TVM's host code.
-    gx, gy = (T.call_extern("int32", f"tiled::sm90::grid_dim_{a}") for a in "xy")
-    bx, by = (low.vars[v] for v in block_vars)
-    linear = by * gx + bx
+def bind_block(low: CudaLowering, linear, grid: list, group: int = 8) -> None:
+    """Binds the program's block vars for its block number `linear`. A 2-D grid is walked in
+    groups of `group` rows of y before moving along x, so that blocks running together share
+    their A rows and B columns in L2 (a bijection of the grid: blocks are independent).
+    Every quantity is >= 0, so C's truncating division is the floor division meant here."""
+    block_vars = list(low.program.kernel.block_vars)
+    if len(grid) == 1:
+        low.vars[block_vars[0]] = linear
+        return
+    gx, gy = grid
     per_group = group * gx
-    first = tirx.floordiv(linear, per_group) * group
+    first = tirx.truncdiv(linear, per_group) * group
     rows = tirx.min(gy - first, group)
-    low.vars[block_vars[1]] = first + tirx.floormod(tirx.floormod(linear, per_group), rows)
-    low.vars[block_vars[0]] = tirx.floordiv(tirx.floormod(linear, per_group), rows)
+    low.vars[block_vars[1]] = first + tirx.truncmod(tirx.truncmod(linear, per_group), rows)
+    low.vars[block_vars[0]] = tirx.truncdiv(tirx.truncmod(linear, per_group), rows)
 
 
-def lower_ws_kernel(low: CudaLowering, tmaps: list) -> None:
+@contextlib.contextmanager
+def program_blocks(low: CudaLowering, grid: list):
+    """The persistent block's walk over the program's blocks blockIdx.x, + gridDim.x, ...:
+    binds the block vars for each; `low.ws_k` counts k-tiles through the ring."""
+    blocks = grid[0] if len(grid) == 1 else grid[0] * grid[1]
+    step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
+    low.ws_k = T.alloc_buffer((1,), "int32", scope="local")
+    T.buffer_store(low.ws_k, tirx.const(0, "int32"), [0])
+    with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
+        bind_block(low, low.block_x + it * step, grid)
+        yield
+
+
+def lower_ws_kernel(low: CudaLowering, tmaps: list, grid: list) -> None:
     """The warp-specialized kernel: barriers initialized, then the program's threads run its
     body (consumers) while the extra warpgroup feeds the ring (producer)."""
     with T.If(low.tx == 0), T.Then():
@@ -726,7 +751,9 @@ def lower_ws_kernel(low: CudaLowering, tmaps: list) -> None:
     with T.If(low.tx < low.threads):
         with T.Then():
             T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_inc<{CONSUMER_REGS}>"))
-            low.stmt(low.program.kernel.body)
+            with program_blocks(low, grid):
+                low.stmt(low.program.kernel.body)
         with T.Else():
             T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_dec<{PRODUCER_REGS}>"))
-            low.lower_ws_producer(*tmaps)
+            with T.If(low.tx == low.threads), T.Then(), program_blocks(low, grid):
+                low.lower_ws_producer(*tmaps)

@@ -128,7 +128,7 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
         else [p.kernel.body]
     loops = [s.for_ for s in top if s.WhichOneof("kind") == "for_"
              and s.for_.kind == pb.PIPELINED and s.for_.num_stages >= 2]
-    if len(loops) != 1 or p.kernel.threads not in (128, 256):
+    if len(loops) != 1 or p.kernel.threads not in (128, 256) or len(p.kernel.grid) > 2:
         return None
     f = loops[0]
     body = list(f.body.seq.stmts) if f.body.WhichOneof("kind") == "seq" else [f.body]

@@ -621,7 +621,9 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
 // one producer warpgroup (the block's last 128 threads) whose first thread
 // calls `produce` per k-tile, and NWG consumer warpgroups (threads
 // [0, 128 * NWG)) that call `consume` per k-tile and `consume_end` after the
-// loop. They share a STAGES-deep ring in dynamic shared memory guarded by a
+// loop. `k` counts k-tiles through the ring over the block's whole life (a
+// persistent block runs several output tiles: k = tile_iteration * ktiles +
+// k_in_tile). They share a STAGES-deep ring in dynamic shared memory guarded by a
 // full / empty mbarrier pair per stage. Consumer warpgroup w owns rows
 // [w * BM / NWG, (w + 1) * BM / NWG) of the BM x BN accumulator tile, as
 // BM / NWG / 64 m64 blocks of BN / 2 floats per thread (acc_coord layout).
@@ -682,8 +684,10 @@ struct WsGemm {
     }
   }
   // Consumers: acc += A(k) @ B(k). The wgmma group of tile k stays in flight;
-  // tile k-1's stage is released once its group has retired.
-  __device__ __forceinline__ static void consume(unsigned char* pool, int k, float* acc) {
+  // tile k-1's stage is released once its group has retired (unless k is the
+  // first k-tile of an output tile: consume_end released that one).
+  __device__ __forceinline__ static void consume(unsigned char* pool, int k, bool first,
+                                                 float* acc) {
     const int stage = k % STAGES;
     uint64_t* f = full(pool);
     mbarrier_wait_parity(&f[stage], (k / STAGES) & 1);
@@ -704,11 +708,12 @@ struct WsGemm {
     }
     wgmma_commit_group();
     wgmma_wait_group<1>();
-    if (k > 0 && (threadIdx.x & 31) == 0) mbarrier_arrive(&f[STAGES + (k - 1) % STAGES]);
+    if (!first && (threadIdx.x & 31) == 0) mbarrier_arrive(&f[STAGES + (k - 1) % STAGES]);
   }
-  __device__ __forceinline__ static void consume_end(unsigned char* pool, int n) {
+  // After the last k-tile `last` of an output tile (none when `any` is false).
+  __device__ __forceinline__ static void consume_end(unsigned char* pool, int last, bool any) {
     wgmma_wait_group<0>();
-    if (n > 0 && (threadIdx.x & 31) == 0) mbarrier_arrive(&full(pool)[STAGES + (n - 1) % STAGES]);
+    if (any && (threadIdx.x & 31) == 0) mbarrier_arrive(&full(pool)[STAGES + last % STAGES]);
   }
   // The accumulator tile to C[row0.., col0..] (row-major, ldc), rows < m, cols < n.
   template <typename TC>

@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     sv.add_argument("--memory-limit", help="per-worker address-space limit, e.g. 8G")
     sv.add_argument("--queue-limit", type=int, default=256, help="queued compiles before "
                     "RESOURCE_EXHAUSTED")
-    sv.add_argument("--recycle-memory", default="128M", help="replace a worker whose private "
+    sv.add_argument("--recycle-memory", default="64M", help="replace a worker whose private "
                     "memory exceeds this after a compile (0: never)")
     sv.set_defaults(fn=cmd_serve)
     from tiled.cli_cache import add_parser as add_cache_parser

@@ -50,7 +50,7 @@ class ServeOptions:
     queue_limit: int = 256
     max_request_bytes: int = 64 << 20
     grace_s: float = 10.0
-    recycle_bytes: int | None = 128 << 20  # replace a worker whose own memory grew past this
+    recycle_bytes: int | None = 64 << 20  # replace a worker whose own memory grew past this
 
 
 class _TokenInterceptor(grpc.ServerInterceptor):

@@ -8,6 +8,8 @@ it loads it on first use and reports the real error there, with the request that
 
 from __future__ import annotations
 
+import gc
+
 
 def _load() -> None:
     import importlib
@@ -21,3 +23,6 @@ def _load() -> None:
 
 
 _load()
+# Everything loaded so far lives as long as the fork server: moving it out of the collector's
+# reach keeps a worker's garbage collections from writing to (and so copying) these pages.
+gc.freeze()

@@ -12,7 +12,6 @@ compared with a float32 torch reference) and times the kernels, cuBLAS and the T
 triton.testing.do_bench in the same process.
 """
 
-from __future__ import annotations
 
 import argparse
 import json
@@ -38,6 +37,44 @@ SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096), (16, 1433
           (4095, 4104, 4096)]
 
 
+def variant_kernels():
+    """Kernels that check the path's generality (numerics only): B given as N x K (K-major B),
+    a float32 output (the generic fragment epilogue) and a fused epilogue (bias + ReLU computed
+    on the accumulator in a T.Parallel nest before the store)."""
+    import tiled
+    import tiled.lang as T
+
+    M, N, K = T.dyn("M"), T.dyn("N"), T.dyn("K")
+
+    def make(b_nk: bool, out_dtype: str, fused: bool):
+        @tiled.kernel
+        def gemm_variant(A: T.Tensor((M, K), "bfloat16"),
+                         B: T.Tensor((N, K) if b_nk else (K, N), "bfloat16"),
+                         bias: T.Tensor((N,), "float32"), C: T.Tensor((M, N), out_dtype)):
+            with T.Kernel(T.ceildiv(N, 256), T.ceildiv(M, 128), threads=256) as (bx, by):
+                A_s = T.alloc_shared((128, 64), "bfloat16")
+                B_s = T.alloc_shared((256, 64) if b_nk else (64, 256), "bfloat16")
+                acc = T.alloc_fragment((128, 256), "float32")
+                T.clear(acc)
+                for k in T.Pipelined(T.ceildiv(K, 64), num_stages=4):
+                    T.copy(A[by * 128, k * 64], A_s)
+                    if b_nk:
+                        T.copy(B[bx * 256, k * 64], B_s)
+                    else:
+                        T.copy(B[k * 64, bx * 256], B_s)
+                    T.gemm(A_s, B_s, acc, transpose_B=b_nk)
+                if fused:
+                    for i, j in T.Parallel(128, 256):
+                        acc[i, j] = T.max(acc[i, j] + bias[bx * 256 + j], 0.0)
+                T.copy(acc, C[by * 128, bx * 256])
+
+        return gemm_variant
+
+    return {"variant_nt_bf16": make(True, "bfloat16", False),
+            "variant_out_fp32": make(False, "float32", False),
+            "variant_bias_relu": make(False, "bfloat16", True)}
+
+
 def build(out: Path) -> None:
     sys.path.insert(0, str(ROOT / "examples"))
     import gemm
@@ -46,7 +83,7 @@ def build(out: Path) -> None:
     import tiled.lang as T
 
     out.mkdir(parents=True, exist_ok=True)
-    index = {}
+    index, variants = {}, {}
     for dtype in DTYPES:
         for cfg, (bm, bn, stages, threads) in CONFIGS.items():
             name = f"ws_{dtype}_{cfg}"
@@ -62,11 +99,21 @@ def build(out: Path) -> None:
                            "threads": compiled.manifest.block[0],
                            "dynamic_smem_bytes": compiled.manifest.dynamic_smem_bytes}
             print(f"{name}: {seconds:.2f} s", flush=True)
+    for name, kernel in variant_kernels().items():
+        t0 = time.perf_counter()
+        compiled = tiled.compile(kernel, target="cuda:sm_90a", cache=False)
+        seconds = time.perf_counter() - t0
+        (out / f"{name}.cubin").write_bytes(compiled.artifact)
+        (out / f"{name}.manifest.json").write_text(compiled.manifest.to_json())
+        variants[name] = {"cold_compile_s": round(seconds, 3),
+                          "warp_specialized": compiled.manifest.block[0] == 384}
+        print(f"{name}: {seconds:.2f} s, warp specialized: {variants[name]['warp_specialized']}",
+              flush=True)
     (out / "index.json").write_text(json.dumps({
         "command": f"python benchmarks/gpu/hopper_gemm.py build --out {out}",
         "machine": {"cpu": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "python": platform.python_version()},
-        "kernels": index}, indent=1))
+        "kernels": index, "variants": variants}, indent=1))
 
 
 # -- on the GPU machine ------------------------------------------------------------------------
@@ -122,7 +169,7 @@ def smoke(bundle: Path) -> None:
 
     from tiled.runtime import load
 
-    for manifest in sorted(bundle.glob("*.manifest.json")):
+    for manifest in sorted(bundle.glob("ws_*.manifest.json")):
         name = manifest.name.removesuffix(".manifest.json")
         k = load((bundle / f"{name}.cubin").read_bytes(), manifest.read_text())
         dt = getattr(torch, json.loads(manifest.read_text())["params"][0]["dtype"])
@@ -192,12 +239,42 @@ def run(bundle: Path, out: Path) -> None:
                   f"= {row['ratio_to_cublas']:.2f}x cuBLAS; errs "
                   + ", ".join(f"{c}:{v['err']:.1e}" for c, v in row["tiled"].items()),
                   flush=True)
+    variants = check_variants(bundle, index.get("variants", {}))
     out.write_text(json.dumps({
         "command": f"python3 benchmarks/gpu/hopper_gemm.py run --bundle {bundle} --out {out}",
         "build": index, "device": torch.cuda.get_device_name(),
         "versions": {"torch": torch.__version__, "triton": triton.__version__,
                      "cuda": torch.version.cuda},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, indent=1))
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows,
+        "variants": variants}, indent=1))
+
+
+def check_variants(bundle: Path, variants: dict) -> dict:
+    import torch
+
+    from tiled.runtime import load
+
+    out = {}
+    for name, meta in variants.items():
+        k = load((bundle / f"{name}.cubin").read_bytes(),
+                 (bundle / f"{name}.manifest.json").read_text())
+        for M, N, K in [(1000, 1000, 1000), (4096, 4096, 4096)]:
+            torch.manual_seed(0)
+            a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+            bias = torch.randn(N, device="cuda", dtype=torch.float32)
+            ref = a.float() @ b.float()
+            if name == "variant_bias_relu":
+                ref = torch.relu(ref + bias)
+            out_dt = torch.float32 if name == "variant_out_fp32" else torch.bfloat16
+            c = torch.full((M, N), float("nan"), device="cuda", dtype=out_dt)
+            k(a, b.t().contiguous() if name == "variant_nt_bf16" else b, bias, c)
+            torch.cuda.synchronize()
+            err = ((c.float() - ref).norm() / ref.norm()).item()
+            out[f"{name} {M}x{N}x{K}"] = {"err": err, "nan": bool(torch.isnan(c).any().item()),
+                                          **meta}
+            print(f"{name} {M}x{N}x{K}: rel err {err:.1e}", flush=True)
+    return out
 
 
 def main() -> None:

@@ -55,3 +55,15 @@ def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
         assert not [a for a in c.manifest.kernel_args if a.kind == "tensor_map"]
         text = sass(c.artifact, tmp_path)
         assert "HMMA" in text and "HGMMA" not in text and "UTMALDG" not in text
+
+
+def test_variants_take_the_path_too():
+    """B given as N x K, a float32 output (generic epilogue) and a fused bias + ReLU epilogue:
+    the kernels the H200 benchmark checks numerically (benchmarks/gpu/hopper_gemm.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+    import hopper_gemm
+
+    for name, kernel in hopper_gemm.variant_kernels().items():
+        c = tiled.compile(kernel, target="cuda:sm_90a", cache=False)
+        assert c.manifest.block[0] == 384, name
+        assert sum(a.kind == "tensor_map" for a in c.manifest.kernel_args) == 2, name

@@ -1,11 +1,12 @@
 """A real `tiled serve` subprocess on a Unix socket, for tests that drive the daemon from the
-outside (the CLI tests). Each daemon gets its own cache directory."""
+outside (gRPC stubs, the CLI, the Node.js client). Each daemon gets its own cache directory."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,40 +14,64 @@ from pathlib import Path
 
 import grpc
 
+from tiled.v1 import compile_pb2_grpc
+
 ROOT = Path(__file__).resolve().parents[1]
 MEMO = ("toolchain", "libraries.json")  # as tests/conftest.py: TVM's library hashes
 
 
-@contextlib.contextmanager
-def running_daemon(base: Path, library_memo: Path | None = None, workers: int = 2,
-                   ) -> Iterator[dict]:
-    """Starts `tiled serve` with its socket and cache under `base`; yields {"proc", "sock",
-    "address", "env"}, where env is what a CLI subprocess needs to reach it. Stops it with
-    SIGTERM on exit and checks that it shut down cleanly."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_daemon(base: Path, *args: str, library_memo: Path | None = None) -> dict:
+    """`tiled serve ARGS` with its socket (base/tiled.sock), cache (base/cache) and a metrics
+    port of its own. Returns {"proc", "sock", "address", "env" (what a CLI subprocess needs to
+    reach it), "channel", "stub", "metrics" (the port), "base"}."""
     sock, cache = base / "tiled.sock", base / "cache"
     if library_memo is not None:  # skip hashing the 250 MB compiler library again
         cache.joinpath(MEMO[0]).mkdir(parents=True, exist_ok=True)
         shutil.copy(library_memo, cache.joinpath(*MEMO))
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TILED_CACHE_DIR": str(cache)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(sock), "--workers",
-         str(workers), "--timeout", "120"],
+        [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(sock), "--metrics-port",
+         str(port), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     channel = grpc.insecure_channel(f"unix://{sock}")
     try:
         grpc.channel_ready_future(channel).result(timeout=60)
     except grpc.FutureTimeoutError:
         proc.kill()
-        raise RuntimeError(f"daemon did not start:\n{proc.stdout.read()}") from None
-    finally:
         channel.close()
-    client_env = {**env, "TILED_SERVER": f"unix://{sock}"}
+        raise RuntimeError(f"daemon did not start:\n{proc.stdout.read()}") from None
+    return {"proc": proc, "sock": sock, "address": f"unix://{sock}", "base": base,
+            "env": {**env, "TILED_SERVER": f"unix://{sock}"}, "channel": channel,
+            "stub": compile_pb2_grpc.CompilerStub(channel), "metrics": port}
+
+
+def stop_daemon(d: dict) -> str:
+    """SIGTERM, then checks a clean exit and that the socket is gone; returns the log."""
+    d["channel"].close()
+    d["proc"].terminate()
+    out, _ = d["proc"].communicate(timeout=60)
+    assert d["proc"].returncode == 0, out
+    assert not d["sock"].exists()
+    return out
+
+
+@contextlib.contextmanager
+def running_daemon(base: Path, library_memo: Path | None = None, workers: int = 2,
+                   ) -> Iterator[dict]:
+    """start_daemon with `workers` workers and a 120 s compile limit, stopped on exit."""
+    d = start_daemon(base, "--workers", str(workers), "--timeout", "120",
+                     library_memo=library_memo)
     try:
-        yield {"proc": proc, "sock": sock, "address": f"unix://{sock}", "env": client_env}
+        yield d
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, out
+        stop_daemon(d)
 
 
 def tiled_cli(*args: str, env: dict, cwd: Path = ROOT) -> subprocess.CompletedProcess:

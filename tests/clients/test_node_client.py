@@ -7,15 +7,13 @@ missing."""
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import grpc
 import pytest
 
+from tests.daemon_util import start_daemon, stop_daemon
 from tiled.client import Client
 from tiled.ir import Program, verify
 
@@ -41,23 +39,9 @@ def node():
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    base = tmp_path_factory.mktemp("node-daemon")
-    sock = base / "tiled.sock"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TILED_CACHE_DIR": str(base / "cache")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(sock), "--workers", "1",
-         "--timeout", "120"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with grpc.insecure_channel(f"unix://{sock}") as channel:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=60)
-        except grpc.FutureTimeoutError:
-            proc.kill()
-            pytest.fail(f"daemon did not start:\n{proc.stdout.read()}")
-    yield f"unix://{sock}"
-    proc.terminate()
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out
+    d = start_daemon(tmp_path_factory.mktemp("node-daemon"), "--workers", "1", "--timeout", "120")
+    yield d["address"]
+    stop_daemon(d)
 
 
 def run_node(node, server, program, *args):

@@ -4,9 +4,7 @@ generated gRPC stubs (what a client in any language would do)."""
 import os
 import re
 import signal
-import socket
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -19,50 +17,15 @@ import pytest
 
 import tiled
 import tiled.lang as T
+from tests.daemon_util import start_daemon, stop_daemon
 from tiled.runtime import load
 from tiled.v1 import compile_pb2 as cpb
-from tiled.v1 import compile_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 import elementwise
 import gemm
 import softmax
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_daemon(base: Path, *args: str) -> dict:
-    """A `tiled serve` process on `base`/tiled.sock with its own cache, plus a channel."""
-    sock = base / "tiled.sock"
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TILED_CACHE_DIR": str(base / "cache")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(sock),
-         "--metrics-port", str(port), *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    channel = grpc.insecure_channel(f"unix://{sock}")
-    try:
-        grpc.channel_ready_future(channel).result(timeout=60)
-    except grpc.FutureTimeoutError:
-        proc.kill()
-        pytest.fail(f"daemon did not start:\n{proc.stdout.read()}")
-    return {"proc": proc, "sock": sock, "channel": channel, "base": base,
-            "stub": compile_pb2_grpc.CompilerStub(channel), "metrics": port}
-
-
-def stop_daemon(d: dict) -> str:
-    """SIGTERM, then check a clean exit and that the socket is gone; returns the log."""
-    d["channel"].close()
-    d["proc"].terminate()
-    out, _ = d["proc"].communicate(timeout=60)
-    assert d["proc"].returncode == 0, out
-    assert not d["sock"].exists()
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.server.test_daemon import _free_port, request, start_daemon, stop_daemon
+from tests.daemon_util import free_port, start_daemon, stop_daemon
+from tests.server.test_daemon import request
 from tiled.v1 import compile_pb2 as cpb
 from tiled.v1 import compile_pb2_grpc
 
@@ -45,7 +46,7 @@ def tls_daemon(tmp_path_factory):
     base = tmp_path_factory.mktemp("tls")
     cert_pem = self_signed(base)
     (base / "token").write_text("s3cret-token\n")
-    port = _free_port()
+    port = free_port()
     d = start_daemon(base, "--workers", "1", "--tcp", f"127.0.0.1:{port}",
                      "--tls-cert", str(base / "cert.pem"), "--tls-key", str(base / "key.pem"),
                      "--token-file", str(base / "token"))

@@ -26,6 +26,7 @@ from tiled.compiler.backends.cuda_layout import (
     unravel,
 )
 from tiled.compiler.backends.cuda_plan import (
+    CTYPE,
     SharedTile,
     SyncTracker,
     align_up,
@@ -37,10 +38,11 @@ from tiled.compiler.backends.cuda_plan import (
     walk,
 )
 from tiled.compiler.backends.cuda_sm90 import (
-    CONSUMER_REGS,
-    PRODUCER_REGS,
     PRODUCER_THREADS,
     find_ws_gemm,
+    lower_ws_consumer,
+    lower_ws_kernel,
+    store_ws_tile,
 )
 from tiled.compiler.tir import ExprLowering, declare_params, global_extent, loc_of, tvm_dtype
 from tiled.errors import CompileError
@@ -48,8 +50,6 @@ from tiled.ir import dtypes
 from tiled.ir.program import Program
 from tiled.v1 import tile_ir_pb2 as pb
 
-CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
-         "int8": "int8_t", "int32": "int", "int64": "int64_t", "uint8": "uint8_t"}
 _IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
              pb.REDUCE_MAX: lambda dt: tirx.min_value(dt),
              pb.REDUCE_MIN: lambda dt: tirx.max_value(dt)}
@@ -240,7 +240,7 @@ class CudaLowering(ExprLowering):
         if f.var in self.pipelines:
             return self.lower_pipeline(f, s)
         if self.ws is not None and f.var == self.ws.loop_var:
-            return self.lower_ws_consumer(f)
+            return lower_ws_consumer(self, f)
         extent = self.expr(f.extent)
         kind = T.unroll if f.kind == pb.UNROLL and isinstance(extent, tirx.IntImm) else T.serial
         reads, writes = self.effects(f.body)
@@ -376,7 +376,7 @@ class CudaLowering(ExprLowering):
     def stmt_copy(self, c, s):
         self.uniform_stmt(s)
         src_b, dst_b = self.buffers[c.src.buffer], self.buffers[c.dst.buffer]
-        if self.ws is not None and c.src.buffer == self.ws.c and self.store_ws_tile(c):
+        if self.ws is not None and c.src.buffer == self.ws.c and store_ws_tile(self, c):
             return
         vec = self.copy_vector(c)
         if vec:
@@ -554,58 +554,6 @@ class CudaLowering(ExprLowering):
                 T.buffer_store(tmp, _COMBINE[r.kind](tmp[0], tirx.Cast(acc_dt, v)), [0])
             T.buffer_store(dst, tmp[0], [o])
 
-    # -- sm_90a warp-specialized GEMM (cuda_sm90.py) --------------------------------------
-    def ring(self):
-        return T.address_of(self.pool[self.ws_offset])
-
-    def ws_template(self) -> str:
-        return self.ws.template(CTYPE[self.ws.dtype])
-
-    def lower_ws_consumer(self, f: pb.For) -> None:
-        """The loop on the consumers' side: wgmma over the ring, k-tiles numbered from the
-        block's running count (`ws_k`) so that the ring's phases continue across tiles."""
-        n = self.expr(f.extent)
-        acc = T.address_of(self.tir[self.ws.c][0])
-        base = self.ws_k[0]
-        with T.serial(0, n) as k:
-            T.evaluate(T.call_extern("void", f"{self.ws_template()}::consume", self.ring(),
-                                     base + k, k == 0, acc))
-        T.evaluate(T.call_extern("void", f"{self.ws_template()}::consume_end", self.ring(),
-                                 base + n - 1, n > 0))
-        T.buffer_store(self.ws_k, base + n, [0])
-
-    def lower_ws_producer(self, tmap_a, tmap_b) -> None:
-        """The producer warpgroup's part: its first thread feeds the ring."""
-        ws = self.ws
-        loop = next(st.for_ for st in walk(self.program.kernel.body)
-                    if st.WhichOneof("kind") == "for_" and st.for_.var == ws.loop_var)
-        n = self.expr(loop.extent)
-        base = self.ws_k[0]
-        with T.serial(0, n) as k:
-            self.vars[ws.loop_var] = k
-            a = [self.expr(o) for o in ws.copy_a.src.offsets]
-            b = [self.expr(o) for o in ws.copy_b.src.offsets]
-            T.evaluate(T.call_extern("void", f"{self.ws_template()}::produce", self.ring(),
-                                     base + k, tmap_a, tmap_b, a[1], a[0], b[1], b[0]))
-        T.buffer_store(self.ws_k, base + n, [0])
-
-    def store_ws_tile(self, c: pb.Copy) -> bool:
-        """The whole accumulator to a 16-bit global tile with 16-byte stores
-        (WsGemm::store); False when the copy is not that (it is then lowered generically)."""
-        dst = self.buffers[c.dst.buffer]
-        dt = dtypes.canonical_name(dst.dtype)
-        if dst.scope != pb.GLOBAL or len(dst.shape) != 2 or dt not in ("float16", "bfloat16") \
-                or list(c.dst.extents) != [self.ws.BM, self.ws.BN] or \
-                any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
-            return False
-        row0, col0 = (self.expr(o) for o in c.dst.offsets)
-        m, n = global_extent(self, dst, 0), global_extent(self, dst, 1)
-        base = T.address_of(self.tir[dst.id][0, 0])
-        T.evaluate(T.call_extern("void", f"{self.ws_template()}::store<{CTYPE[dt]}>",
-                                 T.address_of(self.tir[self.ws.c][0]), base,
-                                 tirx.Cast("int64", n), row0, col0, m, n))
-        return True
-
     # -- T.Pipelined ----------------------------------------------------------------------
     def lower_pipeline(self, f: pb.For, s: pb.Stmt) -> None:
         stages, producers = self.pipelines[f.var]
@@ -710,50 +658,3 @@ def lower_cuda(program: Program, arch: str = "sm_80",
                 else:
                     lower_ws_kernel(low, tmaps, grid)
     return tvm.IRModule({p.name: ib.get()}), low
-
-
-def bind_block(low: CudaLowering, linear, grid: list, group: int = 8) -> None:
-    """Binds the program's block vars for its block number `linear`. A 2-D grid is walked in
-    groups of `group` rows of y before moving along x, so that blocks running together share
-    their A rows and B columns in L2 (a bijection of the grid: blocks are independent).
-    Every quantity is >= 0, so C's truncating division is the floor division meant here."""
-    block_vars = list(low.program.kernel.block_vars)
-    if len(grid) == 1:
-        low.vars[block_vars[0]] = linear
-        return
-    gx, gy = grid
-    per_group = group * gx
-    first = tirx.truncdiv(linear, per_group) * group
-    rows = tirx.min(gy - first, group)
-    low.vars[block_vars[1]] = first + tirx.truncmod(tirx.truncmod(linear, per_group), rows)
-    low.vars[block_vars[0]] = tirx.truncdiv(tirx.truncmod(linear, per_group), rows)
-
-
-@contextlib.contextmanager
-def program_blocks(low: CudaLowering, grid: list):
-    """The persistent block's walk over the program's blocks blockIdx.x, + gridDim.x, ...:
-    binds the block vars for each; `low.ws_k` counts k-tiles through the ring."""
-    blocks = grid[0] if len(grid) == 1 else grid[0] * grid[1]
-    step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
-    low.ws_k = T.alloc_buffer((1,), "int32", scope="local")
-    T.buffer_store(low.ws_k, tirx.const(0, "int32"), [0])
-    with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
-        bind_block(low, low.block_x + it * step, grid)
-        yield
-
-
-def lower_ws_kernel(low: CudaLowering, tmaps: list, grid: list) -> None:
-    """The warp-specialized kernel: barriers initialized, then the program's threads run its
-    body (consumers) while the extra warpgroup feeds the ring (producer)."""
-    with T.If(low.tx == 0), T.Then():
-        T.evaluate(T.call_extern("void", f"{low.ws_template()}::init", low.ring()))
-    T.evaluate(T.tvm_storage_sync("shared"))
-    with T.If(low.tx < low.threads):
-        with T.Then():
-            T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_inc<{CONSUMER_REGS}>"))
-            with program_blocks(low, grid):
-                low.stmt(low.program.kernel.body)
-        with T.Else():
-            T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_dec<{PRODUCER_REGS}>"))
-            with T.If(low.tx == low.threads), T.Then(), program_blocks(low, grid):
-                low.lower_ws_producer(*tmaps)

@@ -12,6 +12,10 @@ from tiled.compiler.backends.cuda_layout import walk
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
+# C types of the element types, as the generated CUDA names them.
+CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
+         "int8": "int8_t", "int32": "int", "int64": "int64_t", "uint8": "uint8_t"}
+
 POOL_ALIGN = 128
 
 

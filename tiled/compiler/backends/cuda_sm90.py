@@ -19,11 +19,15 @@ Everything else, and every program that does not match, is lowered as for sm_80.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from tvm import tirx
+from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.backends.cuda_layout import MmaLayout, stmt_exprs, subexprs, walk
+from tiled.compiler.backends.cuda_plan import CTYPE
+from tiled.compiler.tir import global_extent
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -168,3 +172,104 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
     stages = min(f.num_stages, max(2, (200 * 1024) // ((BM + BN) * BK * 2)))
     return WsGemmPlan(f.var, copies[g.a], copies[g.b], g.a, g.b, g.c, dt.pop(), BM, BN, stages,
                       nwg, bool(g.transpose_b), p.kernel.threads)
+
+
+# -- lowering (called by cuda_lower.CudaLowering, `low`) ------------------------------------
+
+def ring(low):
+    return T.address_of(low.pool[low.ws_offset])
+
+def ws_template(low) -> str:
+    return low.ws.template(CTYPE[low.ws.dtype])
+
+def lower_ws_consumer(low, f: pb.For) -> None:
+    """The loop on the consumers' side: wgmma over the ring, k-tiles numbered from the
+    block's running count (`ws_k`) so that the ring's phases continue across tiles."""
+    n = low.expr(f.extent)
+    acc = T.address_of(low.tir[low.ws.c][0])
+    base = low.ws_k[0]
+    with T.serial(0, n) as k:
+        T.evaluate(T.call_extern("void", f"{ws_template(low)}::consume", ring(low),
+                                 base + k, k == 0, acc))
+    T.evaluate(T.call_extern("void", f"{ws_template(low)}::consume_end", ring(low),
+                             base + n - 1, n > 0))
+    T.buffer_store(low.ws_k, base + n, [0])
+
+def lower_ws_producer(low, tmap_a, tmap_b) -> None:
+    """The producer warpgroup's part: its first thread feeds the ring."""
+    ws = low.ws
+    loop = next(st.for_ for st in walk(low.program.kernel.body)
+                if st.WhichOneof("kind") == "for_" and st.for_.var == ws.loop_var)
+    n = low.expr(loop.extent)
+    base = low.ws_k[0]
+    with T.serial(0, n) as k:
+        low.vars[ws.loop_var] = k
+        a = [low.expr(o) for o in ws.copy_a.src.offsets]
+        b = [low.expr(o) for o in ws.copy_b.src.offsets]
+        T.evaluate(T.call_extern("void", f"{ws_template(low)}::produce", ring(low),
+                                 base + k, tmap_a, tmap_b, a[1], a[0], b[1], b[0]))
+    T.buffer_store(low.ws_k, base + n, [0])
+
+def store_ws_tile(low, c: pb.Copy) -> bool:
+    """The whole accumulator to a 16-bit global tile with 16-byte stores
+    (WsGemm::store); False when the copy is not that (it is then lowered generically)."""
+    dst = low.buffers[c.dst.buffer]
+    dt = dtypes.canonical_name(dst.dtype)
+    if dst.scope != pb.GLOBAL or len(dst.shape) != 2 or dt not in ("float16", "bfloat16") \
+            or list(c.dst.extents) != [low.ws.BM, low.ws.BN] or \
+            any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
+        return False
+    row0, col0 = (low.expr(o) for o in c.dst.offsets)
+    m, n = global_extent(low, dst, 0), global_extent(low, dst, 1)
+    base = T.address_of(low.tir[dst.id][0, 0])
+    T.evaluate(T.call_extern("void", f"{ws_template(low)}::store<{CTYPE[dt]}>",
+                             T.address_of(low.tir[low.ws.c][0]), base,
+                             tirx.Cast("int64", n), row0, col0, m, n))
+    return True
+
+
+def bind_block(low, linear, grid: list, group: int = 8) -> None:
+    """Binds the program's block vars for its block number `linear`. A 2-D grid is walked in
+    groups of `group` rows of y before moving along x, so that blocks running together share
+    their A rows and B columns in L2 (a bijection of the grid: blocks are independent).
+    Every quantity is >= 0, so C's truncating division is the floor division meant here."""
+    block_vars = list(low.program.kernel.block_vars)
+    if len(grid) == 1:
+        low.vars[block_vars[0]] = linear
+        return
+    gx, gy = grid
+    per_group = group * gx
+    first = tirx.truncdiv(linear, per_group) * group
+    rows = tirx.min(gy - first, group)
+    low.vars[block_vars[1]] = first + tirx.truncmod(tirx.truncmod(linear, per_group), rows)
+    low.vars[block_vars[0]] = tirx.truncdiv(tirx.truncmod(linear, per_group), rows)
+
+
+@contextlib.contextmanager
+def program_blocks(low, grid: list):
+    """The persistent block's walk over the program's blocks blockIdx.x, + gridDim.x, ...:
+    binds the block vars for each; `low.ws_k` counts k-tiles through the ring."""
+    blocks = grid[0] if len(grid) == 1 else grid[0] * grid[1]
+    step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
+    low.ws_k = T.alloc_buffer((1,), "int32", scope="local")
+    T.buffer_store(low.ws_k, tirx.const(0, "int32"), [0])
+    with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
+        bind_block(low, low.block_x + it * step, grid)
+        yield
+
+
+def lower_ws_kernel(low, tmaps: list, grid: list) -> None:
+    """The warp-specialized kernel: barriers initialized, then the program's threads run its
+    body (consumers) while the extra warpgroup feeds the ring (producer)."""
+    with T.If(low.tx == 0), T.Then():
+        T.evaluate(T.call_extern("void", f"{ws_template(low)}::init", ring(low)))
+    T.evaluate(T.tvm_storage_sync("shared"))
+    with T.If(low.tx < low.threads):
+        with T.Then():
+            T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_inc<{CONSUMER_REGS}>"))
+            with program_blocks(low, grid):
+                low.stmt(low.program.kernel.body)
+        with T.Else():
+            T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_dec<{PRODUCER_REGS}>"))
+            with T.If(low.tx == low.threads), T.Then(), program_blocks(low, grid):
+                lower_ws_producer(low, *tmaps)

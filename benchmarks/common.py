@@ -190,8 +190,8 @@ class Daemon:
     fresh temp dir unless given), started on enter and stopped (SIGTERM) on exit."""
 
     def __init__(self, workers: int = 2, cache_dir: Path | None = None,
-                 env: dict[str, str] | None = None):
-        self.workers = workers
+                 env: dict[str, str] | None = None, args: tuple[str, ...] = ()):
+        self.workers, self.args = workers, args
         self.base = Path(tempfile.mkdtemp(prefix="tiled-daemon-bench-"))
         self.cache_dir = cache_dir or self.base / "cache"
         self.socket = self.base / "tiled.sock"
@@ -208,7 +208,7 @@ class Daemon:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(self.socket),
-             "--workers", str(self.workers), "--timeout", "600"],
+             "--workers", str(self.workers), "--timeout", "600", *self.args],
             env=self.env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
         channel = grpc.insecure_channel(self.address)
         try:

@@ -86,7 +86,8 @@ def cmd_serve(args) -> int:
         metrics_port=args.metrics_port, compile_timeout_s=args.timeout,
         memory_bytes=_size(args.memory_limit) if args.memory_limit else None,
         queue_limit=args.queue_limit,
-        recycle_bytes=_size(args.recycle_memory) if args.recycle_memory != "0" else None))
+        recycle_bytes=_size(args.recycle_memory) if args.recycle_memory != "0" else None,
+        idle_stop_s=args.idle_stop or None))
 
 
 def main(argv=None) -> int:
@@ -115,6 +116,8 @@ def main(argv=None) -> int:
     sv.add_argument("--memory-limit", help="per-worker address-space limit, e.g. 8G")
     sv.add_argument("--queue-limit", type=int, default=256, help="queued compiles before "
                     "RESOURCE_EXHAUSTED")
+    sv.add_argument("--idle-stop", type=float, default=300.0, help="stop the compile workers "
+                    "(and the compiler they preload) after this many idle seconds; 0: never")
     sv.add_argument("--recycle-memory", default="64M", help="replace a worker whose private "
                     "memory exceeds this after a compile (0: never)")
     sv.set_defaults(fn=cmd_serve)

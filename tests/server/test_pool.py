@@ -133,6 +133,18 @@ def test_worker_over_its_memory_budget_is_recycled_after_answering(make_pool):
     assert (stats["completed_total"], stats["failed_total"]) == (2, 0)
 
 
+@pytest.mark.parametrize("preload", [(), ("json",)])  # spawned, or forked from a fork server
+def test_idle_pool_stops_its_workers_and_starts_them_again(make_pool, preload):
+    events = Events()
+    pool = make_pool(idle_stop_s=0.3, preload=preload, on_event=events)
+    first = pool.submit("a", M + "_test_pid", b"").result(30)
+    events.wait_for("idle_stop")
+    assert pool.stats()["live_workers"] == 0
+    assert not [p for p in multiprocessing.active_children() if p.name == "tiled-compile-worker"]
+    assert pool.submit("b", M + "_test_pid", b"").result(60) != first  # a new worker
+    assert pool.stats()["live_workers"] == 1
+
+
 def test_timeout_replaces_worker(make_pool):
     events = Events()
     pool = make_pool(timeout_s=0.5, on_event=events)

@@ -51,6 +51,7 @@ class ServeOptions:
     max_request_bytes: int = 64 << 20
     grace_s: float = 10.0
     recycle_bytes: int | None = 64 << 20  # replace a worker whose own memory grew past this
+    idle_stop_s: float | None = 300.0  # stop the compile processes after this long idle
 
 
 class _TokenInterceptor(grpc.ServerInterceptor):
@@ -112,7 +113,7 @@ def build_server(opts: ServeOptions):
     pool = CompilePool(workers=opts.workers, timeout_s=opts.compile_timeout_s,
                        memory_bytes=opts.memory_bytes, queue_limit=opts.queue_limit,
                        on_event=metrics.pool_event, preload=("tiled.server.preload",),
-                       recycle_bytes=opts.recycle_bytes)
+                       recycle_bytes=opts.recycle_bytes, idle_stop_s=opts.idle_stop_s)
     cache = open_default_cache(events=metrics.cache_events())
     service = CompilerService(cache, pool, metrics, max_request_bytes=opts.max_request_bytes,
                               compile_timeout_s=opts.compile_timeout_s)

@@ -12,6 +12,9 @@ Invariants:
   spawned. Each limits its address space to `memory_bytes` (RLIMIT_AS) when given. A worker
   whose private memory exceeds `recycle_bytes` after a job (a compile's heap stays mapped)
   exits after answering and is replaced by a fresh fork ("recycled").
+- With `idle_stop_s`, a pool that has had no job for that long stops its workers (and the fork
+  server, which holds the preloaded compiler): an idle daemon keeps no compiler in memory. The
+  next job starts them again, paying the preload once.
 - `fn` is "module:function" with the module inside the `tiled` package; the daemon executes
   nothing else a request names. The check is lexical: nothing is imported in the daemon.
 - Single-flight: while a job is queued or running, `_by_key[key]` is that job, and a submit with
@@ -117,11 +120,14 @@ class CompilePool:
     def __init__(self, workers: int | None = None, timeout_s: float = 600.0,
                  memory_bytes: int | None = None, queue_limit: int = 256,
                  on_event: Callable[[str, dict], None] | None = None,
-                 preload: tuple[str, ...] = (), recycle_bytes: int | None = None):
+                 preload: tuple[str, ...] = (), recycle_bytes: int | None = None,
+                 idle_stop_s: float | None = None):
         self.workers = self._size = max(1, workers or len(os.sched_getaffinity(0)))
         self.queue_limit = self._queue_limit = queue_limit
         self._timeout_s, self._memory_bytes = timeout_s, memory_bytes
         self._recycle_bytes = recycle_bytes
+        self._idle_stop_s, self._preload = idle_stop_s, preload
+        self._last_busy = time.monotonic()
         self._on_event = on_event
         if preload:  # the fork server is per process: the first pool's preload list wins
             self._ctx = multiprocessing.get_context("forkserver")
@@ -177,7 +183,8 @@ class CompilePool:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"workers": self._size, "queued": len(self._queue),
+            return {"workers": self._size, "live_workers": len(self._workers),
+                    "queued": len(self._queue),
                     "in_flight": self._in_flight, **self._counts}
 
     def shutdown(self, wait: bool = True, cancel_pending: bool = True) -> None:
@@ -217,6 +224,9 @@ class CompilePool:
                         starts.append(w)
             if done:
                 break
+            if self._queue and not self._workers:  # stopped while idle: start again
+                self._workers = [self._start_worker() for _ in range(self._size)]
+                continue
             for job in dropped:
                 job.future.cancel()
             for w in killed:  # only on shutdown(wait=False): the worker is not replaced
@@ -231,6 +241,13 @@ class CompilePool:
                 self._start_job(w)
             now = time.monotonic()
             deadlines = [w.job.started + w.job.timeout_s for w in self._workers if w.job]
+            if any(w.job for w in self._workers) or self._queue:
+                self._last_busy = now
+            elif self._idle_stop_s is not None and self._workers:
+                if now - self._last_busy >= self._idle_stop_s:
+                    self._stop_idle()
+                    continue
+                deadlines.append(self._last_busy + self._idle_stop_s)
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             waitables = [wake_r] + [w.conn for w in self._workers] + \
                 [w.process.sentinel for w in self._workers]
@@ -248,6 +265,21 @@ class CompilePool:
                         f"compile {job.key!r} ran past its {job.timeout_s:g} s limit"), "timeout")
         for w in self._workers:
             self._stop(w)
+
+    def _stop_idle(self) -> None:
+        """Stops every (idle) worker and the fork server after `idle_stop_s` without a job."""
+        for w in self._workers:
+            self._stop(w)
+        with self._lock:
+            self._workers = []
+        if self._preload:
+            from multiprocessing import forkserver
+
+            # The fork server holds the preloaded compiler; the next worker start restarts it.
+            # (_stop is multiprocessing's own way to stop it, used by its tests.)
+            forkserver._forkserver._stop()
+        log.info("compile workers stopped after %.0f s idle", self._idle_stop_s)
+        self._emit("idle_stop")
 
     def _start_job(self, w: _Worker) -> None:
         job = w.job

@@ -19,10 +19,9 @@ LOG2E = 1.4426950408889634
 
 def flash_attention(batch, heads, kv_heads, seq_q, seq_kv, dim, causal=False, dtype="float16",
                     block_M=64, block_N=64, threads=128, num_stages=2):
-    """seq_q and seq_kv may be ints or T.dyn names on cpu. On cuda they must be ints today: with
-    a symbolic seq the CUDA build fails ("kernel parameter 'int cse_v..' matches no program
-    parameter": CSE hoists a seq expression to the host), and the K/V copies would lose cp.async
-    anyway (it needs every tensor dim after the first to be static)."""
+    """seq_q and seq_kv may be ints or T.dyn names. On cuda a symbolic seq compiles, but its
+    K/V copies lose cp.async (which today needs every tensor dim after the first to be static),
+    so the benchmark builds one kernel per sequence length."""
     if heads % kv_heads:
         raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
     group = heads // kv_heads

@@ -70,3 +70,11 @@ def test_compiles_for_sm90a(dim, causal, dtype):
     assert k.artifact[:4] == b"\x7fELF"
     assert "tiled::gemm_ss<" in k.source  # both gemms on the tensor-core (mma.sync) path
     assert "tiled::cp_async_wait<1>" in k.source  # K/V tiles pipelined two stages deep
+
+
+def test_symbolic_seq_compiles_for_sm90a():
+    """A symbolic sequence length reaches the kernel as a dim argument (CSE runs after the
+    host / device split, so no expression of it becomes an unmatched kernel parameter)."""
+    S = T.dyn("S")
+    k = tiled.compile(fa.flash_attention(1, 2, 2, S, S, 64, True), "cuda:sm_90a", cache=False)
+    assert [a.name for a in k.manifest.kernel_args if a.kind == "dim"] == ["S"]

@@ -42,12 +42,15 @@ def _tiled_pipeline():
             tirx.transform.VectorizeLoop(True),
             tirx.transform.UnrollLoop(),
             tirx.transform.StmtSimplify(),
-            tirx.transform.CommonSubexprElim(),
             tirx.transform.FP8ComputeLegalize(),
             tirx.transform.VerifyMemory(),
             tirx.transform.AnnotateEntryFunc(),
             tirx.transform.SplitHostDevice(),
             cuda_transforms.LowerIket(),
+            # After the split: run before it, CSE may bind an expression of the dims that both
+            # the launch extents and the kernel use outside the kernel, and the kernel then
+            # takes it as an extra parameter no program parameter matches.
+            tirx.transform.CommonSubexprElim(),
             tirx.transform.MakePackedAPI(),
             tirx.transform.FP8StorageLegalize(),
             tirx.transform.BF16StorageLegalize(),

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 # name -> (block_M, block_N, num_stages, threads). BK is 64 (one 128-byte swizzle row).
 CONFIGS = {
     "128x256": (128, 256, 4, 256),
+    "256x128": (256, 128, 4, 256),
     "128x128": (128, 128, 6, 128),
     "64x128": (64, 128, 8, 128),
 }

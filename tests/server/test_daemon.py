@@ -213,8 +213,7 @@ def _children(pid: int) -> list[int]:
 
 def worker_pids(daemon) -> list[int]:
     """The daemon's compile workers: the children of its multiprocessing fork server."""
-    servers = [p for p in _children(daemon["proc"].pid)
-               if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    servers = _children_named(daemon, b"forkserver")
     assert servers, "the daemon has no fork server"
     return [w for server in servers for w in _children(server)]
 
@@ -306,3 +305,27 @@ def test_bytes_that_do_not_decode_are_invalid_argument(daemon):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "tiled.v1.CompileRequest" in e.value.details()
 
+
+
+def test_idle_stop_frees_the_compiler_and_the_next_compile_restarts_it(tmp_path):
+    d = start_daemon(tmp_path, "--workers", "1", "--idle-stop", "1")
+    try:
+        d["stub"].Compile(request(elementwise.add(block=80)), timeout=120)
+        wait_until(lambda: not _children_named(d, b"forkserver"), timeout=60,
+                   what="the fork server and its workers to stop")
+        r = d["stub"].Compile(request(elementwise.add(block=96)), timeout=120)
+        assert not r.cache_hit and r.artifact_size > 0
+    finally:
+        stop_daemon(d)
+
+
+def _children_named(d, text: bytes) -> list[int]:
+    """The daemon's child processes whose command line holds `text` (gone ones skipped)."""
+    out = []
+    for pid in _children(d["proc"].pid):
+        try:
+            if text in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            pass
+    return out

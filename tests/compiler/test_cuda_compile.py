@@ -62,13 +62,14 @@ def test_cubin_arch_and_symbol(name, arch, sm):
     assert sm_num == sm
     assert k.manifest.symbol in symbols
     assert k.manifest.arch == arch and k.manifest.artifact_format == "cubin"
-    # Every kernel parameter maps to a program parameter or a symbolic dim.
-    kinds = [a.kind for a in k.manifest.kernel_args]
-    assert kinds.count("tensor") == sum(p.kind == "tensor" for p in k.manifest.params)
+    # Every tensor parameter reaches the kernel: as a pointer, or (the sm_90a GEMM path, whose
+    # A and B only TMA reads) as a TMA descriptor.
+    used = {a.param for a in k.manifest.kernel_args if a.kind in ("tensor", "tensor_map")}
+    assert used == {i for i, p in enumerate(k.manifest.params) if p.kind == "tensor"}
 
 
 def test_gemm_uses_tensor_cores_and_async_copies():
-    k = tiled.compile(KERNELS["gemm_fp16"](), target="cuda:sm_90a")
+    k = tiled.compile(KERNELS["gemm_fp16"](), target="cuda:sm_80")
     assert "tiled::gemm_ss<half, 128, 128, 32" in k.source
     assert "tiled::cp_async<16>" in k.source and "cp_async_wait<2>" in k.source
     # 3 stages of a padded 128x32 A tile and a padded 32x128 B tile.

@@ -46,7 +46,7 @@ def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
     k = gemm.matmul(256, 256, 256, 128, 128, 64, 3, "float16", threads=128)
     for target, kernel, options in [
             ("cuda:sm_80", k, {}),
-            ("cuda:sm_90a", gemm.matmul(256, 256, 256, 128, 128, 32, 3, "float16"), {}),
+            ("cuda:sm_90a", _split_k_gemm(3, 0), {}),  # 32-wide K tiles that cannot pair
             ("cuda:sm_90a", k, {"warp_specialize": False})]:
         from tiled.compiler import compile_program
 
@@ -67,3 +67,41 @@ def test_variants_take_the_path_too():
         c = tiled.compile(kernel, target="cuda:sm_90a", cache=False)
         assert c.manifest.block[0] == 384, name
         assert sum(a.kind == "tensor_map" for a in c.manifest.kernel_args) == 2, name
+
+
+def _plan(kernel):
+    from tiled.compiler.backends.cuda_layout import infer_layouts
+    from tiled.compiler.backends.cuda_sm90 import find_ws_gemm
+
+    p = kernel.ir.proto
+    return find_ws_gemm(p, infer_layouts(p))
+
+
+def _split_k_gemm(k_tiles: int, k_base: int):
+    """A 32-wide K-tile GEMM whose loop covers `k_tiles` tiles from K offset `k_base`."""
+    @tiled.kernel
+    def partial(A: T.Tensor((256, 4096), "float16"), B: T.Tensor((4096, 256), "float16"),
+                C: T.Tensor((256, 256), "float16")):
+        with T.Kernel(2, 2, threads=128) as (bx, by):
+            A_s = T.alloc_shared((128, 32), "float16")
+            B_s = T.alloc_shared((32, 128), "float16")
+            acc = T.alloc_fragment((128, 128), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(k_tiles, num_stages=3):
+                T.copy(A[by * 128, k_base + k * 32], A_s)
+                T.copy(B[k_base + k * 32, bx * 128], B_s)
+                T.gemm(A_s, B_s, acc)
+            T.copy(acc, C[by * 128, bx * 128])
+
+    return partial
+
+
+def test_32_wide_k_tiles_merge_only_when_provably_exact():
+    # The example's default tiles (128x128x32): two iterations per 64-wide stage.
+    assert _plan(gemm.matmul(T.dyn("M"), 1024, T.dyn("K"))).merge == 2
+    assert _plan(gemm.matmul(256, 256, 97 * 32)).merge == 2  # odd count that covers K
+    assert _plan(gemm.matmul(4096, 4096, 4096, 128, 256, 64, 4, threads=256)).merge == 1
+    assert _plan(_split_k_gemm(64, 0)).merge == 2  # even count: always exact
+    # An odd count short of K would pull in a real tile; an offset base breaks the pairing.
+    assert _plan(_split_k_gemm(3, 0)) is None
+    assert _plan(_split_k_gemm(64, 32)) is None

@@ -3,7 +3,9 @@
 A kernel takes the path on `cuda:sm_90a` when its body holds, at top level, a T.Pipelined loop
 whose body is exactly "copy an A tile and a B tile from global to shared, T.gemm them into a
 float32 fragment", with 16-bit A and B, A not transposed, a 64-wide K tile, tiles the wgmma
-shapes fit, and 128 or 256 threads; the two shared tiles may be used by nothing else. Then:
+shapes fit, and 128 or 256 threads; the two shared tiles may be used by nothing else. A 32-wide
+K tile is run two iterations per 64-wide stage when that provably changes nothing (`_merge`).
+Then:
 
 - the block gets one more warpgroup (128 threads, the producer): its first thread issues TMA
   loads into a STAGES-deep ring of 128B-swizzled shared tiles; the program's own threads (the
@@ -63,6 +65,7 @@ class WgmmaLayout:
 @dataclass(frozen=True)
 class WsGemmPlan:
     loop_var: int  # the T.Pipelined loop's var
+    merge: int  # program iterations per ring stage (2 for a 32-wide K tile)
     copy_a: pb.Copy
     copy_b: pb.Copy
     a: int  # shared tile ids
@@ -161,7 +164,10 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
     rows_b, cols_b = (d.size for d in b.shape)
     BN, k_b = (rows_b, cols_b) if g.transpose_b else (cols_b, rows_b)
     nwg = p.kernel.threads // 128
-    if k_a != BK or k_b != BK or BN % 64 or BN > 256 or BM % (64 * nwg) or BM > 256 or \
+    merge = BK // k_a if k_a == k_b and k_a in (BK, BK // 2) else 0
+    if merge == 2 and not _merge_is_exact(p, f, copies[g.a], copies[g.b], bool(g.transpose_b)):
+        merge = 0
+    if not merge or BN % 64 or BN > 256 or BM % (64 * nwg) or BM > 256 or \
             list(d.size for d in c.shape) != [BM, BN] or BM // nwg // 64 * BN // 2 > 128:
         return None
     # The shared tiles feed this loop only (the accumulator may be used anywhere).
@@ -170,8 +176,53 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
     if _loaded(p.kernel.body) & {g.a, g.b}:  # element loads of the shared tiles
         return None
     stages = min(f.num_stages, max(2, (200 * 1024) // ((BM + BN) * BK * 2)))
-    return WsGemmPlan(f.var, copies[g.a], copies[g.b], g.a, g.b, g.c, dt.pop(), BM, BN, stages,
-                      nwg, bool(g.transpose_b), p.kernel.threads)
+    return WsGemmPlan(f.var, merge, copies[g.a], copies[g.b], g.a, g.b, g.c, dt.pop(), BM, BN,
+                      stages, nwg, bool(g.transpose_b), p.kernel.threads)
+
+
+def _merge_is_exact(p: pb.Program, f: pb.For, copy_a: pb.Copy, copy_b: pb.Copy,
+                    b_kmajor: bool) -> bool:
+    """Whether iterations 2j and 2j+1 of a 32-wide K-tile loop can run as one 64-wide stage:
+    each copy's K offset is exactly 32 * k (the tiles are adjacent) and its other offset does
+    not depend on k, and the loop covers the whole K dim of A and B (same dim): with an odd
+    count the last stage's second half lies past K, which TMA reads as zeros. Proved with
+    TVM's arithmetic analyzer over symbolic dims and block indices, not sampled."""
+    from tvm.sym import Analyzer
+
+    from tiled.compiler.tir import ExprLowering
+    from tiled.ir.program import Program
+
+    low = ExprLowering(Program(p))
+    for v in p.vars:
+        low.vars[v.id] = tirx.Var(f"v{v.id}", low.var_dtype[v.id])
+    buffers = {b.id: b for b in p.buffers}
+    k = low.vars[f.var]
+    ana = Analyzer()
+
+    def proves(a, b) -> bool:
+        return bool(ana.can_prove_equal(a, b))
+
+    def offset(e, at):  # e with the loop var standing for `at`
+        low.vars[f.var] = at
+        return low.expr(e)
+
+    def dim(bid: int, d: int):
+        s = buffers[bid].shape[d]
+        return low.vars[s.var] if s.WhichOneof("kind") == "var" else tirx.const(s.size, "int32")
+
+    ka = dim(copy_a.src.buffer, 1)
+    kb = dim(copy_b.src.buffer, 1 if b_kmajor else 0)
+    for cp, kdim in ((copy_a, 1), (copy_b, 1 if b_kmajor else 0)):
+        for d, e in enumerate(cp.src.offsets):
+            step = offset(e, k + 1) - offset(e, k)
+            if not proves(step, tirx.const(32 if d == kdim else 0, "int32")):
+                return False
+            if d == kdim and not proves(offset(e, tirx.const(0, "int32")), 0):
+                return False
+    extent = low.expr(f.extent)
+    if isinstance(extent, tirx.IntImm) and extent.value % 2 == 0:
+        return True
+    return proves(ka, kb) and proves(extent, tirx.floordiv(ka + 31, 32))
 
 
 # -- lowering (called by cuda_lower.CudaLowering, `low`) ------------------------------------
@@ -182,10 +233,16 @@ def ring(low):
 def ws_template(low) -> str:
     return low.ws.template(CTYPE[low.ws.dtype])
 
+def stage_count(low, f: pb.For):
+    """Ring stages the loop takes: its extent, or half of it rounded up when merged."""
+    n = low.expr(f.extent)
+    return n if low.ws.merge == 1 else tirx.floordiv(n + 1, 2)
+
+
 def lower_ws_consumer(low, f: pb.For) -> None:
     """The loop on the consumers' side: wgmma over the ring, k-tiles numbered from the
     block's running count (`ws_k`) so that the ring's phases continue across tiles."""
-    n = low.expr(f.extent)
+    n = stage_count(low, f)
     acc = T.address_of(low.tir[low.ws.c][0])
     base = low.ws_k[0]
     with T.serial(0, n) as k:
@@ -200,10 +257,10 @@ def lower_ws_producer(low, tmap_a, tmap_b) -> None:
     ws = low.ws
     loop = next(st.for_ for st in walk(low.program.kernel.body)
                 if st.WhichOneof("kind") == "for_" and st.for_.var == ws.loop_var)
-    n = low.expr(loop.extent)
+    n = stage_count(low, loop)
     base = low.ws_k[0]
     with T.serial(0, n) as k:
-        low.vars[ws.loop_var] = k
+        low.vars[ws.loop_var] = k * ws.merge  # the first of the iterations this stage holds
         a = [low.expr(o) for o in ws.copy_a.src.offsets]
         b = [low.expr(o) for o in ws.copy_b.src.offsets]
         T.evaluate(T.call_extern("void", f"{ws_template(low)}::produce", ring(low),

@@ -17,17 +17,18 @@ GQA: SDPA is called with enable_gqa=True; where a backend refuses that, K/V are 
 TFLOP/s counts 4 * B * H * S_q * S_kv * D flops, halved when causal.
 """
 
-import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
+
+from bundle_cli import main, smoke_in_child
 
 BATCH, HEADS = 8, 16
 DEVICE = "cuda"
@@ -212,11 +213,7 @@ def run(bundle: Path, out: Path) -> None:
 
     from tiled.runtime import load
 
-    child = subprocess.run([sys.executable, __file__, "smoke", "--bundle", str(bundle)],
-                           capture_output=True, text=True, timeout=150)
-    print(child.stdout + child.stderr[-3000:], flush=True)
-    if child.returncode:
-        raise SystemExit("smoke run failed; not timing")
+    smoke_in_child(__file__, bundle, 150)
     index = json.loads((bundle / "index.json").read_text())
     tri = triton_attention()
     rows = []
@@ -277,19 +274,5 @@ def bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, seq) -> dict:
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["build", "run", "smoke"])
-    p.add_argument("--out", default=".gpu/attn")
-    p.add_argument("--bundle", default=".gpu/attn")
-    args = p.parse_args()
-    if args.mode == "build":
-        build(Path(args.out))
-    elif args.mode == "smoke":
-        smoke(Path(args.bundle))
-    else:
-        run(Path(args.bundle), Path(args.out))
-
-
 if __name__ == "__main__":
-    main()
+    main(build, run, smoke, ".gpu/attn")

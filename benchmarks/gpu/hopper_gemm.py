@@ -13,17 +13,18 @@ triton.testing.do_bench in the same process.
 """
 
 
-import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
+
+from bundle_cli import main, smoke_in_child
 
 # name -> (block_M, block_N, num_stages, threads). BK is 64 (one 128-byte swizzle row).
 CONFIGS = {
@@ -190,11 +191,7 @@ def run(bundle: Path, out: Path) -> None:
 
     from tiled.runtime import load
 
-    child = subprocess.run([sys.executable, __file__, "smoke", "--bundle", str(bundle)],
-                           capture_output=True, text=True, timeout=240)
-    print(child.stdout + child.stderr[-3000:], flush=True)
-    if child.returncode:
-        raise SystemExit("smoke run failed; not timing")
+    smoke_in_child(__file__, bundle, 240)
     index = json.loads((bundle / "index.json").read_text())
     kernels = {name: load((bundle / f"{name}.cubin").read_bytes(),
                           (bundle / f"{name}.manifest.json").read_text())
@@ -278,19 +275,5 @@ def check_variants(bundle: Path, variants: dict) -> dict:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["build", "run", "smoke"])
-    p.add_argument("--out", default=".gpu/hopper")
-    p.add_argument("--bundle", default=".gpu/hopper")
-    args = p.parse_args()
-    if args.mode == "build":
-        build(Path(args.out))
-    elif args.mode == "smoke":
-        smoke(Path(args.bundle))
-    else:
-        run(Path(args.bundle), Path(args.out))
-
-
 if __name__ == "__main__":
-    main()
+    main(build, run, smoke, ".gpu/hopper")

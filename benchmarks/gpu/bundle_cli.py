@@ -1,0 +1,31 @@
+"""What the GPU benchmarks that travel as a bundle share: the `build | run | smoke` command line,
+and the guarded smoke step (every kernel launched once in a child process with a timeout, so
+that a hanging kernel costs seconds of device time, not the whole call)."""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+
+def smoke_in_child(script: str, bundle: Path, timeout_s: float) -> None:
+    """Runs `script smoke --bundle BUNDLE` in a child; exits when it fails or hangs."""
+    child = subprocess.run([sys.executable, script, "smoke", "--bundle", str(bundle)],
+                           capture_output=True, text=True, timeout=timeout_s)
+    print(child.stdout + child.stderr[-3000:], flush=True)
+    if child.returncode:
+        raise SystemExit("smoke run failed; not timing")
+
+
+def main(build, run, smoke, default_dir: str) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["build", "run", "smoke"])
+    p.add_argument("--out", default=default_dir)
+    p.add_argument("--bundle", default=default_dir)
+    args = p.parse_args()
+    if args.mode == "build":
+        build(Path(args.out))
+    elif args.mode == "smoke":
+        smoke(Path(args.bundle))
+    else:
+        run(Path(args.bundle), Path(args.out))

@@ -68,6 +68,19 @@ class ExprLowering:
     def load(self, bid: int, indices: list) -> tirx.PrimExpr:
         raise NotImplementedError
 
+    def region_index(self, region: pb.Region, tile_coords: list) -> tuple[list, list]:
+        """TIR indices of a region's element at squeezed tile coordinates (one per extent
+        other than 1), and its in-bounds conditions (global buffers only)."""
+        buf = self.buffers[region.buffer]
+        it = iter(tile_coords)
+        idx, conds = [], []
+        for d, (off, ext) in enumerate(zip(region.offsets, region.extents, strict=True)):
+            i = self.expr(off) + (next(it) if ext != 1 else 0)
+            idx.append(i)
+            if buf.scope == pb.GLOBAL:
+                conds.append(i < global_extent(self, buf, d))
+        return idx, conds
+
     def expr(self, e: pb.Expr) -> tirx.PrimExpr:
         kind = e.WhichOneof("kind")
         dt = tvm_dtype(e.dtype)

@@ -14,7 +14,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.tir import ExprLowering, declare_params, global_extent, static_shape, tvm_dtype
+from tiled.compiler.tir import ExprLowering, declare_params, static_shape, tvm_dtype
 from tiled.errors import CompileError
 from tiled.ir.program import Program
 from tiled.v1 import tile_ir_pb2 as pb
@@ -39,20 +39,6 @@ class CpuLowering(ExprLowering):
 
     def load(self, bid, indices):
         return self.tir_buffers[bid][tuple(indices)]
-
-    # -- regions -----------------------------------------------------------------------------
-    def region_access(self, region: pb.Region, tile_vars: list) -> tuple[list, list]:
-        """TIR indices of the region element at squeezed tile coordinates `tile_vars`, and the
-        in-bounds conditions (global buffers only)."""
-        buf = self.buffers[region.buffer]
-        it = iter(tile_vars)
-        idx, conds = [], []
-        for d, (off, ext) in enumerate(zip(region.offsets, region.extents, strict=True)):
-            i = self.expr(off) + (next(it) if ext != 1 else 0)
-            idx.append(i)
-            if buf.scope == pb.GLOBAL:
-                conds.append(i < global_extent(self, buf, d))
-        return idx, conds
 
     def store(self, bid: int, value, indices) -> None:
         buf = self.tir_buffers[bid]
@@ -108,8 +94,8 @@ class CpuLowering(ExprLowering):
     def stmt_copy(self, c, _s):
         tile = [e for e in c.src.extents if e != 1]
         with loop_nest(tile) as vs:
-            src_idx, src_conds = self.region_access(c.src, vs)
-            dst_idx, dst_conds = self.region_access(c.dst, vs)
+            src_idx, src_conds = self.region_index(c.src, vs)
+            dst_idx, dst_conds = self.region_index(c.dst, vs)
             src_buf = self.tir_buffers[c.src.buffer]
             value = src_buf[tuple(src_idx)]
             src_ok = self.guarded(src_conds)
@@ -126,7 +112,7 @@ class CpuLowering(ExprLowering):
         tile = [e for e in f.dst.extents if e != 1] or [1]
         with loop_nest(tile) as vs:
             vs = vs if any(e != 1 for e in f.dst.extents) else []
-            idx, conds = self.region_access(f.dst, vs)
+            idx, conds = self.region_index(f.dst, vs)
             ok = self.guarded(conds)
             value = self.expr(f.value)
             if ok is None:

@@ -44,7 +44,7 @@ from tiled.compiler.backends.cuda_sm90 import (
     lower_ws_kernel,
     store_ws_tile,
 )
-from tiled.compiler.tir import ExprLowering, declare_params, global_extent, loc_of, tvm_dtype
+from tiled.compiler.tir import ExprLowering, declare_params, loc_of, tvm_dtype
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
@@ -361,18 +361,6 @@ class CudaLowering(ExprLowering):
                 yield
 
     # -- tile ops ---------------------------------------------------------------------------
-    def region_index(self, region: pb.Region, tile_coords: list) -> tuple[list, list]:
-        """TIR indices for squeezed tile coordinates, and bounds conditions (global only)."""
-        buf = self.buffers[region.buffer]
-        it = iter(tile_coords)
-        idx, conds = [], []
-        for d, (off, ext) in enumerate(zip(region.offsets, region.extents, strict=True)):
-            i = self.expr(off) + (next(it) if ext != 1 else 0)
-            idx.append(i)
-            if buf.scope == pb.GLOBAL:
-                conds.append(i < global_extent(self, buf, d))
-        return idx, conds
-
     def stmt_copy(self, c, s):
         self.uniform_stmt(s)
         src_b, dst_b = self.buffers[c.src.buffer], self.buffers[c.dst.buffer]

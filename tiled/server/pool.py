@@ -122,8 +122,8 @@ class CompilePool:
                  on_event: Callable[[str, dict], None] | None = None,
                  preload: tuple[str, ...] = (), recycle_bytes: int | None = None,
                  idle_stop_s: float | None = None):
-        self.workers = self._size = max(1, workers or len(os.sched_getaffinity(0)))
-        self.queue_limit = self._queue_limit = queue_limit
+        self.workers = max(1, workers or len(os.sched_getaffinity(0)))  # read-only after init
+        self.queue_limit = queue_limit
         self._timeout_s, self._memory_bytes = timeout_s, memory_bytes
         self._recycle_bytes = recycle_bytes
         self._idle_stop_s, self._preload = idle_stop_s, preload
@@ -146,7 +146,7 @@ class CompilePool:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._workers = [self._start_worker() for _ in range(self._size)]
+        self._workers = [self._start_worker() for _ in range(self.workers)]
         self._thread = threading.Thread(target=self._dispatch, name="tiled-compile-pool",
                                         daemon=True)
         self._thread.start()
@@ -167,8 +167,8 @@ class CompilePool:
             merged = job is not None
             if merged:
                 self._counts["merged_total"] += 1
-            elif len(self._queue) >= self._queue_limit:
-                raise QueueFull(f"compile queue is full ({self._queue_limit} jobs waiting)")
+            elif len(self._queue) >= self.queue_limit:
+                raise QueueFull(f"compile queue is full ({self.queue_limit} jobs waiting)")
             else:
                 job = _Job(key, fn, payload, self._timeout_s if timeout_s is None else timeout_s)
                 self._queue.append(job)
@@ -183,7 +183,7 @@ class CompilePool:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"workers": self._size, "live_workers": len(self._workers),
+            return {"workers": self.workers, "live_workers": len(self._workers),
                     "queued": len(self._queue),
                     "in_flight": self._in_flight, **self._counts}
 
@@ -225,7 +225,7 @@ class CompilePool:
             if done:
                 break
             if self._queue and not self._workers:  # stopped while idle: start again
-                self._workers = [self._start_worker() for _ in range(self._size)]
+                self._workers = [self._start_worker() for _ in range(self.workers)]
                 continue
             for job in dropped:
                 job.future.cancel()

@@ -464,20 +464,15 @@ class CUDAKernel(Kernel):
 
     def __call__(self, *args, stream: object = None) -> None:
         bound = bind_fast(self._binder, args)
-        drv = device = None
+        located = None
         dims = bound.dims
         if self._plan.uses_sm_count:  # a persistent kernel: its grid depends on the device
-            drv = _driver or driver()
-            device = bound.device_index if bound.device_index is not None else \
-                self._device(drv, bound)
+            located = drv, device = self._locate(bound)
             dims = {**dims, SM_COUNT_DIM: self._sm_count(drv, device)}
         grid, block = self._plan.geometry(dims)
         if 0 in grid:
             return
-        if drv is None:
-            drv = _driver or driver()
-            device = bound.device_index if bound.device_index is not None else \
-                self._device(drv, bound)
+        drv, device = located or self._locate(bound)
         loaded = self._loaded.get(device) or self._load(drv, device)
         if stream is not None:
             handle = stream_handle(stream)
@@ -493,6 +488,13 @@ class CUDAKernel(Kernel):
         finally:
             if pushed:
                 drv.pop()
+
+    def _locate(self, bound: BoundArgs) -> tuple[_Driver, int]:
+        """The driver and the device the call's tensors live on."""
+        drv = _driver or driver()
+        device = bound.device_index if bound.device_index is not None else \
+            self._device(drv, bound)
+        return drv, device
 
     def _sm_count(self, drv: _Driver, device: int) -> int:
         count = _SM_COUNTS.get(device)

@@ -77,7 +77,6 @@ class WsGemmPlan:
     stages: int
     nwg: int
     b_kmajor: bool
-    consumers: int  # the program's threads
 
     @property
     def stage_bytes(self) -> int:
@@ -177,7 +176,7 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
         return None
     stages = min(f.num_stages, max(2, (200 * 1024) // ((BM + BN) * BK * 2)))
     return WsGemmPlan(f.var, merge, copies[g.a], copies[g.b], g.a, g.b, g.c, dt.pop(), BM, BN,
-                      stages, nwg, bool(g.transpose_b), p.kernel.threads)
+                      stages, nwg, bool(g.transpose_b))
 
 
 def _merge_is_exact(p: pb.Program, f: pb.For, copy_a: pb.Copy, copy_b: pb.Copy,

@@ -3,9 +3,31 @@ and the guarded smoke step (every kernel launched once in a child process with a
 that a hanging kernel costs seconds of device time, not the whole call)."""
 
 import argparse
+import os
+import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+
+def compile_into(out: Path, name: str, kernel, target: str = "cuda:sm_90a"):
+    """Compiles `kernel` cold (no cache) into out/NAME.cubin + NAME.manifest.json; returns
+    (the compiled kernel, seconds the compile took)."""
+    import tiled
+
+    t0 = time.perf_counter()
+    compiled = tiled.compile(kernel, target=target, cache=False)
+    seconds = time.perf_counter() - t0
+    (out / f"{name}.cubin").write_bytes(compiled.artifact)
+    (out / f"{name}.manifest.json").write_text(compiled.manifest.to_json())
+    return compiled, seconds
+
+
+def machine() -> dict:
+    """Where a bundle was built."""
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version()}
 
 
 def smoke_in_child(script: str, bundle: Path, timeout_s: float) -> None:

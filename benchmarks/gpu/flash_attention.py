@@ -18,8 +18,6 @@ TFLOP/s counts 4 * B * H * S_q * S_kv * D flops, halved when causal.
 """
 
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import main, smoke_in_child
+from bundle_cli import compile_into, machine, main, smoke_in_child
 
 BATCH, HEADS = 8, 16
 DEVICE = "cuda"
@@ -53,18 +51,12 @@ def build(out: Path) -> None:
     sys.path.insert(0, str(ROOT / "examples"))
     import flash_attention as fa
 
-    import tiled
-
     out.mkdir(parents=True, exist_ok=True)
     index = {}
     for name, (kvh, seq, d, causal, dtype, bm, bn, threads, stages) in CONFIGS.items():
         kernel = fa.flash_attention(BATCH, HEADS, kvh, seq, seq, d, causal, dtype, block_M=bm,
                                     block_N=bn, threads=threads, num_stages=stages)
-        t0 = time.perf_counter()
-        compiled = tiled.compile(kernel, target="cuda:sm_90a", cache=False)
-        seconds = time.perf_counter() - t0
-        (out / f"{name}.cubin").write_bytes(compiled.artifact)
-        (out / f"{name}.manifest.json").write_text(compiled.manifest.to_json())
+        compiled, seconds = compile_into(out, name, kernel)
         index[name] = {"kv_heads": kvh, "seq": seq, "dim": d, "causal": causal, "dtype": dtype,
                        "block_M": bm, "block_N": bn, "threads": threads, "num_stages": stages,
                        "cold_compile_s": round(seconds, 3),
@@ -75,8 +67,7 @@ def build(out: Path) -> None:
               flush=True)
     (out / "index.json").write_text(json.dumps({
         "command": f"python benchmarks/gpu/flash_attention.py build --out {out}",
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "batch": BATCH, "heads": HEADS, "kernels": index}, indent=1))
 
 

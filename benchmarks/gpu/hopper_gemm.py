@@ -14,8 +14,6 @@ triton.testing.do_bench in the same process.
 
 
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -24,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import main, smoke_in_child
+from bundle_cli import compile_into, machine, main, smoke_in_child
 
 # name -> (block_M, block_N, num_stages, threads). BK is 64 (one 128-byte swizzle row).
 CONFIGS = {
@@ -81,7 +79,6 @@ def build(out: Path) -> None:
     sys.path.insert(0, str(ROOT / "examples"))
     import gemm
 
-    import tiled
     import tiled.lang as T
 
     out.mkdir(parents=True, exist_ok=True)
@@ -91,30 +88,21 @@ def build(out: Path) -> None:
             name = f"ws_{dtype}_{cfg}"
             kernel = gemm.matmul(T.dyn("M"), T.dyn("N"), T.dyn("K"), bm, bn, 64, stages, dtype,
                                  threads=threads)
-            t0 = time.perf_counter()
-            compiled = tiled.compile(kernel, target="cuda:sm_90a", cache=False)
-            seconds = time.perf_counter() - t0
-            (out / f"{name}.cubin").write_bytes(compiled.artifact)
-            (out / f"{name}.manifest.json").write_text(compiled.manifest.to_json())
+            compiled, seconds = compile_into(out, name, kernel)
             index[name] = {"dtype": dtype, "config": cfg, "cold_compile_s": round(seconds, 3),
                            "stages": {k: round(v, 3) for k, v in compiled.stages.items()},
                            "threads": compiled.manifest.block[0],
                            "dynamic_smem_bytes": compiled.manifest.dynamic_smem_bytes}
             print(f"{name}: {seconds:.2f} s", flush=True)
     for name, kernel in variant_kernels().items():
-        t0 = time.perf_counter()
-        compiled = tiled.compile(kernel, target="cuda:sm_90a", cache=False)
-        seconds = time.perf_counter() - t0
-        (out / f"{name}.cubin").write_bytes(compiled.artifact)
-        (out / f"{name}.manifest.json").write_text(compiled.manifest.to_json())
+        compiled, seconds = compile_into(out, name, kernel)
         variants[name] = {"cold_compile_s": round(seconds, 3),
                           "warp_specialized": compiled.manifest.block[0] == 384}
         print(f"{name}: {seconds:.2f} s, warp specialized: {variants[name]['warp_specialized']}",
               flush=True)
     (out / "index.json").write_text(json.dumps({
         "command": f"python benchmarks/gpu/hopper_gemm.py build --out {out}",
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "kernels": index, "variants": variants}, indent=1))
 
 

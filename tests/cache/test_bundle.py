@@ -5,32 +5,10 @@ import tarfile
 
 import pytest
 
+from tests.cache.fakes import DictTier
 from tiled.cache.bundle import export_bundle, import_bundle, read_bundle
 from tiled.cache.entry import Entry, sha256_hex
 from tiled.errors import BundleError
-
-
-class DictTier:
-    name = "dict"
-
-    def __init__(self):
-        self.entries = {}
-
-    def get(self, key):
-        return self.entries.get(key)
-
-    def put(self, entry):
-        entry.validate()
-        self.entries[entry.key] = entry
-
-    def contains(self, key):
-        return key in self.entries
-
-    def delete(self, key):
-        return self.entries.pop(key, None) is not None
-
-    def keys(self):
-        return list(self.entries)
 
 
 def make_entry(i, target="cuda:sm_90a"):

@@ -8,39 +8,12 @@ import types
 import pytest
 
 from tests.cache.conftest import make_entry
+from tests.cache.fakes import DictTier
 from tiled import config
 from tiled.cache.entry import CountingEvents
 from tiled.cache.memory import MemoryTier
 from tiled.cache.tiered import TieredCache, open_default_cache
 from tiled.errors import CacheWriteError
-
-
-class DictTier:
-    """Stands in for the disk tier: a dict, counting its calls."""
-
-    def __init__(self, name="disk", fail_puts=False):
-        self.name, self.fail_puts = name, fail_puts
-        self.entries, self.gets, self.puts = {}, 0, 0
-
-    def get(self, key):
-        self.gets += 1
-        return self.entries.get(key)
-
-    def put(self, entry):
-        self.puts += 1
-        if self.fail_puts:
-            raise CacheWriteError("disk full")
-        entry.validate()
-        self.entries[entry.key] = entry
-
-    def contains(self, key):
-        return key in self.entries
-
-    def delete(self, key):
-        return self.entries.pop(key, None) is not None
-
-    def keys(self):
-        return list(self.entries)
 
 
 def redis_tier(server, events):
@@ -52,7 +25,7 @@ def redis_tier(server, events):
 
 def test_read_through_fills_the_faster_tier():
     events = CountingEvents()
-    memory, disk = MemoryTier(1 << 20, events), DictTier()
+    memory, disk = MemoryTier(1 << 20, events), DictTier("disk")
     cache = TieredCache([memory, disk], events)
     e = make_entry(1)
     disk.put(e)
@@ -67,7 +40,8 @@ def test_read_through_fills_the_faster_tier():
 
 def test_put_writes_every_tier(redis_server):
     events = CountingEvents()
-    memory, disk, redis = MemoryTier(1 << 20, events), DictTier(), redis_tier(redis_server, events)
+    memory, disk = MemoryTier(1 << 20, events), DictTier("disk")
+    redis = redis_tier(redis_server, events)
     cache = TieredCache([memory, disk, redis], events)
     e = make_entry(1, blobs=2)
     cache.put(e)
@@ -79,7 +53,8 @@ def test_put_writes_every_tier(redis_server):
 
 def test_a_hit_in_redis_only_fills_the_local_tiers(redis_server):
     events = CountingEvents()
-    memory, disk, redis = MemoryTier(1 << 20, events), DictTier(), redis_tier(redis_server, events)
+    memory, disk = MemoryTier(1 << 20, events), DictTier("disk")
+    redis = redis_tier(redis_server, events)
     cache = TieredCache([memory, disk, redis], events)
     e = make_entry(1)
     redis.put(e)  # as if another daemon compiled it
@@ -92,7 +67,8 @@ def test_a_hit_in_redis_only_fills_the_local_tiers(redis_server):
 
 def test_redis_down_costs_counted_errors_only(redis_server):
     events = CountingEvents()
-    memory, disk, redis = MemoryTier(1 << 20, events), DictTier(), redis_tier(redis_server, events)
+    memory, disk = MemoryTier(1 << 20, events), DictTier("disk")
+    redis = redis_tier(redis_server, events)
     cache = TieredCache([memory, disk, redis], events)
     redis_server.stop()
     entries = [make_entry(i) for i in range(20)]
@@ -109,7 +85,7 @@ def test_redis_down_costs_counted_errors_only(redis_server):
 
 
 def test_a_failed_local_put_still_reaches_the_other_tiers_then_raises():
-    memory, disk, other = MemoryTier(1 << 20), DictTier(fail_puts=True), DictTier("other")
+    memory, disk, other = MemoryTier(1 << 20), DictTier("disk", fail_puts=True), DictTier("other")
     events = CountingEvents()
     cache = TieredCache([memory, disk, other], events)
     e = make_entry(1)
@@ -130,7 +106,7 @@ def test_a_failed_remote_put_is_not_raised():
 
 def test_a_failed_write_back_is_counted_not_raised():
     events = CountingEvents()
-    broken, disk = DictTier("memory", fail_puts=True), DictTier()
+    broken, disk = DictTier("memory", fail_puts=True), DictTier("disk")
     e = make_entry(1)
     disk.put(e)
     assert TieredCache([broken, disk], events).get(e.key) == e
@@ -139,7 +115,7 @@ def test_a_failed_write_back_is_counted_not_raised():
 
 class FakeDiskTier(DictTier):
     def __init__(self, root, max_bytes, events):
-        super().__init__()
+        super().__init__("disk")
         self.root, self.max_bytes, self.events = root, max_bytes, events
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.cache.fakes import DictTier
 from tiled import config
 from tiled.cache.entry import CountingEvents, Entry
 from tiled.compiler import CompiledKernel
@@ -26,33 +27,6 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compile
 KERNEL = elementwise.add(block=256, threads=64)
 OTHER = elementwise.add(block=512, threads=64)
 _ARTIFACTS = {}  # program digest -> the backend's Artifact: one real compile per module
-
-
-class DictTier:
-    """A minimal Tier: entries in a dict, validated on put, returned as stored."""
-
-    name = "dict"
-
-    def __init__(self):
-        self.entries: dict[str, Entry] = {}
-        self.puts = 0
-
-    def get(self, key):
-        return self.entries.get(key)
-
-    def put(self, entry):
-        entry.validate()
-        self.puts += 1
-        self.entries.setdefault(entry.key, entry)  # the first complete entry wins
-
-    def contains(self, key):
-        return key in self.entries
-
-    def delete(self, key):
-        return self.entries.pop(key, None) is not None
-
-    def keys(self):
-        return list(self.entries)
 
 
 class FullTier(DictTier):

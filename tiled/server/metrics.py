@@ -127,11 +127,11 @@ class _CacheEvents:
         self._m._safe(self._m.child(self._m.cache_bytes_read, tier).inc, n)
 
     def evicted(self, tier: str, entries: int, nbytes: int) -> None:
-        self._m._safe(self._m.cache_evictions.labels(_label(tier)).inc, entries)
-        self._m._safe(self._m.cache_evicted_bytes.labels(_label(tier)).inc, nbytes)
+        self._m._safe(self._m.child(self._m.cache_evictions, tier).inc, entries)
+        self._m._safe(self._m.child(self._m.cache_evicted_bytes, tier).inc, nbytes)
 
     def error(self, tier: str, op: str) -> None:
-        self._m._safe(self._m.cache_errors.labels(_label(tier), _label(op)).inc)
+        self._m._safe(self._m.child(self._m.cache_errors, tier, op).inc)
 
 
 class Metrics:
@@ -222,7 +222,7 @@ class Metrics:
         return child
 
     def observe_load(self, backend: str, seconds: float) -> None:
-        self.artifact_load.labels(_label(backend)).observe(seconds)
+        self.child(self.artifact_load, backend).observe(seconds)
 
     def cache_events(self) -> _CacheEvents:
         """A CacheEvents (tiled.cache.entry) feeding the tiled_cache_* counters."""
@@ -245,7 +245,7 @@ class Metrics:
         if name == "merged":
             self.merged_requests.inc()
         elif name == "replaced":
-            self.workers_replaced.labels(_label(fields.get("reason", "unknown"))).inc()
+            self.child(self.workers_replaced, fields.get("reason", "unknown")).inc()
         elif name in ("queued", "started", "dequeued", "finished"):
             with self._lock:
                 if name == "queued":

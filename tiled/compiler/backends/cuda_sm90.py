@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import MmaLayout, stmt_exprs, subexprs, walk
+from tiled.compiler.backends.cuda_layout import MmaLayout, element_accesses, subexprs, walk
 from tiled.compiler.backends.cuda_plan import CTYPE
 from tiled.compiler.tir import global_extent
 from tiled.ir import dtypes
@@ -64,7 +64,7 @@ class WgmmaLayout:
 
 @dataclass(frozen=True)
 class WsGemmPlan:
-    loop_var: int  # the T.Pipelined loop's var
+    loop: pb.For  # the T.Pipelined loop
     merge: int  # program iterations per ring stage (2 for a 32-wide K tile)
     copy_a: pb.Copy
     copy_b: pb.Copy
@@ -77,6 +77,10 @@ class WsGemmPlan:
     stages: int
     nwg: int
     b_kmajor: bool
+
+    @property
+    def loop_var(self) -> int:
+        return self.loop.var
 
     @property
     def stage_bytes(self) -> int:
@@ -99,8 +103,8 @@ def _vars(exprs) -> set[int]:
     return {x.var for e in exprs for x in subexprs(e) if x.WhichOneof("kind") == "var"}
 
 
-def _touching(body: pb.Stmt, tiles: set[int]) -> int:
-    """How many tile ops in `body` read or write one of `tiles`."""
+def _tile_ops_on(body: pb.Stmt, tiles: set[int]) -> int:
+    """How many tile ops (copy, gemm, reduce, fill) in `body` read or write one of `tiles`."""
     count = 0
     for st in walk(body):
         kind = st.WhichOneof("kind")
@@ -113,17 +117,10 @@ def _touching(body: pb.Stmt, tiles: set[int]) -> int:
             ids = {node.src, node.dst}
         elif kind == "fill":
             ids = {node.dst.buffer}
-        elif kind in ("store", "atomic_add"):
-            ids = {node.buffer}
         else:
             continue
         count += bool(ids & tiles)
     return count
-
-
-def _loaded(body: pb.Stmt) -> set[int]:
-    return {x.load.buffer for st in walk(body) for e in stmt_exprs(st) for x in subexprs(e)
-            if x.WhichOneof("kind") == "load"}
 
 
 def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None:
@@ -170,12 +167,12 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
             list(d.size for d in c.shape) != [BM, BN] or BM // nwg // 64 * BN // 2 > 128:
         return None
     # The shared tiles feed this loop only (the accumulator may be used anywhere).
-    if _touching(p.kernel.body, {g.a, g.b}) != 3:  # the two copies and the gemm
+    if _tile_ops_on(p.kernel.body, {g.a, g.b}) != 3:  # the two copies and the gemm
         return None
-    if _loaded(p.kernel.body) & {g.a, g.b}:  # element loads of the shared tiles
+    if {bid for bid, _ in element_accesses(p.kernel.body)} & {g.a, g.b}:  # element accesses
         return None
     stages = min(f.num_stages, max(2, (200 * 1024) // ((BM + BN) * BK * 2)))
-    return WsGemmPlan(f.var, merge, copies[g.a], copies[g.b], g.a, g.b, g.c, dt.pop(), BM, BN,
+    return WsGemmPlan(f, merge, copies[g.a], copies[g.b], g.a, g.b, g.c, dt.pop(), BM, BN,
                       stages, nwg, bool(g.transpose_b))
 
 
@@ -254,9 +251,7 @@ def lower_ws_consumer(low, f: pb.For) -> None:
 def lower_ws_producer(low, tmap_a, tmap_b) -> None:
     """The producer warpgroup's part: its first thread feeds the ring."""
     ws = low.ws
-    loop = next(st.for_ for st in walk(low.program.kernel.body)
-                if st.WhichOneof("kind") == "for_" and st.for_.var == ws.loop_var)
-    n = stage_count(low, loop)
+    n = stage_count(low, ws.loop)
     base = low.ws_k[0]
     with T.serial(0, n) as k:
         low.vars[ws.loop_var] = k * ws.merge  # the first of the iterations this stage holds

@@ -30,11 +30,12 @@ _TABLE: list[tuple[type[BaseException], grpc.StatusCode]] = [
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """(code, message) for an exception raised while serving a request."""
-    if isinstance(exc, errors.WorkerCrashed):
-        return grpc.StatusCode.INTERNAL, f"the compiler crashed on this request: {exc}"
-    if isinstance(exc, KeyError):  # str(KeyError) quotes its message
-        return grpc.StatusCode.NOT_FOUND, str(exc.args[0]) if exc.args else "not found"
-    for cls, code in _TABLE:
-        if isinstance(exc, cls):
-            return code, str(exc) or cls.__name__
-    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+    cls, code = next(((c, code) for c, code in _TABLE if isinstance(exc, c)),
+                     (None, grpc.StatusCode.INTERNAL))
+    if cls is None:
+        return code, f"{type(exc).__name__}: {exc}"
+    if cls is errors.WorkerCrashed:
+        return code, f"the compiler crashed on this request: {exc}"
+    if cls is KeyError:  # str(KeyError) quotes its message
+        return code, str(exc.args[0]) if exc.args else "not found"
+    return code, str(exc) or cls.__name__

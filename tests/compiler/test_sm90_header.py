@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.compiler.test_cuda_header import _find_tool
+
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE = REPO / "tiled" / "compiler" / "backends" / "cuda_include"
 WS_GEMM = REPO / "benchmarks" / "gpu" / "sm90" / "ws_gemm.cu"
@@ -36,21 +38,6 @@ FLAGS = ["-O3", "--use_fast_math", "-std=c++17", "-I", str(INCLUDE)]
 
 def _nvcc(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([NVCC, *FLAGS, *args], capture_output=True, text=True, timeout=300)
-
-
-def _find_tool(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    try:  # pip wheel nvidia-cuda-cuobjdump
-        import nvidia  # type: ignore[import-not-found]
-
-        for root in nvidia.__path__:
-            for cand in Path(root).glob(f"*/bin/{name}"):
-                return str(cand)
-    except ImportError:
-        pass
-    return None
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 
 import tiled
 import tiled.lang as T
-from tests.compiler.test_sm90_header import _find_tool
+from tests.compiler.test_cuda_header import _find_tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import gemm

@@ -617,8 +617,8 @@ def lower_cuda(program: Program, arch: str = "sm_80",
                         low.vars[vid] = bv
                 else:  # persistent: one block per SM at most, walking the program's blocks
                     bv = T.env_thread("blockIdx.x")
-                    # Any bound holds; a constant shares no term with the kernel's own
-                    # expressions, which TVM would otherwise compute on the host and pass in.
+                    # The real count, min(blocks, SMs), is known only at launch (the runtime
+                    # binds tiled_sm_count); TVM needs only an upper bound here.
                     frames.enter_context(T.launch_thread(bv, tirx.const(2**31 - 1, "int32")))
                     low.block_x = bv
                 tx = T.env_thread("threadIdx.x")

@@ -372,3 +372,30 @@ def test_gpu_tma_copy(tmp_path):
         torch.testing.assert_close(y, want)
     with pytest.raises(LaunchError, match=r"C=101 float32 rows are 404 bytes"):
         k(torch.zeros(8, 101, device="cuda"), torch.zeros(8, 128, device="cuda"))
+
+
+def test_a_4d_tensor_gets_a_4d_descriptor():
+    """Attention's K: [batch, heads, seq, dim]; the box takes one seq tile of one head, so a
+    tile past the end of a sequence reads zeros instead of the next head's rows."""
+    params = [{"name": "K", "kind": "tensor", "dtype": "float16", "shape": [2, 4, "S", 128]}]
+    m = manifest(params=params, grid=[1, 1, 1],
+                 kernel_args=[{"kind": "tensor_map", "param": 0, "box": [64, 128, 1, 1],
+                               "swizzle": 128}])
+    enc = RecordingEncoder()
+    k = cai((2, 4, 1000, 128), "<f2", A_PTR)
+    pack_kernel_params(m, bind_args(m.params, [k], "cuda"), encode_tensor_map=enc)
+    assert enc.requests == [TensorMapRequest("float16", A_PTR, (128, 1000, 4, 2),
+                                             (256, 256 * 1000, 256 * 1000 * 4),
+                                             (64, 128, 1, 1), 128)]
+    # A strided view (every other head) keeps its real strides; a size-1 dim any legal one.
+    plan = LaunchPlan(m, encode_tensor_map=enc)
+    view = TensorView(None, "cuda_array_interface", A_PTR, (2, 2, 1000, 128),
+                      (8 * 128000, 2 * 128000, 128, 1), "float16", "<f2", "cuda", 0)
+    plan.pack(BoundArgs([view], {"S": 1000}, 0))
+    assert enc.requests[-1].strides == (256, 512000, 2048000)
+    view = TensorView(None, "cuda_array_interface", A_PTR, (2, 2, 1000, 128),
+                      (2 * 128004, 128004, 128, 1), "float16", "<f2", "cuda", 0)
+    with pytest.raises(LaunchError, match=r"K \(kernel_args\[0\], tensor_map\): stride of dim 1 "
+                                          r"is 256008 bytes; TMA needs strides that are multiples "
+                                          r"of 16 bytes"):
+        plan.pack(BoundArgs([view], {"S": 1000}, 0))

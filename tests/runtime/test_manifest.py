@@ -196,8 +196,11 @@ def test_tensor_map_round_trip():
     (tma(box=(0, 64)), r"kernel_args\[0\].box\[0\]: expected an int in 1..256 \(TMA box limit\)"),
     (tma(box=(64, 257)), r"kernel_args\[0\].box\[1\]: expected an int in 1..256 .*, got 257"),
     (tma(box=(64, True)), r"kernel_args\[0\].box\[1\]: expected an int in 1..256 .*, got True"),
-    (tma(box=(64,)), r"kernel_args\[0\].box: expected \[inner, outer\] \(2 ints\)"),
-    ({**tma(), "box": 64}, r"kernel_args\[0\].box: expected \[inner, outer\]"),
+    (tma(box=(64, 1, 1, 1, 1, 1)), r"kernel_args\[0\].box: expected \[inner, ..., outer\] \(1 to "
+                                   r"5 ints, one per dim\)"),
+    ({**tma(), "box": 64}, r"kernel_args\[0\].box: expected \[inner, ..., outer\]"),
+    (tma(box=(64,)), r"kernel_args\[0\].box: params\[0\] \(A\) has shape \['M', 1024\] \(2-D\) "
+                     r"but the box has 1 entries; a tensor_map needs one per dim"),
     (tma(swizzle=16), r"kernel_args\[0\].swizzle: expected one of 0, 32, 64, 128 \(bytes\), "
                       r"got 16"),
     (tma(swizzle="128B"), r"kernel_args\[0\].swizzle: expected one of"),
@@ -223,12 +226,14 @@ def test_tensor_map_validation_names_the_field(arg, message):
         Manifest.from_dict(gemm_dict(kernel_args=[arg]))
 
 
-def test_tensor_map_needs_a_2d_tensor():
+def test_tensor_map_box_has_one_entry_per_dim():
     params = [{"name": "X", "kind": "tensor", "dtype": "float16", "shape": ["B", "M", 64]}]
-    with pytest.raises(ManifestError, match=r"kernel_args\[0\].param: a tensor_map needs a 2-D "
-                                            r"tensor, but params\[0\] \(X\) has shape "
-                                            r"\['B', 'M', 64\] \(3-D\)"):
+    with pytest.raises(ManifestError, match=r"kernel_args\[0\].box: params\[0\] \(X\) has shape "
+                                            r"\['B', 'M', 64\] \(3-D\) but the box has 2 entries"):
         Manifest.from_dict(gemm_dict(params=params, kernel_args=[tma(0)], grid=[1, 1, 1]))
+    ok = {**tma(0), "box": [64, 128, 1]}
+    m = Manifest.from_dict(gemm_dict(params=params, kernel_args=[ok], grid=[1, 1, 1]))
+    assert m.kernel_args[0].box == (64, 128, 1)
     assert issubclass(ManifestError, LaunchError)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import struct
 import sys
 import threading
@@ -73,14 +74,14 @@ class TensorMapStorage(ctypes.Structure):
 
 @dataclass(frozen=True)
 class TensorMapRequest:
-    """One cuTensorMapEncodeTiled call for a 2-D tensor (R, C), innermost dim first. Interleave
-    none, element strides [1, 1], L2 promotion 256B and zero out-of-bounds fill are implied."""
+    """One cuTensorMapEncodeTiled call, every tuple innermost dim first. Interleave none,
+    element strides of 1, L2 promotion 256B and zero out-of-bounds fill are implied."""
 
     dtype: str  # manifest dtype of the elements (see TMA_DATA_TYPES)
     address: int  # globalAddress, 16-byte aligned
-    dims: tuple[int, int]  # globalDim: (C, R) elements
-    strides: tuple[int]  # globalStrides: (row stride in bytes,), a multiple of 16
-    box: tuple[int, int]  # boxDim: (inner, outer) elements
+    dims: tuple[int, ...]  # globalDim: elements per dim
+    strides: tuple[int, ...]  # globalStrides: bytes between steps of dims 1.., multiples of 16
+    box: tuple[int, ...]  # boxDim: elements per dim
     swizzle: int  # bytes: 0 | 32 | 64 | 128
 
 
@@ -93,9 +94,9 @@ def tensor_map_encode_args(cu, request: TensorMapRequest) -> tuple:
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t
     return (
         getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{TMA_DATA_TYPES[request.dtype]}"),
-        2, request.address,
+        len(request.dims), request.address,
         [u64(d) for d in request.dims], [u64(s) for s in request.strides],
-        [u32(b) for b in request.box], [u32(1), u32(1)],
+        [u32(b) for b in request.box], [u32(1)] * len(request.dims),
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(cu.CUtensorMapSwizzle,
                 f"CU_TENSOR_MAP_SWIZZLE_{TMA_SWIZZLE_NAMES[request.swizzle]}"),
@@ -272,37 +273,50 @@ class LaunchPlan:
         ka: KernelArg = self.manifest.kernel_args[i]
         what = f"{self.manifest.name}: {p.name} (kernel_args[{i}], tensor_map)"
         size = dtypes.nbytes(p.dtype)
-        rows, cols = view.shape
-        row_stride, col_stride = view.strides if view.strides is not None else (cols, 1)
-        if not (1 <= rows <= 2**32 and 1 <= cols <= 2**32):
-            raise LaunchError(f"{what}: shape ({rows}, {cols}); TMA needs every dim in "
-                              f"1..2^32")
-        if col_stride != 1 and cols != 1:
+        shape = tuple(view.shape)
+        if not all(1 <= d <= 2**32 for d in shape):
+            raise LaunchError(f"{what}: shape {shape}; TMA needs every dim in 1..2^32")
+        strides = list(view.strides) if view.strides is not None else \
+            [math.prod(shape[j + 1:]) for j in range(len(shape))]
+        if strides[-1] != 1 and shape[-1] != 1:
             raise LaunchError(f"{what}: the last dim is not contiguous (strides "
                               f"{view.strides}); TMA needs unit stride along the last dim")
-        if rows == 1:  # one row: its stride is never stepped, any legal value describes it
-            row_stride = -(-cols * size // 16) * 16 // size
-        if row_stride < cols:
-            raise LaunchError(f"{what}: row stride {row_stride} is shorter than a row "
-                              f"({cols} elements); rows must not overlap")
-        row_bytes = row_stride * size
-        if row_bytes % 16:
-            dim = p.shape[1] if p.shape else None  # type: ignore[index]
-            rows_are = (f"{dim}={cols} {p.dtype} rows are" if isinstance(dim, str) else
-                        f"{cols}-element {p.dtype} rows are")
-            if row_stride != cols:
-                rows_are = f"rows {row_stride} {p.dtype} elements apart are"
-            raise LaunchError(f"{what}: {rows_are} {row_bytes} bytes; TMA needs row strides "
-                              f"that are multiples of 16 bytes: pad the row length to a "
-                              f"multiple of {max(1, 16 // size)}")
-        if row_bytes >= 2**40:
-            raise LaunchError(f"{what}: row stride {row_bytes} bytes; TMA needs less than 2^40")
+        # Outer dims, innermost first. A dim of size 1 is never stepped: any legal stride
+        # describes it, so it takes the smallest that keeps the strides ordered.
+        outer = []
+        span = shape[-1]  # elements the dims inside the current one cover
+        for j in range(len(shape) - 2, -1, -1):
+            stride = strides[j]
+            name = "row stride" if j == len(shape) - 2 else f"stride of dim {j}"
+            if shape[j] == 1:
+                stride = -(-span * size // 16) * 16 // size
+            if stride < span:
+                inner = "a row" if j == len(shape) - 2 else f"dims {j + 1}.."
+                raise LaunchError(f"{what}: {name} {stride} is shorter than {inner} ({span} "
+                                  f"elements); the tensor's elements must not overlap")
+            nbytes = stride * size
+            if nbytes % 16:
+                if j == len(shape) - 2:
+                    dim = p.shape[-1] if p.shape else None
+                    rows_are = (f"{dim}={shape[-1]} {p.dtype} rows are" if isinstance(dim, str)
+                                else f"{shape[-1]}-element {p.dtype} rows are")
+                    if stride != shape[-1]:
+                        rows_are = f"rows {stride} {p.dtype} elements apart are"
+                    raise LaunchError(f"{what}: {rows_are} {nbytes} bytes; TMA needs row "
+                                      f"strides that are multiples of 16 bytes: pad the row "
+                                      f"length to a multiple of {max(1, 16 // size)}")
+                raise LaunchError(f"{what}: {name} is {nbytes} bytes; TMA needs strides that "
+                                  f"are multiples of 16 bytes")
+            if nbytes >= 2**40:
+                raise LaunchError(f"{what}: {name} {nbytes} bytes; TMA needs less than 2^40")
+            outer.append(nbytes)
+            span = stride * shape[j]
         if view.ptr % 16:
             raise LaunchError(f"{what}: data pointer {view.ptr:#x} is not 16-byte aligned; TMA "
                               f"needs a 16-byte aligned base (a view that starts mid-row or at "
                               f"an offset moves the pointer)")
-        return TensorMapRequest(p.dtype, view.ptr, (cols, rows), (row_bytes,),
-                                ka.box, ka.swizzle)  # type: ignore[arg-type]
+        return TensorMapRequest(p.dtype, view.ptr, shape[::-1], tuple(outer),
+                                tuple(ka.box), ka.swizzle)  # type: ignore[arg-type]
 
 
 def launch_geometry(manifest: Manifest, dims: dict[str, int]

@@ -21,14 +21,15 @@ entries are expressions: an int, a dim name, or `[op, a, b]` with op one of `OPS
     scalar      {"kind": "scalar", "param": i}            the scalar's value, in its dtype
     dim         {"kind": "dim", "name": n, "dtype": t}    a symbolic dim; int32|int64|uint32|uint64
     tensor_map  {"kind": "tensor_map", "param": i,        a CUtensorMap (TMA descriptor, 128
-                 "box": [inner, outer], "swizzle": b}     bytes) passed by value to a
-                                                          `const __grid_constant__ CUtensorMap`
+                 "box": [inner, ..., outer],              bytes) passed by value to a
+                 "swizzle": b}                            `const __grid_constant__ CUtensorMap`
 
-A tensor_map's param is a 2-D tensor (R, C) with a contiguous last dim; the runtime encodes the
-descriptor at launch (cuTensorMapEncodeTiled: globalDim [C, R], globalStrides [row bytes],
-boxDim `box` in elements with `inner` along the contiguous dim, swizzle `b` in {0, 32, 64, 128}
-bytes, out-of-bounds elements read as zeros). Checked here: box entries in 1..256, box[0] times
-the element size a multiple of 16 bytes and, when swizzled, at most `b` bytes.
+A tensor_map's param is a tensor of 1 to 5 dims with a contiguous last dim; the runtime encodes
+the descriptor at launch (cuTensorMapEncodeTiled: globalDim = the shape innermost first,
+globalStrides = the byte strides of the outer dims, boxDim `box` in elements, one entry per dim
+innermost first, swizzle `b` in {0, 32, 64, 128} bytes, out-of-bounds elements read as zeros).
+Checked here: one box entry per dim, each in 1..256, box[0] times the element size a multiple
+of 16 bytes and, when swizzled, at most `b` bytes.
 
 Validation happens on construction; every problem raises ManifestError naming the field.
 """
@@ -48,6 +49,7 @@ MANIFEST_VERSION = 1
 KERNEL_ARG_KINDS = ("tensor", "scalar", "dim", "tensor_map")
 TMA_SWIZZLES = (0, 32, 64, 128)  # tensor_map swizzle spans in bytes; 0: none
 TMA_MAX_BOX = 256  # elements per box dim (cuTensorMapEncodeTiled)
+TMA_MAX_RANK = 5  # dims of a tensor_map
 DTYPES = tuple(dtypes.NAME_TO_ENUM)
 OPS = ("add", "sub", "mul", "floordiv", "floormod", "ceildiv", "min", "max")
 # backend -> the artifact format its loader takes; other backends are accepted by the manifest
@@ -230,13 +232,13 @@ class Param:
 @dataclass(frozen=True)
 class KernelArg:
     """One C parameter of a CUDA kernel: a param's device pointer, a param's scalar value, the
-    value of a symbolic dim, or a TMA descriptor of a 2-D tensor param (see the module doc)."""
+    value of a symbolic dim, or a TMA descriptor of a tensor param (see the module doc)."""
 
     kind: str  # "tensor" | "scalar" | "dim" | "tensor_map"
     param: int | None = None  # tensor / scalar / tensor_map: index into params
     name: str | None = None  # dim: the dim's name
     dtype: str | None = None  # dim: int32 | int64
-    box: tuple[int, int] | None = None  # tensor_map: (inner, outer) elements
+    box: tuple[int, ...] | None = None  # tensor_map: elements per dim, innermost first
     swizzle: int | None = None  # tensor_map: bytes, one of TMA_SWIZZLES
 
     def to_dict(self) -> dict[str, Any]:
@@ -269,8 +271,9 @@ class KernelArg:
             if not _is_int(d["param"]):
                 raise _fail(f"{where}.param", f"expected an int, got {d['param']!r}")
             box = d["box"]
-            if not isinstance(box, list | tuple) or len(box) != 2:
-                raise _fail(f"{where}.box", f"expected [inner, outer] (2 ints), got {box!r}")
+            if not isinstance(box, list | tuple) or not 1 <= len(box) <= TMA_MAX_RANK:
+                raise _fail(f"{where}.box", f"expected [inner, ..., outer] (1 to {TMA_MAX_RANK} "
+                            f"ints, one per dim), got {box!r}")
             for j, b in enumerate(box):
                 if not (_is_int(b) and 1 <= b <= TMA_MAX_BOX):
                     raise _fail(f"{where}.box[{j}]", f"expected an int in 1..{TMA_MAX_BOX} "
@@ -278,23 +281,24 @@ class KernelArg:
             if not _is_int(d["swizzle"]) or d["swizzle"] not in TMA_SWIZZLES:
                 raise _fail(f"{where}.swizzle", f"expected one of "
                             f"{', '.join(map(str, TMA_SWIZZLES))} (bytes), got {d['swizzle']!r}")
-            return cls("tensor_map", param=d["param"], box=(box[0], box[1]),
-                       swizzle=d["swizzle"])
+            return cls("tensor_map", param=d["param"], box=tuple(box), swizzle=d["swizzle"])
         raise _fail(f"{where}.kind", f"expected one of {', '.join(map(repr, KERNEL_ARG_KINDS))}, "
                     f"got {kind!r}")
 
 
 def _check_tensor_map(ka: KernelArg, p: Param, k: int, where: str) -> None:
-    """The TMA rules a manifest alone decides: a 2-D tensor and a box its dtype can encode."""
+    """The TMA rules a manifest alone decides: a box for each of the tensor's dims, and one its
+    dtype can encode."""
     if p.kind != "tensor":
         raise _fail(f"{where}.param", f"a tensor_map needs a tensor, but params[{k}] ({p.name}) "
                     f"is a {p.kind}")
     shape = list(p.shape or ())
-    if len(shape) != 2:
-        raise _fail(f"{where}.param", f"a tensor_map needs a 2-D tensor, but params[{k}] "
-                    f"({p.name}) has shape {shape} ({len(shape)}-D)")
+    box = ka.box or ()
+    if len(shape) != len(box):
+        raise _fail(f"{where}.box", f"params[{k}] ({p.name}) has shape {shape} ({len(shape)}-D) "
+                    f"but the box has {len(box)} entries; a tensor_map needs one per dim")
     size = dtypes.nbytes(p.dtype)
-    inner, swizzle = (ka.box or (0, 0))[0], ka.swizzle or 0
+    inner, swizzle = box[0], ka.swizzle or 0
     if inner * size % 16:
         raise _fail(f"{where}.box[0]", f"{inner} {p.dtype} elements are {inner * size} bytes; "
                     f"TMA needs the box's inner extent to be a multiple of 16 bytes "

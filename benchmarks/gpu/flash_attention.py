@@ -3,6 +3,7 @@ SDPA (flash and cuDNN backends) and a Triton flash-attention kernel, on the H200
 
 Here (the CPU machine, with TVM):
     python benchmarks/gpu/flash_attention.py build --out .gpu/attn
+    (TILED_ATTN_ONLY=name,name,... builds only those configs)
 There (device tool, carry=[".gpu"]; thin runtime only, no TVM):
     python3 benchmarks/gpu/flash_attention.py run --bundle .gpu/attn --out $OUT/attn.json
 
@@ -18,6 +19,7 @@ TFLOP/s counts 4 * B * H * S_q * S_kv * D flops, halved when causal.
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,20 +32,27 @@ from bundle_cli import compile_into, machine, main, smoke_in_child
 
 BATCH, HEADS = 8, 16
 DEVICE = "cuda"
-# name -> (kv_heads, seq, dim, causal, dtype, block_M, block_N, threads, stages)
+# name -> (kv_heads, seq, dim, causal, dtype, block_M, block_N, threads, stages). 128 x 128
+# tiles with 256 threads take the sm_90a warp-specialized attention path (two consumer
+# warpgroups of 64 query rows each, and a TMA producer warpgroup).
+WS = (128, 128, 256, 2)
 CONFIGS = {
-    "bf16_d128_s1024": (16, 1024, 128, False, "bfloat16", 64, 64, 128, 2),
-    "bf16_d128_s1024_causal": (16, 1024, 128, True, "bfloat16", 64, 64, 128, 2),
-    "bf16_d128_s4096": (16, 4096, 128, False, "bfloat16", 64, 64, 128, 2),
-    "bf16_d128_s4096_causal": (16, 4096, 128, True, "bfloat16", 64, 64, 128, 2),
-    "bf16_d64_s4096": (16, 4096, 64, False, "bfloat16", 64, 64, 128, 2),
-    "bf16_d64_s4096_causal": (16, 4096, 64, True, "bfloat16", 64, 64, 128, 2),
-    "fp16_d128_s4096": (16, 4096, 128, False, "float16", 64, 64, 128, 2),
-    "fp16_d64_s1024_causal": (16, 1024, 64, True, "float16", 64, 64, 128, 2),
-    "gqa4_bf16_d128_s4096": (4, 4096, 128, False, "bfloat16", 64, 64, 128, 2),
-    "gqa4_bf16_d128_s1024_causal": (4, 1024, 128, True, "bfloat16", 64, 64, 128, 2),
-    "bf16_d128_s1024_128x64_t256": (16, 1024, 128, False, "bfloat16", 128, 64, 256, 2),
-    "bf16_d128_s4096_128x64_t256": (16, 4096, 128, False, "bfloat16", 128, 64, 256, 2),
+    "bf16_d128_s1024": (16, 1024, 128, False, "bfloat16", *WS),
+    "bf16_d128_s1024_causal": (16, 1024, 128, True, "bfloat16", *WS),
+    "bf16_d128_s4096": (16, 4096, 128, False, "bfloat16", *WS),
+    "bf16_d128_s4096_causal": (16, 4096, 128, True, "bfloat16", *WS),
+    "bf16_d128_s16384": (16, 16384, 128, False, "bfloat16", *WS),
+    "bf16_d128_s16384_causal": (16, 16384, 128, True, "bfloat16", *WS),
+    "fp16_d128_s4096": (16, 4096, 128, False, "float16", *WS),
+    "fp16_d128_s4096_causal": (16, 4096, 128, True, "float16", *WS),
+    "bf16_d64_s4096": (16, 4096, 64, False, "bfloat16", *WS),
+    "bf16_d64_s4096_causal": (16, 4096, 64, True, "bfloat16", *WS),
+    "fp16_d64_s1024_causal": (16, 1024, 64, True, "float16", *WS),
+    "gqa4_bf16_d128_s4096": (4, 4096, 128, False, "bfloat16", *WS),
+    "gqa4_bf16_d128_s4096_causal": (4, 4096, 128, True, "bfloat16", *WS),
+    "bf16_d128_s1000_ragged": (16, 1000, 128, False, "bfloat16", *WS),
+    "fp16_d64_s1000_ragged_causal": (16, 1000, 64, True, "float16", *WS),
+    "bf16_d128_s4096_64x64_t128": (16, 4096, 128, False, "bfloat16", 64, 64, 128, 2),
 }
 
 
@@ -53,7 +62,10 @@ def build(out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     index = {}
+    only = [x for x in os.environ.get("TILED_ATTN_ONLY", "").split(",") if x]
     for name, (kvh, seq, d, causal, dtype, bm, bn, threads, stages) in CONFIGS.items():
+        if only and name not in only:
+            continue
         kernel = fa.flash_attention(BATCH, HEADS, kvh, seq, seq, d, causal, dtype, block_M=bm,
                                     block_N=bn, threads=threads, num_stages=stages)
         compiled, seconds = compile_into(out, name, kernel)

@@ -1,0 +1,232 @@
+// tiled_sm90_attn.h -- the sm_90a warp-specialized attention pipeline that
+// cuda_sm90_attn.py emits for FlashAttention-shaped programs.
+//
+// Built on tiled_sm90.h's primitives (mbarrier, TMA, wgmma descriptors); written from
+// the PTX ISA. Everything is compiled only for sm_90a device passes.
+//
+// Shape of the pipeline: one producer warpgroup (its first thread) TMA-loads the Q tile
+// once, then per iteration a K and a V tile into a STAGES-deep ring; NWG consumer
+// warpgroups each own 64 query rows and run the program between the wgmma calls here.
+// Every tile is D / 64 panels of [rows][64] 16-bit elements, 128B-swizzled (one TMA box
+// per panel), so Q and K are K-major wgmma operands and V is an MN-major one.
+#ifndef TILED_SM90_ATTN_H_
+#define TILED_SM90_ATTN_H_
+
+#include "tiled_sm90.h"
+
+#if TILED_SM90A_ENABLED
+namespace tiled {
+namespace sm90 {
+namespace attn {
+
+// TMA load of the box at coordinates (innermost first) into shared `dst`, completing
+// on `bar`; one overload per tensor rank.
+__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
+                                         int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
+                                         int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
+                                         int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
+                                         int32_t c1, int32_t c2, int32_t c3, int32_t c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3), "r"(c4)
+      : "memory");
+}
+
+// D[64 x N] (+)= A[64 x 16] * B[16 x N] for one warpgroup, A from registers: a[0..3]
+// hold the thread's 8 16-bit elements of A in the accumulator layout of an m64n16 tile
+// (acc_coord), two per word, B in shared memory (TRANS_B: 1 = MN-major).
+template <typename T, int N, int TRANS_B>
+struct WgmmaRS;
+
+#define TILED_WGMMA_RS_64(T, TY)                                                                \
+template <int TRANS_B>                                                                          \
+struct WgmmaRS<T, 64, TRANS_B> {                                                                \
+  __device__ __forceinline__ static void run(float (&d)[32], const uint32_t* a,                 \
+                                             uint64_t desc_b, uint32_t scale_d) {               \
+    asm volatile(                                                                               \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                            \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                            \
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                       \
+        "}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                                         \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
+          "+f"(d[30]), "+f"(d[31])                                                              \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),                \
+          "n"(TRANS_B));                                                                        \
+  }                                                                                             \
+};
+TILED_WGMMA_RS_64(half, "f16")
+TILED_WGMMA_RS_64(__nv_bfloat16, "bf16")
+#undef TILED_WGMMA_RS_64
+
+#define TILED_WGMMA_RS_128(T, TY)                                                               \
+template <int TRANS_B>                                                                          \
+struct WgmmaRS<T, 128, TRANS_B> {                                                               \
+  __device__ __forceinline__ static void run(float (&d)[64], const uint32_t* a,                 \
+                                             uint64_t desc_b, uint32_t scale_d) {               \
+    asm volatile(                                                                               \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                            \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                           \
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                      \
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                      \
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                       \
+        "}, {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                                         \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),         \
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),         \
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),         \
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),         \
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),         \
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                    \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),                \
+          "n"(TRANS_B));                                                                        \
+  }                                                                                             \
+};
+TILED_WGMMA_RS_128(half, "f16")
+TILED_WGMMA_RS_128(__nv_bfloat16, "bf16")
+#undef TILED_WGMMA_RS_128
+
+// Ties the registers of d to this point: reads after it see the values a wgmma wrote
+// once its group was waited for.
+template <int NREG>
+__device__ __forceinline__ void fence_registers(float* d) {
+#pragma unroll
+  for (int i = 0; i < NREG; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The pipeline. Barriers after the ring: [0] Q landed; [1 + s] K of stage s landed;
+// [1 + STAGES + s] V of stage s landed; [1 + 2 * STAGES + s] stage s free again (one
+// arrival per consumer warp). Iteration k uses stage k % STAGES, phase (k / STAGES) & 1.
+template <typename T, int BM, int BN, int D, int STAGES, int NWG>
+struct WsAttn {
+  static constexpr uint32_t kQBytes = BM * D * 2;
+  static constexpr uint32_t kTileBytes = BN * D * 2;  // one K or V tile
+  static_assert(BM == 64 * NWG && D % 64 == 0 && BN % 16 == 0, "WsAttn tile");
+
+  __device__ __forceinline__ static unsigned char* ring(unsigned char* pool) {
+    return pool + ((1024 - (smem_addr(pool) & 1023)) & 1023);
+  }
+  __device__ __forceinline__ static uint64_t* bars(unsigned char* pool) {
+    return reinterpret_cast<uint64_t*>(ring(pool) + kQBytes + 2 * STAGES * kTileBytes);
+  }
+  __device__ __forceinline__ static unsigned char* q_tile(unsigned char* pool, int j) {
+    return ring(pool) + j * BM * 128;
+  }
+  __device__ __forceinline__ static unsigned char* k_tile(unsigned char* pool, int k, int j) {
+    return ring(pool) + kQBytes + (k % STAGES) * 2 * kTileBytes + j * BN * 128;
+  }
+  __device__ __forceinline__ static unsigned char* v_tile(unsigned char* pool, int k, int j) {
+    return k_tile(pool, k, j) + kTileBytes;
+  }
+  __device__ __forceinline__ static uint64_t* q_bar(unsigned char* pool) { return bars(pool); }
+  __device__ __forceinline__ static uint64_t* k_bar(unsigned char* pool, int k) {
+    return bars(pool) + 1 + k % STAGES;
+  }
+  __device__ __forceinline__ static uint64_t* v_bar(unsigned char* pool, int k) {
+    return bars(pool) + 1 + STAGES + k % STAGES;
+  }
+  __device__ __forceinline__ static uint64_t* empty_bar(unsigned char* pool, int k) {
+    return bars(pool) + 1 + 2 * STAGES + k % STAGES;
+  }
+
+  // Thread 0; the caller then synchronizes the block.
+  __device__ __forceinline__ static void init(unsigned char* pool) {
+    uint64_t* b = bars(pool);
+    for (int i = 0; i < 1 + 2 * STAGES; ++i) mbarrier_init(&b[i], 1);
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(&b[1 + 2 * STAGES + s], NWG * 4);
+    fence_barrier_init();
+  }
+
+  // Producer, one thread: before Q's loads, and before iteration k's K and V loads
+  // (waits until the consumers freed the stage).
+  __device__ __forceinline__ static void begin_q(unsigned char* pool) {
+    mbarrier_arrive_expect_tx(q_bar(pool), kQBytes);
+  }
+  __device__ __forceinline__ static void begin_kv(unsigned char* pool, int k) {
+    mbarrier_wait_parity(empty_bar(pool, k), ((k / STAGES) & 1) ^ 1);
+    mbarrier_arrive_expect_tx(k_bar(pool, k), kTileBytes);
+    mbarrier_arrive_expect_tx(v_bar(pool, k), kTileBytes);
+  }
+
+  // Consumers.
+  __device__ __forceinline__ static void wait_q(unsigned char* pool) {
+    mbarrier_wait_parity(q_bar(pool), 0);
+  }
+  // S += Q K(k)^T: the warpgroup's 64 rows of Q against the BN rows of K, over D.
+  __device__ __forceinline__ static void qk(unsigned char* pool, int k, float* s) {
+    mbarrier_wait_parity(k_bar(pool, k), (k / STAGES) & 1);
+    const int wg = threadIdx.x / 128;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint64_t da =
+          desc_kmajor_sw128(q_tile(pool, kk / 4) + wg * 64 * 128 + 32 * (kk % 4));
+      const uint64_t db = desc_kmajor_sw128(k_tile(pool, k, kk / 4) + 32 * (kk % 4));
+      wgmma_ss<T, BN, 0, 0>(*reinterpret_cast<float(*)[BN / 2]>(s), da, db, 1u);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    fence_registers<BN / 2>(s);
+  }
+  // The probabilities (S's layout, float) as 16-bit A-operand words: word i / 2 packs
+  // elements i and i + 1, which is A's register layout for each 16-column slice.
+  __device__ __forceinline__ static void to_a_regs(const float* s, uint32_t* a) {
+    using P = detail::pair_of<T>;
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2) a[i / 2] = detail::as_u32(P::make(s[i], s[i + 1]));
+  }
+  // O += P V(k), then stage k is released.
+  __device__ __forceinline__ static void pv(unsigned char* pool, int k, const uint32_t* a,
+                                            float* o) {
+    mbarrier_wait_parity(v_bar(pool, k), (k / STAGES) & 1);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint64_t db = make_smem_desc(v_tile(pool, k, 0) + 2048 * kk, BN * 128, 1024);
+      WgmmaRS<T, D, 1>::run(*reinterpret_cast<float(*)[D / 2]>(o), a + 4 * kk, db, 1u);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    fence_registers<D / 2>(o);
+    if ((threadIdx.x & 31) == 0) mbarrier_arrive(empty_bar(pool, k));
+  }
+};
+
+}  // namespace attn
+}  // namespace sm90
+}  // namespace tiled
+#endif  // TILED_SM90A_ENABLED
+#endif  // TILED_SM90_ATTN_H_

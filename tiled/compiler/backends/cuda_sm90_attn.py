@@ -1,0 +1,305 @@
+"""The sm_90a warp-specialized attention path: which programs take it, and its lowering.
+
+A kernel takes the path on `cuda:sm_90a` when it has the shape of a FlashAttention forward
+(examples/flash_attention.py): before a top-level T.Pipelined loop, a Q tile is copied from
+global to shared; in the loop, a K and a V tile are copied from global to shared,
+`S = Q @ K^T` (T.gemm with transpose_B into a float32 fragment), some fragment computation,
+the probabilities are copied from a fragment to a shared P tile, and `acc += P @ V`. The four
+shared tiles may be used by nothing else; Q, K, V are 16-bit with head dim D of 64 or 128;
+the K / V tile has BN of 64 or 128 rows; threads are 128 or 256, one consumer warpgroup per
+64 query rows (BM = 64 * warpgroups). Then:
+
+- the block gets one more warpgroup (the producer): its first thread TMA-loads Q once, and K
+  and V per iteration into a STAGES-deep ring of 128B-swizzled tiles, each tile D / 64 panels
+  of 64 columns, with separate full barriers for K and V (S can start before V lands);
+- the consumers run the program: `S = Q @ K^T` is wgmma with both operands in shared memory;
+  the fragment code between the gemms runs on the wgmma accumulator layout, its row
+  reductions on the rows layout (cuda_layout.WgmmaRows: a register combine and two quad
+  shuffles); the copy of S's probabilities to P becomes a conversion to 16-bit registers in
+  wgmma's A-operand layout (which is the accumulator layout of S), and `acc += P @ V` is
+  wgmma with A in registers and V as an MN-major shared operand; the stage is released then;
+- the grid is the program's (one block per program block); every global tensor feeding the
+  ring is described by a TMA descriptor of its own rank, so a tile past the end of a sequence
+  reads zeros, as the program says, not the next head's rows.
+
+Everything else is lowered as for sm_80 (the sm_90a GEMM path included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm.script.ir_builder import tirx as T
+
+from tiled.compiler.backends.cuda_layout import element_accesses, subexprs, walk
+from tiled.compiler.backends.cuda_plan import CTYPE
+from tiled.compiler.backends.cuda_sm90 import WgmmaLayout
+from tiled.ir import dtypes
+from tiled.v1 import tile_ir_pb2 as pb
+
+PRODUCER_THREADS = 128
+PRODUCER_REGS, CONSUMER_REGS = 24, 240
+RING_SLACK = 1024  # the ring is aligned to 1024 bytes inside the dynamic pool
+SMEM_BUDGET = 200 * 1024  # of the ring: stages are dropped to fit
+
+
+@dataclass(frozen=True)
+class AttnPlan:
+    loop: pb.For  # the T.Pipelined loop
+    copy_q: pb.Copy
+    copy_k: pb.Copy
+    copy_v: pb.Copy
+    q: int  # shared tile ids (ring tiles: only TMA and wgmma see them)
+    k: int
+    v: int
+    p: int
+    s: int  # fragment of the scores (QK^T's accumulator)
+    o: int  # fragment of the output (PV's accumulator)
+    dtype: str  # float16 | bfloat16
+    BM: int
+    BN: int
+    D: int
+    stages: int
+    nwg: int
+
+    @property
+    def ring_tiles(self) -> set[int]:
+        return {self.q, self.k, self.v, self.p}
+
+    @property
+    def ring_bytes(self) -> int:
+        return RING_SLACK + (self.BM + 2 * self.stages * self.BN) * self.D * 2 + \
+            8 * (1 + 3 * self.stages)
+
+    def accumulators(self) -> dict[int, WgmmaLayout]:
+        return {self.s: WgmmaLayout(self.BM, self.BN, self.nwg),
+                self.o: WgmmaLayout(self.BM, self.D, self.nwg)}
+
+    def template(self) -> str:
+        return (f"tiled::sm90::attn::WsAttn<{CTYPE[self.dtype]}, {self.BM}, {self.BN}, "
+                f"{self.D}, {self.stages}, {self.nwg}>")
+
+    def box(self, c: pb.Copy) -> list[int]:
+        """The TMA box of a ring copy, innermost first: one 64-column panel of the tile."""
+        return [64] + [int(e) for e in reversed(c.src.extents[:-1])]
+
+
+def _body(s: pb.Stmt) -> list[pb.Stmt]:
+    return list(s.seq.stmts) if s.WhichOneof("kind") == "seq" else [s]
+
+
+def _vars(exprs) -> set[int]:
+    return {x.var for e in exprs for x in subexprs(e) if x.WhichOneof("kind") == "var"}
+
+
+def find_ws_attention(p: pb.Program) -> AttnPlan | None:
+    """The plan for `p`'s attention loop, or None when `p` does not match (see the module
+    docstring); never raises for a program that merely does not match."""
+    buffers = {b.id: b for b in p.buffers}
+    threads = p.kernel.threads
+    if threads not in (128, 256):
+        return None
+    nwg = threads // 128
+    top = _body(p.kernel.body)
+    loops = [i for i, s in enumerate(top) if s.WhichOneof("kind") == "for_"
+             and s.for_.kind == pb.PIPELINED]
+    if len(loops) != 1:
+        return None
+    f = top[loops[0]].for_
+    body = _body(f.body)
+    gemms = [s.gemm for s in body if s.WhichOneof("kind") == "gemm"]
+    if len(gemms) != 2:
+        return None
+    qk, pv = gemms
+    if not qk.transpose_b or qk.transpose_a or pv.transpose_a or pv.transpose_b or \
+            qk.clear_accum or pv.clear_accum:
+        return None
+    q, k, s_frag, pt, v, o = qk.a, qk.b, qk.c, pv.a, pv.b, pv.c
+    if len({q, k, s_frag, pt, v, o}) != 6:
+        return None
+    shared = [buffers[x] for x in (q, k, v, pt)]
+    if any(b.scope != pb.SHARED or len(b.shape) != 2 for b in shared):
+        return None
+    dt = {dtypes.canonical_name(b.dtype) for b in shared}
+    if len(dt) != 1 or not dt <= {"float16", "bfloat16"}:
+        return None
+    for x in (s_frag, o):
+        if buffers[x].scope != pb.FRAGMENT or dtypes.canonical_name(buffers[x].dtype) != "float32":
+            return None
+    BM, D = (d.size for d in buffers[q].shape)
+    BN = buffers[k].shape[0].size
+    if nwg * 64 != BM or D not in (64, 128) or BN not in (64, 128) or \
+            [d.size for d in buffers[k].shape] != [BN, D] or \
+            [d.size for d in buffers[v].shape] != [BN, D] or \
+            [d.size for d in buffers[pt].shape] != [BM, BN] or \
+            [d.size for d in buffers[s_frag].shape] != [BM, BN] or \
+            [d.size for d in buffers[o].shape] != [BM, D]:
+        return None
+
+    # The statements of the loop: K / V copies first, then S = Q K^T, ..., P <- fragment,
+    # acc += P V; nothing else in the loop touches shared memory.
+    kinds = [st.WhichOneof("kind") for st in body]
+    copies = [st.copy for st in body if st.WhichOneof("kind") == "copy"]
+    ring_copies = {c.dst.buffer: c for c in copies if c.dst.buffer in (k, v)}
+    p_copies = [c for c in copies if c.dst.buffer == pt]
+    if set(ring_copies) != {k, v} or len(p_copies) != 1 or len(copies) != 3:
+        return None
+    i_qk, i_pv = kinds.index("gemm"), len(kinds) - 1 - kinds[::-1].index("gemm")
+    i_p = next(i for i, st in enumerate(body) if st.WhichOneof("kind") == "copy"
+               and st.copy.dst.buffer == pt)
+    ring_idx = [i for i, st in enumerate(body) if st.WhichOneof("kind") == "copy"
+                and st.copy.dst.buffer in (k, v)]
+    if max(ring_idx) > i_qk or not i_qk < i_p < i_pv:
+        return None
+    pc = p_copies[0]
+    src_p = buffers[pc.src.buffer]
+    if src_p.scope != pb.FRAGMENT or [d.size for d in src_p.shape] != [BM, BN] or \
+            list(pc.src.extents) != [BM, BN] or list(pc.dst.extents) != [BM, BN] or \
+            any(o_.WhichOneof("kind") != "int_value" or o_.int_value
+                for o_ in list(pc.src.offsets) + list(pc.dst.offsets)):
+        return None
+
+    # The Q copy: top level, before the loop.
+    q_copies = [s.copy for s in top[:loops[0]] if s.WhichOneof("kind") == "copy"
+                and s.copy.dst.buffer == q]
+    if len(q_copies) != 1:
+        return None
+    block_vars = set(p.kernel.block_vars)
+    for c, rows, allowed in ((q_copies[0], BM, block_vars),
+                             (ring_copies[k], BN, block_vars | {f.var}),
+                             (ring_copies[v], BN, block_vars | {f.var})):
+        src = buffers[c.src.buffer]
+        if src.scope != pb.GLOBAL or not 2 <= len(src.shape) <= 5 or \
+                dtypes.canonical_name(src.dtype) not in dt:
+            return None
+        ext = list(c.src.extents)
+        if ext[-1] != D or src.shape[-1].WhichOneof("kind") != "size" or \
+                src.shape[-1].size != D or sorted(e for e in ext[:-1] if e != 1) != [rows] or \
+                max(ext[:-1]) > 256 or list(c.dst.extents) != [rows, D] or \
+                any(o_.WhichOneof("kind") != "int_value" or o_.int_value
+                    for o_ in c.dst.offsets):
+            return None
+        if c.src.offsets[-1].WhichOneof("kind") != "int_value" or c.src.offsets[-1].int_value:
+            return None
+        if not _vars(c.src.offsets) <= allowed:
+            return None
+    # The ring tiles and the P tile feed these ops only.
+    tiles = {q, k, v, pt}
+    uses = 0
+    for st in walk(p.kernel.body):
+        kind = st.WhichOneof("kind")
+        node = getattr(st, kind)
+        if kind == "copy":
+            uses += bool({node.src.buffer, node.dst.buffer} & tiles)
+        elif kind == "gemm":
+            uses += bool({node.a, node.b} & tiles)
+        elif kind in ("reduce", "fill"):
+            ids = {node.src, node.dst} if kind == "reduce" else {node.dst.buffer}
+            uses += bool(ids & tiles)
+    if uses != 6 or {bid for bid, _ in element_accesses(p.kernel.body)} & tiles:
+        return None
+    dtype = dt.pop()
+    stage = 2 * BN * D * 2
+    stages = max(1, min(f.num_stages, (SMEM_BUDGET - BM * D * 2) // stage))
+    return AttnPlan(f, q_copies[0], ring_copies[k], ring_copies[v], q, k, v, pt, s_frag, o,
+                    dtype, BM, BN, D, stages, nwg)
+
+
+# -- lowering (called by cuda_lower.CudaLowering, `low`) ------------------------------------
+
+def _call(low, name: str, *args, ret: str = "void"):
+    return T.call_extern(ret, f"{low.attn.template()}::{name}", *args)
+
+
+def _ring(low):
+    return T.address_of(low.pool[low.ws_offset])
+
+
+def _coords(low, c: pb.Copy) -> list:
+    """The copy's box origin, innermost dim first."""
+    return [low.expr(o) for o in reversed(c.src.offsets)]
+
+
+def _load_tile(low, c: pb.Copy, tmap, tile: str, bar: str, stage_k=None) -> None:
+    """TMA loads of the copy's tile, one per 64-column panel, onto its barrier."""
+    coords = _coords(low, c)
+    k = [] if stage_k is None else [stage_k]
+    for j in range(low.attn.D // 64):
+        T.evaluate(T.call_extern(
+            "void", "tiled::sm90::attn::tma_load", _call(low, tile, _ring(low), *k, j,
+                                                          ret="handle"),
+            tmap, _call(low, bar, _ring(low), *k, ret="handle"), coords[0] + 64 * j,
+            *coords[1:]))
+
+
+def lower_attn_producer(low, tmaps: dict) -> None:
+    """The producer warpgroup's first thread: Q once, then K and V per iteration."""
+    a = low.attn
+    T.evaluate(_call(low, "begin_q", _ring(low)))
+    _load_tile(low, a.copy_q, tmaps["q"], "q_tile", "q_bar")
+    n = low.expr(a.loop.extent)
+    with T.serial(0, n) as k:
+        low.vars[a.loop.var] = k
+        T.evaluate(_call(low, "begin_kv", _ring(low), k))
+        _load_tile(low, a.copy_k, tmaps["k"], "k_tile", "k_bar", k)
+        _load_tile(low, a.copy_v, tmaps["v"], "v_tile", "v_bar", k)
+
+
+def lower_attn_loop(low, f: pb.For) -> None:
+    """The loop on the consumers' side: the program's statements, with the ring copies gone,
+    the gemms as wgmma on the ring and the copy to P as a register conversion."""
+    a = low.attn
+    n = low.expr(f.extent)
+    s_acc = T.address_of(low.tir[a.s][0])
+    o_acc = T.address_of(low.tir[a.o][0])
+    p_regs = T.alloc_buffer((a.BN // 4,), "uint32", scope="local")
+    with T.serial(0, n) as k:
+        low.vars[f.var] = k
+        for st in _body(f.body):
+            kind = st.WhichOneof("kind")
+            if kind == "copy" and st.copy.dst.buffer in (a.k, a.v):
+                continue
+            # The ring's mbarriers order these; they touch no shared memory the program's
+            # threads share, so no block barrier goes before them.
+            if kind == "gemm" and st.gemm.c == a.s:
+                T.evaluate(_call(low, "qk", _ring(low), k, s_acc))
+            elif kind == "copy" and st.copy.dst.buffer == a.p:
+                src = T.address_of(low.tir[st.copy.src.buffer][0])
+                T.evaluate(_call(low, "to_a_regs", src, T.address_of(p_regs[0])))
+            elif kind == "gemm" and st.gemm.c == a.o:
+                T.evaluate(_call(low, "pv", _ring(low), k, T.address_of(p_regs[0]), o_acc))
+            else:
+                low.stmt(st)
+
+
+def lower_attn_kernel(low, tmaps: dict) -> None:
+    """Barriers initialized, then the program's threads run its body (consumers) while the
+    extra warpgroup's first thread feeds the ring (producer)."""
+    with T.If(low.tx == 0), T.Then():
+        T.evaluate(_call(low, "init", _ring(low)))
+    T.evaluate(T.tvm_storage_sync("shared"))
+    with T.If(low.tx < low.threads):
+        with T.Then():
+            T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_inc<{CONSUMER_REGS}>"))
+            low.stmt(low.program.kernel.body)
+        with T.Else():
+            T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_dec<{PRODUCER_REGS}>"))
+            with T.If(low.tx == low.threads), T.Then():
+                lower_attn_producer(low, tmaps)
+
+
+def stmt_q_copy(low) -> None:
+    """The consumers' side of the Q copy: wait until it has landed."""
+    T.evaluate(_call(low, "wait_q", _ring(low)))
+
+
+def tmap_params(low, param_of: dict[int, int]) -> list[tuple[str, str, dict]]:
+    """(key, kernel parameter name, tensor_map recipe) of the three descriptors."""
+    a = low.attn
+    out = []
+    for key, c in (("q", a.copy_q), ("k", a.copy_k), ("v", a.copy_v)):
+        out.append((key, f"tiled_tmap_{key}",
+                    {"kind": "tensor_map", "param": param_of[c.src.buffer], "box": a.box(c),
+                     "swizzle": 128}))
+    return out
+

@@ -61,11 +61,20 @@ def flash_attention(batch, heads, kv_heads, seq_q, seq_kv, dim, causal=False, dt
                 T.gemm(Q_s, K_s, S, transpose_B=True)
                 # Keys past seq_kv (read as zero) and, if causal, keys after the query are
                 # masked. Key 0 is never masked, so every row's max is finite after tile 0.
-                for i, j in T.Parallel(block_M, block_N):
-                    keep = k * block_N + j < seq_kv
-                    if causal:
-                        keep = T.all_of(keep, bx * block_M + i >= k * block_N + j)
-                    S[i, j] = T.if_then_else(keep, S[i, j] * qk_scale, neg_inf)
+                # Only a tile reaching past seq_kv or (causal) past the block's first query
+                # row has masked keys; the others are only scaled.
+                whole = (k + 1) * block_N <= seq_kv
+                if causal:
+                    whole = T.all_of(whole, (k + 1) * block_N <= bx * block_M + 1)
+                if whole:
+                    for i, j in T.Parallel(block_M, block_N):
+                        S[i, j] = S[i, j] * qk_scale
+                else:
+                    for i, j in T.Parallel(block_M, block_N):
+                        keep = k * block_N + j < seq_kv
+                        if causal:
+                            keep = T.all_of(keep, bx * block_M + i >= k * block_N + j)
+                        S[i, j] = T.if_then_else(keep, S[i, j] * qk_scale, neg_inf)
                 for i in T.Parallel(block_M):
                     alpha[i] = row_max[i]
                 T.reduce_max(S, row_max, dim=1, clear=False)

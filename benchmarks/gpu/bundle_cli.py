@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 
-def compile_into(out: Path, name: str, kernel, target: str = "cuda:sm_90a"):
-    """Compiles `kernel` cold (no cache) into out/NAME.cubin + NAME.manifest.json; returns
-    (the compiled kernel, seconds the compile took)."""
+def compile_into(out: Path, name: str, kernel, target: str = "cuda:sm_90a", **options):
+    """Compiles `kernel` cold (no cache, compile `options`) into out/NAME.cubin +
+    NAME.manifest.json; returns (the compiled kernel, seconds the compile took)."""
     import tiled
 
     t0 = time.perf_counter()
-    compiled = tiled.compile(kernel, target=target, cache=False)
+    compiled = tiled.compile(kernel, target=target, cache=False, **options)
     seconds = time.perf_counter() - t0
     (out / f"{name}.cubin").write_bytes(compiled.artifact)
     (out / f"{name}.manifest.json").write_text(compiled.manifest.to_json())

@@ -37,14 +37,10 @@ DEVICE = "cuda"
 # warpgroups of 64 query rows each, and a TMA producer warpgroup).
 WS = (128, 128, 256, 2)
 CONFIGS = {
-    "bf16_d128_s1024": (16, 1024, 128, False, "bfloat16", *WS),
-    "bf16_d128_s1024_causal": (16, 1024, 128, True, "bfloat16", *WS),
-    "bf16_d128_s4096": (16, 4096, 128, False, "bfloat16", *WS),
-    "bf16_d128_s4096_causal": (16, 4096, 128, True, "bfloat16", *WS),
-    "bf16_d128_s16384": (16, 16384, 128, False, "bfloat16", *WS),
-    "bf16_d128_s16384_causal": (16, 16384, 128, True, "bfloat16", *WS),
-    "fp16_d128_s4096": (16, 4096, 128, False, "float16", *WS),
-    "fp16_d128_s4096_causal": (16, 4096, 128, True, "float16", *WS),
+    **{f"bf16_d128_s{s}{'_causal' if c else ''}": (16, s, 128, c, "bfloat16", *WS)
+       for s in (1024, 2048, 4096, 8192, 16384) for c in (False, True)},
+    **{f"fp16_d128_s{s}{'_causal' if c else ''}": (16, s, 128, c, "float16", *WS)
+       for s in (4096, 16384) for c in (False, True)},
     "bf16_d64_s4096": (16, 4096, 64, False, "bfloat16", *WS),
     "bf16_d64_s4096_causal": (16, 4096, 64, True, "bfloat16", *WS),
     "fp16_d64_s1024_causal": (16, 1024, 64, True, "float16", *WS),
@@ -52,7 +48,6 @@ CONFIGS = {
     "gqa4_bf16_d128_s4096_causal": (4, 4096, 128, True, "bfloat16", *WS),
     "bf16_d128_s1000_ragged": (16, 1000, 128, False, "bfloat16", *WS),
     "fp16_d64_s1000_ragged_causal": (16, 1000, 64, True, "float16", *WS),
-    "bf16_d128_s4096_64x64_t128": (16, 4096, 128, False, "bfloat16", 64, 64, 128, 2),
 }
 
 

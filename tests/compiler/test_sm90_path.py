@@ -10,6 +10,8 @@ import pytest
 import tiled
 import tiled.lang as T
 from tests.compiler.test_cuda_header import _find_tool
+from tiled.errors import CompileError
+from tiled.runtime.manifest import SM_COUNT_DIM, expr_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import gemm
@@ -33,7 +35,7 @@ def test_example_gemm_is_warp_specialized_on_sm90a(tmp_path, dtype, bm, bn, thre
     assert m.block[0] == threads + 128  # the producer warpgroup
     maps = [a for a in m.kernel_args if a.kind == "tensor_map"]
     assert [a.param for a in maps] == [0, 1]
-    assert m.grid[0][0] == "min" and m.grid[0][2] == "tiled_sm_count"  # persistent blocks
+    assert "tiled_sm_count" in expr_names(m.grid[0])  # persistent blocks
     assert list(m.grid[1:]) == [1, 1]
     text = sass(c.artifact, tmp_path)
     for instr in ("HGMMA.64x", "UTMALDG", "SYNCS", "USETMAXREG", "STG.E.128"):
@@ -105,3 +107,82 @@ def test_32_wide_k_tiles_merge_only_when_provably_exact():
     # An odd count short of K would pull in a real tile; an offset base breaks the pairing.
     assert _plan(_split_k_gemm(3, 0)) is None
     assert _plan(_split_k_gemm(64, 32)) is None
+
+
+# -- 2-CTA clusters with multicast TMA ------------------------------------------------------
+
+def _gemm(bm, bn, dtype="float16", threads=256):
+    return gemm.matmul(T.dyn("M"), T.dyn("N"), T.dyn("K"), bm, bn, 64, 4, dtype, threads=threads)
+
+
+@pytest.mark.parametrize("bm,bn,pairing,boxes", [
+    (128, 256, (1, 2), [(64, 128), (64, 64)]),  # rows pair up and share B's 64-wide boxes
+    (256, 128, (0, 1), [(64, 128), (64, 64)])])  # columns pair up, each CTA loads half of A
+def test_paired_tiles_run_in_clusters_with_multicast_loads(tmp_path, bm, bn, pairing, boxes):
+    plan = _plan(_gemm(bm, bn))
+    assert plan.pairing == pairing and plan.with_cluster(2).cluster == 2
+    c = tiled.compile(_gemm(bm, bn), target="cuda:sm_90a", cache=False, cluster=2)
+    m = c.manifest
+    assert m.cluster == (2, 1, 1)
+    assert [a.box for a in m.kernel_args if a.kind == "tensor_map"] == boxes
+    text = sass(c.artifact, tmp_path)
+    for instr in ("UTMALDG.2D.MULTICAST", "UCGABAR_ARV", "UCGABAR_WAIT", "HGMMA.64x"):
+        assert instr in text, instr
+    assert "LDL" not in text and "STL" not in text
+
+
+def test_cluster_grid_launches_whole_clusters_of_paired_tiles():
+    from tiled.runtime.cuda import LaunchPlan
+
+    m = tiled.compile(_gemm(128, 256), target="cuda:sm_90a", cache=False, cluster=2).manifest
+    plan = LaunchPlan(m)
+    for M, N, sms, blocks in [(4096, 4096, 132, 132), (4096, 4096, 133, 132),
+                              (8192, 8192, 132, 132), (384, 256, 132, 4),  # 3 row tiles: 2 pairs
+                              (128, 512, 132, 4), (4096, 4096, 1, 2), (0, 256, 132, 0)]:
+        grid, _ = plan.geometry({"M": M, "N": N, "K": 64, SM_COUNT_DIM: sms})
+        assert grid == (blocks, 1, 1), (M, N, sms)
+
+
+def test_cluster_option_selects_the_path(tmp_path):
+    k = _gemm(128, 256)
+    default = tiled.compile(k, target="cuda:sm_90a", cache=False).manifest
+    assert default.cluster == (1, 1, 1)  # DEFAULT_CLUSTER: clusters are opt-in for now
+    one = tiled.compile(k, target="cuda:sm_90a", cache=False, cluster=1)
+    assert one.manifest.cluster == (1, 1, 1) and one.manifest.grid[0][0] == "min"
+    assert [a.box for a in one.manifest.kernel_args if a.kind == "tensor_map"] == \
+        [(64, 128), (64, 64)]
+    text = sass(one.artifact, tmp_path)
+    assert "UTMALDG.2D" in text and "MULTICAST" not in text and "UCGABAR" not in text
+    two = tiled.compile(k, target="cuda:sm_90a", cache=False, cluster=2)
+    assert two.manifest.cluster == (2, 1, 1)
+    with pytest.raises(CompileError, match="cluster=3"):
+        tiled.compile(k, target="cuda:sm_90a", cache=False, cluster=3)
+
+
+def test_pairing_needs_a_shared_tile_and_equal_k_loops():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+    import hopper_gemm
+
+    nt = _plan(hopper_gemm.variant_kernels()["variant_nt_bf16"])  # B is N x K (K-major)
+    assert nt.pairing == (1, 2) and nt.with_cluster(2).box_b == [64, 128] and nt.box_b == [64, 256]
+    # 64-wide MN-major B cannot split its one box: the columns pair up and share A instead.
+    narrow = _plan(_gemm(128, 64, threads=128))
+    assert narrow.pairing == (0, 1) and narrow.with_cluster(2).box_a == [64, 64]
+    assert narrow.with_cluster(1).mcast == 0 and narrow.with_cluster(1).box_a == [64, 128]
+
+    @tiled.kernel
+    def k_per_row(A: T.Tensor((T.dyn("M"), 4096), "float16"),
+                  B: T.Tensor((4096, 256), "float16"), C: T.Tensor((T.dyn("M"), 256), "float16")):
+        with T.Kernel(2, T.ceildiv(A.shape[0], 128), threads=128) as (bx, by):
+            A_s = T.alloc_shared((128, 64), "float16")
+            B_s = T.alloc_shared((64, 128), "float16")
+            acc = T.alloc_fragment((128, 128), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(by + 1, num_stages=3):  # tiles of a pair run different loops
+                T.copy(A[by * 128, k * 64], A_s)
+                T.copy(B[k * 64, bx * 128], B_s)
+                T.gemm(A_s, B_s, acc)
+            T.copy(acc, C[by * 128, bx * 128])
+
+    plan = _plan(k_per_row)
+    assert plan is not None and plan.pairing is None and plan.with_cluster(2).cluster == 1

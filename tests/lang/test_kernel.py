@@ -223,3 +223,18 @@ def test_kernel_location_is_the_with_statement():
     first = make_gemm.__code__.co_firstlineno
     line = first + next(i for i, s in enumerate(src) if "with T.Kernel(" in s)
     assert p.kernel.loc.line == line
+
+
+def test_statements_under_a_python_if_report_their_own_line():
+    def make(flag):
+        @tiled.kernel
+        def k(A: T.Tensor((256,), "float16")):
+            with T.Kernel(1, threads=128):
+                if flag:
+                    if flag:
+                        T.copy(A[0:8], A[0:8])
+        return k
+
+    with pytest.raises(KernelDefinitionError) as info:
+        _ = make(True).ir
+    assert info.value.line == make.__code__.co_firstlineno + 6

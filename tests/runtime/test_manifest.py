@@ -249,3 +249,22 @@ def test_persistent_grid_may_use_the_sm_count_only_in_the_grid():
     assert plan.geometry({"M": 256, "N": 256, SM_COUNT_DIM: 132})[0] == (4, 1, 1)
     with pytest.raises(ManifestError, match="block"):
         Manifest.from_dict(gemm_dict(block=[SM_COUNT_DIM, 1, 1]))
+
+
+def test_clustered_persistent_grid_is_whole_clusters():
+    """The sm_90a path's grid with 2-CTA clusters (tiled.compiler.manifest): 2 * min(tile
+    pairs, max(1, SMs // 2)), always a multiple of the cluster, which the launch checks."""
+    from tiled.runtime.cuda import LaunchPlan
+    from tiled.runtime.manifest import SM_COUNT_DIM
+
+    pairs = ["mul", ["ceildiv", "N", 256], ["ceildiv", ["ceildiv", "M", 128], 2]]
+    grid = [["mul", 2, ["min", pairs, ["max", 1, ["floordiv", SM_COUNT_DIM, 2]]]], 1, 1]
+    plan = LaunchPlan(Manifest.from_dict(gemm_dict(grid=grid, cluster=[2, 1, 1])))
+    for m, n, sms, blocks in [(4096, 4096, 132, 132), (4096, 4096, 131, 130),
+                              (384, 256, 132, 4), (100, 100, 132, 2), (4096, 4096, 1, 2),
+                              (0, 4096, 132, 0)]:
+        assert plan.geometry({"M": m, "N": n, SM_COUNT_DIM: sms})[0] == (blocks, 1, 1)
+    odd = LaunchPlan(Manifest.from_dict(gemm_dict(grid=[["min", pairs, SM_COUNT_DIM], 1, 1],
+                                                  cluster=[2, 1, 1])))
+    with pytest.raises(LaunchError, match="not a multiple of the cluster size 2"):
+        odd.geometry({"M": 128, "N": 256, SM_COUNT_DIM: 132})  # one pair: grid 1

@@ -24,6 +24,7 @@ from tiled.v1 import compile_pb2 as cpb
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 import elementwise
+import flash_attention
 import gemm
 import softmax
 
@@ -257,9 +258,14 @@ def test_cancelled_request_stops_its_compile(daemon):
     wait_until(lambda: metric(daemon, "tiled_compile_requests_total", result="cancelled")
                > cancelled, what="the pool to cancel the compile")
     assert metric(daemon, "tiled_workers_replaced_total", reason="cancelled") == replaced + 1
-    # A client deadline that passes mid-compile cancels it the same way.
+    # A client deadline that passes mid-compile cancels it the same way. The kernel is one
+    # that compiles for seconds here, so that the deadline (1 s, far past the request's
+    # admission, which takes milliseconds) passes mid-compile even on a slow machine.
+    slow = request(flash_attention.flash_attention(2, 4, 4, 640, 640, 128, True, "bfloat16",
+                                                   block_M=128, block_N=128, threads=256),
+                   target="cuda:sm_90a")
     with pytest.raises(grpc.RpcError) as e:
-        stub.Compile(gemm_request(352), timeout=0.5)
+        stub.Compile(slow, timeout=1.0)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_until(lambda: metric(daemon, "tiled_compile_requests_total", result="cancelled")
                > cancelled + 1, what="the deadline to cancel the compile")

@@ -70,10 +70,14 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
     if art.persistent:
         from tiled.runtime.manifest import SM_COUNT_DIM
 
+        size = art.cluster[0]
+        if size > 1:  # whole clusters, one per pair of blocks at most, a CTA per SM at most
+            grid[art.paired_axis] = ["ceildiv", grid[art.paired_axis], size]
         blocks = grid[0]
         for g in grid[1:]:
             blocks = ["mul", blocks, g]
-        grid = [["min", blocks, SM_COUNT_DIM]]
+        grid = [["min", blocks, SM_COUNT_DIM]] if size == 1 else \
+            [["mul", size, ["min", blocks, ["max", 1, ["floordiv", SM_COUNT_DIM, size]]]]]
     grid += [1] * (3 - len(grid))
     backend = get_backend(target.backend)
     params = manifest_params(p)
@@ -95,5 +99,5 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
         "grid": grid,
         "block": list(art.block),
         "dynamic_smem_bytes": art.dynamic_smem_bytes,
-        "cluster": [1, 1, 1],
+        "cluster": list(art.cluster),
     })

@@ -39,6 +39,11 @@ class Artifact:
     # A persistent kernel: launched with min(the program's block count, the SM count) blocks,
     # each of which walks the program's blocks (tiled.runtime.manifest.SM_COUNT_DIM).
     persistent: bool = False
+    # CTAs per thread-block cluster (the manifest's cluster). A persistent kernel with clusters
+    # of 2 launches whole clusters, each walking pairs of the program's blocks adjacent along
+    # grid axis `paired_axis` (so the grid's extent there counts pairs, rounded up).
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    paired_axis: int = -1
 
 
 

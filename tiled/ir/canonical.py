@@ -23,7 +23,7 @@ _VAR_FIELDS = {("Expr", "var"), ("Dim", "var"), ("For", "var"), ("Param", "scala
                ("Kernel", "block_vars")}
 _BUFFER_FIELDS = {("Load", "buffer"), ("Region", "buffer"), ("Store", "buffer"),
                   ("AtomicAdd", "buffer"), ("Param", "buffer"), ("Gemm", "a"), ("Gemm", "b"),
-                  ("Gemm", "c"), ("Reduce", "src"), ("Reduce", "dst")}
+                  ("Gemm", "c"), ("Reduce", "src"), ("Reduce", "dst"), ("BarrierRef", "barrier")}
 
 
 class _Renumber:
@@ -82,6 +82,8 @@ def _flatten(stmt: pb.Stmt) -> None:
             stmt.seq.stmts.extend(flat)
     elif kind == "for_":
         _flatten(stmt.for_.body)
+    elif kind == "warp_group":
+        _flatten(stmt.warp_group.body)
     elif kind == "if_then_else":
         _flatten(stmt.if_then_else.then_body)
         if stmt.if_then_else.HasField("else_body"):
@@ -122,6 +124,7 @@ def canonicalize(program: Program) -> Program:
         nb.CopyFrom(b)
         nb.id = r.buffer(b.id)
         nb.name = ""
+        nb.ClearField("loc")
         for d in nb.shape:
             if d.WhichOneof("kind") == "var":
                 d.var = r.var(d.var)

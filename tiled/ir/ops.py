@@ -40,7 +40,7 @@ INT_RANGE: dict[int, tuple[int, int]] = {
     pb.UINT32: (0, (1 << 32) - 1), pb.UINT64: (0, (1 << 64) - 1),
 }
 
-SCOPES = frozenset({pb.GLOBAL, pb.SHARED, pb.FRAGMENT, pb.LOCAL})
+SCOPES = frozenset({pb.GLOBAL, pb.SHARED, pb.FRAGMENT, pb.LOCAL, pb.BARRIER})
 LOOP_KINDS = frozenset({pb.SERIAL, pb.PARALLEL, pb.PIPELINED, pb.UNROLL})
 REDUCE_KINDS = frozenset({pb.REDUCE_SUM, pb.REDUCE_MAX, pb.REDUCE_MIN})
 
@@ -70,4 +70,9 @@ REDUCE_NAME: dict[int, str] = {
 }
 SCOPE_NAME: dict[int, str] = {
     pb.GLOBAL: "global", pb.SHARED: "shared", pb.FRAGMENT: "fragment", pb.LOCAL: "local",
+    pb.BARRIER: "barrier",
+}
+MBARRIER_NAME: dict[int, str] = {
+    pb.MBARRIER_ARRIVE: "mbarrier_arrive", pb.MBARRIER_WAIT_PARITY: "mbarrier_wait_parity",
+    pb.MBARRIER_EXPECT_TX: "mbarrier_expect_tx",
 }

@@ -94,8 +94,14 @@ class _Printer:
         args = ", ".join([*grid, f"threads={k.threads}"])
         self.lines.append(f"{_INDENT}with Kernel({args}) as {bound}:")
         for b in p.buffers:
-            if b.id not in is_param:
-                scope = ops.SCOPE_NAME.get(b.scope, "?")
+            if b.id in is_param:
+                continue
+            scope = ops.SCOPE_NAME.get(b.scope, "?")
+            if b.scope == pb.BARRIER:
+                n = b.shape[0].size if len(b.shape) == 1 else "?"
+                self.lines.append(f"{_INDENT * 2}{self.buf(b.id)} = alloc_barrier({n}, "
+                                  f"arrive_count={b.arrive_count})")
+            else:
                 self.lines.append(f"{_INDENT * 2}{self.buf(b.id)} = alloc_{scope}("
                                   f"{self.shape(b)}, {_dtype(b.dtype)})")
         if k.HasField("body"):
@@ -142,12 +148,19 @@ class _Printer:
             self.emit(indent, f"{target} = {value}" if kind == "store"
                       else f"atomic_add({target}, {value})")
         elif kind == "copy":
-            self.emit(indent, f"copy({self.region(s.copy.src, d)}, {self.region(s.copy.dst, d)})")
+            c = s.copy
+            src, dst = self.region(c.src, d), self.region(c.dst, d)
+            if c.HasField("tma"):
+                self.emit(indent, f"tma_copy({src}, {dst}, {self.barrier(c.tma, d)})")
+            else:
+                self.emit(indent, f"copy({src}, {dst})")
         elif kind == "gemm":
             g = s.gemm
             flags = [f"{n}=True" for n in ("transpose_a", "transpose_b", "clear_accum")
                      if getattr(g, n)]
-            args = [self.buf(g.a), self.buf(g.b), self.buf(g.c), *flags]
+            a, b = (self.buf(x) + (f"[{self.exprs(index, d)}]" if index else "")
+                    for x, index in ((g.a, g.a_index), (g.b, g.b_index)))
+            args = [a, b, self.buf(g.c), *flags]
             self.emit(indent, f"gemm({', '.join(args)})")
         elif kind == "fill":
             dst, value = self.region(s.fill.dst, d), s.fill.value
@@ -161,8 +174,24 @@ class _Printer:
             r = s.reduce
             self.emit(indent, f"{ops.REDUCE_NAME.get(r.kind, 'reduce_?')}({self.buf(r.src)}, "
                               f"{self.buf(r.dst)}, dim={r.dim}, clear={r.clear})")
+        elif kind == "warp_group":
+            w = s.warp_group
+            regs = f", regs={w.regs}" if w.regs else ""
+            self.emit(indent, f"with ws({w.group}{regs}):")
+            self.body(w.body if w.HasField("body") else None, indent + 1, d)
+        elif kind == "mbarrier":
+            op = s.mbarrier
+            args = [self.barrier(op.barrier, d)]
+            if op.HasField("value"):
+                args.append(self.expr(op.value, d)[0])
+            self.emit(indent, f"{ops.MBARRIER_NAME.get(op.kind, 'mbarrier_?')}({', '.join(args)})")
+        elif kind == "fence_proxy_async":
+            self.emit(indent, "fence_proxy_async()")
         else:
             self.emit(indent, "pass  # empty statement")
+
+    def barrier(self, ref: pb.BarrierRef, depth: int) -> str:
+        return f"{self.buf(ref.barrier)}[{self.expr(ref.index, depth)[0]}]"
 
     def body(self, s: pb.Stmt | None, indent: int, depth: int) -> None:
         if s is None:

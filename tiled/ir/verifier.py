@@ -29,6 +29,7 @@ from tiled.ir import ops
 from tiled.ir.dtypes import ENUM_TO_NAME, nbytes
 from tiled.ir.intervals import _binary_iv, _const, _fit, _full, _Iv
 from tiled.ir.program import SCHEMA_VERSION, Program
+from tiled.ir.verify_ws import WarpSpecializedRules
 from tiled.v1 import tile_ir_pb2 as pb
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -79,7 +80,7 @@ def _loc_str(loc: pb.Location) -> str:
     return f"{loc.file or '<unknown>'}:{loc.line}" if (loc.file or loc.line) else ""
 
 
-class _Verifier:
+class _Verifier(WarpSpecializedRules):
     def __init__(self, program: pb.Program, limits: Limits):
         self.p, self.limits = program, limits
         self.nodes = 0
@@ -92,6 +93,7 @@ class _Verifier:
         self.dead = False  # inside code no execution reaches: skip bounds checks
         self.parallel = 0  # PARALLEL loops around the current statement
         self.loc = ""
+        self.init_ws()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -155,21 +157,29 @@ class _Verifier:
             if v.dtype not in ops.DTYPES:
                 self.fail(f"var {self.vname(v.id)} has "
                           f"{'no dtype' if v.dtype == 0 else f'unknown dtype {v.dtype}'}", path)
-        shared: list[tuple[int, str]] = []
+        shared: list[tuple[int, str, int]] = []  # (bytes, name, index in the table)
         for i, b in enumerate(p.buffers):
             path = (None, f"buffers[{i}]")
             if b.id in self.bufs:
                 self.fail(f"buffer id {b.id} is declared twice", path)
             self.bufs[b.id] = b
             self.buffer_decl(b, path)
-            if b.scope == pb.SHARED:
-                shared.append((self.elements(b) * nbytes(b.dtype), self.bname(b.id)))
-        total = sum(n for n, _ in shared)
+            if b.scope in (pb.SHARED, pb.BARRIER):  # barriers are 8 bytes each, in shared memory
+                shared.append((self.elements(b) * nbytes(b.dtype), self.bname(b.id), i))
+        total = sum(n for n, _, _ in shared)
         if total > lim.max_shared_bytes:
-            biggest = ", ".join(f"{name} {_kib(n)}" for n, name in sorted(shared)[::-1][:3])
+            biggest = ", ".join(f"{name} {_kib(n)}" for n, name, _ in sorted(shared)[::-1][:3])
+            running, (_, crossing, i) = 0, shared[-1]
+            for n, name, j in shared:  # the allocation that crosses the limit
+                running += n
+                if running > lim.max_shared_bytes:
+                    crossing, i = name, j
+                    break
+            self.loc = _loc_str(p.buffers[i].loc)
             self.fail(f"kernel allocates {_kib(total)} of shared memory, the limit is "
                       f"{_kib(lim.max_shared_bytes)}: reduce block sizes or num_stages "
-                      f"(largest: {biggest})", (None, "buffers"))
+                      f"(largest: {biggest}; {crossing} crosses the limit)",
+                      (None, f"buffers[{i}]"))
         self.params()
 
     def elements(self, b: pb.Buffer) -> int:
@@ -211,6 +221,7 @@ class _Verifier:
             else:
                 self.fail(f"dim {j} of {name} has neither a size nor a var", dpath)
         self.shape[b.id] = dims
+        self.barrier_decl(b, path)
         if b.scope != pb.GLOBAL and self.elements(b) > self.limits.max_tile_elements:
             self.fail(f"{ops.SCOPE_NAME[b.scope]} buffer {name} of shape {_shape_str(dims)} has "
                       f"{self.elements(b)} elements; the limit is "
@@ -409,6 +420,8 @@ class _Verifier:
                 self.fail(f"copy has no {side} region", (path, "." + side))
         src = self.region(c.src, (path, ".src"), depth + 1)
         dst = self.region(c.dst, (path, ".dst"), depth + 1)
+        if c.HasField("tma"):
+            self.tma_copy(c, src, dst, path, depth)
         if src.scope == pb.GLOBAL and dst.scope == pb.GLOBAL:
             self.fail(f"copy from global {self.bname(src.id)} to global {self.bname(dst.id)}; "
                       "one side must be SHARED, FRAGMENT or LOCAL", path)
@@ -424,16 +437,20 @@ class _Verifier:
         bufs = {}
         for role in ("a", "b", "c"):
             b = self.buffer(getattr(g, role), (path, "." + role))
+            index = getattr(g, role + "_index") if role != "c" else ()
             ok = (pb.FRAGMENT,) if role == "c" else (pb.SHARED, pb.FRAGMENT)
             if b.scope not in ok:
                 self.fail(f"gemm operand {role.upper()} is {ops.SCOPE_NAME.get(b.scope, '?')} "
                           f"buffer {self.bname(b.id)}; it must be "
                           f"{' or '.join(ops.SCOPE_NAME[s].upper() for s in ok)}",
                           (path, "." + role))
-            if len(self.shape[b.id]) != 2:
+            if len(self.shape[b.id]) != 2 + len(index):
                 self.fail(f"gemm operand {role.upper()} ({self.bname(b.id)}) has rank "
-                          f"{len(self.shape[b.id])}; it must be 2", (path, "." + role))
-            bufs[role] = self.shape[b.id]
+                          f"{len(self.shape[b.id])}; it must be 2, plus one index per leading "
+                          f"dim ({len(index)} given)", (path, "." + role))
+            for i, e in enumerate(index):
+                self.index(b, i, e, (path, f".{role}_index[{i}]"), depth)
+            bufs[role] = self.shape[b.id][len(index):]
         if g.c in (g.a, g.b):
             self.fail("gemm accumulator C is also an input", (path, ".c"))
         m, k = bufs["a"][::-1] if g.transpose_a else bufs["a"]
@@ -492,6 +509,9 @@ class _Verifier:
         self.deep(depth, path)
         b = self.buffer(r.buffer, (path, ".buffer"))
         name, shape = self.bname(b.id), self.shape[b.id]
+        if b.scope == pb.BARRIER:
+            self.fail(f"{name} is a barrier: it is used only by T.mbarrier_* ops and TMA copies, "
+                      "never copied or filled", (path, ".buffer"))
         if len(r.offsets) != len(shape) or len(r.extents) != len(shape):
             self.fail(f"region of {name} has {len(r.offsets)} offsets and {len(r.extents)} "
                       f"extents, but {name} has rank {len(shape)}", path)
@@ -527,25 +547,31 @@ class _Verifier:
 
     def indices(self, b: pb.Buffer, indices, path: tuple, depth: int) -> None:
         name, shape = self.bname(b.id), self.shape[b.id]
+        if b.scope == pb.BARRIER:
+            self.fail(f"{name} is a barrier: it is used only by T.mbarrier_* ops and TMA copies, "
+                      "never loaded or stored", (path, ".buffer"))
         if len(indices) != len(shape):
             self.fail(f"{name} has rank {len(shape)} but is indexed with {len(indices)} "
                       "indices", (path, ".indices"))
         for i, idx in enumerate(indices):
-            ipath = (path, f".indices[{i}]")
-            iv = self.int_expr(idx, ipath, depth + 1, f"index {i} into {name}")
-            if self.dead:
-                continue
-            dim = shape[i]
-            low = iv.hi < 0 or (iv.lo_exact and iv.lo < 0)
-            high = (b.scope != pb.GLOBAL and isinstance(dim, int)
-                    and (iv.lo > dim - 1 or (iv.hi_exact and iv.hi > dim - 1)))
-            if low or high:
-                if low:
-                    value = iv.lo if iv.lo_exact else f"{iv.hi} or less"
-                else:
-                    value = iv.hi if iv.hi_exact else f"{iv.lo} or more"
-                self.fail(f"index {value} is out of bounds for {name} dim {i} of extent {dim}",
-                          ipath)
+            self.index(b, i, idx, (path, f".indices[{i}]"), depth)
+
+    def index(self, b: pb.Buffer, i: int, idx: pb.Expr, ipath: tuple, depth: int) -> None:
+        """Checks `idx` as the index into dim i of `b`: rejected when provably out of bounds."""
+        name = self.bname(b.id)
+        iv = self.int_expr(idx, ipath, depth + 1, f"index {i} into {name}")
+        if self.dead:
+            return
+        dim = self.shape[b.id][i]
+        low = iv.hi < 0 or (iv.lo_exact and iv.lo < 0)
+        high = (b.scope != pb.GLOBAL and isinstance(dim, int)
+                and (iv.lo > dim - 1 or (iv.hi_exact and iv.hi > dim - 1)))
+        if low or high:
+            if low:
+                value = iv.lo if iv.lo_exact else f"{iv.hi} or less"
+            else:
+                value = iv.hi if iv.hi_exact else f"{iv.lo} or more"
+            self.fail(f"index {value} is out of bounds for {name} dim {i} of extent {dim}", ipath)
 
     # -- expressions ---------------------------------------------------------------------------
 
@@ -827,6 +853,7 @@ def verify_program(program: Program | pb.Program, limits: Limits | None = None) 
     try:
         v.tables()
         v.kernel()
+        v.barrier_flow()
     except RecursionError:
         # Only a caller's Limits.max_depth beyond Python's stack can get here.
         raise VerifyError("program nests too deeply to verify", "kernel", v.loc) from None

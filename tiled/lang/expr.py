@@ -214,7 +214,7 @@ def index_expr(value) -> Expr:
 
 
 SCOPE_NAMES = {pb.GLOBAL: "global", pb.SHARED: "shared", pb.FRAGMENT: "fragment",
-               pb.LOCAL: "local"}
+               pb.LOCAL: "local", pb.BARRIER: "barrier"}
 
 
 class BufferRef:

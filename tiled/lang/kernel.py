@@ -10,6 +10,7 @@ while an `if` on a Python value keeps its ordinary meaning.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import inspect
 import linecache
@@ -85,7 +86,10 @@ class _IfRewriter(ast.NodeTransformer):
         traced = [with_("If", [ast.Name(tmp, ast.Load())], node.body)]
         if node.orelse:
             traced.append(with_("Else", [], node.orelse))
-        python = ast.If(test=ast.Name(tmp, ast.Load()), body=node.body, orelse=node.orelse)
+        # Copies: a node in two places of the tree would have its line moved twice by
+        # ast.increment_lineno, and statements under the `if` would report wrong lines.
+        python = ast.If(test=ast.Name(tmp, ast.Load()), body=copy.deepcopy(node.body),
+                        orelse=copy.deepcopy(node.orelse))
         is_traced = ast.Call(ast.Attribute(rt, "is_traced", ast.Load()),
                              [ast.Name(tmp, ast.Load())], [])
         out = [assign, ast.If(test=is_traced, body=traced, orelse=[python])]

@@ -23,6 +23,7 @@ def _alloc(shape, dtype, scope: int, name: str | None) -> BufferRef:
     prefix = {pb.SHARED: "shared", pb.FRAGMENT: "frag", pb.LOCAL: "local"}[scope]
     name = name or f"{prefix}{len(b.program.buffers)}"
     buf = b.new_buffer(name, dt, list(shape), scope)
+    buf.loc.CopyFrom(b.location())
     return BufferRef(buf.id, name, dt, shape, scope)
 
 
@@ -75,6 +76,9 @@ def _region(operand, other_shape: tuple | None, what: str) -> tuple[pb.Region, t
             raise definition_error(
                 f"{what}: both operands are tile corners; one must be a whole buffer or a slice")
         rank = operand.buffer.ndim
+        lead = len(other_shape) - rank
+        if lead > 0 and all(d == 1 for d in other_shape[:lead]):
+            other_shape = tuple(other_shape)[lead:]  # one stage of a staged tile
         if len(other_shape) > rank:
             raise definition_error(f"{what}: a {len(other_shape)}-d tile does not fit in "
                                    f"{operand.buffer.name}, which has {rank} dims")
@@ -99,6 +103,11 @@ def copy(src, dst) -> None:
     >>> T.copy(A[by * 128, k * 32], A_shared)   # global -> shared
     >>> T.copy(C_local, C[by * 128, bx * 128])  # fragment -> global
     """
+    current().emit(copy_stmt(src, dst))
+
+
+def copy_stmt(src, dst) -> pb.Stmt:
+    """The Copy statement of T.copy(src, dst), not yet emitted (T.tma_copy adds its barrier)."""
     src_shape = None if isinstance(src, Element) else _region(src, None, "T.copy")[1]
     dst_shape = None if isinstance(dst, Element) else _region(dst, None, "T.copy")[1]
     rs, s_shape = _region(src, dst_shape, "T.copy source")
@@ -110,7 +119,24 @@ def copy(src, dst) -> None:
     stmt = pb.Stmt()
     stmt.copy.src.CopyFrom(rs)
     stmt.copy.dst.CopyFrom(rd)
-    current().emit(stmt)
+    return stmt
+
+
+def _gemm_operand(x, name: str) -> tuple[BufferRef, list, tuple]:
+    """(buffer, indices of its leading dims, 2-d tile shape) of a gemm operand: a 2-d buffer,
+    or one 2-d tile of a staged buffer, `A_s[s, :, :]`."""
+    if isinstance(x, BufferRef) and x.ndim == 2:
+        return x, [], tuple(x.shape)
+    if isinstance(x, RegionRef) and name != "C":
+        buf, lead = x.buffer, x.buffer.ndim - 2
+        whole = all(o.node.WhichOneof("kind") == "int_value" and o.node.int_value == 0
+                    for o in x.offsets[lead:])
+        if lead >= 1 and all(e == 1 for e in x.extents[:lead]) and whole and \
+                tuple(x.extents[lead:]) == tuple(buf.shape[lead:]):
+            return buf, list(x.offsets[:lead]), tuple(buf.shape[lead:])
+    what = "a 2-d tile buffer" if name == "C" else \
+        "a 2-d tile buffer or one whole 2-d tile of a staged buffer (A_s[s, :, :])"
+    raise definition_error(f"T.gemm: {name} must be {what}")
 
 
 def gemm(A: BufferRef, B: BufferRef, C: BufferRef, transpose_A: bool = False,
@@ -120,14 +146,15 @@ def gemm(A: BufferRef, B: BufferRef, C: BufferRef, transpose_A: bool = False,
 
     >>> T.gemm(A_shared, B_shared, C_local)                    # (M,K) @ (K,N)
     >>> T.gemm(Q_shared, K_shared, S_local, transpose_B=True)  # (M,K) @ (N,K)^T
+    >>> T.gemm(A_s[k % 3, :, :], B_s[k % 3, :, :], C_local)  # stage k % 3 of (3, M, K) tiles
     """
-    for name, x in (("A", A), ("B", B), ("C", C)):
-        if not isinstance(x, BufferRef) or x.ndim != 2:
-            raise definition_error(f"T.gemm: {name} must be a 2-d tile buffer")
+    A, a_index, a_shape = _gemm_operand(A, "A")
+    B, b_index, b_shape = _gemm_operand(B, "B")
+    C, _, _ = _gemm_operand(C, "C")
     if C.scope != pb.FRAGMENT:
         raise definition_error("T.gemm: C must be a fragment (T.alloc_fragment)")
-    m, k = (A.shape[1], A.shape[0]) if transpose_A else A.shape
-    k2, n = (B.shape[1], B.shape[0]) if transpose_B else B.shape
+    m, k = (a_shape[1], a_shape[0]) if transpose_A else a_shape
+    k2, n = (b_shape[1], b_shape[0]) if transpose_B else b_shape
     if k != k2 or tuple(C.shape) != (m, n):
         raise definition_error(
             f"T.gemm: shapes do not chain: op(A) is {m}x{k}, op(B) is {k2}x{n}, C is "
@@ -136,6 +163,9 @@ def gemm(A: BufferRef, B: BufferRef, C: BufferRef, transpose_A: bool = False,
     g = stmt.gemm
     g.a, g.b, g.c = A.bid, B.bid, C.bid
     g.transpose_a, g.transpose_b, g.clear_accum = transpose_A, transpose_B, clear_accum
+    for field, index in ((g.a_index, a_index), (g.b_index, b_index)):
+        for i in index:
+            field.add().CopyFrom(i.node)
     current().emit(stmt)
 
 

@@ -33,6 +33,7 @@ class Scope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHARED: _ClassVar[Scope]
     FRAGMENT: _ClassVar[Scope]
     LOCAL: _ClassVar[Scope]
+    BARRIER: _ClassVar[Scope]
 
 class BinaryOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -94,6 +95,13 @@ class ReduceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REDUCE_SUM: _ClassVar[ReduceKind]
     REDUCE_MAX: _ClassVar[ReduceKind]
     REDUCE_MIN: _ClassVar[ReduceKind]
+
+class MBarrierKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MBARRIER_KIND_UNSPECIFIED: _ClassVar[MBarrierKind]
+    MBARRIER_ARRIVE: _ClassVar[MBarrierKind]
+    MBARRIER_WAIT_PARITY: _ClassVar[MBarrierKind]
+    MBARRIER_EXPECT_TX: _ClassVar[MBarrierKind]
 DTYPE_UNSPECIFIED: DType
 BOOL: DType
 INT8: DType
@@ -115,6 +123,7 @@ GLOBAL: Scope
 SHARED: Scope
 FRAGMENT: Scope
 LOCAL: Scope
+BARRIER: Scope
 BINARY_OP_UNSPECIFIED: BinaryOp
 ADD: BinaryOp
 SUB: BinaryOp
@@ -164,6 +173,10 @@ REDUCE_KIND_UNSPECIFIED: ReduceKind
 REDUCE_SUM: ReduceKind
 REDUCE_MAX: ReduceKind
 REDUCE_MIN: ReduceKind
+MBARRIER_KIND_UNSPECIFIED: MBarrierKind
+MBARRIER_ARRIVE: MBarrierKind
+MBARRIER_WAIT_PARITY: MBarrierKind
+MBARRIER_EXPECT_TX: MBarrierKind
 
 class Location(_message.Message):
     __slots__ = ("file", "line", "column")
@@ -194,18 +207,22 @@ class Dim(_message.Message):
     def __init__(self, size: _Optional[int] = ..., var: _Optional[int] = ...) -> None: ...
 
 class Buffer(_message.Message):
-    __slots__ = ("id", "name", "dtype", "shape", "scope")
+    __slots__ = ("id", "name", "dtype", "shape", "scope", "arrive_count", "loc")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
+    ARRIVE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LOC_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     dtype: DType
     shape: _containers.RepeatedCompositeFieldContainer[Dim]
     scope: Scope
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[_Union[Dim, _Mapping]]] = ..., scope: _Optional[_Union[Scope, str]] = ...) -> None: ...
+    arrive_count: int
+    loc: Location
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[_Union[Dim, _Mapping]]] = ..., scope: _Optional[_Union[Scope, str]] = ..., arrive_count: _Optional[int] = ..., loc: _Optional[_Union[Location, _Mapping]] = ...) -> None: ...
 
 class Param(_message.Message):
     __slots__ = ("name", "buffer", "scalar")
@@ -332,28 +349,42 @@ class Store(_message.Message):
     def __init__(self, buffer: _Optional[int] = ..., indices: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., value: _Optional[_Union[Expr, _Mapping]] = ...) -> None: ...
 
 class Copy(_message.Message):
-    __slots__ = ("src", "dst")
+    __slots__ = ("src", "dst", "tma")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
+    TMA_FIELD_NUMBER: _ClassVar[int]
     src: Region
     dst: Region
-    def __init__(self, src: _Optional[_Union[Region, _Mapping]] = ..., dst: _Optional[_Union[Region, _Mapping]] = ...) -> None: ...
+    tma: BarrierRef
+    def __init__(self, src: _Optional[_Union[Region, _Mapping]] = ..., dst: _Optional[_Union[Region, _Mapping]] = ..., tma: _Optional[_Union[BarrierRef, _Mapping]] = ...) -> None: ...
+
+class BarrierRef(_message.Message):
+    __slots__ = ("barrier", "index")
+    BARRIER_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    barrier: int
+    index: Expr
+    def __init__(self, barrier: _Optional[int] = ..., index: _Optional[_Union[Expr, _Mapping]] = ...) -> None: ...
 
 class Gemm(_message.Message):
-    __slots__ = ("a", "b", "c", "transpose_a", "transpose_b", "clear_accum")
+    __slots__ = ("a", "b", "c", "transpose_a", "transpose_b", "clear_accum", "a_index", "b_index")
     A_FIELD_NUMBER: _ClassVar[int]
     B_FIELD_NUMBER: _ClassVar[int]
     C_FIELD_NUMBER: _ClassVar[int]
     TRANSPOSE_A_FIELD_NUMBER: _ClassVar[int]
     TRANSPOSE_B_FIELD_NUMBER: _ClassVar[int]
     CLEAR_ACCUM_FIELD_NUMBER: _ClassVar[int]
+    A_INDEX_FIELD_NUMBER: _ClassVar[int]
+    B_INDEX_FIELD_NUMBER: _ClassVar[int]
     a: int
     b: int
     c: int
     transpose_a: bool
     transpose_b: bool
     clear_accum: bool
-    def __init__(self, a: _Optional[int] = ..., b: _Optional[int] = ..., c: _Optional[int] = ..., transpose_a: bool = ..., transpose_b: bool = ..., clear_accum: bool = ...) -> None: ...
+    a_index: _containers.RepeatedCompositeFieldContainer[Expr]
+    b_index: _containers.RepeatedCompositeFieldContainer[Expr]
+    def __init__(self, a: _Optional[int] = ..., b: _Optional[int] = ..., c: _Optional[int] = ..., transpose_a: bool = ..., transpose_b: bool = ..., clear_accum: bool = ..., a_index: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., b_index: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ...) -> None: ...
 
 class Fill(_message.Message):
     __slots__ = ("dst", "value")
@@ -387,8 +418,32 @@ class AtomicAdd(_message.Message):
     value: Expr
     def __init__(self, buffer: _Optional[int] = ..., indices: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., value: _Optional[_Union[Expr, _Mapping]] = ...) -> None: ...
 
+class MBarrierOp(_message.Message):
+    __slots__ = ("kind", "barrier", "value")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    kind: MBarrierKind
+    barrier: BarrierRef
+    value: Expr
+    def __init__(self, kind: _Optional[_Union[MBarrierKind, str]] = ..., barrier: _Optional[_Union[BarrierRef, _Mapping]] = ..., value: _Optional[_Union[Expr, _Mapping]] = ...) -> None: ...
+
+class FenceProxyAsync(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WarpGroup(_message.Message):
+    __slots__ = ("group", "regs", "body")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    REGS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    regs: int
+    body: Stmt
+    def __init__(self, group: _Optional[int] = ..., regs: _Optional[int] = ..., body: _Optional[_Union[Stmt, _Mapping]] = ...) -> None: ...
+
 class Stmt(_message.Message):
-    __slots__ = ("loc", "seq", "for_", "if_then_else", "store", "copy", "gemm", "fill", "reduce", "atomic_add")
+    __slots__ = ("loc", "seq", "for_", "if_then_else", "store", "copy", "gemm", "fill", "reduce", "atomic_add", "warp_group", "mbarrier", "fence_proxy_async")
     LOC_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FOR__FIELD_NUMBER: _ClassVar[int]
@@ -399,6 +454,9 @@ class Stmt(_message.Message):
     FILL_FIELD_NUMBER: _ClassVar[int]
     REDUCE_FIELD_NUMBER: _ClassVar[int]
     ATOMIC_ADD_FIELD_NUMBER: _ClassVar[int]
+    WARP_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MBARRIER_FIELD_NUMBER: _ClassVar[int]
+    FENCE_PROXY_ASYNC_FIELD_NUMBER: _ClassVar[int]
     loc: Location
     seq: Seq
     for_: For
@@ -409,7 +467,10 @@ class Stmt(_message.Message):
     fill: Fill
     reduce: Reduce
     atomic_add: AtomicAdd
-    def __init__(self, loc: _Optional[_Union[Location, _Mapping]] = ..., seq: _Optional[_Union[Seq, _Mapping]] = ..., for_: _Optional[_Union[For, _Mapping]] = ..., if_then_else: _Optional[_Union[IfThenElse, _Mapping]] = ..., store: _Optional[_Union[Store, _Mapping]] = ..., copy: _Optional[_Union[Copy, _Mapping]] = ..., gemm: _Optional[_Union[Gemm, _Mapping]] = ..., fill: _Optional[_Union[Fill, _Mapping]] = ..., reduce: _Optional[_Union[Reduce, _Mapping]] = ..., atomic_add: _Optional[_Union[AtomicAdd, _Mapping]] = ...) -> None: ...
+    warp_group: WarpGroup
+    mbarrier: MBarrierOp
+    fence_proxy_async: FenceProxyAsync
+    def __init__(self, loc: _Optional[_Union[Location, _Mapping]] = ..., seq: _Optional[_Union[Seq, _Mapping]] = ..., for_: _Optional[_Union[For, _Mapping]] = ..., if_then_else: _Optional[_Union[IfThenElse, _Mapping]] = ..., store: _Optional[_Union[Store, _Mapping]] = ..., copy: _Optional[_Union[Copy, _Mapping]] = ..., gemm: _Optional[_Union[Gemm, _Mapping]] = ..., fill: _Optional[_Union[Fill, _Mapping]] = ..., reduce: _Optional[_Union[Reduce, _Mapping]] = ..., atomic_add: _Optional[_Union[AtomicAdd, _Mapping]] = ..., warp_group: _Optional[_Union[WarpGroup, _Mapping]] = ..., mbarrier: _Optional[_Union[MBarrierOp, _Mapping]] = ..., fence_proxy_async: _Optional[_Union[FenceProxyAsync, _Mapping]] = ...) -> None: ...
 
 class Kernel(_message.Message):
     __slots__ = ("grid", "block_vars", "threads", "body", "loc")

@@ -14,9 +14,10 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.tir import ExprLowering, declare_params, static_shape, tvm_dtype
+from tiled.compiler.tir import ExprLowering, declare_params, loc_of, static_shape, tvm_dtype
 from tiled.errors import CompileError
 from tiled.ir.program import Program
+from tiled.ir.verify_ws import explicit_statement
 from tiled.v1 import tile_ir_pb2 as pb
 
 _IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
@@ -124,16 +125,18 @@ class CpuLowering(ExprLowering):
     def stmt_gemm(self, g, _s):
         A, B, C = (self.tir_buffers[x] for x in (g.a, g.b, g.c))
         M, N = static_shape(self.buffers[g.c])
-        K = static_shape(self.buffers[g.a])[0 if g.transpose_a else 1]
+        K = static_shape(self.buffers[g.a])[-2 if g.transpose_a else -1]
+        # A staged operand (A_s[s, :, :]) is the tile at its leading indices.
+        ia, ib = ([self.expr(i) for i in index] for index in (g.a_index, g.b_index))
         acc = C.dtype
         if g.clear_accum:
             with loop_nest([M, N]) as (i, j):
                 T.buffer_store(C, tirx.const(0, acc), [i, j])
         # i-k-j order: the inner loop walks rows of B and C contiguously.
         with loop_nest([M, K]) as (i, k):
-            a = A[k, i] if g.transpose_a else A[i, k]
+            a = A[(*ia, k, i)] if g.transpose_a else A[(*ia, i, k)]
             with T.serial(0, N) as j:
-                b = B[j, k] if g.transpose_b else B[k, j]
+                b = B[(*ib, j, k)] if g.transpose_b else B[(*ib, k, j)]
                 T.buffer_store(C, C[i, j] + tirx.Cast(acc, a) * tirx.Cast(acc, b), [i, j])
 
     def stmt_reduce(self, r, _s):
@@ -156,6 +159,11 @@ class CpuLowering(ExprLowering):
 
 def lower_cpu(program: Program) -> tvm.IRModule:
     p = program.proto
+    found = explicit_statement(p)
+    if found is not None:
+        raise CompileError(f"{found[0]} is part of the explicit Hopper path (mbarriers, TMA, "
+                           "warpgroups): it compiles for cuda:sm_90a only, not cpu",
+                           loc_of(found[1]))
     lower = CpuLowering(program)
     with IRBuilder() as ib:
         with T.prim_func():

@@ -131,13 +131,14 @@ class CudaBackend(Backend):
                                     f"{', '.join(ARCHS)}")
         return arch
 
-    def generate_source(self, program: Program, arch: str, warp_specialize: bool = True):
+    def generate_source(self, program: Program, arch: str, warp_specialize: bool = True,
+                        cluster: int = 0):
         """(CUDA source, dynamic shared memory bytes, the lowering)."""
         import tvm  # here, not at import: describing the target must not load TVM
 
         from tiled.compiler.backends.cuda_lower import lower_cuda
 
-        mod, low = lower_cuda(program, arch, warp_specialize)
+        mod, low = lower_cuda(program, arch, warp_specialize, cluster)
         if low.pool_bytes > MAX_SMEM[arch]:
             raise CompileError(
                 f"kernel needs {low.pool_bytes / 1024:.0f} KiB of shared memory (pipeline stages "
@@ -147,6 +148,14 @@ class CudaBackend(Backend):
         target = tvm.target.Target({"kind": "cuda", "arch": arch})
         ex = tvm.compile(mod, target=target, tir_pipeline="tiled_cuda")
         src = ex.mod.imports[0].inspect_source()
+        if low.explicit:
+            from tiled.compiler.backends.cuda_explicit import explicit_source
+
+            return explicit_source(src, low), low.pool_bytes, low
+        if low.attn is not None:
+            src = with_tensor_maps(src, low.launch_threads)
+            return ('#include "tiled_cuda.h"\n#include "tiled_sm90_attn.h"\n' + src,
+                    low.pool_bytes, low)
         if low.ws is None:
             return '#include "tiled_cuda.h"\n' + src, low.pool_bytes, low
         src = with_tensor_maps(src, low.launch_threads)
@@ -155,7 +164,8 @@ class CudaBackend(Backend):
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         t0 = time.perf_counter()
         source, smem, low = self.generate_source(program, target.arch,
-                                                 options.get("warp_specialize", True))
+                                                 options.get("warp_specialize", True),
+                                                 options.get("cluster", 0))
         t1 = time.perf_counter()
         cubin = compile_cubin(source, target.arch, options.get("cuda_compiler"))
         t2 = time.perf_counter()
@@ -163,6 +173,8 @@ class CudaBackend(Backend):
         return Artifact(data=cubin, symbol=symbol, kernel_args=args, dynamic_smem_bytes=smem,
                         block=(low.launch_threads, 1, 1), source=source,
                         persistent=low.ws is not None,
+                        cluster=(low.ws.cluster if low.ws else 1, 1, 1),
+                        paired_axis=low.ws.pair_axis if low.ws else -1,
                         stages={"lower": t1 - t0, "toolchain": t2 - t1})
 
 

@@ -9,10 +9,18 @@ which thread holds which element. Three layouts exist:
 - `ReplicatedLayout`: every thread holds the whole tile. Chosen for reduction results and for
   tiles indexed other than by the loop variables of a T.Parallel nest (e.g. `m[i]` inside a
   loop over (i, j)), since any thread may then need any element.
+- A rows layout (`WgmmaRows`): a vector over the rows of a 2-D layout whose rows each live in
+  one quad of lanes (the wgmma accumulator's): thread t holds the rows it holds in the 2-D
+  tile, replicated across its quad. Chosen for the row reductions (dim 1) of such a tile, so a
+  reduction is a per-thread combine and two quad shuffles, and `m[i]` inside a loop over
+  (i, j) over that tile is a register read.
 
 Inference: gemm accumulators first; an mma layout spreads to fragments of the same shape that
-are indexed exactly by the same T.Parallel nest as an mma fragment; reduce outputs and
-non-identity-indexed or scalar-accessed fragments become replicated; the rest are cyclic.
+are indexed exactly by the same T.Parallel nest as an mma fragment; the row reductions of a
+tile with rows get its rows layout, which spreads the same way through 1-D nests, and
+survives only where every `m[i]` read in an (i, j) nest is over a tile with the same rows;
+other reduce outputs and non-identity-indexed or scalar-accessed fragments become replicated;
+the rest are cyclic.
 """
 
 from __future__ import annotations
@@ -98,6 +106,36 @@ class ReplicatedLayout:
 
     def coords(self, tx, idx):
         return unravel(idx, list(self.shape)), None
+
+
+@dataclass(frozen=True)
+class WgmmaRows:
+    """The rows of `WgmmaLayout(M, *, nwg)`: warpgroup w holds rows [w * M / nwg, ...), in
+    M / nwg / 64 blocks of 64; thread t of a warpgroup holds rows 16 * (t / 32) + (t % 32) / 4
+    and 8 more of each block (slots 2h and 2h + 1), as do the other 3 lanes of its quad."""
+
+    M: int
+    nwg: int
+
+    QUAD_MASKS = (1, 2)  # lane xor masks that reach the other holders of a row
+
+    @property
+    def local_size(self) -> int:
+        return self.M // self.nwg // 64 * 2
+
+    def coords(self, tx, slot):
+        wg, t = tirx.floordiv(tx, 128), tirx.floormod(tx, 128)
+        row = (wg * (self.M // self.nwg) + tirx.floordiv(slot, 2) * 64
+               + 16 * tirx.floordiv(t, 32) + tirx.floordiv(tirx.floormod(t, 32), 4)
+               + 8 * tirx.floormod(slot, 2))
+        return [row], None
+
+
+def rows_of(layout):
+    """The rows layout of a 2-D fragment layout, or None when its rows are spread wider than a
+    quad of lanes (then row vectors over it stay replicated)."""
+    rows = getattr(layout, "rows", None)
+    return rows() if rows is not None else None
 
 
 def choose_warps(M: int, N: int, threads: int) -> tuple[int, int] | None:
@@ -210,12 +248,26 @@ def is_identity(indices, loop_vars: list[int]) -> bool:
                                                                       strict=True))
 
 
-def infer_layouts(program: pb.Program) -> dict[int, object]:
+def infer_layouts(program: pb.Program, accumulators: dict[int, object] | None = None
+                  ) -> dict[int, object]:
+    """Every fragment's layout. `accumulators` fixes the layouts of gemm accumulators (the
+    sm_90a paths use the wgmma layout); others are chosen here."""
+    forced: set[int] = set()
+    while True:  # a row vector read over a tile with other rows falls back to replicated
+        layouts, misfits = _infer(program, accumulators or {}, forced)
+        if not misfits:
+            return layouts
+        forced |= misfits
+
+
+def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int]
+           ) -> tuple[dict[int, object], set[int]]:
     threads = program.kernel.threads
     buffers = {b.id: b for b in program.buffers}
     frags = {b.id for b in program.buffers if b.scope == pb.FRAGMENT}
     layouts: dict[int, object] = {}
-    replicated: set[int] = set()
+    replicated: set[int] = set(forced)
+    reduces: list[pb.Reduce] = []
     all_stmts = list(walk(program.kernel.body))
 
     for st in all_stmts:
@@ -223,18 +275,23 @@ def infer_layouts(program: pb.Program) -> dict[int, object]:
             g = st.gemm
             a, b, c = buffers[g.a], buffers[g.b], buffers[g.c]
             M, N = c.shape[0].size, c.shape[1].size
-            warps = choose_warps(M, N, threads) if mma_eligible(a, b, c) else None
-            lay = MmaLayout(M, N, *warps) if warps else CyclicLayout((M, N), threads)
+            if g.c in accumulators:
+                lay = accumulators[g.c]
+            else:
+                warps = choose_warps(M, N, threads) if mma_eligible(a, b, c) else None
+                lay = MmaLayout(M, N, *warps) if warps else CyclicLayout((M, N), threads)
             if g.c in layouts and layouts[g.c] != lay:
                 raise CompileError(f"fragment {c.name or g.c} is the accumulator of gemms with "
                                    "different layouts")
             layouts[g.c] = lay
         elif st.WhichOneof("kind") == "reduce":
-            replicated.add(st.reduce.dst)
+            reduces.append(st.reduce)
 
-    # Parallel nests: identity-indexed fragments share a layout; others must be replicated.
+    # Parallel nests: identity-indexed fragments share a layout; others must be replicated,
+    # except row vectors read as m[i] in an (i, j, ...) nest (checked once layouts are known).
     # Element accesses outside any T.Parallel nest also need every element in every thread.
     nests: list[set[int]] = []
+    row_reads: list[tuple[int, int]] = []  # (row vector, index of its nest in `nests`)
 
     def visit(st: pb.Stmt) -> None:
         kind = st.WhichOneof("kind")
@@ -242,13 +299,18 @@ def infer_layouts(program: pb.Program) -> dict[int, object]:
             nest, body = parallel_nest(st)
             shape = tuple(f.extent.int_value if f.extent.WhichOneof("kind") == "int_value"
                           else -1 for f in nest)
+            loop_vars = [f.var for f in nest]
+            written = {bid for bid, _ in _stores(body)}
             ident = set()
             for bid, idx in element_accesses(body):
                 if bid not in frags:
                     continue
                 full = tuple(d.size for d in buffers[bid].shape)
-                if is_identity(idx, [f.var for f in nest]) and full == shape:
+                if is_identity(idx, loop_vars) and full == shape:
                     ident.add(bid)
+                elif len(loop_vars) > 1 and is_identity(idx, loop_vars[:1]) and \
+                        full == shape[:1] and bid not in written:
+                    row_reads.append((bid, len(nests)))
                 else:
                     replicated.add(bid)
             nests.append(ident)
@@ -285,10 +347,32 @@ def infer_layouts(program: pb.Program) -> dict[int, object]:
                     if b not in layouts and b not in replicated:
                         layouts[b] = lay
                         changed = True
+        for r in reduces:  # row reductions of a tile with rows take its rows layout
+            src = layouts.get(r.src)
+            rows = rows_of(src) if r.src not in replicated else None
+            if rows is None or r.dst in layouts or r.dst in replicated or \
+                    len(buffers[r.src].shape) != 2 or r.dim not in (1, -1) or \
+                    [d.size for d in buffers[r.dst].shape] != [buffers[r.src].shape[0].size]:
+                continue
+            layouts[r.dst] = rows
+            changed = True
+
+    misfits = set()
+    for bid, nest in row_reads:
+        anchors = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
+        lay = layouts.get(bid)
+        if bid not in replicated and not (lay is not None and len(anchors) == 1 and
+                                          rows_of(anchors.pop()) == lay):
+            misfits.add(bid)
+    if misfits:
+        return layouts, misfits
+    for r in reduces:
+        if r.dst not in layouts:
+            replicated.add(r.dst)
 
     for bid in frags:
         if bid in replicated:
-            if bid in layouts:
+            if bid in layouts and not isinstance(layouts[bid], WgmmaRows):
                 raise CompileError(
                     f"fragment {buffers[bid].name} is a gemm accumulator but is also read "
                     "element by element outside its T.Parallel layout (or reduced into); copy it "
@@ -296,4 +380,11 @@ def infer_layouts(program: pb.Program) -> dict[int, object]:
             layouts[bid] = ReplicatedLayout(tuple(d.size for d in buffers[bid].shape))
         elif bid not in layouts:
             layouts[bid] = CyclicLayout(tuple(d.size for d in buffers[bid].shape), threads)
-    return layouts
+    return layouts, set()
+
+
+def _stores(body: pb.Stmt):
+    for st in walk(body):
+        kind = st.WhichOneof("kind")
+        if kind in ("store", "atomic_add"):
+            yield getattr(st, kind).buffer, None

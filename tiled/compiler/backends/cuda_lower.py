@@ -19,6 +19,7 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.backends.cuda_layout import (
     MmaLayout,
     ReplicatedLayout,
+    WgmmaRows,
     infer_layouts,
     is_identity,
     parallel_nest,
@@ -44,6 +45,14 @@ from tiled.compiler.backends.cuda_sm90 import (
     lower_ws_kernel,
     store_ws_tile,
 )
+from tiled.compiler.backends.cuda_sm90_attn import (
+    find_ws_attention,
+    lower_attn_kernel,
+    lower_attn_loop,
+    stmt_q_copy,
+    store_attn_tile,
+    tmap_params,
+)
 from tiled.compiler.tir import ExprLowering, declare_params, loc_of, tvm_dtype
 from tiled.errors import CompileError
 from tiled.ir import dtypes
@@ -58,13 +67,17 @@ UNROLL_LIMIT = 256
 
 
 class CudaLowering(ExprLowering):
+    explicit = False  # the explicit sm_90a path (cuda_explicit.ExplicitLowering)
+    tid_base = 0  # the first thread running the current statement (a T.ws region's)
+
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True):
         super().__init__(program)
         p = self.program
         self.threads = p.kernel.threads  # the program's threads (consumers on the sm90 path)
-        self.layouts = infer_layouts(p)
-        self.ws = find_ws_gemm(p, self.layouts) if arch == "sm_90a" and warp_specialize \
-            else None
+        hopper = arch == "sm_90a" and warp_specialize
+        self.attn = find_ws_attention(p) if hopper else None
+        self.layouts = infer_layouts(p, self.attn.accumulators() if self.attn else None)
+        self.ws = find_ws_gemm(p, self.layouts) if hopper and not self.attn else None
         self.launch_threads = self.threads
         self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe
         if self.ws is not None:
@@ -74,12 +87,16 @@ class CudaLowering(ExprLowering):
                     self.layouts[bid] = self.ws.layout
             self.launch_threads = self.threads + PRODUCER_THREADS
             self.ws_offset = 0
+        if self.attn is not None:
+            self.launch_threads = self.threads + PRODUCER_THREADS
+            self.ws_offset = 0
         self.tir: dict[int, tirx.Buffer] = {}
         self.shared: dict[int, SharedTile] = {}
         self.stage: dict[int, tirx.PrimExpr] = {}  # shared bid -> current stage index
         self.frag_bind: dict[int, tirx.PrimExpr] = {}  # fragment bid -> local slot in a nest
+        self.frag_row = None  # (anchor layout, its slot) of the T.Parallel nest being lowered
         self.nest_vars: list[int] = []
-        self.sync = SyncTracker(None if self.ws is None else
+        self.sync = SyncTracker(None if self.ws is None and self.attn is None else
                                 f"tiled::sm90::consumer_sync<{self.threads}>")
         self.tx = None
         self.pool = None
@@ -110,15 +127,22 @@ class CudaLowering(ExprLowering):
                 return vec
         return 0
 
+    def statements(self):
+        """Every statement of the kernel body, in program order."""
+        return walk(self.program.kernel.body)
+
     def plan(self) -> None:
         p = self.program
-        gemm_operands = set()
-        for st in walk(p.kernel.body):
+        gemm_operands, tma_tiles = set(), set()
+        for st in self.statements():
             kind = st.WhichOneof("kind")
             if kind == "gemm" and isinstance(self.layouts.get(st.gemm.c), MmaLayout):
                 gemm_operands |= {st.gemm.a, st.gemm.b}
+            if kind == "copy" and st.copy.HasField("tma"):
+                tma_tiles.add(st.copy.dst.buffer)
             if kind == "for_" and st.for_.kind == pb.PIPELINED and st.for_.num_stages >= 2 \
-                    and not (self.ws and st.for_.var == self.ws.loop_var):
+                    and not (self.ws and st.for_.var == self.ws.loop_var) \
+                    and not (self.attn and st.for_.var == self.attn.loop.var):
                 body = st.for_.body
                 stmts = list(body.seq.stmts) if body.WhichOneof("kind") == "seq" else [body]
                 producers = []
@@ -134,28 +158,33 @@ class CudaLowering(ExprLowering):
             for bid in producers:
                 stages[bid] = max(stages.get(bid, 1), s_count)
         offset = 0
-        ring_tiles = {self.ws.a, self.ws.b} if self.ws else set()
+        ring_tiles = {self.ws.a, self.ws.b} if self.ws else \
+            self.attn.ring_tiles if self.attn else set()
         for b in p.buffers:
             if b.scope != pb.SHARED or b.id in ring_tiles:
                 continue
             shape = [d.size for d in b.shape]
             cols = shape[-1]
             rows = math.prod(shape[:-1])
+            # TMA writes dense rows (no swizzle on the explicit path): its tiles get no pad.
             pad = 8 if b.id in gemm_operands and dtypes.nbytes(b.dtype) == 2 and \
-                len(shape) == 2 else 0
+                len(shape) >= 2 and b.id not in tma_tiles else 0
             tile = SharedTile(rows, cols, cols + pad, stages.get(b.id, 1), offset,
                               dtypes.canonical_name(b.dtype))
             self.shared[b.id] = tile
             offset = align_up(offset + tile.nbytes)
         if self.ws is not None:
             self.ws_offset, offset = offset, align_up(offset + self.ws.ring_bytes)
+        if self.attn is not None:
+            self.ws_offset, offset = offset, align_up(offset + self.attn.ring_bytes)
         self.scratch_offset = offset
         scratch = 0
-        for st in walk(p.kernel.body):
+        for st in self.statements():
             if st.WhichOneof("kind") == "reduce":
                 src = self.buffers[st.reduce.src]
                 dst = self.buffers[st.reduce.dst]
-                if not isinstance(self.layouts.get(src.id), ReplicatedLayout):
+                if not isinstance(self.layouts.get(src.id), ReplicatedLayout) and \
+                        not isinstance(self.layouts.get(dst.id), WgmmaRows):
                     n = math.prod(d.size for d in src.shape) + math.prod(d.size for d in dst.shape)
                     scratch = max(scratch, n * 4)
         self.pool_bytes = offset + align_up(scratch) if scratch else offset
@@ -177,6 +206,11 @@ class CudaLowering(ExprLowering):
             return self.frag_bind[bid]
         if isinstance(lay, ReplicatedLayout):
             return ravel(indices, list(lay.shape))
+        if isinstance(lay, WgmmaRows) and self.frag_row is not None and ir_indices is not None \
+                and is_identity(ir_indices, self.nest_vars[:1]):
+            anchor, idx = self.frag_row  # m[i] over the anchor's row i: same thread
+            if anchor.rows() == lay:
+                return anchor.row_slot(idx)
         raise CompileError(f"fragment {self.buffers[bid].name} is spread over threads here; "
                            "it can only be indexed by the variables of its T.Parallel loop")
 
@@ -194,6 +228,9 @@ class CudaLowering(ExprLowering):
         return buf[tuple(idx)]
 
     def expr(self, e):
+        if e.WhichOneof("kind") == "call" and e.call.op == pb.EXP2 and \
+                dtypes.canonical_name(e.dtype) == "float32":
+            return T.call_extern("float32", "tiled::exp2_approx", self.expr(e.call.args[0]))
         if e.WhichOneof("kind") == "load":
             return self.load(e.load.buffer, [self.expr(i) for i in e.load.indices],
                              list(e.load.indices))
@@ -219,6 +256,12 @@ class CudaLowering(ExprLowering):
                 raise CompileError(e.message, loc_of(s)) from None
             raise
 
+    def declare_tensor_maps(self) -> None:
+        """Declares kernel parameters beyond the program's (the explicit path's TMA maps)."""
+
+    def lower_body(self) -> None:
+        self.stmt(self.program.kernel.body)
+
     def effects(self, s: pb.Stmt) -> tuple[bool, bool]:
         return shared_effects(s, self.buffers)
 
@@ -241,6 +284,8 @@ class CudaLowering(ExprLowering):
             return self.lower_pipeline(f, s)
         if self.ws is not None and f.var == self.ws.loop_var:
             return lower_ws_consumer(self, f)
+        if self.attn is not None and f.var == self.attn.loop.var:
+            return lower_attn_loop(self, f)
         extent = self.expr(f.extent)
         kind = T.unroll if f.kind == pb.UNROLL and isinstance(extent, tirx.IntImm) else T.serial
         reads, writes = self.effects(f.body)
@@ -313,9 +358,10 @@ class CudaLowering(ExprLowering):
                     self.vars[v] = c
                 self.frag_bind = {b: idx for b in ident}
                 self.nest_vars = loop_vars
+                self.frag_row = (anchor, idx) if hasattr(anchor, "row_slot") else None
                 with self.maybe_if(valid):
                     self.stmt(body)
-                self.frag_bind, self.nest_vars = {}, outer_vars
+                self.frag_bind, self.nest_vars, self.frag_row = {}, outer_vars, None
             return
         writes_replicated = any(
             self.buffers[b].scope in (pb.FRAGMENT, pb.LOCAL)
@@ -365,6 +411,10 @@ class CudaLowering(ExprLowering):
         self.uniform_stmt(s)
         src_b, dst_b = self.buffers[c.src.buffer], self.buffers[c.dst.buffer]
         if self.ws is not None and c.src.buffer == self.ws.c and store_ws_tile(self, c):
+            return
+        if self.attn is not None and c.dst.buffer == self.attn.q:
+            return stmt_q_copy(self)
+        if self.attn is not None and c.src.buffer == self.attn.o and store_attn_tile(self, c):
             return
         vec = self.copy_vector(c)
         if vec:
@@ -472,22 +522,24 @@ class CudaLowering(ExprLowering):
             with self.loop(lay.local_size) as idx:
                 T.buffer_store(acc, tirx.const(0, acc.dtype), [idx])
         M, N = (d.size for d in c.shape)
-        K = a.shape[0].size if g.transpose_a else a.shape[1].size
+        K = a.shape[-2].size if g.transpose_a else a.shape[-1].size
         ta, tb = str(g.transpose_a).lower(), str(g.transpose_b).lower()
         lda, ldb = self.shared[g.a].stride, self.shared[g.b].stride
-        pa = self.addr(g.a, [tirx.const(0, "int32")] * 2)
-        pbuf = self.addr(g.b, [tirx.const(0, "int32")] * 2)
+        # A staged operand (A_s[s, :, :]) starts at its leading indices.
+        pa = self.addr(g.a, [self.expr(i) for i in g.a_index] + [tirx.const(0, "int32")] * 2)
+        pbuf = self.addr(g.b, [self.expr(i) for i in g.b_index] + [tirx.const(0, "int32")] * 2)
+        base = f", {self.tid_base}" if self.tid_base else ""
         pc = T.address_of(acc[0])
         if isinstance(lay, MmaLayout):
             name = (f"tiled::gemm_ss<{CTYPE[dtypes.canonical_name(a.dtype)]}, {M}, {N}, {K}, "
-                    f"{lay.warp_m}, {lay.warp_n}, {ta}, {tb}, {lda}, {ldb}>")
+                    f"{lay.warp_m}, {lay.warp_n}, {ta}, {tb}, {lda}, {ldb}{base}>")
         else:
             ct = [CTYPE.get(dtypes.canonical_name(x.dtype)) for x in (a, b, c)]
             if None in ct:
                 raise CompileError(f"T.gemm on cuda does not support dtypes "
                                    f"{[dtypes.canonical_name(x.dtype) for x in (a, b, c)]}")
             name = (f"tiled::gemm_ss_simt<{ct[0]}, {ct[1]}, {ct[2]}, {M}, {N}, {K}, "
-                    f"{self.threads}, {ta}, {tb}, {lda}, {ldb}>")
+                    f"{self.threads}, {ta}, {tb}, {lda}, {ldb}{base}>")
         T.evaluate(T.call_extern("void", name, pa, pbuf, pc))
 
     def stmt_reduce(self, r, s):
@@ -498,6 +550,9 @@ class CudaLowering(ExprLowering):
         dst = self.tir[r.dst]
         acc_dt = dst.dtype
         src_lay = self.layouts.get(r.src)
+
+        if isinstance(self.layouts.get(r.dst), WgmmaRows):
+            return self.reduce_rows(r)
 
         def src_index(o, k):
             coords = unravel(o, keep) if keep else []
@@ -542,6 +597,26 @@ class CudaLowering(ExprLowering):
                 T.buffer_store(tmp, _COMBINE[r.kind](tmp[0], tirx.Cast(acc_dt, v)), [0])
             T.buffer_store(dst, tmp[0], [o])
 
+    def reduce_rows(self, r: pb.Reduce) -> None:
+        """A row reduction into a rows layout: each thread combines the elements of its rows
+        it holds (a balanced tree), then the quad holding each row exchanges partials."""
+        src, dst = self.tir[r.src], self.tir[r.dst]
+        lay, rows = self.layouts[r.src], self.layouts[r.dst]
+        combine, dt = _COMBINE[r.kind], dst.dtype
+        for slot in range(rows.local_size):
+            vals = [tirx.Cast(dt, src[i]) if src.dtype != dt else src[i]
+                    for i in lay.row_members(slot)]
+            while len(vals) > 1:
+                vals = [combine(vals[j], vals[j + 1]) if j + 1 < len(vals) else vals[j]
+                        for j in range(0, len(vals), 2)]
+            part = T.alloc_buffer((1,), dt, scope="local")
+            T.buffer_store(part, vals[0], [0])
+            for mask in rows.QUAD_MASKS:
+                other = T.call_extern(dt, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"),
+                                      part[0], mask)
+                T.buffer_store(part, combine(part[0], other), [0])
+            T.buffer_store(dst, part[0] if r.clear else combine(dst[slot], part[0]), [slot])
+
     # -- T.Pipelined ----------------------------------------------------------------------
     def lower_pipeline(self, f: pb.For, s: pb.Stmt) -> None:
         stages, producers = self.pipelines[f.var]
@@ -580,14 +655,21 @@ class CudaLowering(ExprLowering):
         self.sync.pending_read = self.sync.pending_write = False
 
 
-def lower_cuda(program: Program, arch: str = "sm_80",
-               warp_specialize: bool = True) -> tuple[object, CudaLowering]:
+def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
+               cluster: int = 0) -> tuple[object, CudaLowering]:
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
-    launch's thread count and the TMA descriptors the kernel takes (sm_90a path)."""
+    launch's thread count and the TMA descriptors the kernel takes (sm_90a path). `cluster`:
+    the sm_90a path's cluster size, 0 for the plan's choice (WsGemmPlan.with_cluster)."""
     import tvm
 
+    from tiled.compiler.backends.cuda_explicit import ExplicitLowering
+    from tiled.ir.verify_ws import explicit_statement
+
     p = program.proto
-    low = CudaLowering(program, arch, warp_specialize)
+    cls = ExplicitLowering if explicit_statement(p) is not None else CudaLowering
+    low = cls(program, arch, warp_specialize)
+    if low.ws is not None:
+        low.ws = low.ws.with_cluster(cluster)
     low.plan()
     with IRBuilder() as ib:
         with T.prim_func():
@@ -600,13 +682,20 @@ def lower_cuda(program: Program, arch: str = "sm_80",
                 ws = low.ws
                 param_of = {prm.buffer: i for i, prm in enumerate(p.params)
                             if prm.WhichOneof("kind") == "buffer"}
-                b_box = [64, ws.BN] if ws.b_kmajor else [64, 64]
-                for name, cp, box in (("tiled_tmap_a", ws.copy_a, [64, ws.BM]),
-                                      ("tiled_tmap_b", ws.copy_b, b_box)):
+                for name, cp, box in (("tiled_tmap_a", ws.copy_a, ws.box_a),
+                                      ("tiled_tmap_b", ws.copy_b, ws.box_b)):
                     tmaps.append(T.arg(name, T.handle()))
                     low.tensor_maps[name] = {"kind": "tensor_map",
                                              "param": param_of[cp.src.buffer], "box": box,
                                              "swizzle": 128}
+            attn_maps = {}
+            if low.attn is not None:
+                param_of = {prm.buffer: i for i, prm in enumerate(p.params)
+                            if prm.WhichOneof("kind") == "buffer"}
+                for key, name, recipe in tmap_params(low, param_of):
+                    attn_maps[key] = T.arg(name, T.handle())
+                    low.tensor_maps[name] = recipe
+            low.declare_tensor_maps()
             grid = [low.expr(g) for g in p.kernel.grid]
             frames = contextlib.ExitStack()
             with frames:
@@ -641,8 +730,10 @@ def lower_cuda(program: Program, arch: str = "sm_80",
                     elif b.scope == pb.LOCAL:
                         low.tir[b.id] = T.alloc_buffer([d.size for d in b.shape],
                                                        tvm_dtype(b.dtype), scope="local")
-                if low.ws is None:
-                    low.stmt(p.kernel.body)
+                if low.attn is not None:
+                    lower_attn_kernel(low, attn_maps)
+                elif low.ws is None:
+                    low.lower_body()
                 else:
                     lower_ws_kernel(low, tmaps, grid)
     return tvm.IRModule({p.name: ib.get()}), low

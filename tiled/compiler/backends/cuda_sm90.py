@@ -14,7 +14,13 @@ Then:
 - the accumulator uses the wgmma layout (`WgmmaLayout`), and barriers among the program's
   threads become named barriers the producer never joins;
 - the kernel takes two TMA descriptors, built by the runtime from the manifest's recipe
-  (kernel_args of kind "tensor_map").
+  (kernel_args of kind "tensor_map");
+- when adjacent blocks along one grid axis share an operand tile (`_pairing`: A's offsets do
+  not use x, or B's do not use y), blocks run in clusters of two (`WsGemmPlan.cluster`, the
+  manifest's cluster [2, 1, 1]) that walk the tile pairs; each CTA loads half of the shared
+  tile and multicasts it to both (WsGemm's MCAST). The compile option `cluster` picks it: 0
+  (default) the plan's choice (DEFAULT_CLUSTER: off for now), 1 off, 2 on where the program
+  pairs up.
 
 Everything else, and every program that does not match, is lowered as for sm_80.
 """
@@ -22,6 +28,7 @@ Everything else, and every program that does not match, is lowered as for sm_80.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -30,6 +37,7 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.backends.cuda_layout import MmaLayout, element_accesses, subexprs, walk
 from tiled.compiler.backends.cuda_plan import CTYPE
 from tiled.compiler.tir import global_extent
+from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -37,6 +45,10 @@ PRODUCER_THREADS = 128
 BK = 64  # 64 16-bit elements: one 128-byte swizzle row
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 RING_SLACK = 1024  # the ring is aligned to 1024 bytes inside the dynamic pool
+# The plan's cluster size where the program's tiles pair up. 1: on the H200 the clustered
+# kernel is correct but slower so far (fp16 4096^3: 650 vs 681 TFLOP/s at 128x256;
+# benchmarks/results/hopper_gemm_h200_cluster.json), so clusters are opt-in (cluster=2).
+DEFAULT_CLUSTER = 1
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,21 @@ class WgmmaLayout:
         col = 8 * tirx.floordiv(i, 4) + 2 * tirx.floormod(t, 4) + tirx.floormod(i, 2)
         return [row, col], None
 
+    def rows(self):
+        from tiled.compiler.backends.cuda_layout import WgmmaRows
+
+        return WgmmaRows(self.M, self.nwg)
+
+    def row_slot(self, idx):
+        """The WgmmaRows slot of the row that slot `idx` of this layout lies in."""
+        half = self.N // 2
+        return tirx.floordiv(idx, half) * 2 + tirx.floormod(tirx.floordiv(idx, 2), 2)
+
+    def row_members(self, slot: int) -> list[int]:
+        """This layout's slots (in one thread) whose elements lie in row slot `slot`."""
+        h, which = divmod(slot, 2)
+        return [h * (self.N // 2) + i for i in range(self.N // 2) if (i // 2) % 2 == which]
+
 
 @dataclass(frozen=True)
 class WsGemmPlan:
@@ -77,10 +104,43 @@ class WsGemmPlan:
     stages: int
     nwg: int
     b_kmajor: bool
+    # (grid axis whose adjacent blocks pair up, the operand they share: 1 A, 2 B), or None
+    pairing: tuple[int, int] | None = None
+    cluster: int = 1  # CTAs per cluster: 2 runs the pairs with multicast loads
 
     @property
     def loop_var(self) -> int:
         return self.loop.var
+
+    @property
+    def mcast(self) -> int:
+        """WsGemm's MCAST: 0, or the operand the cluster's two CTAs share (1 A, 2 B)."""
+        return self.pairing[1] if self.cluster == 2 and self.pairing else 0
+
+    @property
+    def pair_axis(self) -> int:
+        return self.pairing[0] if self.mcast else -1
+
+    @property
+    def box_a(self) -> list[int]:
+        """A's TMA box (K, M): half the rows when each CTA of a pair loads half of A."""
+        return [BK, self.BM // 2 if self.mcast == 1 else self.BM]
+
+    @property
+    def box_b(self) -> list[int]:
+        if not self.b_kmajor:
+            return [64, 64]  # 64-wide N sub-tiles; a pair splits them between its CTAs
+        return [BK, self.BN // 2 if self.mcast == 2 else self.BN]
+
+    def with_cluster(self, cluster: int) -> WsGemmPlan:
+        """The plan with the compile option `cluster` applied: 0 keeps the plan's choice,
+        1 turns clusters off, 2 turns them on where the program pairs up (else stays 1)."""
+        if cluster not in (0, 1, 2):
+            raise CompileError(f"option cluster={cluster!r}: expected 0 (the plan's choice), "
+                               "1 or 2")
+        if cluster == 0:
+            return self
+        return dataclasses.replace(self, cluster=2 if cluster == 2 and self.pairing else 1)
 
     @property
     def stage_bytes(self) -> int:
@@ -96,7 +156,7 @@ class WsGemmPlan:
 
     def template(self, ctype: str) -> str:
         return (f"tiled::sm90::WsGemm<{ctype}, {self.BM}, {self.BN}, {self.stages}, {self.nwg}, "
-                f"{str(self.b_kmajor).lower()}>")
+                f"{str(self.b_kmajor).lower()}, {self.mcast}>")
 
 
 def _vars(exprs) -> set[int]:
@@ -172,8 +232,29 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
     if {bid for bid, _ in element_accesses(p.kernel.body)} & {g.a, g.b}:  # element accesses
         return None
     stages = min(f.num_stages, max(2, (200 * 1024) // ((BM + BN) * BK * 2)))
+    pairing = _pairing(p, f, copies[g.a], copies[g.b], BM, BN, bool(g.transpose_b))
     return WsGemmPlan(f, merge, copies[g.a], copies[g.b], g.a, g.b, g.c, dt.pop(), BM, BN,
-                      stages, nwg, bool(g.transpose_b))
+                      stages, nwg, bool(g.transpose_b), pairing,
+                      DEFAULT_CLUSTER if pairing else 1)
+
+
+def _pairing(p: pb.Program, f: pb.For, copy_a: pb.Copy, copy_b: pb.Copy, BM: int, BN: int,
+             b_kmajor: bool) -> tuple[int, int] | None:
+    """(grid axis, shared operand: 1 A, 2 B) for clusters of two blocks adjacent along that
+    axis, or None. Blocks (x, 2j) and (x, 2j + 1) share B when B's offsets do not use y (and
+    A's do); (2j, y) and (2j + 1, y) share A when A's do not use x. Of the two, the one that
+    shares the larger tile. Both CTAs of a cluster must run the same k-tiles (the multicast
+    halves meet in each stage), so the loop's extent may not use the block vars."""
+    if len(p.kernel.grid) != 2 or _vars([f.extent]) & set(p.kernel.block_vars):
+        return None
+    bx, by = p.kernel.block_vars
+    va, vb = _vars(copy_a.src.offsets), _vars(copy_b.src.offsets)
+    options = []
+    if by in va and by not in vb and (b_kmajor or BN % 128 == 0):
+        options.append((BN, 1, 2))  # B MN-major: the CTAs split its 64-wide boxes
+    if bx in vb and bx not in va:
+        options.append((BM, 0, 1))
+    return max(options)[1:] if options else None
 
 
 def _merge_is_exact(p: pb.Program, f: pb.For, copy_a: pb.Copy, copy_b: pb.Copy,
@@ -248,6 +329,16 @@ def lower_ws_consumer(low, f: pb.For) -> None:
                              base + n - 1, n > 0))
     T.buffer_store(low.ws_k, base + n, [0])
 
+def lower_ws_drain(low) -> None:
+    """The consumers' side of a clustered block whose tile lies outside the grid: the loop's
+    stages are waited for and released (the partner's multicast halves land here too), with
+    no wgmma and none of the program's body."""
+    n = stage_count(low, low.ws.loop)
+    base = low.ws_k[0]
+    with T.serial(0, n) as k:
+        T.evaluate(T.call_extern("void", f"{ws_template(low)}::drain", ring(low), base + k))
+    T.buffer_store(low.ws_k, base + n, [0])
+
 def lower_ws_producer(low, tmap_a, tmap_b) -> None:
     """The producer warpgroup's part: its first thread feeds the ring."""
     ws = low.ws
@@ -300,27 +391,62 @@ def bind_block(low, linear, grid: list, group: int = 8) -> None:
 def program_blocks(low, grid: list):
     """The persistent block's walk over the program's blocks blockIdx.x, + gridDim.x, ...:
     binds the block vars for each; `low.ws_k` counts k-tiles through the ring."""
-    blocks = grid[0] if len(grid) == 1 else grid[0] * grid[1]
-    step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
     low.ws_k = T.alloc_buffer((1,), "int32", scope="local")
     T.buffer_store(low.ws_k, tirx.const(0, "int32"), [0])
+    low.ws_valid = None
+    if low.ws.cluster == 2:
+        yield from _cluster_blocks(low, grid)
+        return
+    blocks = grid[0] if len(grid) == 1 else grid[0] * grid[1]
+    step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
     with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
         bind_block(low, low.block_x + it * step, grid)
+        yield
+
+
+def _cluster_blocks(low, grid: list):
+    """The walk of a clustered block: cluster c takes tile pairs c, c + clusters, ... of the
+    grid halved (rounded up) along the pair axis, grouped as bind_block does (4 pairs = 8
+    tiles deep along y); its rank-r CTA takes tile 2 * j + r of pair j along that axis. Both
+    CTAs walk the same pairs; `low.ws_valid` says whether this CTA's tile is in the grid."""
+    axis = low.ws.pair_axis
+    pairs = list(grid)
+    pairs[axis] = tirx.truncdiv(grid[axis] + 1, 2)
+    cluster = T.call_extern("int32", "tiled::sm90::cluster_id_x")
+    step = T.call_extern("int32", "tiled::sm90::cluster_count_x")
+    rank = T.call_extern("int32", "tiled::sm90::cluster_rank")
+    var = low.program.kernel.block_vars[axis]
+    with T.serial(0, tirx.truncdiv(pairs[0] * pairs[1] - cluster + step - 1, step)) as it:
+        bind_block(low, cluster + it * step, pairs, group=4 if axis == 1 else 8)
+        low.vars[var] = low.vars[var] * 2 + rank
+        low.ws_valid = low.vars[var] < grid[axis]
         yield
 
 
 def lower_ws_kernel(low, tmaps: list, grid: list) -> None:
     """The warp-specialized kernel: barriers initialized, then the program's threads run its
     body (consumers) while the extra warpgroup feeds the ring (producer)."""
+    clustered = low.ws.cluster == 2
     with T.If(low.tx == 0), T.Then():
         T.evaluate(T.call_extern("void", f"{ws_template(low)}::init", ring(low)))
     T.evaluate(T.tvm_storage_sync("shared"))
+    if clustered:  # the partner's barriers are initialized before anyone arrives on them
+        T.evaluate(T.call_extern("void", "tiled::sm90::cluster_sync"))
     with T.If(low.tx < low.threads):
         with T.Then():
             T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_inc<{CONSUMER_REGS}>"))
             with program_blocks(low, grid):
-                low.stmt(low.program.kernel.body)
+                if not clustered:
+                    low.stmt(low.program.kernel.body)
+                else:
+                    with T.If(low.ws_valid):
+                        with T.Then():
+                            low.stmt(low.program.kernel.body)
+                        with T.Else():
+                            lower_ws_drain(low)
         with T.Else():
             T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_dec<{PRODUCER_REGS}>"))
             with T.If(low.tx == low.threads), T.Then(), program_blocks(low, grid):
                 lower_ws_producer(low, *tmaps)
+    if clustered:  # the partner may still arrive on this CTA's barriers until it gets here
+        T.evaluate(T.call_extern("void", "tiled::sm90::cluster_sync"))

@@ -29,18 +29,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.backends.cuda_layout import element_accesses, subexprs, walk
 from tiled.compiler.backends.cuda_plan import CTYPE
 from tiled.compiler.backends.cuda_sm90 import WgmmaLayout
+from tiled.compiler.tir import global_extent
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
 RING_SLACK = 1024  # the ring is aligned to 1024 bytes inside the dynamic pool
-SMEM_BUDGET = 200 * 1024  # of the ring: stages are dropped to fit
+SMEM_BUDGET = 225 * 1024  # of the ring: stages are dropped to fit (sm_90a: 227 KiB)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class AttnPlan:
     D: int
     stages: int
     nwg: int
+    clear_s: int  # index in the loop body of a `T.clear(S)` just before S = Q K^T, or -1
 
     @property
     def ring_tiles(self) -> set[int]:
@@ -69,7 +72,7 @@ class AttnPlan:
     @property
     def ring_bytes(self) -> int:
         return RING_SLACK + (self.BM + 2 * self.stages * self.BN) * self.D * 2 + \
-            8 * (1 + 3 * self.stages)
+            8 * (1 + 4 * self.stages)
 
     def accumulators(self) -> dict[int, WgmmaLayout]:
         return {self.s: WgmmaLayout(self.BM, self.BN, self.nwg),
@@ -199,10 +202,40 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
     if uses != 6 or {bid for bid, _ in element_accesses(p.kernel.body)} & tiles:
         return None
     dtype = dt.pop()
+    before = [i for i in range(i_qk) if i not in ring_idx]
+    clear_s = before[-1] if before and _clears(body[before[-1]], s_frag, BM, BN) else -1
     stage = 2 * BN * D * 2
     stages = max(1, min(f.num_stages, (SMEM_BUDGET - BM * D * 2) // stage))
     return AttnPlan(f, q_copies[0], ring_copies[k], ring_copies[v], q, k, v, pt, s_frag, o,
-                    dtype, BM, BN, D, stages, nwg)
+                    dtype, BM, BN, D, stages, nwg, clear_s)
+
+
+def _clears(st: pb.Stmt, frag: int, rows: int, cols: int) -> bool:
+    """Whether `st` sets all of `frag` to zero."""
+    if st.WhichOneof("kind") != "fill":
+        return False
+    f = st.fill
+    v = f.value
+    zero = (v.WhichOneof("kind") == "float_value" and v.float_value == 0) or \
+        (v.WhichOneof("kind") == "int_value" and v.int_value == 0)
+    return zero and f.dst.buffer == frag and list(f.dst.extents) == [rows, cols] and all(
+        o.WhichOneof("kind") == "int_value" and o.int_value == 0 for o in f.dst.offsets)
+
+
+def _touches(st: pb.Stmt, bid: int) -> bool:
+    """Whether statement `st` (or one inside it) reads or writes buffer `bid`."""
+    if any(b == bid for b, _ in element_accesses(st)):
+        return True
+    for x in walk(st):
+        kind = x.WhichOneof("kind")
+        node = getattr(x, kind)
+        ids = {node.src.buffer, node.dst.buffer} if kind == "copy" else \
+            {node.a, node.b, node.c} if kind == "gemm" else \
+            {node.src, node.dst} if kind == "reduce" else \
+            {node.dst.buffer} if kind == "fill" else set()
+        if bid in ids:
+            return True
+    return False
 
 
 # -- lowering (called by cuda_lower.CudaLowering, `low`) ------------------------------------
@@ -240,36 +273,75 @@ def lower_attn_producer(low, tmaps: dict) -> None:
     n = low.expr(a.loop.extent)
     with T.serial(0, n) as k:
         low.vars[a.loop.var] = k
-        T.evaluate(_call(low, "begin_kv", _ring(low), k))
+        T.evaluate(_call(low, "begin_k", _ring(low), k))
         _load_tile(low, a.copy_k, tmaps["k"], "k_tile", "k_bar", k)
+        T.evaluate(_call(low, "begin_v", _ring(low), k))
         _load_tile(low, a.copy_v, tmaps["v"], "v_tile", "v_bar", k)
 
 
 def lower_attn_loop(low, f: pb.For) -> None:
     """The loop on the consumers' side: the program's statements, with the ring copies gone,
-    the gemms as wgmma on the ring and the copy to P as a register conversion."""
+    the gemms as wgmma on the ring and the copy to P as a register conversion.
+
+    The two consumer warpgroups take turns issuing their matrix products (WsAttn's
+    sched_*). Software-pipelined within each warpgroup: iteration k issues S = Q K(k)^T, then the
+    P V(k-1) it deferred, and waits only for the QK group, so the tensor cores run P V(k-1)
+    while the program's statements compute on S. The first statement that touches the
+    output fragment or P waits for P V(k-1) (and frees stage k-1). After the loop the last
+    P V runs. A `T.clear(S)` right before the QK gemm becomes its first wgmma's zero scale."""
     a = low.attn
     n = low.expr(f.extent)
     s_acc = T.address_of(low.tir[a.s][0])
     o_acc = T.address_of(low.tir[a.o][0])
     p_regs = T.alloc_buffer((a.BN // 4,), "uint32", scope="local")
-    with T.serial(0, n) as k:
+    p_addr = T.address_of(p_regs[0])
+
+    def pv_issue(k):
+        T.evaluate(_call(low, "pv_issue", _ring(low), k, p_addr, o_acc))
+
+    def pv_wait(k):
+        T.evaluate(_call(low, "pv_wait", _ring(low), k, o_acc))
+
+    def iteration(k, first: bool) -> None:
+        """One iteration; the first has no P V(k-1). Peeled so that every wgmma wait is
+        static (see qk_wait)."""
         low.vars[f.var] = k
-        for st in _body(f.body):
+        issued = waited = first  # P V(k-1), in this iteration's lowering
+        for i, st in enumerate(_body(f.body)):
             kind = st.WhichOneof("kind")
-            if kind == "copy" and st.copy.dst.buffer in (a.k, a.v):
+            if (kind == "copy" and st.copy.dst.buffer in (a.k, a.v)) or i == a.clear_s:
                 continue
-            # The ring's mbarriers order these; they touch no shared memory the program's
-            # threads share, so no block barrier goes before them.
+            # The ring's mbarriers order the wgmma calls; they touch no shared memory the
+            # program's threads share, so no block barrier goes before them.
             if kind == "gemm" and st.gemm.c == a.s:
-                T.evaluate(_call(low, "qk", _ring(low), k, s_acc))
-            elif kind == "copy" and st.copy.dst.buffer == a.p:
+                zero = tirx.const(i > a.clear_s >= 0, "bool")
+                T.evaluate(_call(low, "sched_wait"))
+                T.evaluate(_call(low, "qk_issue", _ring(low), k, s_acc, zero))
+                if not issued:
+                    pv_issue(k - 1)
+                T.evaluate(_call(low, "sched_pass"))
+                T.evaluate(_call(low, f"qk_wait<{str(not issued).lower()}>", _ring(low), k,
+                                 s_acc))
+                issued = True
+                continue
+            if not waited and (_touches(st, a.o) or _touches(st, a.p)):
+                if not issued:
+                    pv_issue(k - 1)
+                pv_wait(k - 1)
+                issued = waited = True
+            if kind == "copy" and st.copy.dst.buffer == a.p:
                 src = T.address_of(low.tir[st.copy.src.buffer][0])
-                T.evaluate(_call(low, "to_a_regs", src, T.address_of(p_regs[0])))
-            elif kind == "gemm" and st.gemm.c == a.o:
-                T.evaluate(_call(low, "pv", _ring(low), k, T.address_of(p_regs[0]), o_acc))
-            else:
+                T.evaluate(_call(low, "to_a_regs", src, p_addr))
+            elif not (kind == "gemm" and st.gemm.c == a.o):  # P V(k) runs in iteration k+1
                 low.stmt(st)
+
+    T.evaluate(_call(low, "sched_init"))
+    with T.If(n > 0), T.Then():
+        iteration(tirx.const(0, "int32"), True)
+        with T.serial(0, n - 1) as k:
+            iteration(k + 1, False)
+        pv_issue(n - 1)
+        pv_wait(n - 1)
 
 
 def lower_attn_kernel(low, tmaps: dict) -> None:
@@ -291,6 +363,29 @@ def lower_attn_kernel(low, tmaps: dict) -> None:
 def stmt_q_copy(low) -> None:
     """The consumers' side of the Q copy: wait until it has landed."""
     T.evaluate(_call(low, "wait_q", _ring(low)))
+
+
+def store_attn_tile(low, c: pb.Copy) -> bool:
+    """The whole output fragment to a 16-bit global tile whose rows are the last dim but
+    one (e.g. Out[b, h, rows, :]), with WsAttn::store's 16-byte stores; False when the copy
+    is not that (it is then lowered generically)."""
+    a = low.attn
+    dst = low.buffers[c.dst.buffer]
+    dt = dtypes.canonical_name(dst.dtype)
+    ext = list(c.dst.extents)
+    if dst.scope != pb.GLOBAL or len(dst.shape) < 2 or dt not in ("float16", "bfloat16") or \
+            ext[-2:] != [a.BM, a.D] or any(e != 1 for e in ext[:-2]) or \
+            any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
+        return False
+    offsets = [low.expr(o) for o in c.dst.offsets]
+    rank = len(dst.shape)
+    m, n = global_extent(low, dst, rank - 2), global_extent(low, dst, rank - 1)
+    zero = tirx.const(0, "int32")
+    base = T.address_of(low.tir[dst.id][(*offsets[:-2], zero, zero)])
+    T.evaluate(T.call_extern("void", f"{a.template()}::store<{CTYPE[dt]}>",
+                             T.address_of(low.tir[a.o][0]), base, tirx.Cast("int64", n),
+                             offsets[-2], offsets[-1], m, n))
+    return True
 
 
 def tmap_params(low, param_of: dict[int, int]) -> list[tuple[str, str, dict]]:

@@ -278,9 +278,11 @@ __device__ __forceinline__ void acc_coord(int idx, int& row, int& col) {
 //   ldmatrix row address is 16-byte aligned.  Pad rows (LD = inner + 8) to
 //   avoid shared-memory bank conflicts; no swizzled layouts are supported.
 //   Warp (wm, wn) computes the WM x WN sub-tile at (wm*WM, wn*WN); see
-//   acc_coord for where each acc element lives.
+//   acc_coord for where each acc element lives.  TID_BASE: the first calling
+//   thread (threads TID_BASE .. call it, counted from there): a warpgroup
+//   region of the explicit sm_90a path runs its gemm on threads 128*g ...
 template <typename T, int M, int N, int K, int WARP_M, int WARP_N, bool TRANS_A, bool TRANS_B,
-          int LDA, int LDB>
+          int LDA, int LDB, int TID_BASE = 0>
 __device__ __forceinline__ void gemm_ss(const T* A, const T* B, float* acc) {
   static_assert(detail::mma_dtype_ok<T>::value, "gemm_ss: T must be half or __nv_bfloat16");
   static_assert(WARP_M > 0 && WARP_N > 0, "gemm_ss: WARP_M/WARP_N must be positive");
@@ -292,7 +294,7 @@ __device__ __forceinline__ void gemm_ss(const T* A, const T* B, float* acc) {
   static_assert(LDB >= (TRANS_B ? K : N), "gemm_ss: LDB smaller than the row length of B");
   constexpr int WM = M / WARP_M, WN = N / WARP_N;
   constexpr int MT = WM / 16, NT = WN / 8;
-  const int tid = static_cast<int>(threadIdx.x);
+  const int tid = static_cast<int>(threadIdx.x) - TID_BASE;
   const int warp = tid >> 5, lane = tid & 31;
   const int wm = warp / WARP_N, wn = warp % WARP_N;
 
@@ -405,15 +407,15 @@ __host__ __device__ constexpr int simt_acc_size() {
 // row = e / N, col = e % N, in acc[i].  Consecutive threads take consecutive
 // columns, so B reads are contiguous across a warp and A reads broadcast.
 // Each product is computed in TC (operands converted to TC first), then
-// added into acc[i] in k order.  No barrier inside.
+// added into acc[i] in k order.  No barrier inside.  TID_BASE as for gemm_ss.
 template <typename TA, typename TB, typename TC, int M, int N, int K, int THREADS, bool TRANS_A,
-          bool TRANS_B, int LDA, int LDB>
+          bool TRANS_B, int LDA, int LDB, int TID_BASE = 0>
 __device__ __forceinline__ void gemm_ss_simt(const TA* A, const TB* B, TC* acc) {
   static_assert(M > 0 && N > 0 && K > 0 && THREADS > 0, "gemm_ss_simt: bad shape");
   static_assert(LDA >= (TRANS_A ? M : K), "gemm_ss_simt: LDA smaller than the row length of A");
   static_assert(LDB >= (TRANS_B ? K : N), "gemm_ss_simt: LDB smaller than the row length of B");
   constexpr int ITERS = (M * N + THREADS - 1) / THREADS;
-  const int t = static_cast<int>(threadIdx.x);
+  const int t = static_cast<int>(threadIdx.x) - TID_BASE;
 #pragma unroll
   for (int i = 0; i < ITERS; ++i) {
     const int e = t + i * THREADS;
@@ -469,6 +471,15 @@ __device__ __forceinline__ T warp_reduce_min(T v, int width = 32) {
 #pragma unroll
   for (int off = width >> 1; off > 0; off >>= 1) v = detail::op_min(v, shfl_xor(v, off));
   return v;
+}
+
+// T.exp2 of a float32 on CUDA: the MUFU's 2^x (ex2.approx.ftz: about 2 ulp, results
+// below 2^-126 flushed to zero), without exp2f's rescaling for subnormal results, which
+// costs a compare and two multiplies per element in softmax-heavy kernels.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 }  // namespace tiled

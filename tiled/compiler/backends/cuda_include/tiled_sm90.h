@@ -156,6 +156,60 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, uin
       : "memory");
 }
 
+// As tma_load_2d, but the box lands at the same CTA-relative offset `dst` in every CTA of
+// the cluster named in `cta_mask` (bit r: cluster rank r), and each of them gets the box's
+// bytes reported on its own barrier at the CTA-relative offset of `bar`.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const TensorMap* map,
+                                                      uint64_t* bar, int32_t c0, int32_t c1,
+                                                      uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1),
+      "h"(cta_mask)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Thread-block clusters (a 1-D cluster along x; the launch sets its size)
+// ---------------------------------------------------------------------------
+// The special registers read below are constant for the kernel's life, hence plain (not
+// volatile) asm: the compiler may hoist them out of the persistent loop.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));  // constant: may be hoisted
+  return r;
+}
+__device__ __forceinline__ int cluster_id_x() {
+  uint32_t r;
+  asm("mov.u32 %0, %%clusterid.x;" : "=r"(r));  // constant: may be hoisted
+  return static_cast<int>(r);
+}
+__device__ __forceinline__ int cluster_count_x() {
+  uint32_t r;
+  asm("mov.u32 %0, %%nclusterid.x;" : "=r"(r));  // constant: may be hoisted
+  return static_cast<int>(r);
+}
+// Every thread of every CTA of the cluster: release this thread's prior accesses, then wait
+// for all the others (acquire). Barriers initialized before it may be used cluster-wide after
+// it; a CTA that passes it last may exit without a partner still touching its shared memory.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// The shared::cluster address of this CTA's shared variable at `p` in the CTA of rank `rank`.
+__device__ __forceinline__ uint32_t map_shared_rank(const void* p, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_addr(p)), "r"(rank));
+  return out;
+}
+// Arrival on a barrier of any CTA of the cluster (address from map_shared_rank), with the
+// default semantics (release at CTA scope). What it guards is this CTA's own stage, read by
+// wgmma (retired by wgmma_wait_group first) and refilled by TMA, so CTA scope suffices; an
+// explicit .release.cluster costs a MEMBAR.ALL.GPU per arrival (it halved the GEMM's speed).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+}
+
 // Store the shared box `src` to (c0, c1).  Writers of `src` must have run
 // fence_proxy_async_shared() and synchronised before one thread issues this.
 __device__ __forceinline__ void tma_store_2d(const TensorMap* map, const void* src, int32_t c0,
@@ -553,7 +607,18 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
 // A is K-major ([BM][64], one TMA box {64, BM}); B is MN-major ([64][BN],
 // BN / 64 boxes {64, 64}) or, with B_KMAJOR, K-major ([BN][64], one box
 // {64, BN}). All boxes use the 128-byte swizzle, so BK is 64 (16-bit types).
-template <typename T, int BM, int BN, int STAGES, int NWG, bool B_KMAJOR>
+//
+// MCAST != 0: the kernel runs in clusters of two CTAs (cluster ranks 0 and 1) whose output
+// tiles share one operand, A (MCAST 1: same rows, adjacent columns) or B (MCAST 2: same
+// columns, adjacent rows). Each CTA's producer loads half of the shared operand's box (rank r:
+// A rows [r * BM / 2, ...) with a box {64, BM / 2}; B K-major rows [r * BN / 2, ...) with a
+// box {64, BN / 2}; B MN-major sub-tiles [r * BN / 128, ...)) and multicasts it into both
+// CTAs' stage, so every stage still receives kStageBytes, counted on the local full barrier.
+// A stage may be refilled only once the consumers of both CTAs are done with it, so every
+// consumer warp arrives on the empty barrier of both CTAs (count 2 * NWG * 4). Both CTAs walk
+// the same number of k-tiles per tile pair, and a CTA whose tile lies outside the grid still
+// produces (its own operand then reads as zeros) and `drain`s the ring instead of consuming.
+template <typename T, int BM, int BN, int STAGES, int NWG, bool B_KMAJOR, int MCAST = 0>
 struct WsGemm {
   static constexpr int kBK = 64;
   static constexpr uint32_t kABytes = BM * kBK * 2;
@@ -563,6 +628,9 @@ struct WsGemm {
   static constexpr int kMBlocks = kRowsPerWg / 64;
   static constexpr int kAcc = kMBlocks * BN / 2;
   static_assert(BM % (64 * NWG) == 0 && BN % 64 == 0 && BN <= 256 && BM <= 256, "WsGemm tile");
+  static_assert(MCAST == 0 || MCAST == 1 || (MCAST == 2 && (B_KMAJOR || BN % 128 == 0)),
+                "WsGemm multicast: A, or B K-major, or B MN-major in pairs of 64-wide boxes");
+  static constexpr uint16_t kPair = 0x3;  // the cluster's two CTAs
 
   // The 1024-byte aligned ring inside `pool` (which has 1024 bytes of slack).
   __device__ __forceinline__ static unsigned char* ring(unsigned char* pool) {
@@ -576,7 +644,7 @@ struct WsGemm {
     uint64_t* f = full(pool);
     for (int s = 0; s < STAGES; ++s) {
       mbarrier_init(&f[s], 1);               // the producer's arrive.expect_tx
-      mbarrier_init(&f[STAGES + s], NWG * 4);  // one arrival per consumer warp
+      mbarrier_init(&f[STAGES + s], NWG * 4 * (MCAST ? 2 : 1));  // per consumer warp
     }
     fence_barrier_init();
   }
@@ -597,13 +665,37 @@ struct WsGemm {
     }
     mbarrier_wait_parity(&f[STAGES + stage], phase ^ 1);
     mbarrier_arrive_expect_tx(&f[stage], kStageBytes);
-    tma_load_2d(sa, mapa, &f[stage], a0, a1);
-    if (B_KMAJOR) {
-      tma_load_2d(sa + kABytes, mapb, &f[stage], b0, b1);
+    const int rank = MCAST ? static_cast<int>(cluster_rank()) : 0;
+    if (MCAST == 1)
+      tma_load_2d_multicast(sa + rank * (kABytes / 2), mapa, &f[stage], a0, a1 + rank * (BM / 2),
+                            kPair);
+    else
+      tma_load_2d(sa, mapa, &f[stage], a0, a1);
+    unsigned char* sb = sa + kABytes;
+    if (B_KMAJOR && MCAST == 2) {
+      tma_load_2d_multicast(sb + rank * (kBBytes / 2), mapb, &f[stage], b0, b1 + rank * (BN / 2),
+                            kPair);
+    } else if (B_KMAJOR) {
+      tma_load_2d(sb, mapb, &f[stage], b0, b1);
+    } else if (MCAST == 2) {
+#pragma unroll
+      for (int i = 0; i < BN / 128; ++i) {
+        const int j = rank * (BN / 128) + i;
+        tma_load_2d_multicast(sb + j * 8192, mapb, &f[stage], b0 + 64 * j, b1, kPair);
+      }
     } else {
 #pragma unroll
-      for (int j = 0; j < BN / 64; ++j)
-        tma_load_2d(sa + kABytes + j * 8192, mapb, &f[stage], b0 + 64 * j, b1);
+      for (int j = 0; j < BN / 64; ++j) tma_load_2d(sb + j * 8192, mapb, &f[stage], b0 + 64 * j, b1);
+    }
+  }
+  // A consumer warp is done with the stage of empty barrier `bar`: one arrival on it, or with
+  // MCAST on it in both CTAs (lanes 0 and 1 arrive at ranks 0 and 1).
+  __device__ __forceinline__ static void release(uint64_t* bar) {
+    const int lane = threadIdx.x & 31;
+    if (MCAST) {
+      if (lane < 2) mbarrier_arrive_cluster(map_shared_rank(bar, lane));
+    } else if (lane == 0) {
+      mbarrier_arrive(bar);
     }
   }
   // Consumers: acc += A(k) @ B(k). The wgmma group of tile k stays in flight;
@@ -631,12 +723,19 @@ struct WsGemm {
     }
     wgmma_commit_group();
     wgmma_wait_group<1>();
-    if (!first && (threadIdx.x & 31) == 0) mbarrier_arrive(&f[STAGES + (k - 1) % STAGES]);
+    if (!first) release(&f[STAGES + (k - 1) % STAGES]);
   }
   // After the last k-tile `last` of an output tile (none when `any` is false).
   __device__ __forceinline__ static void consume_end(unsigned char* pool, int last, bool any) {
     wgmma_wait_group<0>();
-    if (any && (threadIdx.x & 31) == 0) mbarrier_arrive(&full(pool)[STAGES + last % STAGES]);
+    if (any) release(&full(pool)[STAGES + last % STAGES]);
+  }
+  // Consumers of a CTA whose tile lies outside the grid (MCAST only): k-tile `k` is waited
+  // for (the partner's half lands here too) and released at once, computing nothing.
+  __device__ __forceinline__ static void drain(unsigned char* pool, int k) {
+    uint64_t* f = full(pool);
+    mbarrier_wait_parity(&f[k % STAGES], (k / STAGES) & 1);
+    release(&f[STAGES + k % STAGES]);
   }
   // The accumulator tile to C[row0.., col0..] (row-major, ldc), rows < m, cols < n.
   template <typename TC>

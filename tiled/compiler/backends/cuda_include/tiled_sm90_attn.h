@@ -128,8 +128,10 @@ __device__ __forceinline__ void fence_registers(float* d) {
 }
 
 // The pipeline. Barriers after the ring: [0] Q landed; [1 + s] K of stage s landed;
-// [1 + STAGES + s] V of stage s landed; [1 + 2 * STAGES + s] stage s free again (one
-// arrival per consumer warp). Iteration k uses stage k % STAGES, phase (k / STAGES) & 1.
+// [1 + STAGES + s] V of stage s landed; [1 + 2 * STAGES + s] K of stage s read (one
+// arrival per consumer warp); [1 + 3 * STAGES + s] V of stage s read. K and V are freed
+// separately: K as soon as S = Q K^T is done, V after P V. Iteration k uses stage
+// k % STAGES, phase (k / STAGES) & 1.
 template <typename T, int BM, int BN, int D, int STAGES, int NWG>
 struct WsAttn {
   static constexpr uint32_t kQBytes = BM * D * 2;
@@ -158,26 +160,32 @@ struct WsAttn {
   __device__ __forceinline__ static uint64_t* v_bar(unsigned char* pool, int k) {
     return bars(pool) + 1 + STAGES + k % STAGES;
   }
-  __device__ __forceinline__ static uint64_t* empty_bar(unsigned char* pool, int k) {
+  __device__ __forceinline__ static uint64_t* k_free(unsigned char* pool, int k) {
     return bars(pool) + 1 + 2 * STAGES + k % STAGES;
+  }
+  __device__ __forceinline__ static uint64_t* v_free(unsigned char* pool, int k) {
+    return bars(pool) + 1 + 3 * STAGES + k % STAGES;
   }
 
   // Thread 0; the caller then synchronizes the block.
   __device__ __forceinline__ static void init(unsigned char* pool) {
     uint64_t* b = bars(pool);
     for (int i = 0; i < 1 + 2 * STAGES; ++i) mbarrier_init(&b[i], 1);
-    for (int s = 0; s < STAGES; ++s) mbarrier_init(&b[1 + 2 * STAGES + s], NWG * 4);
+    for (int s = 0; s < 2 * STAGES; ++s) mbarrier_init(&b[1 + 2 * STAGES + s], NWG * 4);
     fence_barrier_init();
   }
 
-  // Producer, one thread: before Q's loads, and before iteration k's K and V loads
-  // (waits until the consumers freed the stage).
+  // Producer, one thread: before Q's loads, and before iteration k's K loads and V loads
+  // (each waits until the consumers freed its slot).
   __device__ __forceinline__ static void begin_q(unsigned char* pool) {
     mbarrier_arrive_expect_tx(q_bar(pool), kQBytes);
   }
-  __device__ __forceinline__ static void begin_kv(unsigned char* pool, int k) {
-    mbarrier_wait_parity(empty_bar(pool, k), ((k / STAGES) & 1) ^ 1);
+  __device__ __forceinline__ static void begin_k(unsigned char* pool, int k) {
+    mbarrier_wait_parity(k_free(pool, k), ((k / STAGES) & 1) ^ 1);
     mbarrier_arrive_expect_tx(k_bar(pool, k), kTileBytes);
+  }
+  __device__ __forceinline__ static void begin_v(unsigned char* pool, int k) {
+    mbarrier_wait_parity(v_free(pool, k), ((k / STAGES) & 1) ^ 1);
     mbarrier_arrive_expect_tx(v_bar(pool, k), kTileBytes);
   }
 
@@ -185,8 +193,26 @@ struct WsAttn {
   __device__ __forceinline__ static void wait_q(unsigned char* pool) {
     mbarrier_wait_parity(q_bar(pool), 0);
   }
-  // S += Q K(k)^T: the warpgroup's 64 rows of Q against the BN rows of K, over D.
-  __device__ __forceinline__ static void qk(unsigned char* pool, int k, float* s) {
+  // Ping-pong between the two consumer warpgroups: each issues its wgmma groups only in its
+  // turn (named barriers 2 and 3, 256 threads: one warpgroup syncs, the other arrives), so
+  // one warpgroup's softmax runs while the other's matrix products fill the tensor cores.
+  // Warpgroup 1 gives warpgroup 0 the first turn. No-ops with one consumer warpgroup.
+  __device__ __forceinline__ static void sched_init() {
+    if (NWG == 2 && threadIdx.x / 128 == 1)
+      asm volatile("bar.arrive 2, 256;" ::: "memory");
+  }
+  __device__ __forceinline__ static void sched_wait() {
+    if (NWG == 2) asm volatile("bar.sync %0, 256;" ::"r"(2 + threadIdx.x / 128) : "memory");
+  }
+  __device__ __forceinline__ static void sched_pass() {
+    if (NWG == 2)
+      asm volatile("bar.arrive %0, 256;" ::"r"(2 + (threadIdx.x / 128 ^ 1)) : "memory");
+  }
+
+  // Issues S (+)= Q K(k)^T (the warpgroup's 64 rows of Q against the BN rows of K, over
+  // D) as one wgmma group; with `zero`, S's old values are ignored (S = Q K^T).
+  __device__ __forceinline__ static void qk_issue(unsigned char* pool, int k, float* s,
+                                                  bool zero) {
     mbarrier_wait_parity(k_bar(pool, k), (k / STAGES) & 1);
     const int wg = threadIdx.x / 128;
     wgmma_fence();
@@ -195,11 +221,19 @@ struct WsAttn {
       const uint64_t da =
           desc_kmajor_sw128(q_tile(pool, kk / 4) + wg * 64 * 128 + 32 * (kk % 4));
       const uint64_t db = desc_kmajor_sw128(k_tile(pool, k, kk / 4) + 32 * (kk % 4));
-      wgmma_ss<T, BN, 0, 0>(*reinterpret_cast<float(*)[BN / 2]>(s), da, db, 1u);
+      wgmma_ss<T, BN, 0, 0>(*reinterpret_cast<float(*)[BN / 2]>(s), da, db,
+                            (zero && kk == 0) ? 0u : 1u);
     }
     wgmma_commit_group();
-    wgmma_wait_group<0>();
+  }
+  // Waits for the QK group of iteration k, then frees its K. PV_PENDING: a PV group was
+  // issued after it and stays in flight (groups retire in order). The count is static:
+  // ptxas serializes every wgmma of a kernel whose waits it cannot follow.
+  template <bool PV_PENDING>
+  __device__ __forceinline__ static void qk_wait(unsigned char* pool, int k, float* s) {
+    wgmma_wait_group<PV_PENDING ? 1 : 0>();
     fence_registers<BN / 2>(s);
+    if ((threadIdx.x & 31) == 0) mbarrier_arrive(k_free(pool, k));
   }
   // The probabilities (S's layout, float) as 16-bit A-operand words: word i / 2 packs
   // elements i and i + 1, which is A's register layout for each 16-column slice.
@@ -208,9 +242,9 @@ struct WsAttn {
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 2) a[i / 2] = detail::as_u32(P::make(s[i], s[i + 1]));
   }
-  // O += P V(k), then stage k is released.
-  __device__ __forceinline__ static void pv(unsigned char* pool, int k, const uint32_t* a,
-                                            float* o) {
+  // Issues O += P V(k) as one wgmma group. `a` and `o` must stay untouched until pv_wait.
+  __device__ __forceinline__ static void pv_issue(unsigned char* pool, int k, const uint32_t* a,
+                                                  float* o) {
     mbarrier_wait_parity(v_bar(pool, k), (k / STAGES) & 1);
     wgmma_fence();
 #pragma unroll
@@ -219,9 +253,20 @@ struct WsAttn {
       WgmmaRS<T, D, 1>::run(*reinterpret_cast<float(*)[D / 2]>(o), a + 4 * kk, db, 1u);
     }
     wgmma_commit_group();
+  }
+  // The output fragment (O's rows of this warpgroup, D columns) converted to TC, to
+  // C[row0 + r][col0 + c] (row-major, leading dimension ldc), rows < m, columns < n.
+  template <typename TC>
+  __device__ __forceinline__ static void store(const float* o, TC* C, int64_t ldc, int row0,
+                                               int col0, int m, int n) {
+    store_acc_global<TC, D>(*reinterpret_cast<const float(*)[D / 2]>(o), C, ldc,
+                            row0 + (threadIdx.x / 128) * 64, col0, m, n);
+  }
+  // Waits for every group (the PV of iteration k last), then frees its V.
+  __device__ __forceinline__ static void pv_wait(unsigned char* pool, int k, float* o) {
     wgmma_wait_group<0>();
     fence_registers<D / 2>(o);
-    if ((threadIdx.x & 31) == 0) mbarrier_arrive(empty_bar(pool, k));
+    if ((threadIdx.x & 31) == 0) mbarrier_arrive(v_free(pool, k));
   }
 };
 

@@ -7,10 +7,13 @@ Here (the CPU machine, with TVM):
 There (device tool, carry=[".gpu"]; thin runtime only, no TVM):
     python3 benchmarks/gpu/explicit_gemm.py run --bundle .gpu/explicit --out $OUT/explicit.json
 
-`build` compiles one kernel per (dtype, stages) with symbolic M, N, K. `run` first launches each
-kernel once in a child process with a timeout (a barrier protocol bug hangs, and must cost
-seconds, not the call), then checks every (kernel, shape) against a float32 torch reference
-(outputs poisoned with NaN first; shapes include ragged tails) and times kernel and cuBLAS.
+`build` compiles one kernel per (dtype, stages, block_K) with symbolic M, N, K: the example's
+config (block_K 64) and a 128-wide K tile (two swizzled K panels per stage: each T.gemm's wgmma
+group, waited for before the stage is released, then holds twice the work). `run` first
+launches each kernel once in a child process with a timeout (a barrier protocol bug hangs,
+and must cost seconds, not the call), then checks every (kernel, shape) against a float32 torch
+reference (outputs poisoned with NaN first; shapes include ragged tails) and times kernel and
+cuBLAS.
 A kernel that fails to launch or check is recorded with its error, and the others still run.
 TMA needs rows of a multiple of 16 bytes, so N and K stay multiples of 8 here.
 """
@@ -27,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from bundle_cli import compile_into, machine, main, smoke_in_child
 
 DTYPES = ("float16", "bfloat16")
-STAGES = (3, 4)
+CONFIGS = ((3, 64), (4, 64), (3, 128))  # (stages, block_K)
 SHAPES = [(1000, 1000, 1000), (4095, 4104, 4096), (300, 264, 256), (4096, 4096, 4096),
           (8192, 8192, 8192), (64, 14336, 4096)]
 TOLERANCE = 1e-2  # relative Frobenius error against the float32 reference
@@ -42,12 +45,13 @@ def build(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     index = {}
     for dtype in DTYPES:
-        for stages in STAGES:
-            name = f"explicit_{dtype}_s{stages}"
+        for stages, block_K in CONFIGS:
+            name = f"explicit_{dtype}_s{stages}" + (f"_k{block_K}" if block_K != 64 else "")
             kernel = gemm_ws_explicit.matmul(T.dyn("M"), T.dyn("N"), T.dyn("K"), stages=stages,
-                                             dtype=dtype)
+                                             block_K=block_K, dtype=dtype)
             compiled, seconds = compile_into(out, name, kernel)
-            index[name] = {"dtype": dtype, "stages": stages, "cold_compile_s": round(seconds, 3),
+            index[name] = {"dtype": dtype, "stages": stages, "block_K": block_K,
+                           "cold_compile_s": round(seconds, 3),
                            "threads": compiled.manifest.block[0],
                            "dynamic_smem_bytes": compiled.manifest.dynamic_smem_bytes}
             print(f"{name}: {seconds:.2f} s", flush=True)

@@ -14,6 +14,9 @@ that lower_cuda picks when a program holds any of those statements (cuda:sm_90a 
   (recipe kind "tensor_map", swizzle 0: the shared tile is dense row-major, which every other
   op reads as usual); T.mbarrier_expect_tx is issued by the same thread, arrivals and waits
   by every thread that runs them (tiled_sm90_explicit.h).
+- A T.gemm whose tiles only TMA writes and only such gemms read runs on wgmma over 128B-
+  swizzled panel tiles, their TMA copies one swizzled box per 64-wide panel
+  (cuda_explicit_wgmma.py); every other gemm on mma.sync over dense tiles.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler.backends.cuda_explicit_wgmma import find_wgmma, tma_panels, wgmma_gemm
 from tiled.compiler.backends.cuda_layout import infer_layouts, stmt_exprs, subexprs, walk
 from tiled.compiler.backends.cuda_lower import CudaLowering
 from tiled.compiler.backends.cuda_plan import SyncTracker, align_up, shared_effects
@@ -86,9 +90,13 @@ class ExplicitLowering(CudaLowering):
         super().__init__(program, arch, warp_specialize=False)
         self.view = warpgroup_view(p)
         self.layouts = infer_layouts(self.view)
+        self.wgmma, wgmma_layouts = find_wgmma(self.view, self.buffers)
+        if wgmma_layouts is not None:
+            self.layouts = wgmma_layouts
         self.barrier_offset: dict[int, int] = {}  # barrier id -> byte offset in the pool
         self.bar_tir: dict[int, tirx.Buffer] = {}
-        self.tmaps: dict[tuple[int, int, int], tirx.Var] = {}  # (tensor, rows, cols) -> map
+        # (tensor, box rows, box cols, swizzle) -> tensor map parameter
+        self.tmaps: dict[tuple[int, int, int, int], tirx.Var] = {}
         if self.view.kernel.threads != self.threads:  # the kernel has T.ws regions
             for st in walk(p.kernel.body):  # walk() stays outside T.ws bodies
                 frags = _fragments_in(st, self.buffers)
@@ -102,9 +110,15 @@ class ExplicitLowering(CudaLowering):
     def statements(self):
         return walk(self.view.kernel.body)
 
+    def placed_elsewhere(self) -> set[int]:
+        return set(self.wgmma.tiles)
+
     def plan(self) -> None:
         super().plan()
         offset = align_up(self.pool_bytes, 16)
+        if self.wgmma.tiles:
+            self.wgmma.region_offset = offset
+            offset += self.wgmma.region_bytes
         for b in self.program.buffers:
             if b.scope == pb.BARRIER:
                 self.barrier_offset[b.id] = offset
@@ -118,14 +132,21 @@ class ExplicitLowering(CudaLowering):
         for st in self.statements():
             if st.WhichOneof("kind") != "copy" or not st.copy.HasField("tma"):
                 continue
-            rows, cols = st.copy.src.extents
-            key = (st.copy.src.buffer, rows, cols)
+            key = self.tmap_key(st.copy)
             if key in self.tmaps:
                 continue
             name = f"tiled_tmap_{len(self.tmaps)}"
             self.tmaps[key] = T.arg(name, T.handle())
             self.tensor_maps[name] = {"kind": "tensor_map", "param": param_of[key[0]],
-                                      "box": [cols, rows], "swizzle": 0}
+                                      "box": [key[2], key[1]], "swizzle": key[3]}
+
+    def tmap_key(self, c: pb.Copy) -> tuple[int, int, int, int]:
+        """(tensor, box rows, box cols, swizzle) of a TMA copy: a panel tile's copy is one
+        128B-swizzled box of 64 columns per panel, any other one box of the whole tile."""
+        rows, cols = c.src.extents
+        if c.dst.buffer in self.wgmma.tiles:
+            return c.src.buffer, rows, 64, 128
+        return c.src.buffer, rows, cols, 0
 
     def lower_body(self) -> None:
         for b in self.program.buffers:
@@ -151,25 +172,67 @@ class ExplicitLowering(CudaLowering):
     def barrier(self, ref: pb.BarrierRef):
         return T.address_of(self.bar_tir[ref.barrier][self.expr(ref.index)])
 
+    def stmt_seq(self, seq, _s):
+        """Runs of adjacent T.ws regions of distinct warpgroups become one if / else-if chain
+        (a thread is in one warpgroup, so this changes nothing): ptxas then sees that no code
+        of another region follows a region's setmaxnreg.dec, which it would otherwise ignore
+        (remark C7507) to keep that code's registers."""
+        stmts = list(seq.stmts)
+        i = 0
+        while i < len(stmts):
+            j = i
+            groups: set[int] = set()
+            while j < len(stmts) and stmts[j].WhichOneof("kind") == "warp_group" and \
+                    stmts[j].warp_group.group not in groups:
+                groups.add(stmts[j].warp_group.group)
+                j += 1
+            if j - i < 2:
+                self.stmt(stmts[i])
+                i += 1
+                continue
+            effects = [shared_effects(st.warp_group.body, self.buffers) for st in stmts[i:j]]
+            # the block's accesses before the regions
+            self.sync.before(any(r for r, _ in effects), any(w for _, w in effects))
+            self.region_chain(stmts[i:j])
+            i = j
+
+    def region_chain(self, regions: list) -> None:
+        w = regions[0].warp_group
+        with T.If(tirx.floordiv(self.tx, WARPGROUP) == w.group):
+            with T.Then():
+                try:
+                    self.region_body(w)
+                except CompileError as e:
+                    if not e.loc and loc_of(regions[0]):
+                        raise CompileError(e.message, loc_of(regions[0])) from None
+                    raise
+            if len(regions) > 1:
+                with T.Else():
+                    self.region_chain(regions[1:])
+
     def stmt_warp_group(self, w, s):
         reads, writes = shared_effects(w.body, self.buffers)
         self.sync.before(reads, writes)  # the block's accesses before the region
+        with T.If(tirx.floordiv(self.tx, WARPGROUP) == w.group), T.Then():
+            self.region_body(w)
+
+    def region_body(self, w) -> None:
+        """The body of T.ws region `w`, inside the test for its warpgroup."""
         g = w.group
         outer = (self.sync, self.tx, self.threads, self.tid_base)
-        with T.If(tirx.floordiv(self.tx, WARPGROUP) == g), T.Then():
-            if w.regs:
-                budget = min(MAX_REGS, REGISTER_FILE // self.launch_threads // 8 * 8)
-                if w.regs != budget:
-                    how = "inc" if w.regs > budget else "dec"
-                    self.call(f"setmaxnreg_{how}<{w.regs}>")
-            # Named barrier g + 1 (0 is __syncthreads): only this warpgroup joins it.
-            self.sync = SyncTracker(f"tiled::sm90::warpgroup_sync<{g + 1}>")
-            self.tx, self.threads, self.tid_base = self.tx - WARPGROUP * g, WARPGROUP, \
-                WARPGROUP * g
-            try:
-                self.stmt(w.body)
-            finally:
-                self.sync, self.tx, self.threads, self.tid_base = outer
+        if w.regs:
+            budget = min(MAX_REGS, REGISTER_FILE // self.launch_threads // 8 * 8)
+            if w.regs != budget:
+                how = "inc" if w.regs > budget else "dec"
+                self.call(f"setmaxnreg_{how}<{w.regs}>")
+        # Named barrier g + 1 (0 is __syncthreads): only this warpgroup joins it.
+        self.sync = SyncTracker(f"tiled::sm90::warpgroup_sync<{g + 1}>")
+        self.tx, self.threads, self.tid_base = self.tx - WARPGROUP * g, WARPGROUP, \
+            WARPGROUP * g
+        try:
+            self.stmt(w.body)
+        finally:
+            self.sync, self.tx, self.threads, self.tid_base = outer
 
     def stmt_mbarrier(self, op, s):
         bar = self.barrier(op.barrier)
@@ -187,13 +250,21 @@ class ExplicitLowering(CudaLowering):
     def stmt_copy(self, c, s):
         if not c.HasField("tma"):
             return super().stmt_copy(c, s)
-        rows, cols = c.src.extents
-        tmap = self.tmaps[(c.src.buffer, rows, cols)]
+        tmap = self.tmaps[self.tmap_key(c)]
+        if c.dst.buffer in self.wgmma.tiles:
+            return tma_panels(self, c, tmap)
         row, col = (self.expr(o) for o in c.src.offsets)
         dst = self.addr(c.dst.buffer, [self.expr(o) for o in c.dst.offsets])
         with self.single_thread():
             self.call("tma_load_tile", dst, tmap, self.barrier(c.tma), col, row)
         return None
+
+
+    def stmt_gemm(self, g, s):
+        if g.a not in self.wgmma.tiles:
+            return super().stmt_gemm(g, s)
+        self.uniform_stmt(s)
+        return wgmma_gemm(self, g)
 
 
 def explicit_source(source: str, low: ExplicitLowering) -> str:

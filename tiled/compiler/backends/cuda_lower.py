@@ -161,7 +161,7 @@ class CudaLowering(ExprLowering):
         ring_tiles = {self.ws.a, self.ws.b} if self.ws else \
             self.attn.ring_tiles if self.attn else set()
         for b in p.buffers:
-            if b.scope != pb.SHARED or b.id in ring_tiles:
+            if b.scope != pb.SHARED or b.id in ring_tiles or b.id in self.placed_elsewhere():
                 continue
             shape = [d.size for d in b.shape]
             cols = shape[-1]
@@ -255,6 +255,10 @@ class CudaLowering(ExprLowering):
             if not e.loc and loc_of(s):
                 raise CompileError(e.message, loc_of(s)) from None
             raise
+
+    def placed_elsewhere(self) -> set[int]:
+        """Shared tiles the pool plan leaves out (the explicit path's panel tiles)."""
+        return set()
 
     def declare_tensor_maps(self) -> None:
         """Declares kernel parameters beyond the program's (the explicit path's TMA maps)."""

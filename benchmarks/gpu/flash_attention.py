@@ -51,6 +51,73 @@ CONFIGS = {
 }
 
 
+# Numerics-only variants: name -> (batch, heads, kv_heads, seq_q, seq_kv, dim, causal, dtype,
+# block_M, block_N, threads). "S" is a symbolic length (one kernel, run at several lengths).
+VARIANTS = {
+    "cross_q300_kv1000": (2, 8, 2, 300, 1000, 128, False, "bfloat16", 128, 128, 256),
+    "bn64_causal": (2, 8, 8, 1000, 1000, 128, True, "float16", 128, 64, 256),
+    "one_warpgroup_d128": (2, 8, 4, 777, 777, 128, True, "bfloat16", 64, 64, 128),
+    "symbolic_seq": (2, 8, 4, "S", "S", 64, True, "float16", 128, 128, 256),
+}
+SYMBOLIC_LENGTHS = (1, 129, 1000, 2048)
+
+
+def build_variants(out: Path, fa) -> dict:
+    import tiled.lang as T
+
+    meta = {}
+    for name, (b, h, kvh, sq, skv, d, causal, dtype, bm, bn, threads) in VARIANTS.items():
+        S = T.dyn("S")
+        sq_, skv_ = (S if x == "S" else x for x in (sq, skv))
+        kernel = fa.flash_attention(b, h, kvh, sq_, skv_, d, causal, dtype, block_M=bm,
+                                    block_N=bn, threads=threads)
+        compiled, seconds = compile_into(out, name, kernel)
+        meta[name] = {"batch": b, "heads": h, "kv_heads": kvh, "seq_q": sq, "seq_kv": skv,
+                      "dim": d, "causal": causal, "dtype": dtype, "block_M": bm,
+                      "block_N": bn, "threads": threads, "cold_compile_s": round(seconds, 3),
+                      "warp_specialized": "WsAttn<" in compiled.source}
+        print(f"{name}: {seconds:.2f} s, warp specialized: {meta[name]['warp_specialized']}",
+              flush=True)
+    return meta
+
+
+def check_variants(bundle: Path, variants: dict) -> list:
+    """Each variant against a float32 SDPA reference (outputs poisoned with NaN first); the
+    causal mask is top-left aligned, as the example's (torch's is_causal is too)."""
+    import torch
+
+    from tiled.runtime import load
+
+    rows = []
+    for name, m in variants.items():
+        k = load((bundle / f"{name}.cubin").read_bytes(),
+                 (bundle / f"{name}.manifest.json").read_text())
+        lengths = SYMBOLIC_LENGTHS if m["seq_q"] == "S" else [None]
+        for n in lengths:
+            sq = n if m["seq_q"] == "S" else m["seq_q"]
+            skv = n if m["seq_kv"] == "S" else m["seq_kv"]
+            torch.manual_seed(1)
+            dt = getattr(torch, m["dtype"])
+            q = torch.randn(m["batch"], m["heads"], sq, m["dim"], device=DEVICE, dtype=dt)
+            kk, v = (torch.randn(m["batch"], m["kv_heads"], skv, m["dim"], device=DEVICE,
+                                 dtype=dt) for _ in "kv")
+            o = torch.full_like(q, float("nan"))
+            k(q, kk, v, o)
+            torch.cuda.synchronize()
+            mask = None
+            if m["causal"]:
+                mask = torch.ones(sq, skv, device=DEVICE, dtype=torch.bool).tril()
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.float(), kk.float(), v.float(), attn_mask=mask, enable_gqa=True)
+            err = ((o.float() - ref).norm() / ref.norm()).item()
+            ok = err < (1e-2 if m["dtype"] == "bfloat16" else 2e-3) and \
+                not torch.isnan(o).any().item()
+            rows.append({"name": name, "seq_q": sq, "seq_kv": skv, "err": err, "ok": ok})
+            print(f"variant {name} seq_q={sq} seq_kv={skv}: rel err {err:.2e} "
+                  f"{'ok' if ok else 'WRONG'}", flush=True)
+    return rows
+
+
 def build(out: Path) -> None:
     sys.path.insert(0, str(ROOT / "examples"))
     import flash_attention as fa
@@ -72,10 +139,11 @@ def build(out: Path) -> None:
                        "cubin_bytes": len(compiled.artifact)}
         print(f"{name}: {seconds:.2f} s, {compiled.manifest.dynamic_smem_bytes} B smem",
               flush=True)
+    variants = build_variants(out, fa)
     (out / "index.json").write_text(json.dumps({
         "command": f"python benchmarks/gpu/flash_attention.py build --out {out}",
         "machine": machine(),
-        "batch": BATCH, "heads": HEADS, "kernels": index}, indent=1))
+        "batch": BATCH, "heads": HEADS, "kernels": index, "variants": variants}, indent=1))
 
 
 # -- on the GPU machine ------------------------------------------------------------------------
@@ -219,12 +287,14 @@ def run(bundle: Path, out: Path) -> None:
         kern = load((bundle / f"{name}.cubin").read_bytes(),
                     (bundle / f"{name}.manifest.json").read_text())
         rows.append(bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, meta["seq"]))
+    variants = check_variants(bundle, index.get("variants", {}))
     out.write_text(json.dumps({
         "command": f"python3 benchmarks/gpu/flash_attention.py run --bundle {bundle} --out {out}",
         "build": index, "device": torch.cuda.get_device_name(),
         "versions": {"torch": torch.__version__, "triton": triton.__version__,
                      "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, indent=1))
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows,
+        "variants": variants}, indent=1))
 
 
 def bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, seq) -> dict:

@@ -172,7 +172,8 @@ class CudaBackend(Backend):
         symbol, args = kernel_args(source, program, low.tensor_maps)
         return Artifact(data=cubin, symbol=symbol, kernel_args=args, dynamic_smem_bytes=smem,
                         block=(low.launch_threads, 1, 1), source=source,
-                        persistent=low.ws is not None,
+                        persistent=low.ws is not None or bool(low.attn and
+                                                              low.attn.persistent),
                         cluster=(low.ws.cluster if low.ws else 1, 1, 1),
                         paired_axis=low.ws.pair_axis if low.ws else -1,
                         stages={"lower": t1 - t0, "toolchain": t2 - t1})

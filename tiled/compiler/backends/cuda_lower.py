@@ -703,7 +703,7 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
             grid = [low.expr(g) for g in p.kernel.grid]
             frames = contextlib.ExitStack()
             with frames:
-                if low.ws is None:
+                if low.ws is None and not (low.attn and low.attn.persistent):
                     for i, (g, vid) in enumerate(zip(grid, p.kernel.block_vars, strict=True)):
                         bv = T.env_thread(("blockIdx.x", "blockIdx.y", "blockIdx.z")[i])
                         frames.enter_context(T.launch_thread(bv, g))
@@ -735,7 +735,7 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
                         low.tir[b.id] = T.alloc_buffer([d.size for d in b.shape],
                                                        tvm_dtype(b.dtype), scope="local")
                 if low.attn is not None:
-                    lower_attn_kernel(low, attn_maps)
+                    lower_attn_kernel(low, attn_maps, grid)
                 elif low.ws is None:
                     low.lower_body()
                 else:

@@ -9,24 +9,31 @@ shared tiles may be used by nothing else; Q, K, V are 16-bit with head dim D of 
 the K / V tile has BN of 64 or 128 rows; threads are 128 or 256, one consumer warpgroup per
 64 query rows (BM = 64 * warpgroups). Then:
 
-- the block gets one more warpgroup (the producer): its first thread TMA-loads Q once, and K
-  and V per iteration into a STAGES-deep ring of 128B-swizzled tiles, each tile D / 64 panels
-  of 64 columns, with separate full barriers for K and V (S can start before V lands);
+- the block gets one more warpgroup (the producer): its first thread TMA-loads Q once per
+  program block, and K and V per iteration into a STAGES-deep ring of 128B-swizzled tiles,
+  each tile D / 64 panels of 64 columns, with separate full barriers for K and V (S can start
+  before V lands);
 - the consumers run the program: `S = Q @ K^T` is wgmma with both operands in shared memory;
   the fragment code between the gemms runs on the wgmma accumulator layout, its row
   reductions on the rows layout (cuda_layout.WgmmaRows: a register combine and two quad
   shuffles); the copy of S's probabilities to P becomes a conversion to 16-bit registers in
   wgmma's A-operand layout (which is the accumulator layout of S), and `acc += P @ V` is
   wgmma with A in registers and V as an MN-major shared operand; the stage is released then;
-- the grid is the program's (one block per program block); every global tensor feeding the
-  ring is described by a TMA descriptor of its own rank, so a tile past the end of a sequence
-  reads zeros, as the program says, not the next head's rows.
+- when every program block runs the same number of iterations, the grid is persistent
+  (min(blocks, SMs) blocks, each walking program blocks, `attn_blocks`): Q has two slots, so
+  the producer loads the next block's Q and first K / V tiles while the consumers finish this
+  one. When the count depends on the block (a causal mask), blocks differ in length and the
+  hardware's block scheduler balances them better than a fixed walk: one block per program
+  block, the program's grid;
+- every global tensor feeding the ring is described by a TMA descriptor of its own rank, so a
+  tile past the end of a sequence reads zeros, as the program says, not the next head's rows.
 
 Everything else is lowered as for sm_80 (the sm_90a GEMM path included).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -64,6 +71,7 @@ class AttnPlan:
     stages: int
     nwg: int
     clear_s: int  # index in the loop body of a `T.clear(S)` just before S = Q K^T, or -1
+    persistent: bool  # every program block runs the same number of iterations
 
     @property
     def ring_tiles(self) -> set[int]:
@@ -71,8 +79,8 @@ class AttnPlan:
 
     @property
     def ring_bytes(self) -> int:
-        return RING_SLACK + (self.BM + 2 * self.stages * self.BN) * self.D * 2 + \
-            8 * (1 + 4 * self.stages)
+        return RING_SLACK + (2 * self.BM + 2 * self.stages * self.BN) * self.D * 2 + \
+            8 * (4 + 4 * self.stages)
 
     def accumulators(self) -> dict[int, WgmmaLayout]:
         return {self.s: WgmmaLayout(self.BM, self.BN, self.nwg),
@@ -205,9 +213,10 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
     before = [i for i in range(i_qk) if i not in ring_idx]
     clear_s = before[-1] if before and _clears(body[before[-1]], s_frag, BM, BN) else -1
     stage = 2 * BN * D * 2
-    stages = max(1, min(f.num_stages, (SMEM_BUDGET - BM * D * 2) // stage))
+    stages = max(1, min(f.num_stages, (SMEM_BUDGET - 2 * BM * D * 2) // stage))
     return AttnPlan(f, q_copies[0], ring_copies[k], ring_copies[v], q, k, v, pt, s_frag, o,
-                    dtype, BM, BN, D, stages, nwg, clear_s)
+                    dtype, BM, BN, D, stages, nwg, clear_s,
+                    not _vars([f.extent]) & block_vars)
 
 
 def _clears(st: pb.Stmt, frag: int, rows: int, cols: int) -> bool:
@@ -266,17 +275,20 @@ def _load_tile(low, c: pb.Copy, tmap, tile: str, bar: str, stage_k=None) -> None
 
 
 def lower_attn_producer(low, tmaps: dict) -> None:
-    """The producer warpgroup's first thread: Q once, then K and V per iteration."""
+    """The producer warpgroup's first thread, per program block: Q, then K and V per
+    iteration."""
     a = low.attn
-    T.evaluate(_call(low, "begin_q", _ring(low)))
-    _load_tile(low, a.copy_q, tmaps["q"], "q_tile", "q_bar")
+    T.evaluate(_call(low, "begin_q", _ring(low), low.attn_b))
+    _load_tile(low, a.copy_q, tmaps["q"], "q_tile", "q_bar", low.attn_b)
     n = low.expr(a.loop.extent)
+    base = low.attn_k[0]
     with T.serial(0, n) as k:
         low.vars[a.loop.var] = k
-        T.evaluate(_call(low, "begin_k", _ring(low), k))
-        _load_tile(low, a.copy_k, tmaps["k"], "k_tile", "k_bar", k)
-        T.evaluate(_call(low, "begin_v", _ring(low), k))
-        _load_tile(low, a.copy_v, tmaps["v"], "v_tile", "v_bar", k)
+        T.evaluate(_call(low, "begin_k", _ring(low), base + k))
+        _load_tile(low, a.copy_k, tmaps["k"], "k_tile", "k_bar", base + k)
+        T.evaluate(_call(low, "begin_v", _ring(low), base + k))
+        _load_tile(low, a.copy_v, tmaps["v"], "v_tile", "v_bar", base + k)
+    T.buffer_store(low.attn_k, base + n, [0])
 
 
 def lower_attn_loop(low, f: pb.For) -> None:
@@ -296,11 +308,13 @@ def lower_attn_loop(low, f: pb.For) -> None:
     p_regs = T.alloc_buffer((a.BN // 4,), "uint32", scope="local")
     p_addr = T.address_of(p_regs[0])
 
+    base = low.attn_k[0]  # K / V tiles the block's earlier program blocks took
+
     def pv_issue(k):
-        T.evaluate(_call(low, "pv_issue", _ring(low), k, p_addr, o_acc))
+        T.evaluate(_call(low, "pv_issue", _ring(low), base + k, p_addr, o_acc))
 
     def pv_wait(k):
-        T.evaluate(_call(low, "pv_wait", _ring(low), k, o_acc))
+        T.evaluate(_call(low, "pv_wait", _ring(low), base + k, o_acc))
 
     def iteration(k, first: bool) -> None:
         """One iteration; the first has no P V(k-1). Peeled so that every wgmma wait is
@@ -316,12 +330,13 @@ def lower_attn_loop(low, f: pb.For) -> None:
             if kind == "gemm" and st.gemm.c == a.s:
                 zero = tirx.const(i > a.clear_s >= 0, "bool")
                 T.evaluate(_call(low, "sched_wait"))
-                T.evaluate(_call(low, "qk_issue", _ring(low), k, s_acc, zero))
+                T.evaluate(_call(low, "qk_issue", _ring(low), low.attn_b, base + k, s_acc,
+                                 zero))
                 if not issued:
                     pv_issue(k - 1)
                 T.evaluate(_call(low, "sched_pass"))
-                T.evaluate(_call(low, f"qk_wait<{str(not issued).lower()}>", _ring(low), k,
-                                 s_acc))
+                T.evaluate(_call(low, f"qk_wait<{str(not issued).lower()}>", _ring(low),
+                                 base + k, s_acc))
                 issued = True
                 continue
             if not waited and (_touches(st, a.o) or _touches(st, a.p)):
@@ -335,34 +350,65 @@ def lower_attn_loop(low, f: pb.For) -> None:
             elif not (kind == "gemm" and st.gemm.c == a.o):  # P V(k) runs in iteration k+1
                 low.stmt(st)
 
-    T.evaluate(_call(low, "sched_init"))
     with T.If(n > 0), T.Then():
         iteration(tirx.const(0, "int32"), True)
         with T.serial(0, n - 1) as k:
             iteration(k + 1, False)
         pv_issue(n - 1)
         pv_wait(n - 1)
+    T.buffer_store(low.attn_k, base + n, [0])
+    T.evaluate(_call(low, "release_q", _ring(low), low.attn_b))
 
 
-def lower_attn_kernel(low, tmaps: dict) -> None:
+@contextlib.contextmanager
+def attn_blocks(low, grid: list):
+    """The persistent block's walk over the program's blocks blockIdx.x, + gridDim.x, ...,
+    binding the block vars for each (x fastest, so neighbours share K / V in L2; x reversed,
+    so that with a causal mask the longest blocks start first). `low.attn_b` numbers the
+    walk's blocks, `low.attn_k` counts the K / V tiles taken so far. Not persistent: the
+    launch bound the block vars; one block."""
+    low.attn_k = T.alloc_buffer((1,), "int32", scope="local")
+    T.buffer_store(low.attn_k, tirx.const(0, "int32"), [0])
+    if not low.attn.persistent:
+        low.attn_b = tirx.const(0, "int32")
+        yield
+        return
+    blocks = grid[0]
+    for g in grid[1:]:
+        blocks = blocks * g
+    step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
+    with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
+        low.attn_b = it
+        linear = low.block_x + it * step
+        for i, (g, var) in enumerate(zip(grid, low.program.kernel.block_vars, strict=True)):
+            coord = tirx.truncmod(linear, g) if i + 1 < len(grid) else linear
+            low.vars[var] = g - 1 - coord if i == 0 else coord
+            linear = tirx.truncdiv(linear, g)
+        yield
+
+
+def lower_attn_kernel(low, tmaps: dict, grid: list) -> None:
     """Barriers initialized, then the program's threads run its body (consumers) while the
-    extra warpgroup's first thread feeds the ring (producer)."""
+    extra warpgroup's first thread feeds the ring (producer), both walking the same program
+    blocks."""
     with T.If(low.tx == 0), T.Then():
         T.evaluate(_call(low, "init", _ring(low)))
     T.evaluate(T.tvm_storage_sync("shared"))
     with T.If(low.tx < low.threads):
         with T.Then():
             T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_inc<{CONSUMER_REGS}>"))
-            low.stmt(low.program.kernel.body)
+            T.evaluate(_call(low, "sched_init"))
+            with attn_blocks(low, grid):
+                low.stmt(low.program.kernel.body)
         with T.Else():
             T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_dec<{PRODUCER_REGS}>"))
-            with T.If(low.tx == low.threads), T.Then():
+            with T.If(low.tx == low.threads), T.Then(), attn_blocks(low, grid):
                 lower_attn_producer(low, tmaps)
 
 
 def stmt_q_copy(low) -> None:
     """The consumers' side of the Q copy: wait until it has landed."""
-    T.evaluate(_call(low, "wait_q", _ring(low)))
+    T.evaluate(_call(low, "wait_q", _ring(low), low.attn_b))
 
 
 def store_attn_tile(low, c: pb.Copy) -> bool:

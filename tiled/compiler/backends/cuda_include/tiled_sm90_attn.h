@@ -127,11 +127,14 @@ __device__ __forceinline__ void fence_registers(float* d) {
   for (int i = 0; i < NREG; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The pipeline. Barriers after the ring: [0] Q landed; [1 + s] K of stage s landed;
-// [1 + STAGES + s] V of stage s landed; [1 + 2 * STAGES + s] K of stage s read (one
-// arrival per consumer warp); [1 + 3 * STAGES + s] V of stage s read. K and V are freed
-// separately: K as soon as S = Q K^T is done, V after P V. Iteration k uses stage
-// k % STAGES, phase (k / STAGES) & 1.
+// The pipeline, for a persistent block that runs program blocks b = 0, 1, ... in turn:
+// Q tiles in two slots (block b uses slot b % 2, so the producer loads the next block's Q
+// while the consumers work on this one), K / V tiles in a STAGES-deep ring counted across
+// blocks (k numbers the K / V tiles of the block's whole life: stage k % STAGES, phase
+// (k / STAGES) & 1). Barriers after the tiles: [s] Q of slot s landed; [2 + s] Q of slot s
+// read (one arrival per consumer warp); [4 + s] K of stage s landed; [4 + STAGES + s] V of
+// stage s landed; [4 + 2 * STAGES + s] K of stage s read; [4 + 3 * STAGES + s] V of stage s
+// read. K and V are freed separately: K as soon as S = Q K^T is done, V after P V.
 template <typename T, int BM, int BN, int D, int STAGES, int NWG>
 struct WsAttn {
   static constexpr uint32_t kQBytes = BM * D * 2;
@@ -142,43 +145,53 @@ struct WsAttn {
     return pool + ((1024 - (smem_addr(pool) & 1023)) & 1023);
   }
   __device__ __forceinline__ static uint64_t* bars(unsigned char* pool) {
-    return reinterpret_cast<uint64_t*>(ring(pool) + kQBytes + 2 * STAGES * kTileBytes);
+    return reinterpret_cast<uint64_t*>(ring(pool) + 2 * kQBytes + 2 * STAGES * kTileBytes);
   }
-  __device__ __forceinline__ static unsigned char* q_tile(unsigned char* pool, int j) {
-    return ring(pool) + j * BM * 128;
+  __device__ __forceinline__ static unsigned char* q_tile(unsigned char* pool, int b, int j) {
+    return ring(pool) + (b & 1) * kQBytes + j * BM * 128;
   }
   __device__ __forceinline__ static unsigned char* k_tile(unsigned char* pool, int k, int j) {
-    return ring(pool) + kQBytes + (k % STAGES) * 2 * kTileBytes + j * BN * 128;
+    return ring(pool) + 2 * kQBytes + (k % STAGES) * 2 * kTileBytes + j * BN * 128;
   }
   __device__ __forceinline__ static unsigned char* v_tile(unsigned char* pool, int k, int j) {
     return k_tile(pool, k, j) + kTileBytes;
   }
-  __device__ __forceinline__ static uint64_t* q_bar(unsigned char* pool) { return bars(pool); }
+  __device__ __forceinline__ static uint64_t* q_bar(unsigned char* pool, int b) {
+    return bars(pool) + (b & 1);
+  }
+  __device__ __forceinline__ static uint64_t* q_free(unsigned char* pool, int b) {
+    return bars(pool) + 2 + (b & 1);
+  }
   __device__ __forceinline__ static uint64_t* k_bar(unsigned char* pool, int k) {
-    return bars(pool) + 1 + k % STAGES;
+    return bars(pool) + 4 + k % STAGES;
   }
   __device__ __forceinline__ static uint64_t* v_bar(unsigned char* pool, int k) {
-    return bars(pool) + 1 + STAGES + k % STAGES;
+    return bars(pool) + 4 + STAGES + k % STAGES;
   }
   __device__ __forceinline__ static uint64_t* k_free(unsigned char* pool, int k) {
-    return bars(pool) + 1 + 2 * STAGES + k % STAGES;
+    return bars(pool) + 4 + 2 * STAGES + k % STAGES;
   }
   __device__ __forceinline__ static uint64_t* v_free(unsigned char* pool, int k) {
-    return bars(pool) + 1 + 3 * STAGES + k % STAGES;
+    return bars(pool) + 4 + 3 * STAGES + k % STAGES;
   }
 
   // Thread 0; the caller then synchronizes the block.
   __device__ __forceinline__ static void init(unsigned char* pool) {
     uint64_t* b = bars(pool);
-    for (int i = 0; i < 1 + 2 * STAGES; ++i) mbarrier_init(&b[i], 1);
-    for (int s = 0; s < 2 * STAGES; ++s) mbarrier_init(&b[1 + 2 * STAGES + s], NWG * 4);
+    for (int s = 0; s < 2; ++s) {
+      mbarrier_init(&b[s], 1);
+      mbarrier_init(&b[2 + s], NWG * 4);
+    }
+    for (int i = 0; i < 2 * STAGES; ++i) mbarrier_init(&b[4 + i], 1);
+    for (int i = 0; i < 2 * STAGES; ++i) mbarrier_init(&b[4 + 2 * STAGES + i], NWG * 4);
     fence_barrier_init();
   }
 
-  // Producer, one thread: before Q's loads, and before iteration k's K loads and V loads
+  // Producer, one thread: before block b's Q loads, and before tile k's K loads and V loads
   // (each waits until the consumers freed its slot).
-  __device__ __forceinline__ static void begin_q(unsigned char* pool) {
-    mbarrier_arrive_expect_tx(q_bar(pool), kQBytes);
+  __device__ __forceinline__ static void begin_q(unsigned char* pool, int b) {
+    mbarrier_wait_parity(q_free(pool, b), ((b >> 1) & 1) ^ 1);
+    mbarrier_arrive_expect_tx(q_bar(pool, b), kQBytes);
   }
   __device__ __forceinline__ static void begin_k(unsigned char* pool, int k) {
     mbarrier_wait_parity(k_free(pool, k), ((k / STAGES) & 1) ^ 1);
@@ -189,9 +202,12 @@ struct WsAttn {
     mbarrier_arrive_expect_tx(v_bar(pool, k), kTileBytes);
   }
 
-  // Consumers.
-  __device__ __forceinline__ static void wait_q(unsigned char* pool) {
-    mbarrier_wait_parity(q_bar(pool), 0);
+  // Consumers: block b's Q has landed; block b is done with its Q.
+  __device__ __forceinline__ static void wait_q(unsigned char* pool, int b) {
+    mbarrier_wait_parity(q_bar(pool, b), (b >> 1) & 1);
+  }
+  __device__ __forceinline__ static void release_q(unsigned char* pool, int b) {
+    if ((threadIdx.x & 31) == 0) mbarrier_arrive(q_free(pool, b));
   }
   // Ping-pong between the two consumer warpgroups: each issues its wgmma groups only in its
   // turn (named barriers 2 and 3, 256 threads: one warpgroup syncs, the other arrives), so
@@ -209,9 +225,9 @@ struct WsAttn {
       asm volatile("bar.arrive %0, 256;" ::"r"(2 + (threadIdx.x / 128 ^ 1)) : "memory");
   }
 
-  // Issues S (+)= Q K(k)^T (the warpgroup's 64 rows of Q against the BN rows of K, over
-  // D) as one wgmma group; with `zero`, S's old values are ignored (S = Q K^T).
-  __device__ __forceinline__ static void qk_issue(unsigned char* pool, int k, float* s,
+  // Issues S (+)= Q K(k)^T (the warpgroup's 64 rows of block b's Q against the BN rows of
+  // K, over D) as one wgmma group; with `zero`, S's old values are ignored (S = Q K^T).
+  __device__ __forceinline__ static void qk_issue(unsigned char* pool, int b, int k, float* s,
                                                   bool zero) {
     mbarrier_wait_parity(k_bar(pool, k), (k / STAGES) & 1);
     const int wg = threadIdx.x / 128;
@@ -219,7 +235,7 @@ struct WsAttn {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint64_t da =
-          desc_kmajor_sw128(q_tile(pool, kk / 4) + wg * 64 * 128 + 32 * (kk % 4));
+          desc_kmajor_sw128(q_tile(pool, b, kk / 4) + wg * 64 * 128 + 32 * (kk % 4));
       const uint64_t db = desc_kmajor_sw128(k_tile(pool, k, kk / 4) + 32 * (kk % 4));
       wgmma_ss<T, BN, 0, 0>(*reinterpret_cast<float(*)[BN / 2]>(s), da, db,
                             (zero && kk == 0) ? 0u : 1u);

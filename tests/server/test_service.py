@@ -85,3 +85,28 @@ def test_other_request_bytes_miss_the_memo(service):
     rpc(service, cpb.CompileRequest(program=program, target="cpu"))
     r = rpc(service, cpb.CompileRequest(program=program, target="cpu", inline_limit=1))
     assert r.cache_hit and r.artifact == b"" and r.artifact_size > 1  # not the inlined answer
+
+
+class Stream:
+    def __init__(self):
+        self.aborted = None
+
+    def abort(self, code, message):
+        self.aborted = (code, message)
+        raise RuntimeError(message)
+
+
+def test_artifact_index_is_bounded_and_get_artifact_still_finds_evicted_ones(service,
+                                                                             monkeypatch):
+    """The digest -> key index GetArtifact uses is an LRU of ARTIFACT_INDEX_ENTRIES; an
+    artifact that left it is still served, by digest from the cache's blobs."""
+    from tiled.server import service as service_mod
+
+    monkeypatch.setattr(service_mod, "ARTIFACT_INDEX_ENTRIES", 2)
+    answers = [rpc(service, cpb.CompileRequest(program=elementwise.add(block=b).ir.proto,
+                                               target="cpu")) for b in (32, 64, 160)]
+    assert list(service._artifacts) == [a.artifact_sha256 for a in answers[1:]]
+    for a in answers:  # the first one's digest left the index
+        chunks = list(service.GetArtifact(cpb.GetArtifactRequest(sha256=a.artifact_sha256),
+                                          Stream()))
+        assert b"".join(c.data for c in chunks) == a.artifact

@@ -35,6 +35,7 @@ log = logging.getLogger("tiled.server")
 DEFAULT_INLINE = 1 << 20
 KEY_MEMO_ENTRIES = 100_000  # requests remembered as verified and keyed (~200 bytes each)
 RESPONSE_MEMO_BYTES = 64 << 20  # serialized hit responses remembered by request bytes
+ARTIFACT_INDEX_ENTRIES = 100_000  # artifact digests -> action key, for GetArtifact (~200 B)
 MAX_CHUNK = 3 << 20
 
 
@@ -86,7 +87,9 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         self.local_target = local_target or resolve_local()
         self.max_request_bytes = max_request_bytes
         self.compile_timeout_s = compile_timeout_s
-        self._artifacts: dict[str, str] = {}  # artifact sha256 -> action key that names it
+        # artifact sha256 -> action key that names it, most recent last: GetArtifact reads the
+        # artifact through its entry; one no longer here is read by digest (cache.get_blob)
+        self._artifacts: collections.OrderedDict[str, str] = collections.OrderedDict()
         # (sha256 of program bytes, target, options, namespace) -> (action key, target)
         self._keys: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
         # sha256 of a Compile request's bytes -> (action key, target, its hit response's bytes)
@@ -163,6 +166,9 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         artifact = entry.blobs[artifact_sha]
         with self._lock:
             self._artifacts[artifact_sha] = key
+            self._artifacts.move_to_end(artifact_sha)
+            if len(self._artifacts) > ARTIFACT_INDEX_ENTRIES:
+                self._artifacts.popitem(last=False)
             self._hits += hit
         stages["total"] = time.perf_counter() - t0
         self._observe(target, stages, "hit" if hit else "ok")

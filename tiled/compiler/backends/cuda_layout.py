@@ -242,6 +242,15 @@ def element_accesses(body: pb.Stmt):
                     yield sub.load.buffer, list(sub.load.indices)
 
 
+def stores(body: pb.Stmt):
+    """(buffer id, index exprs) of every element store / atomic in `body`."""
+    for st in walk(body):
+        kind = st.WhichOneof("kind")
+        if kind in ("store", "atomic_add"):
+            node = getattr(st, kind)
+            yield node.buffer, list(node.indices)
+
+
 def is_identity(indices, loop_vars: list[int]) -> bool:
     return len(indices) == len(loop_vars) and all(
         i.WhichOneof("kind") == "var" and i.var == v for i, v in zip(indices, loop_vars,
@@ -300,7 +309,7 @@ def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int
             shape = tuple(f.extent.int_value if f.extent.WhichOneof("kind") == "int_value"
                           else -1 for f in nest)
             loop_vars = [f.var for f in nest]
-            written = {bid for bid, _ in _stores(body)}
+            written = {bid for bid, _ in stores(body)}
             ident = set()
             for bid, idx in element_accesses(body):
                 if bid not in frags:
@@ -381,10 +390,3 @@ def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int
         elif bid not in layouts:
             layouts[bid] = CyclicLayout(tuple(d.size for d in buffers[bid].shape), threads)
     return layouts, set()
-
-
-def _stores(body: pb.Stmt):
-    for st in walk(body):
-        kind = st.WhichOneof("kind")
-        if kind in ("store", "atomic_add"):
-            yield getattr(st, kind).buffer, None

@@ -24,7 +24,9 @@ from tiled.compiler.backends.cuda_layout import (
     is_identity,
     parallel_nest,
     ravel,
+    stores,
     unravel,
+    walk,
 )
 from tiled.compiler.backends.cuda_plan import (
     CTYPE,
@@ -34,9 +36,7 @@ from tiled.compiler.backends.cuda_plan import (
     and_all,
     multiple_of,
     shared_effects,
-    stores,
     unravel_dyn,
-    walk,
 )
 from tiled.compiler.backends.cuda_sm90 import (
     PRODUCER_THREADS,

@@ -108,14 +108,6 @@ def unravel_dyn(flat, extents):
     return list(reversed(out))
 
 
-def stores(body: pb.Stmt):
-    for st in walk(body):
-        kind = st.WhichOneof("kind")
-        if kind in ("store", "atomic_add"):
-            node = getattr(st, kind)
-            yield node.buffer, list(node.indices)
-
-
 def shared_effects(s: pb.Stmt, buffers) -> tuple[bool, bool]:
     """(reads shared memory, writes shared memory) for statement `s` and all inside it."""
     from tiled.compiler.backends.cuda_layout import stmt_exprs, subexprs

@@ -19,9 +19,11 @@ LOG2E = 1.4426950408889634
 
 def flash_attention(batch, heads, kv_heads, seq_q, seq_kv, dim, causal=False, dtype="float16",
                     block_M=64, block_N=64, threads=128, num_stages=2):
-    """seq_q and seq_kv may be ints or T.dyn names. On cuda a symbolic seq compiles, but its
-    K/V copies lose cp.async (which today needs every tensor dim after the first to be static),
-    so the benchmark builds one kernel per sequence length."""
+    """seq_q and seq_kv may be ints or T.dyn names. On cuda:sm_90a, d 64 or 128 with
+    block_M = 64 * (threads / 128) and block_N 64 or 128 take the warp-specialized attention
+    path (TMA, wgmma, ping-ponged warpgroups; 128 x 128 tiles with 256 threads are the fast
+    configuration), symbolic lengths included. Elsewhere (sm_80, other tiles) the kernel runs
+    the generic tensor-core path, where a symbolic seq loses cp.async for the K / V copies."""
     if heads % kv_heads:
         raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
     group = heads // kv_heads

@@ -25,7 +25,13 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.backends.cuda_explicit_wgmma import find_wgmma, tma_panels, wgmma_gemm
-from tiled.compiler.backends.cuda_layout import infer_layouts, stmt_exprs, subexprs, walk
+from tiled.compiler.backends.cuda_layout import (
+    infer_layouts,
+    stmt_exprs,
+    subexprs,
+    tile_op_buffers,
+    walk,
+)
 from tiled.compiler.backends.cuda_lower import CudaLowering
 from tiled.compiler.backends.cuda_plan import SyncTracker, align_up, shared_effects
 from tiled.compiler.tir import loc_of
@@ -66,12 +72,9 @@ def warpgroup_view(p: pb.Program) -> pb.Program:
 def _fragments_in(st: pb.Stmt, buffers: dict) -> set[int]:
     """Fragments statement `st` itself (not its nested statements) reads or writes."""
     kind = st.WhichOneof("kind")
-    node = getattr(st, kind)
-    ids = {"copy": lambda: {node.src.buffer, node.dst.buffer},
-           "gemm": lambda: {node.a, node.b, node.c}, "fill": lambda: {node.dst.buffer},
-           "reduce": lambda: {node.src, node.dst},
-           "store": lambda: {node.buffer}, "atomic_add": lambda: {node.buffer}}.get(
-        kind, set)()
+    ids = tile_op_buffers(st)
+    if kind in ("store", "atomic_add"):
+        ids.add(getattr(st, kind).buffer)
     ids |= {x.load.buffer for e in stmt_exprs(st) for x in subexprs(e)
             if x.WhichOneof("kind") == "load"}
     return {b for b in ids if buffers[b].scope == pb.FRAGMENT}

@@ -166,6 +166,32 @@ def mma_eligible(a: pb.Buffer, b: pb.Buffer, c: pb.Buffer) -> bool:
             and a.scope == pb.SHARED and b.scope == pb.SHARED)
 
 
+def body_statements(s: pb.Stmt) -> list[pb.Stmt]:
+    """The statements of a body: a Seq's, or `s` alone."""
+    return list(s.seq.stmts) if s.WhichOneof("kind") == "seq" else [s]
+
+
+def tile_op_buffers(st: pb.Stmt) -> set[int]:
+    """The buffers a tile op (copy, gemm, reduce, fill) statement reads or writes; empty for
+    any other statement (nested statements not included)."""
+    kind = st.WhichOneof("kind")
+    node = getattr(st, kind)
+    if kind == "copy":
+        return {node.src.buffer, node.dst.buffer}
+    if kind == "gemm":
+        return {node.a, node.b, node.c}
+    if kind == "reduce":
+        return {node.src, node.dst}
+    if kind == "fill":
+        return {node.dst.buffer}
+    return set()
+
+
+def expr_vars(exprs) -> set[int]:
+    """The ids of the variables `exprs` use."""
+    return {x.var for e in exprs for x in subexprs(e) if x.WhichOneof("kind") == "var"}
+
+
 def walk(s: pb.Stmt):
     """`s` and every statement nested in it, in program order."""
     yield s

@@ -20,6 +20,7 @@ from tiled.compiler.backends.cuda_layout import (
     MmaLayout,
     ReplicatedLayout,
     WgmmaRows,
+    body_statements,
     infer_layouts,
     is_identity,
     parallel_nest,
@@ -144,7 +145,7 @@ class CudaLowering(ExprLowering):
                     and not (self.ws and st.for_.var == self.ws.loop_var) \
                     and not (self.attn and st.for_.var == self.attn.loop.var):
                 body = st.for_.body
-                stmts = list(body.seq.stmts) if body.WhichOneof("kind") == "seq" else [body]
+                stmts = body_statements(body)
                 producers = []
                 for s in stmts:
                     if s.WhichOneof("kind") == "copy" and self.copy_vector(s.copy):
@@ -624,7 +625,7 @@ class CudaLowering(ExprLowering):
     # -- T.Pipelined ----------------------------------------------------------------------
     def lower_pipeline(self, f: pb.For, s: pb.Stmt) -> None:
         stages, producers = self.pipelines[f.var]
-        body = list(f.body.seq.stmts) if f.body.WhichOneof("kind") == "seq" else [f.body]
+        body = body_statements(f.body)
         prod_stmts, rest = body[:len(producers)], body[len(producers):]
         n = self.expr(f.extent)
         # The first stages are in flight before the loop starts.

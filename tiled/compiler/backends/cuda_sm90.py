@@ -34,7 +34,14 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import MmaLayout, element_accesses, subexprs, walk
+from tiled.compiler.backends.cuda_layout import (
+    MmaLayout,
+    body_statements,
+    element_accesses,
+    expr_vars,
+    tile_op_buffers,
+    walk,
+)
 from tiled.compiler.backends.cuda_plan import CTYPE
 from tiled.compiler.tir import global_extent
 from tiled.errors import CompileError
@@ -159,42 +166,22 @@ class WsGemmPlan:
                 f"{str(self.b_kmajor).lower()}, {self.mcast}>")
 
 
-def _vars(exprs) -> set[int]:
-    return {x.var for e in exprs for x in subexprs(e) if x.WhichOneof("kind") == "var"}
-
-
-def _tile_ops_on(body: pb.Stmt, tiles: set[int]) -> int:
+def tile_ops_on(body: pb.Stmt, tiles: set[int]) -> int:
     """How many tile ops (copy, gemm, reduce, fill) in `body` read or write one of `tiles`."""
-    count = 0
-    for st in walk(body):
-        kind = st.WhichOneof("kind")
-        node = getattr(st, kind)
-        if kind == "copy":
-            ids = {node.src.buffer, node.dst.buffer}
-        elif kind == "gemm":
-            ids = {node.a, node.b, node.c}
-        elif kind == "reduce":
-            ids = {node.src, node.dst}
-        elif kind == "fill":
-            ids = {node.dst.buffer}
-        else:
-            continue
-        count += bool(ids & tiles)
-    return count
+    return sum(bool(tile_op_buffers(st) & tiles) for st in walk(body))
 
 
 def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None:
     """The plan for `p`'s warp-specialized GEMM loop, or None when `p` does not match (see the
     module docstring); never raises for a program that merely does not match."""
     buffers = {b.id: b for b in p.buffers}
-    top = list(p.kernel.body.seq.stmts) if p.kernel.body.WhichOneof("kind") == "seq" \
-        else [p.kernel.body]
+    top = body_statements(p.kernel.body)
     loops = [s.for_ for s in top if s.WhichOneof("kind") == "for_"
              and s.for_.kind == pb.PIPELINED and s.for_.num_stages >= 2]
     if len(loops) != 1 or p.kernel.threads not in (128, 256) or len(p.kernel.grid) > 2:
         return None
     f = loops[0]
-    body = list(f.body.seq.stmts) if f.body.WhichOneof("kind") == "seq" else [f.body]
+    body = body_statements(f.body)
     if len(body) != 3 or [s.WhichOneof("kind") for s in body] != ["copy", "copy", "gemm"]:
         return None
     g = body[2].gemm
@@ -214,7 +201,7 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
                 list(cp.src.extents) != [d.size for d in buffers[bid].shape] or \
                 any(o.WhichOneof("kind") != "int_value" or o.int_value for o in cp.dst.offsets):
             return None
-        if not _vars(cp.src.offsets) <= set(p.kernel.block_vars) | {f.var}:
+        if not expr_vars(cp.src.offsets) <= set(p.kernel.block_vars) | {f.var}:
             return None
     BM, k_a = (d.size for d in a.shape)
     rows_b, cols_b = (d.size for d in b.shape)
@@ -227,7 +214,7 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
             list(d.size for d in c.shape) != [BM, BN] or BM // nwg // 64 * BN // 2 > 128:
         return None
     # The shared tiles feed this loop only (the accumulator may be used anywhere).
-    if _tile_ops_on(p.kernel.body, {g.a, g.b}) != 3:  # the two copies and the gemm
+    if tile_ops_on(p.kernel.body, {g.a, g.b}) != 3:  # the two copies and the gemm
         return None
     if {bid for bid, _ in element_accesses(p.kernel.body)} & {g.a, g.b}:  # element accesses
         return None
@@ -245,10 +232,10 @@ def _pairing(p: pb.Program, f: pb.For, copy_a: pb.Copy, copy_b: pb.Copy, BM: int
     A's do); (2j, y) and (2j + 1, y) share A when A's do not use x. Of the two, the one that
     shares the larger tile. Both CTAs of a cluster must run the same k-tiles (the multicast
     halves meet in each stage), so the loop's extent may not use the block vars."""
-    if len(p.kernel.grid) != 2 or _vars([f.extent]) & set(p.kernel.block_vars):
+    if len(p.kernel.grid) != 2 or expr_vars([f.extent]) & set(p.kernel.block_vars):
         return None
     bx, by = p.kernel.block_vars
-    va, vb = _vars(copy_a.src.offsets), _vars(copy_b.src.offsets)
+    va, vb = expr_vars(copy_a.src.offsets), expr_vars(copy_b.src.offsets)
     options = []
     if by in va and by not in vb and (b_kmajor or BN % 128 == 0):
         options.append((BN, 1, 2))  # B MN-major: the CTAs split its 64-wide boxes

@@ -39,9 +39,15 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import element_accesses, subexprs, walk
+from tiled.compiler.backends.cuda_layout import (
+    body_statements,
+    element_accesses,
+    expr_vars,
+    tile_op_buffers,
+    walk,
+)
 from tiled.compiler.backends.cuda_plan import CTYPE
-from tiled.compiler.backends.cuda_sm90 import WgmmaLayout
+from tiled.compiler.backends.cuda_sm90 import WgmmaLayout, tile_ops_on
 from tiled.compiler.tir import global_extent
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
@@ -95,14 +101,6 @@ class AttnPlan:
         return [64] + [int(e) for e in reversed(c.src.extents[:-1])]
 
 
-def _body(s: pb.Stmt) -> list[pb.Stmt]:
-    return list(s.seq.stmts) if s.WhichOneof("kind") == "seq" else [s]
-
-
-def _vars(exprs) -> set[int]:
-    return {x.var for e in exprs for x in subexprs(e) if x.WhichOneof("kind") == "var"}
-
-
 def find_ws_attention(p: pb.Program) -> AttnPlan | None:
     """The plan for `p`'s attention loop, or None when `p` does not match (see the module
     docstring); never raises for a program that merely does not match."""
@@ -111,13 +109,13 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
     if threads not in (128, 256):
         return None
     nwg = threads // 128
-    top = _body(p.kernel.body)
+    top = body_statements(p.kernel.body)
     loops = [i for i, s in enumerate(top) if s.WhichOneof("kind") == "for_"
              and s.for_.kind == pb.PIPELINED]
     if len(loops) != 1:
         return None
     f = top[loops[0]].for_
-    body = _body(f.body)
+    body = body_statements(f.body)
     gemms = [s.gemm for s in body if s.WhichOneof("kind") == "gemm"]
     if len(gemms) != 2:
         return None
@@ -192,22 +190,12 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
             return None
         if c.src.offsets[-1].WhichOneof("kind") != "int_value" or c.src.offsets[-1].int_value:
             return None
-        if not _vars(c.src.offsets) <= allowed:
+        if not expr_vars(c.src.offsets) <= allowed:
             return None
     # The ring tiles and the P tile feed these ops only.
     tiles = {q, k, v, pt}
-    uses = 0
-    for st in walk(p.kernel.body):
-        kind = st.WhichOneof("kind")
-        node = getattr(st, kind)
-        if kind == "copy":
-            uses += bool({node.src.buffer, node.dst.buffer} & tiles)
-        elif kind == "gemm":
-            uses += bool({node.a, node.b} & tiles)
-        elif kind in ("reduce", "fill"):
-            ids = {node.src, node.dst} if kind == "reduce" else {node.dst.buffer}
-            uses += bool(ids & tiles)
-    if uses != 6 or {bid for bid, _ in element_accesses(p.kernel.body)} & tiles:
+    if tile_ops_on(p.kernel.body, tiles) != 6 or \
+            {bid for bid, _ in element_accesses(p.kernel.body)} & tiles:
         return None
     dtype = dt.pop()
     before = [i for i in range(i_qk) if i not in ring_idx]
@@ -216,7 +204,7 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
     stages = max(1, min(f.num_stages, (SMEM_BUDGET - 2 * BM * D * 2) // stage))
     return AttnPlan(f, q_copies[0], ring_copies[k], ring_copies[v], q, k, v, pt, s_frag, o,
                     dtype, BM, BN, D, stages, nwg, clear_s,
-                    not _vars([f.extent]) & block_vars)
+                    not expr_vars([f.extent]) & block_vars)
 
 
 def _clears(st: pb.Stmt, frag: int, rows: int, cols: int) -> bool:
@@ -233,18 +221,8 @@ def _clears(st: pb.Stmt, frag: int, rows: int, cols: int) -> bool:
 
 def _touches(st: pb.Stmt, bid: int) -> bool:
     """Whether statement `st` (or one inside it) reads or writes buffer `bid`."""
-    if any(b == bid for b, _ in element_accesses(st)):
-        return True
-    for x in walk(st):
-        kind = x.WhichOneof("kind")
-        node = getattr(x, kind)
-        ids = {node.src.buffer, node.dst.buffer} if kind == "copy" else \
-            {node.a, node.b, node.c} if kind == "gemm" else \
-            {node.src, node.dst} if kind == "reduce" else \
-            {node.dst.buffer} if kind == "fill" else set()
-        if bid in ids:
-            return True
-    return False
+    return any(b == bid for b, _ in element_accesses(st)) or \
+        any(bid in tile_op_buffers(x) for x in walk(st))
 
 
 # -- lowering (called by cuda_lower.CudaLowering, `low`) ------------------------------------
@@ -321,7 +299,7 @@ def lower_attn_loop(low, f: pb.For) -> None:
         static (see qk_wait)."""
         low.vars[f.var] = k
         issued = waited = first  # P V(k-1), in this iteration's lowering
-        for i, st in enumerate(_body(f.body)):
+        for i, st in enumerate(body_statements(f.body)):
             kind = st.WhichOneof("kind")
             if (kind == "copy" and st.copy.dst.buffer in (a.k, a.v)) or i == a.clear_s:
                 continue

@@ -130,8 +130,6 @@ class ExplicitLowering(CudaLowering):
 
     def declare_tensor_maps(self) -> None:
         """One TMA descriptor parameter per (tensor, box) the copies use."""
-        param_of = {prm.buffer: i for i, prm in enumerate(self.program.params)
-                    if prm.WhichOneof("kind") == "buffer"}
         for st in self.statements():
             if st.WhichOneof("kind") != "copy" or not st.copy.HasField("tma"):
                 continue
@@ -140,7 +138,7 @@ class ExplicitLowering(CudaLowering):
                 continue
             name = f"tiled_tmap_{len(self.tmaps)}"
             self.tmaps[key] = T.arg(name, T.handle())
-            self.tensor_maps[name] = {"kind": "tensor_map", "param": param_of[key[0]],
+            self.tensor_maps[name] = {"kind": "tensor_map", "param": self.param_of[key[0]],
                                       "box": [key[2], key[1]], "swizzle": key[3]}
 
     def tmap_key(self, c: pb.Copy) -> tuple[int, int, int, int]:

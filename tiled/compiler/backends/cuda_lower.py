@@ -81,6 +81,8 @@ class CudaLowering(ExprLowering):
         self.ws = find_ws_gemm(p, self.layouts) if hopper and not self.attn else None
         self.launch_threads = self.threads
         self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe
+        self.param_of = {prm.buffer: i for i, prm in enumerate(p.params)  # tensor -> param #
+                         if prm.WhichOneof("kind") == "buffer"}
         if self.ws is not None:
             mma = self.layouts[self.ws.c]
             for bid, lay in self.layouts.items():  # fragments that followed the accumulator
@@ -685,19 +687,16 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
             tmaps = []
             if low.ws is not None:
                 ws = low.ws
-                param_of = {prm.buffer: i for i, prm in enumerate(p.params)
-                            if prm.WhichOneof("kind") == "buffer"}
                 for name, cp, box in (("tiled_tmap_a", ws.copy_a, ws.box_a),
                                       ("tiled_tmap_b", ws.copy_b, ws.box_b)):
                     tmaps.append(T.arg(name, T.handle()))
                     low.tensor_maps[name] = {"kind": "tensor_map",
-                                             "param": param_of[cp.src.buffer], "box": box,
+                                             "param": low.param_of[cp.src.buffer],
+                                             "box": box,
                                              "swizzle": 128}
             attn_maps = {}
             if low.attn is not None:
-                param_of = {prm.buffer: i for i, prm in enumerate(p.params)
-                            if prm.WhichOneof("kind") == "buffer"}
-                for key, name, recipe in tmap_params(low, param_of):
+                for key, name, recipe in tmap_params(low):
                     attn_maps[key] = T.arg(name, T.handle())
                     low.tensor_maps[name] = recipe
             low.declare_tensor_maps()

@@ -339,22 +339,33 @@ def lower_ws_producer(low, tmap_a, tmap_b) -> None:
                                  base + k, tmap_a, tmap_b, a[1], a[0], b[1], b[0]))
     T.buffer_store(low.ws_k, base + n, [0])
 
-def store_ws_tile(low, c: pb.Copy) -> bool:
-    """The whole accumulator to a 16-bit global tile with 16-byte stores
-    (WsGemm::store); False when the copy is not that (it is then lowered generically)."""
+def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: int) -> bool:
+    """The whole wgmma-layout fragment `acc` (rows x cols) to a 16-bit global tile whose rows
+    are the last dim but one (leading dims of extent 1, e.g. Out[b, h, rows, :]), with
+    `template`::store's 16-byte stores; False when the copy is not that (it is then lowered
+    generically)."""
     dst = low.buffers[c.dst.buffer]
     dt = dtypes.canonical_name(dst.dtype)
-    if dst.scope != pb.GLOBAL or len(dst.shape) != 2 or dt not in ("float16", "bfloat16") \
-            or list(c.dst.extents) != [low.ws.BM, low.ws.BN] or \
+    ext = list(c.dst.extents)
+    if dst.scope != pb.GLOBAL or len(dst.shape) < 2 or dt not in ("float16", "bfloat16") or \
+            ext[-2:] != [rows, cols] or any(e != 1 for e in ext[:-2]) or \
             any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
         return False
-    row0, col0 = (low.expr(o) for o in c.dst.offsets)
-    m, n = global_extent(low, dst, 0), global_extent(low, dst, 1)
-    base = T.address_of(low.tir[dst.id][0, 0])
-    T.evaluate(T.call_extern("void", f"{ws_template(low)}::store<{CTYPE[dt]}>",
-                             T.address_of(low.tir[low.ws.c][0]), base,
-                             tirx.Cast("int64", n), row0, col0, m, n))
+    offsets = [low.expr(o) for o in c.dst.offsets]
+    rank = len(dst.shape)
+    m, n = global_extent(low, dst, rank - 2), global_extent(low, dst, rank - 1)
+    zero = tirx.const(0, "int32")
+    base = T.address_of(low.tir[dst.id][(*offsets[:-2], zero, zero)])
+    T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>",
+                             T.address_of(low.tir[acc][0]), base, tirx.Cast("int64", n),
+                             offsets[-2], offsets[-1], m, n))
     return True
+
+
+def store_ws_tile(low, c: pb.Copy) -> bool:
+    """The GEMM accumulator to a 2-D global tile with WsGemm::store (store_acc_tile)."""
+    return len(low.buffers[c.dst.buffer].shape) == 2 and \
+        store_acc_tile(low, c, ws_template(low), low.ws.c, low.ws.BM, low.ws.BN)
 
 
 def bind_block(low, linear, grid: list, group: int = 8) -> None:
@@ -385,10 +396,18 @@ def program_blocks(low, grid: list):
         yield from _cluster_blocks(low, grid)
         return
     blocks = grid[0] if len(grid) == 1 else grid[0] * grid[1]
+    with persistent_walk(low, blocks) as (_, linear):
+        bind_block(low, linear, grid)
+        yield
+
+
+@contextlib.contextmanager
+def persistent_walk(low, blocks):
+    """A loop over this persistent block's share of `blocks` program blocks: blockIdx.x,
+    + gridDim.x, ...; yields (the walk's iteration, the program block's number)."""
     step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
     with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
-        bind_block(low, low.block_x + it * step, grid)
-        yield
+        yield it, low.block_x + it * step
 
 
 def _cluster_blocks(low, grid: list):

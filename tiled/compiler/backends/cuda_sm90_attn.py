@@ -47,8 +47,12 @@ from tiled.compiler.backends.cuda_layout import (
     walk,
 )
 from tiled.compiler.backends.cuda_plan import CTYPE
-from tiled.compiler.backends.cuda_sm90 import WgmmaLayout, tile_ops_on
-from tiled.compiler.tir import global_extent
+from tiled.compiler.backends.cuda_sm90 import (
+    WgmmaLayout,
+    persistent_walk,
+    store_acc_tile,
+    tile_ops_on,
+)
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -354,10 +358,8 @@ def attn_blocks(low, grid: list):
     blocks = grid[0]
     for g in grid[1:]:
         blocks = blocks * g
-    step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
-    with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
+    with persistent_walk(low, blocks) as (it, linear):
         low.attn_b = it
-        linear = low.block_x + it * step
         for i, (g, var) in enumerate(zip(grid, low.program.kernel.block_vars, strict=True)):
             coord = tirx.truncmod(linear, g) if i + 1 < len(grid) else linear
             low.vars[var] = g - 1 - coord if i == 0 else coord
@@ -390,35 +392,18 @@ def stmt_q_copy(low) -> None:
 
 
 def store_attn_tile(low, c: pb.Copy) -> bool:
-    """The whole output fragment to a 16-bit global tile whose rows are the last dim but
-    one (e.g. Out[b, h, rows, :]), with WsAttn::store's 16-byte stores; False when the copy
-    is not that (it is then lowered generically)."""
+    """The output fragment to its global tile with WsAttn::store (store_acc_tile)."""
     a = low.attn
-    dst = low.buffers[c.dst.buffer]
-    dt = dtypes.canonical_name(dst.dtype)
-    ext = list(c.dst.extents)
-    if dst.scope != pb.GLOBAL or len(dst.shape) < 2 or dt not in ("float16", "bfloat16") or \
-            ext[-2:] != [a.BM, a.D] or any(e != 1 for e in ext[:-2]) or \
-            any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
-        return False
-    offsets = [low.expr(o) for o in c.dst.offsets]
-    rank = len(dst.shape)
-    m, n = global_extent(low, dst, rank - 2), global_extent(low, dst, rank - 1)
-    zero = tirx.const(0, "int32")
-    base = T.address_of(low.tir[dst.id][(*offsets[:-2], zero, zero)])
-    T.evaluate(T.call_extern("void", f"{a.template()}::store<{CTYPE[dt]}>",
-                             T.address_of(low.tir[a.o][0]), base, tirx.Cast("int64", n),
-                             offsets[-2], offsets[-1], m, n))
-    return True
+    return store_acc_tile(low, c, a.template(), a.o, a.BM, a.D)
 
 
-def tmap_params(low, param_of: dict[int, int]) -> list[tuple[str, str, dict]]:
+def tmap_params(low) -> list[tuple[str, str, dict]]:
     """(key, kernel parameter name, tensor_map recipe) of the three descriptors."""
     a = low.attn
     out = []
     for key, c in (("q", a.copy_q), ("k", a.copy_k), ("v", a.copy_v)):
         out.append((key, f"tiled_tmap_{key}",
-                    {"kind": "tensor_map", "param": param_of[c.src.buffer], "box": a.box(c),
+                    {"kind": "tensor_map", "param": low.param_of[c.src.buffer], "box": a.box(c),
                      "swizzle": 128}))
     return out
 

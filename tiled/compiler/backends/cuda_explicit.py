@@ -10,10 +10,10 @@ that lower_cuda picks when a program holds any of those statements (cuda:sm_90a 
   may be used only inside T.ws regions), and the barrier among them is a named barrier the
   other warpgroups never join. `regs` below the launch's budget (65536 / threads, at most 256)
   is setmaxnreg.dec, above it .inc.
-- A TMA copy is one thread's `tma_load_tile` with a tensor map passed as a kernel parameter
-  (recipe kind "tensor_map", swizzle 0: the shared tile is dense row-major, which every other
-  op reads as usual); T.mbarrier_expect_tx is issued by the same thread, arrivals and waits
-  by every thread that runs them (tiled_sm90_explicit.h).
+- A TMA copy is one thread's `tma_load` (tiled_sm90.h) with a tensor map passed as a kernel
+  parameter (recipe kind "tensor_map", swizzle 0: the shared tile is dense row-major, which
+  every other op reads as usual); T.mbarrier_expect_tx is issued by the same thread, arrivals
+  and waits by every thread that runs them (tiled_sm90_explicit.h).
 - A T.gemm whose tiles only TMA writes and only such gemms read runs on wgmma over 128B-
   swizzled panel tiles, their TMA copies one swizzled box per 64-wide panel
   (cuda_explicit_wgmma.py); every other gemm on mma.sync over dense tiles.
@@ -257,7 +257,7 @@ class ExplicitLowering(CudaLowering):
         row, col = (self.expr(o) for o in c.src.offsets)
         dst = self.addr(c.dst.buffer, [self.expr(o) for o in c.dst.offsets])
         with self.single_thread():
-            self.call("tma_load_tile", dst, tmap, self.barrier(c.tma), col, row)
+            self.call("tma_load", dst, tmap, self.barrier(c.tma), col, row)
         return None
 
 

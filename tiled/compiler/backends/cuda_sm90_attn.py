@@ -250,7 +250,7 @@ def _load_tile(low, c: pb.Copy, tmap, tile: str, bar: str, stage_k=None) -> None
     k = [] if stage_k is None else [stage_k]
     for j in range(low.attn.D // 64):
         T.evaluate(T.call_extern(
-            "void", "tiled::sm90::attn::tma_load", _call(low, tile, _ring(low), *k, j,
+            "void", "tiled::sm90::tma_load", _call(low, tile, _ring(low), *k, j,
                                                           ret="handle"),
             tmap, _call(low, bar, _ring(low), *k, ret="handle"), coords[0] + 64 * j,
             *coords[1:]))

@@ -210,6 +210,40 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t cluster_addr) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
 
+// The same for a tensor map of any rank (2 to 5), with the untyped pointers the compiler's
+// calls pass: the box at coordinates (innermost first) into shared `dst`, completing on
+// `bar`; one overload per rank.
+__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
+                                         int32_t c1) {
+  tma_load_2d(dst, static_cast<const TensorMap*>(map), static_cast<uint64_t*>(bar), c0, c1);
+}
+__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
+                                         int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
+                                         int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
+                                         int32_t c1, int32_t c2, int32_t c3, int32_t c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3), "r"(c4)
+      : "memory");
+}
+
 // Store the shared box `src` to (c0, c1).  Writers of `src` must have run
 // fence_proxy_async_shared() and synchronised before one thread issues this.
 __device__ __forceinline__ void tma_store_2d(const TensorMap* map, const void* src, int32_t c0,
@@ -328,111 +362,57 @@ __device__ __forceinline__ void fence_operands(float (&d)[NREG]) {
 template <typename T, int N, int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>
 struct WgmmaSS;
 
-#define TILED_WGMMA_SS_64(T, TY)                                                                \
+// The operands every m64nN wgmma shares, kept defined for tiled_sm90_attn.h's register-A
+// form: the N/2 accumulator registers d[0..N/2) as "+f" operands (TILED_WGMMA_D_<N/2>), and
+// their placeholders %0..%(N/2-1) in the instruction text (TILED_WGMMA_REGS_<N/2>).
+#define TILED_WGMMA_D8(d, i)                                                                    \
+  "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]),                       \
+  "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define TILED_WGMMA_D32(d, i)                                                                   \
+  TILED_WGMMA_D8(d, (i) + 0), TILED_WGMMA_D8(d, (i) + 8), TILED_WGMMA_D8(d, (i) + 16),          \
+  TILED_WGMMA_D8(d, (i) + 24)
+#define TILED_WGMMA_D_32(d) TILED_WGMMA_D32(d, 0)
+#define TILED_WGMMA_D_64(d) TILED_WGMMA_D32(d, 0), TILED_WGMMA_D32(d, 32)
+#define TILED_WGMMA_D_128(d)                                                                    \
+  TILED_WGMMA_D32(d, 0), TILED_WGMMA_D32(d, 32), TILED_WGMMA_D32(d, 64), TILED_WGMMA_D32(d, 96)
+#define TILED_WGMMA_REGS_32                                                                     \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"                                       \
+  ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define TILED_WGMMA_REGS_64                                                                     \
+  TILED_WGMMA_REGS_32                                                                           \
+  ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"                            \
+  ",%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define TILED_WGMMA_REGS_128                                                                    \
+  TILED_WGMMA_REGS_64                                                                           \
+  ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"                            \
+  ",%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"                            \
+  ",%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111"                \
+  ",%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+
+// One WgmmaSS specialization: NREG = N / 2 accumulator registers, then the operands
+// desc_a (%NREG), desc_b, scale_d, SCALE_A, SCALE_B, TRANS_A, TRANS_B, whose placeholders
+// the instantiation spells (PRED: scale_d's; TAIL: the rest).
+#define TILED_WGMMA_SS(T, TY, N, NREG, PRED, TAIL)                                              \
 template <int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>                                   \
-struct WgmmaSS<T, 64, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {                                     \
-  __device__ __forceinline__ static void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b,  \
-                                             uint32_t scale_d) {                                \
+struct WgmmaSS<T, N, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {                                      \
+  __device__ __forceinline__ static void run(float (&d)[NREG], uint64_t desc_a,                 \
+                                             uint64_t desc_b, uint32_t scale_d) {               \
     asm volatile(                                                                               \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                            \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                            \
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                       \
-        "}, %32, %33, p, %35, %36, %37, %38;\n}\n"                                              \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
-          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
-          "+f"(d[30]), "+f"(d[31])                                                              \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                       \
+        "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {"                        \
+        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n}\n"                                             \
+        : TILED_WGMMA_D_##NREG(d)                                                               \
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),     \
           "n"(TRANS_B));                                                                        \
   }                                                                                             \
 };
-TILED_WGMMA_SS_64(half, "f16")
-TILED_WGMMA_SS_64(__nv_bfloat16, "bf16")
-#undef TILED_WGMMA_SS_64
-
-
-#define TILED_WGMMA_SS_128(T, TY)                                                               \
-template <int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>                                   \
-struct WgmmaSS<T, 128, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {                                    \
-  __device__ __forceinline__ static void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b,  \
-                                             uint32_t scale_d) {                                \
-    asm volatile(                                                                               \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                            \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                           \
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                      \
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                      \
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                       \
-        "}, %64, %65, p, %67, %68, %69, %70;\n}\n"                                              \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
-          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
-          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),         \
-          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),         \
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),         \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),         \
-          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),         \
-          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                    \
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),     \
-          "n"(TRANS_B));                                                                        \
-  }                                                                                             \
-};
-TILED_WGMMA_SS_128(half, "f16")
-TILED_WGMMA_SS_128(__nv_bfloat16, "bf16")
-#undef TILED_WGMMA_SS_128
-
-
-#define TILED_WGMMA_SS_256(T, TY)                                                                \
-template <int SCALE_A, int SCALE_B, int TRANS_A, int TRANS_B>                                    \
-struct WgmmaSS<T, 256, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {                                     \
-  __device__ __forceinline__ static void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b,  \
-                                             uint32_t scale_d) {                                 \
-    asm volatile(                                                                                \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                            \
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                            \
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                 \
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                       \
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                       \
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"                       \
-        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"                       \
-        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"                       \
-        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"           \
-        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"        \
-        "}, %128, %129, p, %131, %132, %133, %134;\n}\n"                                         \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),                \
-          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),              \
-          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),          \
-          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),          \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),          \
-          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),          \
-          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),          \
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),          \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),          \
-          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),          \
-          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),          \
-          "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),          \
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),          \
-          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),          \
-          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),          \
-          "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),          \
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),        \
-          "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),    \
-          "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),    \
-          "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),    \
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),    \
-          "+f"(d[126]), "+f"(d[127])                                                             \
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),      \
-          "n"(TRANS_B));                                                                         \
-  }                                                                                              \
-};
-TILED_WGMMA_SS_256(half, "f16")
-TILED_WGMMA_SS_256(__nv_bfloat16, "bf16")
-#undef TILED_WGMMA_SS_256
+TILED_WGMMA_SS(half, "f16", 64, 32, "%34", "%32, %33, p, %35, %36, %37, %38")
+TILED_WGMMA_SS(__nv_bfloat16, "bf16", 64, 32, "%34", "%32, %33, p, %35, %36, %37, %38")
+TILED_WGMMA_SS(half, "f16", 128, 64, "%66", "%64, %65, p, %67, %68, %69, %70")
+TILED_WGMMA_SS(__nv_bfloat16, "bf16", 128, 64, "%66", "%64, %65, p, %67, %68, %69, %70")
+TILED_WGMMA_SS(half, "f16", 256, 128, "%130", "%128, %129, p, %131, %132, %133, %134")
+TILED_WGMMA_SS(__nv_bfloat16, "bf16", 256, 128, "%130", "%128, %129, p, %131, %132, %133, %134")
+#undef TILED_WGMMA_SS
 
 
 template <typename T, int N, int TRANS_A = 0, int TRANS_B = 0, int SCALE_A = 1, int SCALE_B = 1>

@@ -19,105 +19,34 @@ namespace tiled {
 namespace sm90 {
 namespace attn {
 
-// TMA load of the box at coordinates (innermost first) into shared `dst`, completing
-// on `bar`; one overload per tensor rank.
-__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
-                                         int32_t c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
-                                         int32_t c1, int32_t c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
-                                         int32_t c1, int32_t c2, int32_t c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
-      "r"(c3)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load(void* dst, const void* map, void* bar, int32_t c0,
-                                         int32_t c1, int32_t c2, int32_t c3, int32_t c4) {
-  asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
-      "r"(c3), "r"(c4)
-      : "memory");
-}
-
 // D[64 x N] (+)= A[64 x 16] * B[16 x N] for one warpgroup, A from registers: a[0..3]
 // hold the thread's 8 16-bit elements of A in the accumulator layout of an m64n16 tile
 // (acc_coord), two per word, B in shared memory (TRANS_B: 1 = MN-major).
 template <typename T, int N, int TRANS_B>
 struct WgmmaRS;
 
-#define TILED_WGMMA_RS_64(T, TY)                                                                \
+// One WgmmaRS specialization: NREG = N / 2 accumulator registers (tiled_sm90.h's shared
+// operand lists), then a[0..3] (%NREG..), desc_b, scale_d, TRANS_B; PRED: scale_d's
+// placeholder, TAIL: the rest of the operand text.
+#define TILED_WGMMA_RS(T, TY, N, NREG, PRED, TAIL)                                              \
 template <int TRANS_B>                                                                          \
-struct WgmmaRS<T, 64, TRANS_B> {                                                                \
-  __device__ __forceinline__ static void run(float (&d)[32], const uint32_t* a,                 \
+struct WgmmaRS<T, N, TRANS_B> {                                                                 \
+  __device__ __forceinline__ static void run(float (&d)[NREG], const uint32_t* a,               \
                                              uint64_t desc_b, uint32_t scale_d) {               \
     asm volatile(                                                                               \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                            \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                            \
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                       \
-        "}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                                         \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
-          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
-          "+f"(d[30]), "+f"(d[31])                                                              \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                       \
+        "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {"                        \
+        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n}\n"                                             \
+        : TILED_WGMMA_D_##NREG(d)                                                               \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),                \
           "n"(TRANS_B));                                                                        \
   }                                                                                             \
 };
-TILED_WGMMA_RS_64(half, "f16")
-TILED_WGMMA_RS_64(__nv_bfloat16, "bf16")
-#undef TILED_WGMMA_RS_64
-
-#define TILED_WGMMA_RS_128(T, TY)                                                               \
-template <int TRANS_B>                                                                          \
-struct WgmmaRS<T, 128, TRANS_B> {                                                               \
-  __device__ __forceinline__ static void run(float (&d)[64], const uint32_t* a,                 \
-                                             uint64_t desc_b, uint32_t scale_d) {               \
-    asm volatile(                                                                               \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                            \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                           \
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                      \
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                      \
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                       \
-        "}, {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                                         \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
-          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
-          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),         \
-          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),         \
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),         \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),         \
-          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),         \
-          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                    \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),                \
-          "n"(TRANS_B));                                                                        \
-  }                                                                                             \
-};
-TILED_WGMMA_RS_128(half, "f16")
-TILED_WGMMA_RS_128(__nv_bfloat16, "bf16")
-#undef TILED_WGMMA_RS_128
+TILED_WGMMA_RS(half, "f16", 64, 32, "%37", "{%32,%33,%34,%35}, %36, p, 1, 1, %38")
+TILED_WGMMA_RS(__nv_bfloat16, "bf16", 64, 32, "%37", "{%32,%33,%34,%35}, %36, p, 1, 1, %38")
+TILED_WGMMA_RS(half, "f16", 128, 64, "%69", "{%64,%65,%66,%67}, %68, p, 1, 1, %70")
+TILED_WGMMA_RS(__nv_bfloat16, "bf16", 128, 64, "%69", "{%64,%65,%66,%67}, %68, p, 1, 1, %70")
+#undef TILED_WGMMA_RS
 
 // Ties the registers of d to this point: reads after it see the values a wgmma wrote
 // once its group was waited for.

@@ -37,14 +37,6 @@ __device__ __forceinline__ void bar_expect_tx(void* bar, uint32_t tx_bytes) {
                : "memory");
 }
 
-// TMA load of the box at (c0 = column, c1 = row) of the 2-D tensor `map` describes into the
-// dense row-major shared tile `dst` (SWIZZLE_NONE, 128-byte aligned); its bytes complete on
-// `bar`.
-__device__ __forceinline__ void tma_load_tile(void* dst, const void* map, void* bar, int32_t c0,
-                                              int32_t c1) {
-  tma_load_2d(dst, static_cast<const TensorMap*>(map), static_cast<uint64_t*>(bar), c0, c1);
-}
-
 // -- panel tiles: T.gemm on wgmma (cuda_explicit_wgmma.py) ---------------------------------
 // Panel tiles live in one region of the pool that starts at the first 1024-byte boundary
 // at or after `region` (the compiler reserves 1024 bytes of slack): the 128-byte swizzle

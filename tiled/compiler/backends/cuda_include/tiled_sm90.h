@@ -389,6 +389,13 @@ struct WgmmaSS;
   ",%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111"                \
   ",%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
 
+// The instruction text of an m64nNk16 wgmma with a predicate from operand PRED (scale-d)
+// and the operands after the accumulators spelled by TAIL.
+#define TILED_WGMMA_TEXT(TY, N, NREG, PRED, TAIL)                                               \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                             \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {"                              \
+  TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n}\n"
+
 // One WgmmaSS specialization: NREG = N / 2 accumulator registers, then the operands
 // desc_a (%NREG), desc_b, scale_d, SCALE_A, SCALE_B, TRANS_A, TRANS_B, whose placeholders
 // the instantiation spells (PRED: scale_d's; TAIL: the rest).
@@ -398,9 +405,7 @@ struct WgmmaSS<T, N, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {                      
   __device__ __forceinline__ static void run(float (&d)[NREG], uint64_t desc_a,                 \
                                              uint64_t desc_b, uint32_t scale_d) {               \
     asm volatile(                                                                               \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                       \
-        "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {"                        \
-        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n}\n"                                             \
+        TILED_WGMMA_TEXT(TY, N, NREG, PRED, TAIL)                                               \
         : TILED_WGMMA_D_##NREG(d)                                                               \
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(SCALE_A), "n"(SCALE_B), "n"(TRANS_A),     \
           "n"(TRANS_B));                                                                        \

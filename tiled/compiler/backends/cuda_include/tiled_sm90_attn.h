@@ -34,9 +34,7 @@ struct WgmmaRS<T, N, TRANS_B> {                                                 
   __device__ __forceinline__ static void run(float (&d)[NREG], const uint32_t* a,               \
                                              uint64_t desc_b, uint32_t scale_d) {               \
     asm volatile(                                                                               \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                       \
-        "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {"                        \
-        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n}\n"                                             \
+        TILED_WGMMA_TEXT(TY, N, NREG, PRED, TAIL)                                               \
         : TILED_WGMMA_D_##NREG(d)                                                               \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),                \
           "n"(TRANS_B));                                                                        \

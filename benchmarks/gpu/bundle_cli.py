@@ -3,6 +3,7 @@ and the guarded smoke step (every kernel launched once in a child process with a
 that a hanging kernel costs seconds of device time, not the whole call)."""
 
 import argparse
+import json
 import os
 import platform
 import subprocess
@@ -22,6 +23,21 @@ def compile_into(out: Path, name: str, kernel, target: str = "cuda:sm_90a", **op
     (out / f"{name}.cubin").write_bytes(compiled.artifact)
     (out / f"{name}.manifest.json").write_text(compiled.manifest.to_json())
     return compiled, seconds
+
+
+def load_kernel(bundle: Path, name: str):
+    """The kernel compile_into wrote as NAME into `bundle`, loaded by the thin runtime (no GPU
+    call until its first launch)."""
+    from tiled.runtime import load
+
+    return load((bundle / f"{name}.cubin").read_bytes(),
+                (bundle / f"{name}.manifest.json").read_text())
+
+
+def load_bundle(bundle: Path) -> tuple[dict, dict]:
+    """(the build's index.json, name -> loaded kernel for each of its "kernels")."""
+    index = json.loads((bundle / "index.json").read_text())
+    return index, {name: load_kernel(bundle, name) for name in index["kernels"]}
 
 
 def machine() -> dict:

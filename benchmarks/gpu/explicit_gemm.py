@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, machine, main, smoke_in_child
+from bundle_cli import compile_into, load_bundle, machine, main, smoke_in_child
 
 DTYPES = ("float16", "bfloat16")
 CONFIGS = ((3, 64), (4, 64), (3, 128))  # (stages, block_K)
@@ -61,17 +61,6 @@ def build(out: Path) -> None:
 
 
 # -- on the GPU machine ------------------------------------------------------------------------
-
-def load_bundle(bundle: Path) -> tuple[dict, dict]:
-    """(the build's index, name -> loaded kernel); the runtime alone, no GPU call yet."""
-    from tiled.runtime import load
-
-    index = json.loads((bundle / "index.json").read_text())
-    kernels = {name: load((bundle / f"{name}.cubin").read_bytes(),
-                          (bundle / f"{name}.manifest.json").read_text())
-               for name in index["kernels"]}
-    return index, kernels
-
 
 def rel_err(c, ref) -> float:
     return ((c.float() - ref).norm() / ref.norm()).item()

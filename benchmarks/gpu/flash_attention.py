@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, machine, main, smoke_in_child
+from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child
 
 BATCH, HEADS = 8, 16
 DEVICE = "cuda"
@@ -86,12 +86,9 @@ def check_variants(bundle: Path, variants: dict) -> list:
     causal mask is top-left aligned, as the example's (torch's is_causal is too)."""
     import torch
 
-    from tiled.runtime import load
-
     rows = []
     for name, m in variants.items():
-        k = load((bundle / f"{name}.cubin").read_bytes(),
-                 (bundle / f"{name}.manifest.json").read_text())
+        k = load_kernel(bundle, name)
         lengths = SYMBOLIC_LENGTHS if m["seq_q"] == "S" else [None]
         for n in lengths:
             sq = n if m["seq_q"] == "S" else m["seq_q"]
@@ -230,12 +227,9 @@ def smoke(bundle: Path) -> None:
     """One small launch of every kernel (run in a child with a timeout: a hang costs seconds)."""
     import torch
 
-    from tiled.runtime import load
-
     index = json.loads((bundle / "index.json").read_text())
     for name, meta in index["kernels"].items():
-        k = load((bundle / f"{name}.cubin").read_bytes(),
-                 (bundle / f"{name}.manifest.json").read_text())
+        k = load_kernel(bundle, name)
         seq = meta["seq"]  # the shapes are static: the full problem, launched once
         q, kk, v = problem(torch, meta["kv_heads"], seq, meta["dim"], meta["dtype"])
         o = torch.full_like(q, float("nan"))
@@ -277,15 +271,12 @@ def run(bundle: Path, out: Path) -> None:
     from torch.nn.attention import SDPBackend
     from triton.testing import do_bench
 
-    from tiled.runtime import load
-
     smoke_in_child(__file__, bundle, 150)
     index = json.loads((bundle / "index.json").read_text())
     tri = triton_attention()
     rows = []
     for name, meta in index["kernels"].items():
-        kern = load((bundle / f"{name}.cubin").read_bytes(),
-                    (bundle / f"{name}.manifest.json").read_text())
+        kern = load_kernel(bundle, name)
         rows.append(bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, meta["seq"]))
     variants = check_variants(bundle, index.get("variants", {}))
     out.write_text(json.dumps({

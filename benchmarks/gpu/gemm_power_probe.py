@@ -57,8 +57,7 @@ def measure(fn, seconds: float = 2.0) -> dict:
 
 def main() -> None:
     import torch
-
-    from tiled.runtime import load
+    from bundle_cli import load_kernel
 
     p = argparse.ArgumentParser()
     p.add_argument("--bundle", required=True)
@@ -68,8 +67,7 @@ def main() -> None:
     rows = []
     for dtype in ("float16", "bfloat16"):
         name = f"ws_{dtype}_128x256"
-        k = load((bundle / f"{name}.cubin").read_bytes(),
-                 (bundle / f"{name}.manifest.json").read_text())
+        k = load_kernel(bundle, name)
         dt = getattr(torch, dtype)
         torch.manual_seed(0)
         base = [torch.randn(4096, 4096, device="cuda") for _ in range(2)]

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, machine, main, smoke_in_child
+from bundle_cli import compile_into, load_bundle, load_kernel, machine, main, smoke_in_child
 
 # name -> (block_M, block_N, num_stages, threads, cluster). BK is 64 (one 128-byte swizzle
 # row). cluster 2: CTA pairs sharing one operand through multicast TMA (cuda_sm90.py).
@@ -168,11 +168,10 @@ def smoke(bundle: Path) -> None:
     """One small launch of every kernel (run in a child with a timeout: a hang costs seconds)."""
     import torch
 
-    from tiled.runtime import load
 
     for manifest in sorted(bundle.glob("ws_*.manifest.json")):
         name = manifest.name.removesuffix(".manifest.json")
-        k = load((bundle / f"{name}.cubin").read_bytes(), manifest.read_text())
+        k = load_kernel(bundle, name)
         dt = getattr(torch, json.loads(manifest.read_text())["params"][0]["dtype"])
         a = torch.randn(300, 256, device="cuda", dtype=dt)
         b = torch.randn(256, 264, device="cuda", dtype=dt)
@@ -188,13 +187,9 @@ def run(bundle: Path, out: Path) -> None:
     import triton
     from triton.testing import do_bench
 
-    from tiled.runtime import load
 
     smoke_in_child(__file__, bundle, 240)
-    index = json.loads((bundle / "index.json").read_text())
-    kernels = {name: load((bundle / f"{name}.cubin").read_bytes(),
-                          (bundle / f"{name}.manifest.json").read_text())
-               for name in index["kernels"]}
+    index, kernels = load_bundle(bundle)
     tri = triton_gemm()
     rows = []
     for dtype in DTYPES:
@@ -338,12 +333,10 @@ def probe_cluster_slots(index: dict, kernels: dict) -> dict:
 def check_variants(bundle: Path, variants: dict) -> dict:
     import torch
 
-    from tiled.runtime import load
 
     out = {}
     for name, meta in variants.items():
-        k = load((bundle / f"{name}.cubin").read_bytes(),
-                 (bundle / f"{name}.manifest.json").read_text())
+        k = load_kernel(bundle, name)
         for M, N, K in [(1000, 1000, 1000), (4096, 4096, 4096)]:
             torch.manual_seed(0)
             a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

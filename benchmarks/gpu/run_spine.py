@@ -20,18 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import op_kernels
 import torch
-
-from tiled.runtime import load
+from bundle_cli import load_kernel
 
 
 def rel_err(out, ref):
     out, ref = out.double(), ref.double()
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def kernel(bundle, name):
-    return load((bundle / f"{name}.cubin").read_bytes(),
-                (bundle / f"{name}.manifest.json").read_text())
 
 
 def check(results, name, ok, err, tol, extra=""):
@@ -49,7 +43,7 @@ def numerics(bundle, results):
     for M in (1000, 1024, 17):
         a, b = randn(M, 1024, dtype=torch.float16), randn(1024, 1024, dtype=torch.float16)
         c = torch.full((M, 1024), float("nan"), device=dev, dtype=torch.float16)
-        kernel(bundle, "gemm_fp16_symM")(a, b, c)
+        load_kernel(bundle, "gemm_fp16_symM")(a, b, c)
         torch.cuda.synchronize()
         err = rel_err(c, a.double() @ b.double())
         check(results, f"gemm_fp16_symM[M={M}]", err < 2e-3, err, 2e-3)
@@ -58,19 +52,19 @@ def numerics(bundle, results):
                                ("gemm_fp32_1000", torch.float32, torch.float32, 1e-5)):
         a, b = randn(1000, 1000, dtype=dt), randn(1000, 1000, dtype=dt)
         c = torch.full((1000, 1000), float("nan"), device=dev, dtype=odt)
-        kernel(bundle, name)(a, b, c)
+        load_kernel(bundle, name)(a, b, c)
         torch.cuda.synchronize()
         err = rel_err(c, a.double() @ b.double())
         check(results, name, err < tol, err, tol)
     x = randn(1003, 256, dtype=torch.float32) * 4
     y = torch.full_like(x, float("nan"))
-    kernel(bundle, "softmax_256")(x, y)
+    load_kernel(bundle, "softmax_256")(x, y)
     torch.cuda.synchronize()
     err = rel_err(y, torch.softmax(x.double(), dim=1))
     check(results, "softmax_256[M=1003]", err < 1e-5, err, 1e-5)
     a, b = randn(100_003, dtype=torch.float32), randn(100_003, dtype=torch.float32)
     c = torch.full_like(a, float("nan"))
-    kernel(bundle, "vadd")(a, b, c)
+    load_kernel(bundle, "vadd")(a, b, c)
     torch.cuda.synchronize()
     err = rel_err(c, a + b)
     check(results, "vadd[n=100003]", err == 0, err, 0)
@@ -82,7 +76,7 @@ def ops(bundle, results, randn):
     x = randn(29, 64, dtype=torch.float32)
     out = torch.full((29, 4), float("nan"), device="cuda")
     total = torch.zeros(1, device="cuda")
-    kernel(bundle, "op_stats")(x, out, total, 0.5, 5)
+    load_kernel(bundle, "op_stats")(x, out, total, 0.5, 5)
     torch.cuda.synchronize()
     ref, count = op_kernels.stats_reference(torch, x, 0.5, 5)
     err = rel_err(out, ref)
@@ -91,7 +85,7 @@ def ops(bundle, results, randn):
     x = randn(1001, 39, dtype=torch.float32)
     y = torch.full_like(x, float("nan"))
     hist = torch.zeros(16, device="cuda", dtype=torch.int32)
-    kernel(bundle, "op_copies")(x, y, hist)
+    load_kernel(bundle, "op_copies")(x, y, hist)
     torch.cuda.synchronize()
     err = rel_err(y, 2 * x + 1)
     want = op_kernels.copies_histogram(1001)
@@ -110,7 +104,7 @@ def ops(bundle, results, randn):
             a = randn(*((K, M) if ta else (M, K)), dtype=dt)
             b = randn(*((N, K) if tb else (K, N)), dtype=dt)
             c = torch.full((M, N), float("nan"), device="cuda")
-        kernel(bundle, name)(a, b, c)
+        load_kernel(bundle, name)(a, b, c)
         torch.cuda.synchronize()
         ref = (a.T if ta else a).cpu().double() @ (b.T if tb else b).cpu().double()
         err = rel_err(c.cpu(), ref)
@@ -118,7 +112,7 @@ def ops(bundle, results, randn):
         check(results, name, err <= tol, err, tol)
     x = randn(1001, 96, dtype=torch.float16)
     y = torch.full_like(x, float("nan"))
-    kernel(bundle, "op_unary_fp16")(x, y)
+    load_kernel(bundle, "op_unary_fp16")(x, y)
     torch.cuda.synchronize()
     err = rel_err(y, op_kernels.unary_reference(torch, x))
     check(results, "op_unary_fp16[M=1001]", err < 2e-3, err, 2e-3)
@@ -138,7 +132,7 @@ def bench_gemm(bundle, results):
     rows.append(("torch.matmul (cuBLAS)", t_cublas))
     names = sorted(p.name.removesuffix(".cubin") for p in bundle.glob("gemm4096_*.cubin"))
     for name in names:
-        k = kernel(bundle, name)
+        k = load_kernel(bundle, name)
         c = torch.empty(M, N, device="cuda", dtype=torch.float16)
         k(a, b, c)
         torch.cuda.synchronize()

@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+FLOP = 2 * 4096**3  # one 4096^3 GEMM
+
 
 def sampler(stop: threading.Event, out: list) -> None:
     while not stop.is_set():
@@ -27,7 +29,9 @@ def sampler(stop: threading.Event, out: list) -> None:
         time.sleep(0.05)
 
 
-def measure(fn, seconds: float = 2.0) -> dict:
+def measure(fn, flop: int, seconds: float = 2.0) -> dict:
+    """`fn` (`flop` operations) run back to back for `seconds`: its time and TFLOP/s, with
+    nvidia-smi's SM clock and power averaged over the last two thirds."""
     import torch
 
     fn()
@@ -50,7 +54,7 @@ def measure(fn, seconds: float = 2.0) -> dict:
     t.join()
     ms = ev0.elapsed_time(ev1) / n
     tail = samples[len(samples) // 3:] or samples
-    return {"ms": ms, "tflops": 2 * 4096**3 / ms / 1e9,  # for the 4096^3 GEMMs of main()
+    return {"ms": ms, "tflops": flop / ms / 1e9,
             "sm_clock_mhz": sum(c for c, _ in tail) / max(1, len(tail)),
             "power_w": sum(p for _, p in tail) / max(1, len(tail)), "samples": len(samples)}
 
@@ -77,8 +81,8 @@ def main() -> None:
         for kind, (a, b) in inputs.items():
             c = torch.empty(4096, 4096, device="cuda", dtype=dt)
             row = {"dtype": dtype, "inputs": kind,
-                   "cublas": measure(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c)),
-                   "tiled": measure(lambda a=a, b=b, c=c, k=k: k(a, b, c))}
+                   "cublas": measure(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), FLOP),
+                   "tiled": measure(lambda a=a, b=b, c=c, k=k: k(a, b, c), FLOP)}
             row["ratio"] = row["tiled"]["tflops"] / row["cublas"]["tflops"]
             print(f"{dtype} {kind:13s} cuBLAS {row['cublas']['tflops']:6.1f} TFLOP/s "
                   f"{row['cublas']['sm_clock_mhz']:6.0f} MHz {row['cublas']['power_w']:5.0f} W | "

@@ -252,6 +252,7 @@ def interleaved(kernels: dict, index: dict, rows: list) -> list:
     tiled alternated 5 times, medians; (2) sustained: each run back to back for 2 s after
     the other, at the steady clock, with the SM clock and power nvidia-smi reports."""
     import torch
+    from gemm_power_probe import measure
     from triton.testing import do_bench
 
     out = []
@@ -274,7 +275,7 @@ def interleaved(kernels: dict, index: dict, rows: list) -> list:
             burst["cublas"].append(flop / do_bench(cublas) / 1e9)
             burst["tiled"].append(flop / do_bench(tiled) / 1e9)
         med = {x: statistics.median(v) for x, v in burst.items()}
-        sustained = {x: sustain(fn, flop) for x, fn in (("cublas", cublas), ("tiled", tiled))}
+        sustained = {x: measure(fn, flop) for x, fn in (("cublas", cublas), ("tiled", tiled))}
         r = {"dtype": dtype, "M": M, "N": N, "K": K, "config": row["tiled_best"]["config"],
              "burst_tflops": burst, "burst_median": med,
              "burst_ratio": med["tiled"] / med["cublas"], "sustained": sustained,
@@ -288,15 +289,6 @@ def interleaved(kernels: dict, index: dict, rows: list) -> list:
               flush=True)
     return out
 
-
-def sustain(fn, flop: int, seconds: float = 2.0) -> dict:
-    """TFLOP/s of `fn` run back to back for `seconds`, with nvidia-smi's SM clock and power
-    averaged over the last two thirds (gemm_power_probe.py's sampler)."""
-    from gemm_power_probe import measure
-
-    r = measure(fn, seconds)
-    return {"tflops": flop / r["ms"] / 1e9, "sm_clock_mhz": r["sm_clock_mhz"],
-            "power_w": r["power_w"]}
 
 
 def probe_cluster_slots(index: dict, kernels: dict) -> dict:

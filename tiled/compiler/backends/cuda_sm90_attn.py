@@ -244,16 +244,15 @@ def _coords(low, c: pb.Copy) -> list:
     return [low.expr(o) for o in reversed(c.src.offsets)]
 
 
-def _load_tile(low, c: pb.Copy, tmap, tile: str, bar: str, stage_k=None) -> None:
-    """TMA loads of the copy's tile, one per 64-column panel, onto its barrier."""
+def _load_tile(low, c: pb.Copy, tmap, tile: str, bar: str, index) -> None:
+    """TMA loads of the copy's tile, one per 64-column panel, into WsAttn's `tile` slot and
+    onto its `bar` barrier for `index` (the program block for Q, the K / V tile count)."""
     coords = _coords(low, c)
-    k = [] if stage_k is None else [stage_k]
     for j in range(low.attn.D // 64):
-        T.evaluate(T.call_extern(
-            "void", "tiled::sm90::tma_load", _call(low, tile, _ring(low), *k, j,
-                                                          ret="handle"),
-            tmap, _call(low, bar, _ring(low), *k, ret="handle"), coords[0] + 64 * j,
-            *coords[1:]))
+        dst = _call(low, tile, _ring(low), index, j, ret="handle")
+        T.evaluate(T.call_extern("void", "tiled::sm90::tma_load", dst, tmap,
+                                 _call(low, bar, _ring(low), index, ret="handle"),
+                                 coords[0] + 64 * j, *coords[1:]))
 
 
 def lower_attn_producer(low, tmaps: dict) -> None:

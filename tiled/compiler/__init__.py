@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import time
 
+from tiled.compiler.action import action_of
 from tiled.compiler.manifest import build_manifest
-from tiled.compiler.registry import Artifact, Target, get_backend, parse_target
+from tiled.compiler.registry import Artifact, Target, check_options, get_backend, parse_target
 from tiled.ir import verify
 from tiled.ir.program import as_program
 
@@ -33,17 +34,26 @@ class CompiledKernel:
         return f"<CompiledKernel {self.manifest.name} for {self.manifest.target}>"
 
 
-def compile_program(kernel_or_program, target: str | Target = "cpu", **options) -> CompiledKernel:
-    """Compiles in this process. Raises VerifyError for an invalid program, UnsupportedTarget,
-    CompileError / ToolchainError when lowering or the toolchain fails."""
+def compile_program(kernel_or_program, target: str | Target = "cpu", *, action: dict | None = None,
+                    **options) -> CompiledKernel:
+    """Compiles in this process. `action` is the action record the caller keyed this compile
+    under (tiled.cache.keys); the manifest carries it (computed here when None). Raises
+    VerifyError for an invalid program, UnsupportedTarget, ValueError for an option the
+    backend does not take, CompileError / ToolchainError when lowering or the toolchain fails."""
     t0 = time.perf_counter()
     program = as_program(kernel_or_program)
     verify(program)
     tgt = parse_target(target)
+    backend = get_backend(tgt.backend)
+    check_options(tgt.backend, options)
+    if action is None:
+        action = action_of(program.digest, tgt, options).record
+    elif action.get("program") != program.digest:
+        raise ValueError("the action record names another program")
     t1 = time.perf_counter()
-    art: Artifact = get_backend(tgt.backend).compile(program, tgt, options)
+    art: Artifact = backend.compile(program, tgt, options)
     stages = {"verify": t1 - t0, **art.stages}
-    manifest = build_manifest(program, tgt, art, hashlib.sha256(art.data).hexdigest())
+    manifest = build_manifest(program, tgt, art, hashlib.sha256(art.data).hexdigest(), action)
     return CompiledKernel(art.data, manifest, art.source, stages)
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from tiled import config
 from tiled.cache.entry import CacheEvents, Entry, NullEvents, Tier, sha256_hex
-from tiled.cache.keys import action_key
+from tiled.cache.keys import ActionKey
 from tiled.compiler import CompiledKernel, as_program, compile_program
+from tiled.compiler.action import action_of
 from tiled.compiler.registry import Target, parse_target
-from tiled.compiler.toolchain.digest import toolchain_digest
 from tiled.errors import CacheWriteError
 from tiled.ir import verify
 from tiled.ir.program import Program
@@ -30,13 +30,13 @@ log = logging.getLogger("tiled.cache")
 def compile_key(program: Program, target: Target, options: Mapping[str, Any]) -> str:
     """The action key of compiling `program` (verified) for the parsed `target` with `options`:
     program digest, target, options, this process's toolchain digest and TILED_CACHE_NAMESPACE.
-    Raises ValueError naming an option that is not JSON data."""
-    return _key(program.digest, target, options)
+    Raises ValueError naming an option the backend does not take or a value it refuses."""
+    return compile_action(program, target, options).hex
 
 
-def _key(program_digest: str, target: Target, options: Mapping[str, Any]) -> str:
-    toolchain = toolchain_digest(target, cuda_compiler=options.get("cuda_compiler"))
-    return action_key(program_digest, target, options, toolchain, config.get("cache_namespace"))
+def compile_action(program: Program, target: Target, options: Mapping[str, Any]) -> ActionKey:
+    """compile_key with the record it digests (the manifest carries the record)."""
+    return action_of(program.digest, target, options)
 
 
 def _kernel_from_entry(entry: Entry, program_digest: str,
@@ -75,7 +75,8 @@ def compile_cached(kernel_or_program, target: str | Target, tier: Tier,
     verify(program)
     tgt = parse_target(target)
     digest = program.digest  # canonicalizes: computed once
-    key = _key(digest, tgt, opts)
+    action = action_of(digest, tgt, opts)
+    key = action.hex
     t1 = time.perf_counter()
     entry = _get(tier, key, events)
     if entry is not None:
@@ -87,7 +88,7 @@ def compile_cached(kernel_or_program, target: str | Target, tier: Tier,
                     tier.name, problem)
         events.lookup(tier.name, "corrupt")
         _delete(tier, key, events)  # else a put of the same key may keep the bad entry
-    kernel = compile_program(program, tgt, **opts)
+    kernel = compile_program(program, tgt, action=action.record, **opts)
     manifest = kernel.manifest.to_json().encode()
     try:
         tier.put(Entry(key, manifest, {kernel.manifest.artifact_sha256: kernel.artifact}))
@@ -116,7 +117,7 @@ def _delete(tier: Tier, key: str, events: CacheEvents) -> None:
         events.error(tier.name, "delete")
 
 
-__all__ = ["compile_cached", "compile_key"]
+__all__ = ["compile_action", "compile_cached", "compile_key"]
 
 
 _DEFAULT: dict[tuple, Tier] = {}

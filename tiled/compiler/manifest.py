@@ -61,7 +61,8 @@ def manifest_params(program: pb.Program) -> list[dict]:
     return params
 
 
-def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha256: str):
+def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha256: str,
+                   action: dict | None = None):
     from tiled.runtime.manifest import Manifest
 
     p = program.proto
@@ -100,4 +101,5 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
         "block": list(art.block),
         "dynamic_smem_bytes": art.dynamic_smem_bytes,
         "cluster": list(art.cluster),
+        "action": action,
     })

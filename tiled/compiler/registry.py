@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tiled.errors import UnsupportedTarget
 from tiled.ir.program import Program
@@ -48,16 +49,76 @@ class Artifact:
 
 
 
+@dataclass(frozen=True)
+class Option:
+    """A compile option a backend takes: its type, the values it allows (None: any of the
+    type), its default and what it does. Options are part of the action key."""
+
+    type: type
+    default: object
+    doc: str
+    choices: tuple | None = None
+
+    def check(self, name: str, value: object) -> None:
+        # bool is an int in Python: an int option must not take True, a bool option not 1.
+        if type(value) is not self.type:
+            raise ValueError(f"compile option {name!r} must be a {self.type.__name__}, got "
+                             f"{_short(value)}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"compile option {name!r} must be one of "
+                             f"{', '.join(map(repr, self.choices))}, got {_short(value)}")
+
+
+# Options every backend takes.
+COMMON_OPTIONS = {
+    "safe_access": Option(bool, True, "guard global element accesses whose index may leave "
+                          "the tensor (a load outside reads 0, a store outside is skipped)"),
+}
+
+
+def _short(value: object, limit: int = 64) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
 class Backend:
     name: str = ""
     archs: tuple[str, ...] = ()
     artifact_format: str = ""
+    options: ClassVar[dict[str, Option]] = {}  # the backend's own options, besides COMMON_OPTIONS
 
     def parse_arch(self, arch: str | None) -> str:
         raise NotImplementedError
 
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         raise NotImplementedError
+
+
+def check_options(backend: str, options: dict) -> None:
+    """Raises ValueError naming the first option `backend` does not take or whose value it
+    refuses (the message lists the options it takes). Never imports TVM."""
+    b = get_backend(backend)
+    known = {**COMMON_OPTIONS, **b.options}
+    if not isinstance(options, dict):
+        raise ValueError(f"compile options must be a JSON object, got {_short(options)}")
+    for name, value in options.items():
+        opt = known.get(name) if isinstance(name, str) else None
+        if opt is None:
+            raise ValueError(f"unknown compile option {_short(name)} for backend {backend}; it "
+                             f"takes {', '.join(sorted(known))}")
+        if value is not None:  # None means the default (canonical_options drops it)
+            opt.check(name, value)
+
+
+def option(options: dict, name: str, backend: Backend | None = None):
+    """The value of option `name` in `options`, else its declared default."""
+    value = options.get(name)
+    if value is not None:
+        return value
+    decl = COMMON_OPTIONS.get(name) or (backend.options.get(name) if backend else None)
+    if decl is None:
+        raise KeyError(name)
+    return decl.default
 
 
 def register(cls: type[Backend]) -> type[Backend]:
@@ -78,9 +139,9 @@ def parse_target(text: str | Target) -> Target:
     problem."""
     if isinstance(text, Target):
         return text
-    if not isinstance(text, str) or not text:
+    if not isinstance(text, str) or not text or len(text) > 64:
         raise UnsupportedTarget(f"target must be a string such as 'cpu' or 'cuda:sm_90a', "
-                                f"got {text!r}")
+                                f"got {_short(text)}")
     backend, _, arch = text.partition(":")
     b = get_backend(backend)
     return Target(backend, b.parse_arch(arch or None))

@@ -312,7 +312,23 @@ def _check_tensor_map(ka: KernelArg, p: Param, k: int, where: str) -> None:
 _REQUIRED = ("manifest_version", "name", "program_digest", "target", "backend", "arch",
              "artifact_format", "artifact_sha256", "symbol", "params")
 _OPTIONAL = {"kernel_args": [], "grid": [1, 1, 1], "block": [1, 1, 1], "dynamic_smem_bytes": 0,
-             "cluster": [1, 1, 1]}
+             "cluster": [1, 1, 1], "action": None}
+_ACTION_FIELDS = {"v", "program", "target", "options", "toolchain", "namespace"}
+
+
+def _check_action(action: object, program_digest: str) -> None:
+    """The action record (tiled.cache.keys) whose digest is the entry's key: the cache and
+    bundle import recompute the key from it and refuse an entry filed under another key."""
+    if not isinstance(action, dict) or set(action) != _ACTION_FIELDS:
+        raise _fail("action", f"expected an object with the fields {sorted(_ACTION_FIELDS)}")
+    if action["program"] != program_digest:
+        raise _fail("action.program", "names another program than program_digest")
+    for key in ("toolchain", "program"):
+        if not isinstance(action[key], str) or not _HEX64.fullmatch(action[key]):
+            raise _fail(f"action.{key}", "expected 64 lowercase hex digits (sha256)")
+    if not isinstance(action["options"], dict) or not isinstance(action["namespace"], str) \
+            or not isinstance(action["target"], dict):
+        raise _fail("action", "options and target must be objects, namespace a string")
 
 
 @dataclass(frozen=True)
@@ -334,6 +350,9 @@ class Manifest:
     block: tuple[Expr, Expr, Expr] = (1, 1, 1)
     dynamic_smem_bytes: int = 0
     cluster: tuple[int, int, int] = (1, 1, 1)
+    # The action record this manifest was compiled under (tiled.cache.keys.action_record), or
+    # None for a manifest built by hand: the launch never reads it.
+    action: dict | None = field(default=None, compare=False)
     manifest_version: int = MANIFEST_VERSION
     _dims: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -417,6 +436,8 @@ class Manifest:
                         f"{self.dynamic_smem_bytes!r}")
         if len(self.cluster) != 3 or not all(_is_int(c) and c >= 1 for c in self.cluster):
             raise _fail("cluster", f"expected 3 ints >= 1, got {list(self.cluster)!r}")
+        if self.action is not None:
+            _check_action(self.action, self.program_digest)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -429,6 +450,7 @@ class Manifest:
             "grid": [_expr_json(e) for e in self.grid],
             "block": [_expr_json(e) for e in self.block],
             "dynamic_smem_bytes": self.dynamic_smem_bytes, "cluster": list(self.cluster),
+            **({"action": self.action} if self.action is not None else {}),
         }
 
     def to_json(self) -> str:

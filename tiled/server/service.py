@@ -21,7 +21,7 @@ import grpc
 import tiled
 from tiled import config
 from tiled.cache.entry import Entry, sha256_hex
-from tiled.compiler.cached import compile_key
+from tiled.compiler.cached import compile_action
 from tiled.compiler.registry import get_backend, parse_target
 from tiled.errors import CacheWriteError, UnsupportedTarget
 from tiled.ir import SCHEMA_VERSION, verify
@@ -116,7 +116,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         return options
 
     def _admit(self, request: cpb.CompileRequest):
-        """(action key, target, program, options) of a request: the program is decoded and
+        """(ActionKey, target, program, options) of a request: the program is decoded and
         verified, the target resolved and the options parsed, then keyed. A request seen before
         (same program bytes, target text, options text and namespace) is answered from a memo
         instead, with program and options None: a verified program stays verified, and this
@@ -134,7 +134,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         verify(program)
         target = self._target(request.target)
         options = self._options(request.options_json)
-        key = compile_key(program, target, options)
+        key = compile_action(program, target, options)
         with self._lock:
             self._keys[memo_key] = (key, target)
             if len(self._keys) > KEY_MEMO_ENTRIES:
@@ -150,7 +150,8 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         """One Compile, raising tiled errors (the caller maps them to statuses). `waiter`, when
         given, lets `abandon` withdraw this request from a compile it waits for."""
         t0 = time.perf_counter()
-        key, target, program, options = self._admit(request)
+        action, target, program, options = self._admit(request)
+        key = action.hex
         entry = self.cache.get(key)
         hit = entry is not None
         stages: dict[str, float] = {"verify": time.perf_counter() - t0}
@@ -159,8 +160,8 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
                 raise KeyError(f"action {key} is not cached")
             if program is None:  # admitted before (memo), evicted since: decode it again
                 program, options = Program(request.program), self._options(request.options_json)
-            entry, hit = self._compile_once(key, program, target, options, time_left, stages, t0,
-                                            waiter or _Waiter())
+            entry, hit = self._compile_once(action, program, target, options, time_left, stages,
+                                            t0, waiter or _Waiter())
         manifest_json = entry.manifest.decode()
         artifact_sha = json.loads(manifest_json)["artifact_sha256"]
         artifact = entry.blobs[artifact_sha]
@@ -178,12 +179,13 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             artifact_size=len(artifact), artifact=artifact if len(artifact) <= limit else b"",
             cache_hit=hit, resolved_target=str(target), stage_seconds=stages)
 
-    def _compile_once(self, key, program, target, options, time_left, stages, t0, waiter):
+    def _compile_once(self, action, program, target, options, time_left, stages, t0, waiter):
         """Single-flight over compile *and* store: the first request for a key compiles and
         stores; requests arriving meanwhile wait for its entry. The owner looks the cache up
         again after registering, so a request that missed just before the previous owner
         stored and left is a hit, not a second compile. When every waiting request has gone
         (`abandon`), the pool job is cancelled and the flight forgotten."""
+        key = action.hex
         with self._lock:
             flight = self._inflight.get(key)
             owner = flight is None
@@ -202,7 +204,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             entry = self.cache.get(key)
             hit = entry is not None
             if entry is None:
-                entry = self._compile_and_store(key, program, target, options, time_left,
+                entry = self._compile_and_store(action, program, target, options, time_left,
                                                 stages, t0, flight)
             flight.entry.set_result(entry)
             return entry, hit
@@ -232,10 +234,13 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         if job is not None:
             job.cancel()
 
-    def _compile_and_store(self, key, program, target, options, time_left, stages, t0, flight):
+    def _compile_and_store(self, action, program, target, options, time_left, stages, t0,
+                           flight):
+        key = action.hex
         timeout = self.compile_timeout_s if time_left is None else \
             max(0.001, min(self.compile_timeout_s, time_left))
-        payload = encode({"target": str(target), "options": options}, program.to_bytes())
+        payload = encode({"target": str(target), "options": options, "action": action.record},
+                         program.to_bytes())
         try:
             job = self.pool.submit(key, "tiled.server.worker:compile_job", payload,
                                    timeout_s=timeout)

@@ -20,12 +20,13 @@ def decode(data: bytes) -> tuple[dict, bytes]:
 
 
 def compile_job(payload: bytes) -> bytes:
-    """payload: {"target", "options"} + program bytes -> {"manifest", "stages"} + artifact."""
+    """payload: {"target", "options", "action"} + program bytes -> {"manifest", "stages"} + artifact."""
     from tiled.compiler import compile_program
     from tiled.ir.program import Program
 
     header, program_bytes = decode(payload)
     program = Program.from_bytes(program_bytes)
-    compiled = compile_program(program, header["target"], **header["options"])
+    compiled = compile_program(program, header["target"], action=header.get("action"),
+                               **header["options"])
     return encode({"manifest": compiled.manifest.to_json(), "stages": compiled.stages},
                   compiled.artifact)

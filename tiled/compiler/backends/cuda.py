@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 import time
+from typing import ClassVar
 
-from tiled.compiler.registry import Artifact, Backend, Target, register
+from tiled.compiler.registry import Artifact, Backend, Option, Target, option, register
 from tiled.compiler.toolchain.nvcc import compile_cubin
 from tiled.errors import CompileError
 from tiled.ir.program import Program
@@ -118,6 +119,14 @@ class CudaBackend(Backend):
     name = "cuda"
     archs = ARCHS
     artifact_format = "cubin"
+    options: ClassVar[dict[str, Option]] = {
+        "warp_specialize": Option(bool, True, "sm_90a: take the warp-specialized TMA + wgmma "
+                                  "paths where a kernel fits them"),
+        "cluster": Option(int, 0, "sm_90a GEMM path: CTAs per cluster, 0 the plan's choice",
+                          choices=(0, 1, 2)),
+        "cuda_compiler": Option(str, None, "CUDA C++ to cubin: nvcc or nvrtc (default "
+                                "TILED_CUDA_COMPILER)", choices=("nvcc", "nvrtc", "auto")),
+    }
 
     def parse_arch(self, arch: str | None) -> str:
         if arch is None:
@@ -164,8 +173,8 @@ class CudaBackend(Backend):
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         t0 = time.perf_counter()
         source, smem, low = self.generate_source(program, target.arch,
-                                                 options.get("warp_specialize", True),
-                                                 options.get("cluster", 0))
+                                                 option(options, "warp_specialize", self),
+                                                 option(options, "cluster", self))
         t1 = time.perf_counter()
         cubin = compile_cubin(source, target.arch, options.get("cuda_compiler"))
         t2 = time.perf_counter()

@@ -17,13 +17,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import gemm
 
 
-def sass(artifact: bytes, tmp_path: Path) -> str:
+def sass(artifact: bytes, tmp_path: Path, function: str | None = None) -> str:
+    """The cubin's SASS; with `function`, that kernel's only (a cubin may hold a fallback)."""
     tool = _find_tool("cuobjdump")
     assert tool, "cuobjdump is missing: the dev extra installs nvidia-cuda-cuobjdump"
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(artifact)
-    return subprocess.run([tool, "-sass", str(cubin)], check=True, capture_output=True,
+    text = subprocess.run([tool, "-sass", str(cubin)], check=True, capture_output=True,
                           text=True).stdout
+    if function is None:
+        return text
+    parts = text.split("Function : ")
+    return next(part for part in parts[1:] if part.split()[0] == function)
 
 
 @pytest.mark.parametrize("dtype,bm,bn,threads", [("float16", 128, 256, 256),
@@ -37,11 +42,49 @@ def test_example_gemm_is_warp_specialized_on_sm90a(tmp_path, dtype, bm, bn, thre
     assert [a.param for a in maps] == [0, 1]
     assert "tiled_sm_count" in expr_names(m.grid[0])  # persistent blocks
     assert list(m.grid[1:]) == [1, 1]
-    text = sass(c.artifact, tmp_path)
+    text = sass(c.artifact, tmp_path, m.symbol)
     for instr in ("HGMMA.64x", "UTMALDG", "SYNCS", "USETMAXREG", "STG.E.128"):
         assert instr in text, instr
     assert "LDL" not in text and "STL" not in text  # the accumulator stays in registers
     assert "HMMA" not in text  # not the sm_80 instruction path
+    # K and N are symbolic: A's and B's rows may be any number of bytes apart, which TMA
+    # cannot describe. Those launches take the sm_80 variant shipped in the same cubin.
+    assert m.requires == (("floormod", ("mul", 2, "K"), 16), ("floormod", ("mul", 2, "N"), 16))
+    fb = m.fallback_manifest()
+    assert fb.block[0] == threads and SM_COUNT_DIM not in expr_names(fb.grid[0]) and \
+        not [a for a in fb.kernel_args if a.kind == "tensor_map"]
+    fb_text = sass(c.artifact, tmp_path, fb.symbol)
+    assert "HMMA" in fb_text and "HGMMA" not in fb_text and "UTMALDG" not in fb_text
+
+
+def test_tma_strides_decide_the_path_at_compile_time(tmp_path):
+    """K = 777 fp16: A's rows are 1554 bytes apart, which no TMA descriptor can describe: the
+    GEMM takes the cp.async path (it launches for every shape its manifest accepts); with M
+    symbolic and N, K multiples of 8 the strides are known good and no fallback is shipped."""
+    ragged = tiled.compile(gemm.matmul(1000, 1024, 777, 128, 128, 64, 3, "float16",
+                                       threads=128), target="cuda:sm_90a", cache=False)
+    m = ragged.manifest
+    assert m.block[0] == 128 and not m.requires and m.fallback is None
+    assert not [a for a in m.kernel_args if a.kind == "tensor_map"]
+    assert "HMMA" in sass(ragged.artifact, tmp_path)
+    serving = tiled.compile(gemm.matmul(T.dyn("M"), 4096, 4096, 128, 128, 64, 3, "float16",
+                                        threads=128), target="cuda:sm_90a", cache=False)
+    m = serving.manifest
+    assert m.block[0] == 256 and not m.requires and m.fallback is None
+    assert "gemm_fallback_kernel" not in sass(serving.artifact, tmp_path)
+
+
+def test_explicit_tma_copies_need_launchable_strides():
+    import gemm_ws_explicit
+
+    with pytest.raises(CompileError, match=r"gemm_ws_explicit.py:\d+: T.tma_copy from A "
+                                           r"\(1024x777 float16\): TMA needs its rows"):
+        tiled.compile(gemm_ws_explicit.matmul(1024, 1024, 777), target="cuda:sm_90a",
+                      cache=False)
+    symbolic = tiled.compile(gemm_ws_explicit.matmul(T.dyn("M"), 1024, T.dyn("K")),
+                             target="cuda:sm_90a", cache=False).manifest
+    assert symbolic.requires == (("floormod", ("mul", 2, "K"), 16),)
+    assert symbolic.fallback is None  # the author asked for TMA: such launches are refused
 
 
 def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
@@ -155,7 +198,7 @@ def test_cluster_option_selects_the_path(tmp_path):
     assert "UTMALDG.2D" in text and "MULTICAST" not in text and "UCGABAR" not in text
     two = tiled.compile(k, target="cuda:sm_90a", cache=False, cluster=2)
     assert two.manifest.cluster == (2, 1, 1)
-    with pytest.raises(CompileError, match="cluster=3"):
+    with pytest.raises(ValueError, match="'cluster' must be one of 0, 1, 2, got 3"):
         tiled.compile(k, target="cuda:sm_90a", cache=False, cluster=3)
 
 

@@ -170,6 +170,7 @@ class FakeDriver:
         self.current_ctx = current_ctx
         self.cluster = dict(zip(("cw", "ch", "cd"), cluster, strict=True))
         self.launches: list[tuple] = []
+        self.functions: list[str] = []  # the function each launch ran
 
     def call(self, name, *args):
         self.calls.append((name, *args))
@@ -181,12 +182,15 @@ class FakeDriver:
             assert args[0] == CUBIN
             return "module"
         if name == "cuModuleGetFunction":
+            if args[1] == b"gemm_fallback_kernel":
+                return "fallback"
             if args[1] != b"gemm_kernel":
                 raise LaunchError("cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND")
             return "function"
         if name == "cuFuncGetAttribute":
             return self.cluster[args[0]]
         if name == "cuLaunchKernel":
+            self.functions.append(args[0])
             params = ctypes.cast(args[9], ctypes.POINTER(ctypes.c_void_p))
             self.launches.append((args[1:4], args[4:7], args[7], args[8],
                                   ctypes.cast(params[7], ctypes.POINTER(ctypes.c_int32))[0]))
@@ -250,6 +254,31 @@ def test_missing_symbol_and_bad_args(fake):
         k(*gemm_args())
     with pytest.raises(LaunchError, match=r"^expected 7 arguments"):
         k(*gemm_args()[:3])
+
+
+TMA_ROWS = ["floormod", ["mul", 2, "K"], 16]  # A's fp16 rows a multiple of 16 bytes apart
+
+
+def test_a_failed_precondition_launches_the_fallback(fake):
+    fallback = {"symbol": "gemm_fallback_kernel", "kernel_args": manifest().to_dict()[
+        "kernel_args"], "grid": [["ceildiv", "M", 64], 1, 1], "block": [64, 1, 1],
+        "dynamic_smem_bytes": 0, "cluster": [1, 1, 1]}
+    k = load(CUBIN, manifest(requires=[TMA_ROWS], fallback=fallback))
+    k(*gemm_args(k=96))  # 192-byte rows: the main kernel
+    k(*gemm_args(k=97))  # 194-byte rows: its TMA descriptor cannot be encoded
+    k(*gemm_args(k=104))
+    assert fake.functions == ["function", "fallback", "function"]
+    assert [launch[:2] for launch in fake.launches] == [
+        ((3, 3, 1), (128, 1, 1)), ((5, 1, 1), (64, 1, 1)), ((3, 3, 1), (128, 1, 1))]
+
+
+def test_a_failed_precondition_without_fallback_is_refused(fake):
+    k = load(CUBIN, manifest(requires=[TMA_ROWS]))
+    with pytest.raises(LaunchError, match=r"fail the kernel's launch precondition.*'K'"):
+        k(*gemm_args(k=97))
+    assert fake.launches == []
+    k(*gemm_args(k=96))
+    assert len(fake.launches) == 1
 
 
 def test_compiled_cluster_must_match(monkeypatch):

@@ -268,3 +268,33 @@ def test_clustered_persistent_grid_is_whole_clusters():
                                                   cluster=[2, 1, 1])))
     with pytest.raises(LaunchError, match="not a multiple of the cluster size 2"):
         odd.geometry({"M": 128, "N": 256, SM_COUNT_DIM: 132})  # one pair: grid 1
+
+
+FALLBACK = {"symbol": "gemm_fallback_kernel", "kernel_args": gemm_dict()["kernel_args"],
+            "grid": [["ceildiv", "N", 64], "M", 1], "block": [64, 1, 1],
+            "dynamic_smem_bytes": 0, "cluster": [1, 1, 1]}
+
+
+def test_preconditions_and_fallback_round_trip():
+    d = gemm_dict(requires=[["floormod", ["mul", 2, "N"], 16]], fallback=FALLBACK)
+    m = Manifest.from_dict(d)
+    assert m.to_dict() == d and Manifest.from_json(m.to_json()) == m
+    assert m.requires == (("floormod", ("mul", 2, "N"), 16),)
+    fb = m.fallback_manifest()
+    assert (fb.symbol, fb.block, fb.requires, fb.fallback) == \
+        ("gemm_fallback_kernel", (64, 1, 1), (), None)
+    assert fb.params == m.params and fb.artifact_sha256 == m.artifact_sha256
+    assert hash(m) == hash(Manifest.from_json(m.to_json()))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"requires": [["floormod", "Q", 16]]}, r"requires\[0\]: uses \['Q'\]"),
+    ({"requires": [["mod", "M", 16]]}, r"requires\[0\]: unknown operator 'mod'"),
+    ({"fallback": {"symbol": "x"}}, r"fallback: expected an object with the fields"),
+    ({"fallback": {**FALLBACK, "dynamic_smem_bytes": -1}},
+     r"manifest fallback\.dynamic_smem_bytes"),
+    ({"fallback": {**FALLBACK, "grid": ["Z", 1, 1]}}, r"manifest fallback\.grid\[0\]"),
+])
+def test_bad_preconditions_and_fallbacks(change, message):
+    with pytest.raises(ManifestError, match=message):
+        Manifest.from_dict(gemm_dict(**change))

@@ -8,7 +8,15 @@ import time
 
 from tiled.compiler.action import action_of
 from tiled.compiler.manifest import build_manifest
-from tiled.compiler.registry import Artifact, Target, check_options, get_backend, parse_target
+from tiled.compiler.passes.guards import guard_program
+from tiled.compiler.registry import (
+    Artifact,
+    Target,
+    check_options,
+    get_backend,
+    option,
+    parse_target,
+)
 from tiled.ir import verify
 from tiled.ir.program import as_program
 
@@ -50,8 +58,9 @@ def compile_program(kernel_or_program, target: str | Target = "cpu", *, action: 
         action = action_of(program.digest, tgt, options).record
     elif action.get("program") != program.digest:
         raise ValueError("the action record names another program")
+    lowered = guard_program(program) if option(options, "safe_access") else program
     t1 = time.perf_counter()
-    art: Artifact = backend.compile(program, tgt, options)
+    art: Artifact = backend.compile(lowered, tgt, options)
     stages = {"verify": t1 - t0, **art.stages}
     manifest = build_manifest(program, tgt, art, hashlib.sha256(art.data).hexdigest(), action)
     return CompiledKernel(art.data, manifest, art.source, stages)

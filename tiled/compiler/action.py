@@ -16,9 +16,9 @@ from tiled.compiler.toolchain.digest import toolchain_digest
 
 
 def action_of(program_digest: str, target: Target, options: Mapping[str, Any]) -> ActionKey:
-    """The ActionKey (hex + record). Raises ValueError naming an option the backend does not
-    take or a value it refuses."""
-    check_options(target.backend, dict(options))
+    """The ActionKey (hex + record); options equal to their defaults are left out of it.
+    Raises ValueError naming an option the backend does not take or a value it refuses."""
+    options = check_options(target.backend, dict(options))
     toolchain = toolchain_digest(target, cuda_compiler=options.get("cuda_compiler"))
     return ActionKey.build(program_digest, target, options, toolchain,
                            config.get("cache_namespace"))

@@ -67,7 +67,7 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
 
     p = program.proto
     names = dim_names(p)
-    grid = [expr_json(p, g, names) for g in p.kernel.grid]
+    grid = program_grid = [expr_json(p, g, names) for g in p.kernel.grid]
     if art.persistent:
         from tiled.runtime.manifest import SM_COUNT_DIM
 
@@ -79,7 +79,7 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
             blocks = ["mul", blocks, g]
         grid = [["min", blocks, SM_COUNT_DIM]] if size == 1 else \
             [["mul", size, ["min", blocks, ["max", 1, ["floordiv", SM_COUNT_DIM, size]]]]]
-    grid += [1] * (3 - len(grid))
+    grid = grid + [1] * (3 - len(grid))
     backend = get_backend(target.backend)
     params = manifest_params(p)
     if target.backend == "cpu":
@@ -102,4 +102,8 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
         "dynamic_smem_bytes": art.dynamic_smem_bytes,
         "cluster": list(art.cluster),
         "action": action,
+        "requires": art.requires,
+        "fallback": None if art.fallback is None else {
+            **art.fallback, "grid": program_grid + [1] * (3 - len(program_grid)),
+            "cluster": [1, 1, 1]},
     })

@@ -45,6 +45,12 @@ class Artifact:
     # grid axis `paired_axis` (so the grid's extent there counts pairs, rounded up).
     cluster: tuple[int, int, int] = (1, 1, 1)
     paired_axis: int = -1
+    # Launch preconditions (manifest expressions over the dims that must evaluate to 0), and
+    # the variant in the same artifact launched when one fails: {"symbol", "kernel_args",
+    # "block", "dynamic_smem_bytes"}, on the program's own grid. No fallback with
+    # preconditions: a launch that fails them is refused.
+    requires: list = field(default_factory=list)
+    fallback: dict | None = None
 
 
 
@@ -94,20 +100,26 @@ class Backend:
         raise NotImplementedError
 
 
-def check_options(backend: str, options: dict) -> None:
-    """Raises ValueError naming the first option `backend` does not take or whose value it
+def check_options(backend: str, options: dict) -> dict:
+    """The options as they enter the action key: checked, and without the ones that say the
+    default (None or the declared default), so that spelling a default out keeps the key.
+    Raises ValueError naming the first option `backend` does not take or whose value it
     refuses (the message lists the options it takes). Never imports TVM."""
     b = get_backend(backend)
     known = {**COMMON_OPTIONS, **b.options}
     if not isinstance(options, dict):
         raise ValueError(f"compile options must be a JSON object, got {_short(options)}")
+    out = {}
     for name, value in options.items():
         opt = known.get(name) if isinstance(name, str) else None
         if opt is None:
             raise ValueError(f"unknown compile option {_short(name)} for backend {backend}; it "
                              f"takes {', '.join(sorted(known))}")
-        if value is not None:  # None means the default (canonical_options drops it)
+        if value is not None:
             opt.check(name, value)
+            if value != opt.default:
+                out[name] = value
+    return out
 
 
 def option(options: dict, name: str, backend: Backend | None = None):

@@ -51,6 +51,12 @@ _CALL: dict[int, Callable] = {
 }
 
 
+_UNSIGNED = frozenset({pb.UINT8, pb.UINT16, pb.UINT32, pb.UINT64})
+# Operators whose result is >= 0 when both operands are (FLOOR_MOD: the divisor is not 0).
+_SIGN_KEEPING = frozenset({pb.ADD, pb.MUL, pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD, pb.MIN, pb.MAX,
+                           pb.BIT_AND, pb.BIT_OR, pb.SHR})
+
+
 def loc_of(stmt: pb.Stmt) -> str:
     return f"{stmt.loc.file}:{stmt.loc.line}" if stmt.HasField("loc") and stmt.loc.file else ""
 
@@ -64,13 +70,17 @@ class ExprLowering:
         self.vars: dict[int, tirx.PrimExpr] = {}
         self.var_dtype = {v.id: tvm_dtype(v.dtype) for v in self.program.vars}
         self.buffers = {b.id: b for b in self.program.buffers}
+        # Scalar parameters may hold anything; loop, block and dim vars are never negative.
+        self.scalars = {prm.scalar for prm in self.program.params
+                        if prm.WhichOneof("kind") == "scalar"}
 
     def load(self, bid: int, indices: list) -> tirx.PrimExpr:
         raise NotImplementedError
 
     def region_index(self, region: pb.Region, tile_coords: list) -> tuple[list, list]:
         """TIR indices of a region's element at squeezed tile coordinates (one per extent
-        other than 1), and its in-bounds conditions (global buffers only)."""
+        other than 1), and its in-bounds conditions (global buffers only: below the dim, and
+        not below 0 unless the offset is provably non-negative)."""
         buf = self.buffers[region.buffer]
         it = iter(tile_coords)
         idx, conds = [], []
@@ -78,8 +88,31 @@ class ExprLowering:
             i = self.expr(off) + (next(it) if ext != 1 else 0)
             idx.append(i)
             if buf.scope == pb.GLOBAL:
+                if not self.nonnegative(off):
+                    conds.append(i >= 0)
                 conds.append(i < global_extent(self, buf, d))
         return idx, conds
+
+    def nonnegative(self, e: pb.Expr) -> bool:
+        """Whether the integer expression `e` is >= 0 whatever the inputs: built from
+        non-negative constants, loop / block / dim vars and operators that keep the sign."""
+        kind = e.WhichOneof("kind")
+        if e.dtype in _UNSIGNED:
+            return True
+        if kind == "int_value":
+            return e.int_value >= 0
+        if kind == "var":
+            return e.var not in self.scalars
+        if kind == "binary" and e.binary.op in _SIGN_KEEPING:
+            return self.nonnegative(e.binary.a) and self.nonnegative(e.binary.b)
+        if kind == "cast":
+            src = e.cast.value.dtype
+            return src in _UNSIGNED or (dtypes.nbytes(e.dtype) >= dtypes.nbytes(src)
+                                        and self.nonnegative(e.cast.value))
+        if kind == "select":
+            return self.nonnegative(e.select.true_value) and \
+                self.nonnegative(e.select.false_value)
+        return False
 
     def expr(self, e: pb.Expr) -> tirx.PrimExpr:
         kind = e.WhichOneof("kind")

@@ -45,6 +45,9 @@ def load(artifact: bytes, manifest: Manifest | dict | str) -> Kernel:
     if digest != m.artifact_sha256:
         raise LaunchError(f"{m.name}: artifact sha256 {digest} does not match the manifest's "
                           f"artifact_sha256 {m.artifact_sha256}")
+    if m.backend != "cuda" and (m.requires or m.fallback is not None):
+        raise LaunchError(f"{m.name}: launch preconditions and fallback variants are a cuda "
+                          f"manifest's; this {m.backend} manifest has them")
     if m.backend not in LOADERS:
         raise LaunchError(f"{m.name}: no loader for backend {m.backend!r} in this runtime "
                           f"(available: {', '.join(LOADERS)})")

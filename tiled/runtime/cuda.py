@@ -475,9 +475,21 @@ class CUDAKernel(Kernel):
         self._plan = LaunchPlan(manifest)
         self._loaded: dict[int, _Loaded] = {}
         self._lock = threading.Lock()
+        # Launch preconditions, and the variant (same cubin) for calls that fail one.
+        self._requires = [compile_expr(e) for e in manifest.requires]
+        self._fallback = CUDAKernel(artifact, manifest.fallback_manifest()) \
+            if manifest.fallback is not None else None
 
     def __call__(self, *args, stream: object = None) -> None:
         bound = bind_fast(self._binder, args)
+        if self._requires and any(f(bound.dims) for f in self._requires):
+            if self._fallback is None:
+                failed = [e for e, f in zip(self.manifest.requires, self._requires,
+                                            strict=True) if f(bound.dims)]
+                raise LaunchError(f"{self.manifest.name}: dims {bound.dims} fail the kernel's "
+                                  f"launch precondition(s) {failed} (each must be 0): its TMA "
+                                  f"descriptors need rows a multiple of 16 bytes apart")
+            return self._fallback(*args, stream=stream)
         located = None
         dims = bound.dims
         if self._plan.uses_sm_count:  # a persistent kernel: its grid depends on the device

@@ -11,7 +11,18 @@ JSON; a client launches a kernel from the manifest and the artifact bytes alone.
                      {"kind": "dim", "name": "M", "dtype": "int32"},
                      {"kind": "tensor_map", "param": 0, "box": [64, 128], "swizzle": 128}],
      "grid": [["ceildiv", "M", 128], 1, 1], "block": [128, 1, 1],
-     "dynamic_smem_bytes": 49152, "cluster": [1, 1, 1]}
+     "dynamic_smem_bytes": 49152, "cluster": [1, 1, 1],
+     "requires": [["floormod", ["mul", 2, "K"], 16]],
+     "fallback": {"symbol": "gemm_fallback_kernel", "kernel_args": [...], "grid": [...],
+                  "block": [128, 1, 1], "dynamic_smem_bytes": 40960, "cluster": [1, 1, 1]},
+     "action": {"v": 1, "program": <sha256 hex>, "target": {...}, "options": {...},
+                "toolchain": <sha256 hex>, "namespace": ""}}
+
+`requires` (optional) lists launch preconditions, expressions over the dims that must each
+evaluate to 0 (a TMA descriptor's row stride that depends on a symbolic dim must be a multiple
+of 16 bytes); a launch that fails one runs `fallback`, another kernel of the same artifact
+with its own launch fields, or is refused when there is none. `action` (optional) is the
+action record the cache key digests (tiled.cache.keys); the launch never reads it.
 
 Shape entries are ints (static) or dim names (symbolic, bound by the arguments). Grid and block
 entries are expressions: an int, a dim name, or `[op, a, b]` with op one of `OPS`.
@@ -312,7 +323,9 @@ def _check_tensor_map(ka: KernelArg, p: Param, k: int, where: str) -> None:
 _REQUIRED = ("manifest_version", "name", "program_digest", "target", "backend", "arch",
              "artifact_format", "artifact_sha256", "symbol", "params")
 _OPTIONAL = {"kernel_args": [], "grid": [1, 1, 1], "block": [1, 1, 1], "dynamic_smem_bytes": 0,
-             "cluster": [1, 1, 1], "action": None}
+             "cluster": [1, 1, 1], "action": None, "requires": [], "fallback": None}
+# The launch fields a fallback variant replaces (it shares the artifact and the params).
+_FALLBACK_FIELDS = ("symbol", "kernel_args", "grid", "block", "dynamic_smem_bytes", "cluster")
 _ACTION_FIELDS = {"v", "program", "target", "options", "toolchain", "namespace"}
 
 
@@ -353,6 +366,11 @@ class Manifest:
     # The action record this manifest was compiled under (tiled.cache.keys.action_record), or
     # None for a manifest built by hand: the launch never reads it.
     action: dict | None = field(default=None, compare=False)
+    # Launch preconditions: expressions over the dims, each must evaluate to 0 for this
+    # launch; when one does not, the runtime launches `fallback` (the launch fields of
+    # another kernel in the same artifact), or refuses the call when there is none.
+    requires: tuple[Expr, ...] = ()
+    fallback: dict | None = field(default=None, hash=False)
     manifest_version: int = MANIFEST_VERSION
     _dims: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -362,7 +380,7 @@ class Manifest:
         def put(key: str, value: object) -> None:
             object.__setattr__(self, key, value)
 
-        for key in ("params", "kernel_args", "grid", "block", "cluster"):
+        for key in ("params", "kernel_args", "grid", "block", "cluster", "requires"):
             if not isinstance(getattr(self, key), list | tuple):
                 raise _fail(key, f"expected a list, got {type(getattr(self, key)).__name__}")
         put("params", tuple(Param.from_dict(p.to_dict() if isinstance(p, Param) else p,
@@ -370,10 +388,12 @@ class Manifest:
         put("kernel_args", tuple(
             KernelArg.from_dict(k.to_dict() if isinstance(k, KernelArg) else k,
                                 f"kernel_args[{i}]") for i, k in enumerate(self.kernel_args)))
-        for key in ("grid", "block"):
+        for key in ("grid", "block", "requires"):
             put(key, tuple(check_expr(e, f"{key}[{i}]") for i, e in enumerate(getattr(self, key))))
         put("cluster", tuple(self.cluster))
         self._validate()
+        if self.fallback is not None:
+            self.fallback_manifest()  # validates the variant like any manifest
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -438,6 +458,27 @@ class Manifest:
             raise _fail("cluster", f"expected 3 ints >= 1, got {list(self.cluster)!r}")
         if self.action is not None:
             _check_action(self.action, self.program_digest)
+        for j, e in enumerate(self.requires):
+            unknown = expr_names(e) - set(dims)
+            if unknown:
+                raise _fail(f"requires[{j}]", f"uses {sorted(unknown)}, which no tensor "
+                            f"parameter binds (dims: {', '.join(dims) or 'none'})")
+        if self.fallback is not None and (not isinstance(self.fallback, dict) or
+                                          set(self.fallback) != set(_FALLBACK_FIELDS)):
+            raise _fail("fallback", f"expected an object with the fields "
+                        f"{', '.join(_FALLBACK_FIELDS)}")
+
+    def fallback_manifest(self) -> Manifest:
+        """The fallback variant as a manifest of its own (same params and artifact, no
+        preconditions). Raises ManifestError (naming `fallback.<field>`) when it is malformed,
+        LaunchError when there is none."""
+        if self.fallback is None:
+            raise LaunchError(f"{self.name}: the manifest has no fallback variant")
+        d = {**self.to_dict(), **self.fallback, "requires": [], "fallback": None}
+        try:
+            return Manifest.from_dict(d)
+        except ManifestError as e:
+            raise ManifestError(str(e).replace("manifest ", "manifest fallback.", 1)) from None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -451,6 +492,8 @@ class Manifest:
             "block": [_expr_json(e) for e in self.block],
             "dynamic_smem_bytes": self.dynamic_smem_bytes, "cluster": list(self.cluster),
             **({"action": self.action} if self.action is not None else {}),
+            **({"requires": [_expr_json(e) for e in self.requires]} if self.requires else {}),
+            **({"fallback": self.fallback} if self.fallback is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -470,7 +513,7 @@ class Manifest:
         v = {**_OPTIONAL, **d}
         if not _is_int(v["manifest_version"]):
             raise _fail("manifest_version", f"expected an int, got {v['manifest_version']!r}")
-        for key in ("params", "kernel_args", "grid", "block", "cluster"):
+        for key in ("params", "kernel_args", "grid", "block", "cluster", "requires"):
             if not isinstance(v[key], list):
                 raise _fail(key, f"expected a list, got {type(v[key]).__name__}")
         return cls(**v)

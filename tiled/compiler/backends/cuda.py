@@ -23,6 +23,7 @@ MAX_SMEM = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a
 _SIGNATURE = re.compile(
     r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(([^)]*)\)')
 _TMAP_PARAM = re.compile(r"void\* __restrict__ (tiled_tmap_\w+)")
+FALLBACK_SUFFIX = "_fallback"  # the variant without TMA, for launches its preconditions fail
 
 
 def _tiled_pipeline():
@@ -70,23 +71,27 @@ def _register_pipeline() -> None:
 def with_tensor_maps(source: str, threads: int) -> str:
     """The sm90 path's kernel source: each `tiled_tmap_*` handle parameter becomes a TMA
     descriptor passed by value (`const __grid_constant__`), which the body uses through a
-    pointer of the same name; the launch bounds say one block per SM, which setmaxnreg needs."""
+    pointer of the same name; the launch bounds say one block per SM, which setmaxnreg needs.
+    Only the kernel that takes the descriptors is changed (a fallback variant beside it in the
+    source takes none and keeps its launch bounds, which count fewer threads)."""
     source = source.replace(f"__launch_bounds__({threads})", f"__launch_bounds__({threads}, 1)")
     names = sorted(set(_TMAP_PARAM.findall(source)))
-    source = _TMAP_PARAM.sub(r"const __grid_constant__ tiled::sm90::TensorMap \1_desc", source)
-    body = next(m.end() + 2 for m in _SIGNATURE.finditer(source)
-                if source.startswith(" {", m.end()))  # the definition's opening brace
+    body = next(m.end() + 2 for m in _SIGNATURE.finditer(source)  # the definition's brace
+                if source.startswith(" {", m.end()) and "tiled_tmap_" in m.group(2))
     pointers = "".join(f"\n  const void* {n} = &{n}_desc;" for n in names)
-    return source[:body] + pointers + source[body:]
+    source = source[:body] + pointers + source[body:]
+    return _TMAP_PARAM.sub(r"const __grid_constant__ tiled::sm90::TensorMap \1_desc", source)
 
 
-def kernel_args(source: str, program: Program,
-                tensor_maps: dict[str, dict] | None = None) -> tuple[str, list[dict]]:
+def kernel_args(source: str, program: Program, tensor_maps: dict[str, dict] | None = None,
+                symbol: str | None = None) -> tuple[str, list[dict]]:
     """The kernel symbol and its C parameter list, mapped onto the program's parameters (and
-    the TMA descriptors of the sm90 path, `tensor_maps`: parameter name -> recipe)."""
-    m = _SIGNATURE.search(source)
+    the TMA descriptors of the sm90 path, `tensor_maps`: parameter name -> recipe). `symbol`
+    picks one kernel of a source that holds several (default: the first)."""
+    m = next((m for m in _SIGNATURE.finditer(source) if symbol in (None, m.group(1))), None)
     if not m:
-        raise CompileError("generated CUDA source has no kernel signature")
+        raise CompileError(f"generated CUDA source has no kernel signature"
+                           f"{f' for {symbol}' if symbol else ''}")
     symbol, params = m.group(1), [p.strip() for p in m.group(2).split(",") if p.strip()]
     p = program.proto
     by_ptr = {f"{prm.name}_ptr": i for i, prm in enumerate(p.params)
@@ -142,17 +147,25 @@ class CudaBackend(Backend):
 
     def generate_source(self, program: Program, arch: str, warp_specialize: bool = True,
                         cluster: int = 0):
-        """(CUDA source, dynamic shared memory bytes, the lowering)."""
+        """(CUDA source, dynamic shared memory bytes, the lowering). When the automatic sm_90a
+        path's TMA descriptors have launch preconditions (`low.requires`: strides that
+        depend on a symbolic dim), the source also holds the program lowered without warp
+        specialization, as `<name>_fallback`, for the launches that fail them; its lowering
+        is `low.fallback` (else None)."""
         import tvm  # here, not at import: describing the target must not load TVM
 
         from tiled.compiler.backends.cuda_lower import lower_cuda
 
         mod, low = lower_cuda(program, arch, warp_specialize, cluster)
-        if low.pool_bytes > MAX_SMEM[arch]:
-            raise CompileError(
-                f"kernel needs {low.pool_bytes / 1024:.0f} KiB of shared memory (pipeline stages "
-                f"included), {arch} has {MAX_SMEM[arch] // 1024} KiB: reduce block sizes or "
-                "num_stages")
+        _check_smem(low, arch)
+        low.fallback = None
+        if low.requires and not low.explicit:
+            fb_mod, fb = lower_cuda(program, arch, warp_specialize=False)
+            _check_smem(fb, arch)
+            name = program.name + FALLBACK_SUFFIX
+            mod = tvm.IRModule({**{gv.name_hint: f for gv, f in mod.functions.items()},
+                                name: fb_mod[program.name].with_attr("global_symbol", name)})
+            low.fallback = fb
         _register_pipeline()
         target = tvm.target.Target({"kind": "cuda", "arch": arch})
         ex = tvm.compile(mod, target=target, tir_pipeline="tiled_cuda")
@@ -178,14 +191,28 @@ class CudaBackend(Backend):
         t1 = time.perf_counter()
         cubin = compile_cubin(source, target.arch, options.get("cuda_compiler"))
         t2 = time.perf_counter()
-        symbol, args = kernel_args(source, program, low.tensor_maps)
+        symbol, args = kernel_args(source, program, low.tensor_maps,
+                                   f"{program.name}_kernel")
+        fallback = None
+        if low.fallback is not None:
+            fb_symbol, fb_args = kernel_args(source, program, {},
+                                             f"{program.name}{FALLBACK_SUFFIX}_kernel")
+            fallback = {"symbol": fb_symbol, "kernel_args": fb_args,
+                        "block": [low.fallback.launch_threads, 1, 1],
+                        "dynamic_smem_bytes": low.fallback.pool_bytes}
         return Artifact(data=cubin, symbol=symbol, kernel_args=args, dynamic_smem_bytes=smem,
                         block=(low.launch_threads, 1, 1), source=source,
                         persistent=low.ws is not None or bool(low.attn and
                                                               low.attn.persistent),
                         cluster=(low.ws.cluster if low.ws else 1, 1, 1),
                         paired_axis=low.ws.pair_axis if low.ws else -1,
+                        requires=low.requires, fallback=fallback,
                         stages={"lower": t1 - t0, "toolchain": t2 - t1})
 
 
-
+def _check_smem(low, arch: str) -> None:
+    if low.pool_bytes > MAX_SMEM[arch]:
+        raise CompileError(
+            f"kernel needs {low.pool_bytes / 1024:.0f} KiB of shared memory (pipeline stages "
+            f"included), {arch} has {MAX_SMEM[arch] // 1024} KiB: reduce block sizes or "
+            "num_stages")

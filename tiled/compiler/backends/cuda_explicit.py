@@ -34,8 +34,10 @@ from tiled.compiler.backends.cuda_layout import (
 )
 from tiled.compiler.backends.cuda_lower import CudaLowering
 from tiled.compiler.backends.cuda_plan import SyncTracker, align_up, shared_effects
+from tiled.compiler.backends.cuda_tma import tma_requirements
 from tiled.compiler.tir import loc_of
 from tiled.errors import CompileError
+from tiled.ir import dtypes
 from tiled.ir.program import Program
 from tiled.ir.verify_ws import WARPGROUP, explicit_statement
 from tiled.v1 import tile_ir_pb2 as pb
@@ -96,6 +98,7 @@ class ExplicitLowering(CudaLowering):
         self.wgmma, wgmma_layouts = find_wgmma(self.view, self.buffers)
         if wgmma_layouts is not None:
             self.layouts = wgmma_layouts
+        self.explicit_requires: list = []  # launch preconditions of the TMA descriptors
         self.barrier_offset: dict[int, int] = {}  # barrier id -> byte offset in the pool
         self.bar_tir: dict[int, tirx.Buffer] = {}
         # (tensor, box rows, box cols, swizzle) -> tensor map parameter
@@ -129,10 +132,22 @@ class ExplicitLowering(CudaLowering):
         self.pool_bytes = offset
 
     def declare_tensor_maps(self) -> None:
-        """One TMA descriptor parameter per (tensor, box) the copies use."""
+        """One TMA descriptor parameter per (tensor, box) the copies use. A tensor whose rows
+        are not a multiple of 16 bytes apart is a located CompileError; one whose row stride
+        depends on a symbolic dim makes that a launch precondition (`requires`): the author
+        asked for TMA, so there is no variant without it."""
         for st in self.statements():
             if st.WhichOneof("kind") != "copy" or not st.copy.HasField("tma"):
                 continue
+            src = self.buffers[st.copy.src.buffer]
+            req = tma_requirements(self.program, src)
+            if req is None:
+                shape = "x".join(str(d.size) for d in src.shape)
+                raise CompileError(f"T.tma_copy from {src.name or 'a tensor'} ({shape} "
+                                   f"{dtypes.canonical_name(src.dtype)}): TMA needs its rows "
+                                   f"to be a multiple of 16 bytes apart; pad the row or use "
+                                   f"T.copy", loc_of(st))
+            self.explicit_requires += [r for r in req if r not in self.explicit_requires]
             key = self.tmap_key(st.copy)
             if key in self.tmaps:
                 continue
@@ -140,6 +155,10 @@ class ExplicitLowering(CudaLowering):
             self.tmaps[key] = T.arg(name, T.handle())
             self.tensor_maps[name] = {"kind": "tensor_map", "param": self.param_of[key[0]],
                                       "box": [key[2], key[1]], "swizzle": key[3]}
+
+    @property
+    def requires(self) -> list:
+        return self.explicit_requires
 
     def tmap_key(self, c: pb.Copy) -> tuple[int, int, int, int]:
         """(tensor, box rows, box cols, swizzle) of a TMA copy: a panel tile's copy is one

@@ -108,6 +108,13 @@ class CudaLowering(ExprLowering):
         self.pipelines: dict[int, tuple[int, list[int]]] = {}  # For var -> (stages, producers)
         self.vec_plan: dict[tuple, int] = {}
 
+    @property
+    def requires(self) -> list:
+        """Launch preconditions (manifest expressions that must evaluate to 0) of the TMA
+        descriptors the kernel takes (cuda_tma)."""
+        plan = self.ws or self.attn
+        return list(plan.requires) if plan is not None else []
+
     # -- planning ------------------------------------------------------------------------------
     def copy_vector(self, c: pb.Copy) -> int:
         """Elements per 16/8/4-byte async copy for a global->shared copy, or 0 when the copy

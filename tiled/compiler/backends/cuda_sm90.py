@@ -3,7 +3,9 @@
 A kernel takes the path on `cuda:sm_90a` when its body holds, at top level, a T.Pipelined loop
 whose body is exactly "copy an A tile and a B tile from global to shared, T.gemm them into a
 float32 fragment", with 16-bit A and B, A not transposed, a 64-wide K tile, tiles the wgmma
-shapes fit, and 128 or 256 threads; the two shared tiles may be used by nothing else. A 32-wide
+shapes fit, and 128 or 256 threads; the two shared tiles may be used by nothing else; A's and
+B's rows are a multiple of 16 bytes apart, or (symbolic dims) that is a launch precondition
+and the kernel ships with a variant for the launches that fail it (cuda_tma). A 32-wide
 K tile is run two iterations per 64-wide stage when that provably changes nothing (`_merge`).
 Then:
 
@@ -43,6 +45,7 @@ from tiled.compiler.backends.cuda_layout import (
     walk,
 )
 from tiled.compiler.backends.cuda_plan import CTYPE
+from tiled.compiler.backends.cuda_tma import tma_requirements
 from tiled.compiler.tir import global_extent
 from tiled.errors import CompileError
 from tiled.ir import dtypes
@@ -114,6 +117,7 @@ class WsGemmPlan:
     # (grid axis whose adjacent blocks pair up, the operand they share: 1 A, 2 B), or None
     pairing: tuple[int, int] | None = None
     cluster: int = 1  # CTAs per cluster: 2 runs the pairs with multicast loads
+    requires: tuple = ()  # launch preconditions of the TMA descriptors (cuda_tma)
 
     @property
     def loop_var(self) -> int:
@@ -218,11 +222,17 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
         return None
     if {bid for bid, _ in element_accesses(p.kernel.body)} & {g.a, g.b}:  # element accesses
         return None
+    requires = []
+    for bid in (g.a, g.b):  # A and B are read by TMA: their strides must suit it
+        req = tma_requirements(p, buffers[copies[bid].src.buffer])
+        if req is None:
+            return None
+        requires += [r for r in req if r not in requires]
     stages = min(f.num_stages, max(2, (200 * 1024) // ((BM + BN) * BK * 2)))
     pairing = _pairing(p, f, copies[g.a], copies[g.b], BM, BN, bool(g.transpose_b))
     return WsGemmPlan(f, merge, copies[g.a], copies[g.b], g.a, g.b, g.c, dt.pop(), BM, BN,
                       stages, nwg, bool(g.transpose_b), pairing,
-                      DEFAULT_CLUSTER if pairing else 1)
+                      DEFAULT_CLUSTER if pairing else 1, tuple(requires))
 
 
 def _pairing(p: pb.Program, f: pb.For, copy_a: pb.Copy, copy_b: pb.Copy, BM: int, BN: int,

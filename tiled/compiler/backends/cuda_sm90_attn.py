@@ -53,6 +53,7 @@ from tiled.compiler.backends.cuda_sm90 import (
     store_acc_tile,
     tile_ops_on,
 )
+from tiled.compiler.backends.cuda_tma import tma_requirements
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -82,6 +83,7 @@ class AttnPlan:
     nwg: int
     clear_s: int  # index in the loop body of a `T.clear(S)` just before S = Q K^T, or -1
     persistent: bool  # every program block runs the same number of iterations
+    requires: tuple = ()  # launch preconditions of the TMA descriptors (cuda_tma)
 
     @property
     def ring_tiles(self) -> set[int]:
@@ -201,6 +203,12 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
     if tile_ops_on(p.kernel.body, tiles) != 6 or \
             {bid for bid, _ in element_accesses(p.kernel.body)} & tiles:
         return None
+    requires: list = []
+    for c in (q_copies[0], ring_copies[k], ring_copies[v]):  # the tensors TMA reads
+        req = tma_requirements(p, buffers[c.src.buffer])
+        if req is None:
+            return None
+        requires += [r for r in req if r not in requires]
     dtype = dt.pop()
     before = [i for i in range(i_qk) if i not in ring_idx]
     clear_s = before[-1] if before and _clears(body[before[-1]], s_frag, BM, BN) else -1
@@ -208,7 +216,7 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
     stages = max(1, min(f.num_stages, (SMEM_BUDGET - 2 * BM * D * 2) // stage))
     return AttnPlan(f, q_copies[0], ring_copies[k], ring_copies[v], q, k, v, pt, s_frag, o,
                     dtype, BM, BN, D, stages, nwg, clear_s,
-                    not expr_vars([f.extent]) & block_vars)
+                    not expr_vars([f.extent]) & block_vars, tuple(requires))
 
 
 def _clears(st: pb.Stmt, frag: int, rows: int, cols: int) -> bool:

@@ -94,6 +94,9 @@ class TorchSpace:
 
     def tensor(self, values):
         torch, values = self.torch, np.asarray(values)
+        if values.size == 0:  # stands alone: torch gives an empty CUDA tensor a NULL pointer
+            return torch.empty(values.shape, device="cuda", dtype=getattr(torch,
+                                                                          str(values.dtype)))
         c = safety_kernels.CANARY
         whole = torch.full((values.size + 2 * c,), safety_kernels.POISON, device="cuda",
                            dtype=getattr(torch, str(values.dtype)))

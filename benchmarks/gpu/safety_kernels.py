@@ -21,6 +21,8 @@ class NumpySpace:
 
     def tensor(self, values):
         values = np.asarray(values)
+        if values.size == 0:  # an empty tensor stands alone (its pointer may be anything)
+            return values.copy()
         whole = np.full(values.size + 2 * CANARY, POISON, values.dtype)
         view = whole[CANARY:CANARY + values.size].reshape(values.shape)
         view[...] = values
@@ -163,6 +165,29 @@ def check_shifted_copy(k, space):
         np.testing.assert_array_equal(space.numpy(y), np.where(touched, xv, 0))
 
 
+def empty_source():
+    """Y[j] = X[j] + 1 where X may be empty (N = 0): every load is guarded, and the clamped
+    address of an empty tensor must still be readable (the runtime points it at scratch)."""
+    N, M = T.dyn("N"), T.dyn("M")
+
+    @tiled.kernel
+    def empty_source(X: T.Tensor((N,), "float32"), Y: T.Tensor((M,), "float32")):
+        with T.Kernel(T.ceildiv(M, 64), threads=64) as bx:
+            for i in T.Parallel(64):
+                Y[bx * 64 + i] = X[bx * 64 + i] + 1.0
+
+    return empty_source
+
+
+def check_empty_source(k, space):
+    for n in (0, 50):
+        x = space.tensor(np.full(n, 5.0, "float32"))
+        y = space.tensor(np.zeros(100, "float32"))
+        k(x, y)
+        np.testing.assert_array_equal(space.numpy(y), np.where(np.arange(100) < n, 6.0, 1.0))
+
+
 CASES = {"double": (double, check_double), "silu_mul": (silu_mul, check_silu_mul),
          "stencil": (stencil, check_stencil), "gather_add": (gather_add, check_gather_add),
-         "shifted_copy": (shifted_copy, check_shifted_copy)}
+         "shifted_copy": (shifted_copy, check_shifted_copy),
+         "empty_source": (empty_source, check_empty_source)}

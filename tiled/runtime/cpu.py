@@ -33,8 +33,9 @@ from tiled.runtime.dlpack import (
 )
 from tiled.runtime.manifest import Manifest
 
-# Empty tensors may have a NULL data pointer (torch), which TVM's entry rejects; they get the
-# address of this buffer instead (never read: there are no elements).
+# Empty tensors may have a NULL data pointer (torch), which TVM's entry rejects, or one to
+# fewer bytes than an element (numpy); they get the address of this buffer instead, which a
+# guarded load's clamped address may read (its value is discarded).
 _EMPTY = (ctypes.c_uint8 * 128)()
 _EMPTY_PTR = (ctypes.addressof(_EMPTY) + 63) & ~63
 
@@ -108,7 +109,8 @@ class CPUKernel(Kernel):
             if isinstance(value, TensorView):
                 code, bits = self._dl_dtypes[i]
                 shape = (ctypes.c_int64 * max(1, len(value.shape)))(*value.shape)
-                tensor = DLTensor(value.ptr or _EMPTY_PTR, DLDevice(KDL_CPU, 0), len(value.shape),
+                ptr = value.ptr if value.ptr and 0 not in value.shape else _EMPTY_PTR
+                tensor = DLTensor(ptr, DLDevice(KDL_CPU, 0), len(value.shape),
                                   DLDataType(code, bits, 1), shape, None, 0)
                 keep += (shape, tensor)
                 anys[i].type_index = K_TVMFFI_DLTENSOR_PTR

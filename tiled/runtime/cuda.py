@@ -461,6 +461,19 @@ class _Loaded:
 
 
 _SM_COUNTS: dict[int, int] = {}  # device ordinal -> multiprocessors
+_EMPTY_PTRS: dict[int, int] = {}  # device ordinal -> 256 zeroed bytes that empty tensors point at
+_EMPTY_BYTES = 256
+
+
+def _empty_tensor_ptr(drv: _Driver, device: int) -> int:
+    """A device pointer to _EMPTY_BYTES zeros, allocated once per device (in its current
+    context), where an empty tensor argument points."""
+    ptr = _EMPTY_PTRS.get(device)
+    if ptr is None:
+        ptr = int(drv.call("cuMemAlloc", _EMPTY_BYTES))
+        drv.call("cuMemsetD8", ptr, 0, _EMPTY_BYTES)
+        _EMPTY_PTRS[device] = ptr
+    return ptr
 
 
 class CUDAKernel(Kernel):
@@ -477,6 +490,9 @@ class CUDAKernel(Kernel):
         self._lock = threading.Lock()
         # Launch preconditions, and the variant (same cubin) for calls that fail one.
         self._requires = [compile_expr(e) for e in manifest.requires]
+        # Tensors that may be empty (a symbolic dim may be 0): their pointer may be NULL.
+        self._may_be_empty = [i for i, p in enumerate(manifest.params) if p.kind == "tensor"
+                              and any(isinstance(d, str) for d in p.shape or ())]
         self._fallback = CUDAKernel(artifact, manifest.fallback_manifest()) \
             if manifest.fallback is not None else None
 
@@ -508,6 +524,12 @@ class CUDAKernel(Kernel):
             handle = current_stream(bound, device)
         pushed = drv.make_current(loaded.ctx)
         try:
+            for i in self._may_be_empty:
+                view = bound.values[i]
+                if 0 in view.shape:  # type: ignore[union-attr]
+                    # A guarded load of an empty tensor still forms its (clamped) address:
+                    # it must point at readable memory, never at NULL.
+                    view.ptr = _empty_tensor_ptr(drv, device)  # type: ignore[union-attr]
             # packed in the kernel's context: encoding a tensor_map is a driver call
             params = self._plan.pack(bound)
             self._launch(drv, loaded, grid, block, handle, ctypes.addressof(params))

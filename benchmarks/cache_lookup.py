@@ -27,15 +27,25 @@ sys.path.insert(0, str(ROOT))
 
 from tiled.cache.disk import DiskTier
 from tiled.cache.entry import Entry, sha256_hex
+from tiled.cache.keys import action_record, key_of_record
 from tiled.cache.memory import MemoryTier
 
 ARTIFACT = 100 * 1024
 
 
 def entry(i: int, size: int = ARTIFACT) -> Entry:
+    """A cpu entry of `size` bytes whose manifest carries its action record (tiers refuse an
+    entry whose manifest does not check out)."""
     blob = os.urandom(size - 8) + i.to_bytes(8, "little")
-    manifest = json.dumps({"i": i, "artifact_sha256": sha256_hex(blob)}).encode()
-    return Entry(sha256_hex(f"bench-{i}".encode()), manifest, {sha256_hex(blob): blob})
+    record = action_record(sha256_hex(f"bench-{i}".encode()),
+                           {"backend": "cpu", "arch": "x86-64"}, {}, "0" * 64)
+    manifest = json.dumps({
+        "manifest_version": 1, "name": "bench", "program_digest": record["program"],
+        "target": "cpu", "backend": "cpu", "arch": "x86-64", "artifact_format": "so",
+        "artifact_sha256": sha256_hex(blob), "symbol": "bench",
+        "params": [{"name": "x", "kind": "tensor", "dtype": "float32", "shape": ["n"]}],
+        "action": record}).encode()
+    return Entry(key_of_record(record), manifest, {sha256_hex(blob): blob})
 
 
 def percentiles(samples: list[float]) -> dict:

@@ -1,11 +1,18 @@
-"""`tiled cache stats | verify | gc | export | import | clear`: operate the local disk cache."""
+"""`tiled cache stats | verify | gc | export | import | clear`: operate the local disk cache.
+
+Exit codes (docs/cache.md): 0 success; 1 `verify` left problems (found without --repair, or
+that --repair could not remove) or `import` refused the bundle (nothing imported); 2 a usage
+error or another tiled error.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tiled import config
 
@@ -36,11 +43,16 @@ def _tier(args):
     return DiskTier(Path(args.dir) if args.dir else None)
 
 
-def _toolchain(target: str) -> str:
-    from tiled.compiler.registry import parse_target
+def _toolchain(target: str, options: Mapping[str, Any]) -> str:
+    """This host's toolchain digest for compiling for `target` with `options`, as the compile
+    path computes it (tiled.compiler.action); ValueError / TiledError for options the backend
+    does not take or a target this host does not compile for."""
+    from tiled.compiler.registry import check_options, parse_target
     from tiled.compiler.toolchain.digest import toolchain_digest
 
-    return toolchain_digest(parse_target(target))
+    tgt = parse_target(target)
+    check_options(tgt.backend, dict(options))
+    return toolchain_digest(tgt, cuda_compiler=options.get("cuda_compiler"))
 
 
 def cmd_stats(args) -> int:
@@ -52,11 +64,13 @@ def cmd_stats(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    problems = _tier(args).verify()
+    problems = _tier(args).verify(repair=args.repair)
     for p in problems:
-        print(f"{p.kind:8s} {p.key or '-'} {p.path}: {p.detail}")
-    print(f"{len(problems)} problem(s)", file=sys.stderr)
-    return 1 if problems else 0
+        print(f"{p.kind:10s} {p.key or '-'} {p.path}: {p.detail}"
+              f"{' [removed]' if p.removed else ''}")
+    left = sum(not p.removed for p in problems)
+    print(f"{len(problems)} problem(s), {len(problems) - left} removed", file=sys.stderr)
+    return 1 if left else 0
 
 
 def cmd_gc(args) -> int:
@@ -78,7 +92,7 @@ def cmd_export(args) -> int:
     keys = None
     if args.keys:
         keys = [k.strip() for k in Path(args.keys).read_text().split() if k.strip()]
-    r = export_bundle(_tier(args), Path(args.bundle), _toolchain, keys=keys, target=args.target,
+    r = export_bundle(_tier(args), Path(args.bundle), keys=keys, target=args.target,
                       progress=Progress("export"))
     print(f"exported {r.entries} entries ({r.nbytes} bytes) to {args.bundle}")
     return 0
@@ -86,9 +100,15 @@ def cmd_export(args) -> int:
 
 def cmd_import(args) -> int:
     from tiled.cache.bundle import import_bundle
+    from tiled.errors import BundleError
 
-    r = import_bundle(_tier(args), Path(args.bundle), _toolchain, progress=Progress("import"))
-    print(f"imported {r.entries} entries ({r.nbytes} bytes) from {args.bundle}")
+    try:
+        r = import_bundle(_tier(args), Path(args.bundle), _toolchain,
+                          progress=Progress("import"))
+    except BundleError as e:
+        print(f"tiled cache import: refused: {e}\nnothing was imported", file=sys.stderr)
+        return 1
+    print(f"imported {r.entries} entries ({r.nbytes} bytes, {r.added} new) from {args.bundle}")
     return 0
 
 
@@ -99,8 +119,12 @@ def add_parser(sub) -> None:
     p = cs.add_parser("stats", help="entries, bytes, cap")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_stats)
-    cs.add_parser("verify", help="check every entry; exit 1 when one is corrupt").set_defaults(
-        fn=cmd_verify)
+    p = cs.add_parser("verify", help="check every entry and blob; exit 1 when problems remain",
+                      epilog="exit status: 0 nothing wrong (or --repair removed all of it), 1 "
+                      "problems remain, 2 usage error. See docs/cache.md.")
+    p.add_argument("--repair", action="store_true",
+                   help="remove broken entries, corrupt blobs, strays and stale staging")
+    p.set_defaults(fn=cmd_verify)
     cs.add_parser("gc", help="sweep stale staging files, enforce the size cap").set_defaults(
         fn=cmd_gc)
     p = cs.add_parser("clear", help="remove every entry")
@@ -111,6 +135,9 @@ def add_parser(sub) -> None:
     p.add_argument("--target", help="only entries for this target, e.g. cuda:sm_90a")
     p.add_argument("--keys", help="a file of action keys (whitespace separated)")
     p.set_defaults(fn=cmd_export)
-    p = cs.add_parser("import", help="verify a bundle and add its entries")
+    p = cs.add_parser("import", help="verify a bundle and add its entries (all or none); "
+                      "exit 1 when it is refused",
+                      epilog="exit status: 0 imported, 1 refused (nothing imported; the message "
+                      "names the entry and the problem), 2 usage error. See docs/cache.md.")
     p.add_argument("bundle")
     p.set_defaults(fn=cmd_import)

@@ -7,6 +7,7 @@ set), where a missing Redis is a failure: the shared tier must not go untested s
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,13 +19,50 @@ from pathlib import Path
 import pytest
 
 from tiled.cache.entry import Entry, sha256_hex
+from tiled.cache.keys import action_record, key_of_record
+
+ARCH = {"cpu": "x86-64", "cuda": "sm_90a"}
+FORMAT = {"cpu": "so", "cuda": "cubin"}
 
 
-def make_entry(i: int, size: int = 100, blobs: int = 1) -> Entry:
-    """A valid entry with `blobs` distinct blobs of `size` bytes each, unique to `i`."""
+def toolchain_of(target: str, options=None) -> str:
+    """The toolchain digest tests pretend this host has for `target` ("backend:arch"); the
+    shape of tiled.cache.bundle.ToolchainDigest."""
+    return sha256_hex(f"toolchain for {target}".encode())
+
+
+def manifest_for(tag: str, artifact: str, backend: str = "cpu", symbol: str = "k",
+                 namespace: str = "", toolchain: str | None = None, options=None,
+                 action: bool = True) -> tuple[str, bytes]:
+    """(key, manifest bytes) of a valid launch manifest for program `tag` (its digest is
+    sha256 of the tag) whose artifact is the blob `artifact`, carrying the action record whose
+    digest is the key (unless `action` is false: a manifest of an older tiled). The key
+    depends on the tag, backend, options, toolchain and namespace, never on the artifact."""
+    arch = ARCH[backend]
+    program = sha256_hex(f"program:{tag}".encode())
+    record = action_record(program, {"backend": backend, "arch": arch}, options,
+                           toolchain or toolchain_of(f"{backend}:{arch}"), namespace)
+    manifest = {"manifest_version": 1, "name": "k", "program_digest": program,
+                "target": backend if backend == "cpu" else f"{backend}:{arch}",
+                "backend": backend, "arch": arch, "artifact_format": FORMAT[backend],
+                "artifact_sha256": artifact, "symbol": symbol,
+                "params": [{"name": "x", "kind": "tensor", "dtype": "float32", "shape": ["n"]}],
+                "grid": [["ceildiv", "n", 128], 1, 1], "block": [128, 1, 1]}
+    if action:
+        manifest["action"] = record
+    return key_of_record(record), json.dumps(manifest, sort_keys=True).encode()
+
+
+def entry_for(tag: str, blobs: list[bytes], **kw) -> Entry:
+    """A valid entry for program `tag` whose artifact is blobs[0] (the others ride along)."""
+    key, manifest = manifest_for(tag, sha256_hex(blobs[0]), **kw)
+    return Entry(key, manifest, {sha256_hex(b): b for b in blobs})
+
+
+def make_entry(i: int, size: int = 100, blobs: int = 1, **kw) -> Entry:
+    """A valid entry with `blobs` (>= 1) distinct blobs of `size` bytes each, unique to `i`."""
     datas = [(f"entry-{i}-blob-{j}:".encode() * (size // 8 + 1))[:size] for j in range(blobs)]
-    manifest = f'{{"entry": {i}}}'.encode()
-    return Entry(sha256_hex(f"key-{i}".encode()), manifest, {sha256_hex(d): d for d in datas})
+    return entry_for(f"entry-{i}", datas, **kw)
 
 
 def _free_port() -> int:

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.cache.conftest import entry_for, manifest_for
 from tiled import config
 from tiled.cache import disk
 from tiled.cache.disk import DiskTier
+from tiled.cache.disk_layout import encode_record
 from tiled.cache.entry import CountingEvents, Entry, sha256_hex
 from tiled.errors import CacheWriteError
 
@@ -23,29 +25,27 @@ from tiled.errors import CacheWriteError
 
 
 def key_of(name: str) -> str:
-    return sha256_hex(f"key:{name}".encode())
+    return manifest_for(name, "0" * 64)[0]
 
 
 def make(name: str, writer: int = 0, sizes: tuple[int, ...] = (1000,), shared: int = 0) -> Entry:
-    """An entry that describes itself: its manifest names `name`, `writer` and the blob sizes,
-    so `check` can rebuild exactly what this writer wrote. Blob i is random bytes seeded by
-    (name, writer, i); the first `shared` blobs depend on the size only (shared by entries)."""
-    blobs = {}
+    """An entry that describes itself: its manifest's symbol names `name`, `writer` and the blob
+    sizes, so `check` can rebuild exactly what this writer wrote. Blob i is random bytes seeded
+    by (name, writer, i); the first `shared` blobs depend on the size only (shared by entries).
+    The key depends on `name` only; blob 0 is the manifest's artifact."""
+    datas = []
     for i, size in enumerate(sizes):
         seed = f"shared:{size}" if i < shared else f"{name}:{writer}:{i}"
-        data = random.Random(seed).randbytes(size)
-        blobs[sha256_hex(data)] = data
-    manifest = json.dumps({"name": name, "writer": writer, "sizes": list(sizes),
-                           "shared": shared}).encode()
-    return Entry(key_of(name), manifest, blobs)
+        datas.append(random.Random(seed).randbytes(size))
+    return entry_for(name, datas, symbol=json.dumps([name, writer, list(sizes), shared]))
 
 
 def check(entry: Entry) -> None:
     """Raises AssertionError unless `entry` is byte for byte what make() gives for the name,
     writer and sizes its manifest states (so never one writer's manifest with another's blobs)."""
-    m = json.loads(entry.manifest)
-    expected = make(m["name"], m["writer"], tuple(m["sizes"]), m["shared"])
-    assert entry == expected, f"torn or foreign entry for {m['name']} (writer {m['writer']})"
+    name, writer, sizes, shared = json.loads(json.loads(entry.manifest)["symbol"])
+    expected = make(name, writer, tuple(sizes), shared)
+    assert entry == expected, f"torn or foreign entry for {name} (writer {writer})"
 
 
 def disk_bytes(root: Path) -> int:
@@ -92,10 +92,16 @@ def test_round_trip_and_events(tier, events):
     assert tier.verify() == []
 
 
-def test_entry_without_blobs_and_bad_keys(tier):
-    e = Entry(key_of("empty"), b"{}", {})
-    tier.put(e)
+def test_an_entry_must_hold_what_its_manifest_names_and_bad_keys_miss(tier, events):
+    e = make("empty", sizes=(0,))
+    tier.put(e)  # an empty artifact is still an artifact
     assert tier.get(e.key) == e
+    for bad in (Entry(e.key, e.manifest, {}),  # names a blob it does not hold
+                Entry(key_of("x"), b"{}", e.blobs),  # not a manifest
+                Entry(key_of("other"), e.manifest, e.blobs)):  # action record of another key
+        with pytest.raises(CacheWriteError, match="refused"):
+            tier.put(bad)
+    assert tier.keys() == [e.key] and events.get("error", "disk", "write") == 3
     assert tier.get("not-a-key") is None
     assert not tier.contains("../../etc") and not tier.delete("../x")
 
@@ -257,26 +263,78 @@ def test_randomized_puts_stay_under_the_cap(tmp_path, events):
 # -- maintenance ------------------------------------------------------------------------------
 
 
-def test_verify_names_each_broken_thing(tier, tmp_path):
-    good, torn, trunc = make("good"), make("torn", sizes=(100, 200)), make("trunc")
-    for e in (good, torn, trunc):
-        tier.put(e)
+def _damaged_cache(tier, tmp_path):
+    """A cache holding one good entry and one of each kind of broken one; returns
+    (good, {key: what is wrong with it})."""
     base = tmp_path / "cache" / "v1"
-    victim = min(torn.blobs)
-    os.unlink(base / "ac" / torn.key[:2] / torn.key / victim)
-    record = base / "ac" / trunc.key[:2] / trunc.key / "record"
+    names = ("good", "torn", "trunc", "notjson", "notmanifest", "noblob", "foreign", "old")
+    e = {n: make(n, sizes=(100, 200)) for n in names}
+    e["old"] = entry_for("old", [b"built before manifests carried actions"], action=False)
+    for entry in e.values():
+        tier.put(entry)
+
+    def rewrite(entry, manifest, blobs=None):
+        sizes = {d: len(b) for d, b in (entry.blobs if blobs is None else blobs).items()}
+        (base / "ac" / entry.key[:2] / entry.key / "record").write_bytes(
+            encode_record(entry.key, manifest, sizes))
+
+    os.unlink(base / "ac" / e["torn"].key[:2] / e["torn"].key / max(e["torn"].blobs))
+    record = base / "ac" / e["trunc"].key[:2] / e["trunc"].key / "record"
     record.write_bytes(record.read_bytes()[:-3])
+    rewrite(e["notjson"], b"{not json")
+    rewrite(e["notmanifest"], b'{"name": "k"}')
+    artifact = json.loads(e["noblob"].manifest)["artifact_sha256"]
+    rewrite(e["noblob"], e["noblob"].manifest,
+            {d: b for d, b in e["noblob"].blobs.items() if d != artifact})
+    rewrite(e["foreign"], entry_for("intruder", list(e["foreign"].blobs.values())).manifest)
+    return e["good"], {e[n].key: n for n in names if n != "good"}
+
+
+def test_verify_names_each_broken_thing(tier, tmp_path):
+    good, broken = _damaged_cache(tier, tmp_path)
+    base = tmp_path / "cache" / "v1"
     bad_blob = base / "cas" / "00" / ("00" * 32)
     bad_blob.parent.mkdir(exist_ok=True)
     bad_blob.write_bytes(b"junk")
     (base / "ac" / "zz").mkdir()
     (base / "ac" / "zz" / "stray").write_bytes(b"")
-    problems = {(p.kind, p.key) for p in tier.verify()}
-    assert ("entry", torn.key) in problems and ("entry", trunc.key) in problems
-    assert ("entry", good.key) not in problems
-    assert ("blob", None) in problems and ("stray", None) in problems
+    problems = tier.verify()
+    details = {p.key: p.detail for p in problems if p.kind == "entry"}
+    assert set(details) == set(broken)
+    why = {broken[k]: d for k, d in details.items()}
+    assert "is missing" in why["torn"] and "checksum" in why["trunc"]
+    assert "not valid JSON" in why["notjson"] and "missing field" in why["notmanifest"]
+    assert "which the entry lacks" in why["noblob"]
+    assert "action record hashes to" in why["foreign"]
+    assert "no action record" in why["old"]
+    assert {p.kind for p in problems} == {"entry", "blob", "stray"}
+    assert not any(p.removed for p in problems)
     assert tier.get(good.key) == good  # verify changed nothing
-    assert tier.contains(torn.key)
+    assert all(tier.contains(k) for k in broken)
+
+
+def test_verify_repair_removes_what_verify_reports(tier, tmp_path):
+    good, broken = _damaged_cache(tier, tmp_path)
+    base = tmp_path / "cache" / "v1"
+    bad_blob = base / "cas" / "00" / ("00" * 32)
+    bad_blob.parent.mkdir(exist_ok=True)
+    bad_blob.write_bytes(b"junk")
+    dead = base / "staging" / f"w.{disk.writer_token().rsplit('.', 2)[0]}.999999999.abc"
+    dead.mkdir()
+    (base / "ac" / "zz").mkdir()
+    (base / "ac" / "zz" / "stray").write_bytes(b"")
+    repaired = tier.verify(repair=True)
+    assert {p.key for p in repaired if p.kind == "entry"} == set(broken)
+    assert all(p.removed for p in repaired), [p for p in repaired if not p.removed]
+    assert {p.kind for p in repaired} == {"entry", "blob", "stray", "staging"}
+    assert not bad_blob.exists() and not dead.exists()
+    assert not (base / "ac" / "zz" / "stray").exists()
+    assert tier.verify() == [] and tier.keys() == [good.key] and tier.get(good.key) == good
+    assert tier.total_bytes() == disk_bytes(tmp_path / "cache")
+    for key, name in broken.items():  # every broken key recovers with the next put
+        if name != "old":
+            tier.put(make(name, sizes=(100, 200)))
+            assert tier.get(key) == make(name, sizes=(100, 200))
 
 
 def test_gc_sweeps_stale_staging_and_orphans(tmp_path):

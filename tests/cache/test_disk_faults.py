@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -16,9 +17,11 @@ import time
 
 import pytest
 
+from tests.cache.conftest import entry_for
 from tests.cache.test_disk import check, disk_bytes, key_of, make
 from tiled.cache import disk
 from tiled.cache.disk import DiskTier
+from tiled.cache.disk_layout import encode_record
 from tiled.cache.entry import CountingEvents, Entry
 from tiled.errors import CacheWriteError
 
@@ -215,6 +218,73 @@ def test_a_file_where_an_entry_directory_belongs(root, events, caplog):
     _corrupt_then_repair(root, events, caplog, replace)
 
 
+def _rewrite_record(root, e: Entry, manifest: bytes, blobs=None) -> None:
+    """Replaces e's record with one that passes its checksum: what a writer that checked
+    nothing (a tiled before manifests were checked, a bundle import) would have published."""
+    sizes = {d: len(b) for d, b in (e.blobs if blobs is None else blobs).items()}
+    record = _entry_dir(root, e.key) / "record"
+    record.unlink()
+    record.write_bytes(encode_record(e.key, manifest, sizes))
+
+
+def test_manifest_not_json(root, events, caplog):
+    _corrupt_then_repair(root, events, caplog, lambda e: _rewrite_record(root, e, b"{not json"))
+
+
+def test_manifest_nested_too_deeply(root, events):
+    # Not _corrupt_then_repair: this damage grows the record past what the ledger counts.
+    tier = DiskTier(root, events=events)
+    e = make("victim")
+    tier.put(e)
+    _rewrite_record(root, e, b"[" * 100_000 + b"]" * 100_000)
+    assert tier.get(e.key) is None and events.get("lookup", "disk", "corrupt") == 1
+    tier.put(e)
+    assert tier.get(e.key) == e
+
+
+def test_json_that_is_not_a_manifest(root, events, caplog):
+    _corrupt_then_repair(root, events, caplog,
+                         lambda e: _rewrite_record(root, e, b'{"artifact_sha256": "x"}'))
+
+
+def test_manifest_naming_a_blob_the_entry_lacks(root, events, caplog):
+    """Issue 10: such an entry (from a bundle) was a hit whose artifact lookup failed on every
+    later request, and no put replaced it: the key was broken for good."""
+    def drop_artifact(e: Entry) -> None:
+        artifact = json.loads(e.manifest)["artifact_sha256"]
+        _rewrite_record(root, e, e.manifest, {d: b for d, b in e.blobs.items() if d != artifact})
+        os.unlink(_entry_dir(root, e.key) / artifact)
+
+    _corrupt_then_repair(root, events, caplog, drop_artifact)
+
+
+def test_action_record_of_another_key(root, events, caplog):
+    def foreign(e: Entry) -> None:  # the same artifact, described as another program's
+        (artifact, *_) = e.blobs.values()
+        _rewrite_record(root, e, entry_for("intruder", [artifact]).manifest)
+
+    _corrupt_then_repair(root, events, caplog, foreign)
+
+
+def test_a_put_racing_a_broken_entry_replaces_it(root, events, monkeypatch):
+    """A broken entry published under the key after put looked (by a writer that checks
+    nothing) does not win the rename race: the put removes it and publishes its own."""
+    tier = DiskTier(root, events=events)
+    e = make("victim", sizes=(4000,))
+
+    def publish_broken(point: str) -> None:
+        if point == "linked":
+            d = _entry_dir(root, e.key)
+            d.mkdir()
+            (d / "record").write_bytes(encode_record(e.key, b"{not json", {}))
+
+    monkeypatch.setattr(disk, "_unsafe_fault_hook", publish_broken)
+    tier.put(e)
+    monkeypatch.setattr(disk, "_unsafe_fault_hook", None)
+    assert tier.get(e.key) == e
+    _assert_clean_after_gc(tier, root)
+
+
 def test_put_over_a_corrupt_entry_replaces_it(root, events):
     tier = DiskTier(root, events=events)
     e = make("victim", sizes=(4000,))
@@ -223,6 +293,9 @@ def test_put_over_a_corrupt_entry_replaces_it(root, events):
     os.truncate(record, 10)
     tier.put(e)  # without a get first
     assert tier.get(e.key) == e
+    _rewrite_record(root, e, e.manifest, {})  # a manifest naming a blob the entry lacks
+    tier.put(e)  # "the first complete put wins": a broken entry is not complete
+    assert tier.get(e.key) == e and tier.verify() == []
 
 
 # -- failing system calls ---------------------------------------------------------------------
@@ -241,6 +314,17 @@ def test_a_read_error_is_a_counted_miss(root, events, monkeypatch):
     assert events.get("lookup", "disk", "error") == 1 and events.get("error", "disk", "read") == 1
     monkeypatch.undo()
     assert tier.get(e.key) == e  # an I/O error is not corruption: the entry stays
+
+
+def test_repair_leaves_an_entry_an_io_error_hides(root, events, monkeypatch):
+    tier = DiskTier(root, events=events)
+    e = make("a")
+    tier.put(e)
+    monkeypatch.setattr(disk, "read_all", _eio)
+    problems = tier.verify(repair=True)
+    assert [(p.kind, p.key, p.removed) for p in problems] == [("unreadable", e.key, False)]
+    monkeypatch.undo()
+    assert tier.get(e.key) == e and tier.verify() == []
 
 
 @pytest.mark.parametrize("where", ["stage", "commit"])

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from tests.cache.conftest import make_entry
+from tests.cache.conftest import make_entry, manifest_for
 from tiled.cache.entry import CountingEvents, Entry, sha256_hex
 from tiled.cache.memory import MemoryTier
 from tiled.errors import CacheWriteError
@@ -47,7 +47,7 @@ def test_byte_bound_holds_for_any_sequence_of_puts():
     rng = random.Random(0)
     tier = MemoryTier(10_000)
     for i in range(300):
-        tier.put(make_entry(i % 40, size=rng.randrange(1, 3000), blobs=rng.randrange(0, 3)))
+        tier.put(make_entry(i % 40, size=rng.randrange(1, 3000), blobs=rng.randrange(1, 3)))
         held = [tier._entries[k] for k in tier.keys()]
         assert tier.nbytes == sum(e.nbytes for e in held) <= 10_000
 
@@ -61,8 +61,8 @@ def test_replacing_a_key_does_not_count_it_twice():
 
 
 def test_an_entry_larger_than_the_cap_is_not_kept():
-    tier = MemoryTier(500)
     kept = make_entry(1, size=100)
+    tier = MemoryTier(kept.nbytes + 400)
     tier.put(kept)
     tier.put(make_entry(2, size=1000))  # not kept, and evicts nothing
     assert tier.keys() == [kept.key]
@@ -84,14 +84,15 @@ def test_entries_handed_out_and_taken_in_are_copies():
     tier = MemoryTier(1 << 20)
     data = bytearray(b"cubin" * 20)
     digest = sha256_hex(bytes(data))
-    tier.put(Entry(sha256_hex(b"k"), b"{}", {digest: data}))
+    key, manifest = manifest_for("k", digest)
+    tier.put(Entry(key, manifest, {digest: data}))
     data[:5] = b"XXXXX"  # the caller's buffer changes after the put
-    got = tier.get(sha256_hex(b"k"))
+    got = tier.get(key)
     assert type(got.blobs[digest]) is bytes
     got.validate()
     got.blobs.clear()  # the caller's dict changes after the get
-    tier.get(sha256_hex(b"k")).validate()
-    assert tier.get(sha256_hex(b"k")).blobs
+    tier.get(key).validate()
+    assert tier.get(key).blobs
 
 
 def test_threads_hammering_one_tier_keep_it_consistent():
@@ -126,3 +127,18 @@ def test_threads_hammering_one_tier_keep_it_consistent():
     assert not errors, errors[0]
     held = [tier._entries[k] for k in tier.keys()]
     assert tier.nbytes == sum(e.nbytes for e in held) <= cap
+
+
+def test_a_broken_entry_is_refused_and_a_good_put_replaces_what_was_held():
+    tier = MemoryTier(1 << 20)
+    e, other = make_entry(1), make_entry(2)
+    for bad, why in [(Entry(e.key, e.manifest, {}), "which the entry lacks"),
+                     (Entry(e.key, b"{not json", e.blobs), "not valid JSON"),
+                     (Entry(e.key, other.manifest, other.blobs), "action record hashes to")]:
+        with pytest.raises(CacheWriteError, match=why):
+            tier.put(bad)
+    assert tier.keys() == []
+    small, big = make_entry(1, size=10), make_entry(1, size=1000)
+    tier.put(small)
+    tier.put(big)
+    assert tier.get(e.key) == big

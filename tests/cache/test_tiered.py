@@ -10,7 +10,7 @@ import pytest
 from tests.cache.conftest import make_entry
 from tests.cache.fakes import DictTier
 from tiled import config
-from tiled.cache.entry import CountingEvents
+from tiled.cache.entry import CountingEvents, Entry
 from tiled.cache.memory import MemoryTier
 from tiled.cache.tiered import TieredCache, open_default_cache
 from tiled.errors import CacheWriteError
@@ -156,3 +156,32 @@ def test_open_default_cache_with_the_real_disk_tier(tmp_path):
     cache.put(e)
     with config.override(cache_dir=tmp_path, redis_url="", memory_cache_bytes=0):
         assert open_default_cache().get(e.key) == e  # it reached the disk
+
+
+def _broken(e):
+    """e's manifest with none of the blobs it names: what a foreign writer could leave."""
+    return Entry(e.key, e.manifest, {})
+
+
+def test_a_broken_entry_in_a_tier_that_does_not_check_is_never_returned_nor_promoted():
+    events = CountingEvents()
+    memory, remote, good = MemoryTier(1 << 20, events), DictTier("remote"), DictTier("disk")
+    cache = TieredCache([memory, remote, good], events)
+    e = make_entry(1)
+    remote.entries[e.key] = _broken(e)  # bypasses put, which would refuse it
+    good.put(e)
+    assert cache.get(e.key) == e  # the next tier answered
+    assert events.get("lookup", "remote", "corrupt") == 1
+    assert remote.entries[e.key] == e and memory.get(e.key) == e  # deleted, then written back
+    alone = TieredCache([MemoryTier(1 << 20), remote], events)
+    remote.entries[e.key] = _broken(e)
+    assert alone.get(e.key) is None and not alone.tiers[0].contains(e.key)
+    alone.put(e)  # the key recovers with the next put
+    assert alone.get(e.key) == e
+
+
+def test_an_action_record_of_another_key_is_a_miss():
+    remote = DictTier("remote")
+    e, other = make_entry(1), make_entry(2)
+    remote.entries[e.key] = Entry(e.key, other.manifest, other.blobs)
+    assert TieredCache([MemoryTier(1 << 20), remote]).get(e.key) is None

@@ -33,8 +33,11 @@ Invariants:
   the published one; eviction and `delete` take the exclusive lock (eviction without waiting:
   an entry being read is skipped) and move the directory away while holding it. So an entry
   is never removed while a reader holds it, and a reader never reads a half-removed one.
-- Every blob is hashed on read; a missing or wrong blob, or a record that fails its checksum,
-  is a miss counted as "corrupt", logged, and the entry (and the corrupt cas/ inode) removed.
+- Every blob is hashed on read and the manifest checked against the key and the blobs
+  (tiled.cache.entry.check_manifest); a missing or wrong blob, a manifest that does not parse
+  or names a blob the entry lacks, an action record of another key, or a record that fails its
+  checksum, is a miss counted as "corrupt", logged, and the entry (and the corrupt cas/ inode)
+  removed, so the next put of the key publishes a good one.
 - Stale staging (a dead pid of this host, or older than `stale_after_s`) is swept on open
   and by `gc()`, which also removes orphan blobs and re-measures the ledger.
 
@@ -45,10 +48,12 @@ no directory listing, so its cost does not grow with the number of entries.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import logging
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tiled import config
@@ -61,11 +66,21 @@ from tiled.cache.disk_layout import (
     decode_record,
     encode_record,
     fsync_dir,
+    hash_fd,
     read_all,
     write_file,
 )
 from tiled.cache.disk_lru import Ledger, LedgerState, lru_order, writer_token
-from tiled.cache.entry import CacheEvents, Entry, NullEvents, is_digest, sha256_hex
+from tiled.cache.entry import (
+    BlobFile,
+    CacheEvents,
+    Entry,
+    NullEvents,
+    check_manifest,
+    is_digest,
+    load_manifest,
+    sha256_hex,
+)
 from tiled.errors import CacheWriteError
 
 log = logging.getLogger(__name__)
@@ -87,11 +102,14 @@ class DiskTier:
     `root` (see the module docstring for the layout and invariants).
 
     `get` never raises: a miss, a corrupt entry or an OSError is None, reported through
-    `events`. `put` publishes atomically or raises CacheWriteError (an invalid entry, one
-    larger than `max_bytes`, a full disk, a cache whose space is all held by readers and
-    writers in flight, any other OSError); nothing already stored is lost by a failed put."""
+    `events`; an Entry it returns has every blob its manifest names, verified. `put` (and
+    `put_files`, which streams blobs from files) publishes atomically or raises
+    CacheWriteError (an invalid entry, one larger than `max_bytes`, a full disk, a cache whose
+    space is all held by readers and writers in flight, any other OSError); nothing already
+    stored is lost by a failed put, and a broken entry under the same key is replaced."""
 
     name = "disk"
+    verifies_entries = True
 
     def __init__(self, root: Path | str | None = None, max_bytes: int | None = None,
                  events: CacheEvents | None = None, stale_after_s: float = 3600.0):
@@ -133,9 +151,11 @@ class DiskTier:
             self.events.bytes_read(self.name, entry.nbytes)
         return entry
 
-    def _load(self, key: str, touch: bool) -> tuple[str, Entry | None, Exception | None,
-                                                     tuple[int, int] | None]:
-        """(status, entry, problem, identity) with status hit | miss | corrupt | error."""
+    def _load(self, key: str, touch: bool, keep: bool = True) -> tuple[
+            str, Entry | None, Exception | None, tuple[int, int] | None]:
+        """(status, entry, problem, identity) with status hit | miss | corrupt | error. With
+        `keep` false the blobs are hashed as they stream by and the entry has none (`blobs`
+        {}): how put and verify check an entry without holding its blobs in memory."""
         d = self._layout.entry_dir(key)
         try:
             dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
@@ -153,7 +173,7 @@ class DiskTier:
             st = os.fstat(dfd)
             ident = (st.st_dev, st.st_ino)
             try:
-                entry = self._read_entry(key, d, dfd, ident, touch)
+                entry = self._read_entry(key, d, dfd, ident, touch, keep)
             except Corrupt as c:
                 if not self._layout.published(d, ident):
                     return "miss", None, None, None  # removed while we read: not corruption
@@ -167,7 +187,7 @@ class DiskTier:
             os.close(dfd)
 
     def _read_entry(self, key: str, d: Path, dfd: int, ident: tuple[int, int],
-                    touch: bool) -> Entry | None:
+                    touch: bool, keep: bool) -> Entry | None:
         try:
             rfd = os.open(RECORD, os.O_RDONLY, dir_fd=dfd)
         except FileNotFoundError:
@@ -178,6 +198,10 @@ class DiskTier:
             if not self._layout.published(d, ident):
                 return None
             manifest, names = decode_record(read_all(rfd), key)
+            try:
+                check_manifest(key, manifest, {digest for digest, _ in names})
+            except ValueError as e:
+                raise Corrupt(str(e)) from None
             blobs: dict[str, bytes] = {}
             for digest, size in names:
                 try:
@@ -185,12 +209,16 @@ class DiskTier:
                 except FileNotFoundError:
                     raise Corrupt(f"blob {digest[:12]} is missing") from None
                 try:
-                    data = read_all(bfd)
+                    if keep:
+                        data = read_all(bfd)
+                        found = sha256_hex(data), len(data)
+                        blobs[digest] = data
+                    else:
+                        found = hash_fd(bfd)
                 finally:
                     os.close(bfd)
-                if len(data) != size or sha256_hex(data) != digest:
+                if found != (digest, size):
                     raise Corrupt(f"blob {digest[:12]} does not hash to its name", digest)
-                blobs[digest] = data
             if touch:
                 with contextlib.suppress(OSError):  # recency is best effort (read-only mounts)
                     os.utime(rfd)
@@ -240,28 +268,50 @@ class DiskTier:
         except ValueError as e:
             self.events.error(self.name, "write")
             raise CacheWriteError(f"disk cache refused entry {entry.key[:12]}: {e}") from None
-        status, _, problem, ident = self._load(entry.key, touch=True)
+        self._put(entry.key, entry.manifest, {d: len(b) for d, b in entry.blobs.items()},
+                  lambda digest: entry.blobs[digest])
+
+    def put_files(self, key: str, manifest: bytes, blobs: dict[str, BlobFile]) -> None:
+        """put() of the entry (key, manifest, blobs) whose blobs are read from files (bundle
+        members) in CHUNK pieces, hashed as they are copied into the cache: memory stays
+        bounded whatever the blob sizes. A blob whose bytes do not hash to its digest, or a
+        file that ends early, is a CacheWriteError, and nothing is published."""
+        try:
+            if not is_digest(key) or not all(is_digest(d) for d in blobs):
+                raise ValueError("the key and every blob name must be sha256 hex digests")
+            check_manifest(key, manifest, blobs)
+        except ValueError as e:
+            self.events.error(self.name, "write")
+            raise CacheWriteError(f"disk cache refused entry {key[:12]}: {e}") from None
+        self._put(key, manifest, {d: f.size for d, f in blobs.items()},
+                  lambda digest: blobs[digest].chunks())
+
+    def _put(self, key: str, manifest: bytes, sizes: dict[str, int],
+             data: Callable[[str], bytes | Iterator[bytes]]) -> None:
+        """Publishes an entry whose blob `digest` has `sizes[digest]` bytes, given by
+        `data(digest)` (verified as it is written). The entry was checked by the caller."""
+        status, _, problem, ident = self._load(key, touch=True, keep=False)
         if status == "hit":
             return  # first complete put wins
         if status == "corrupt":
             assert isinstance(problem, Corrupt)
-            self._remove_corrupt(entry.key, ident, problem)
-        record = encode_record(entry)
-        need = len(record) + sum(len(b) for b in entry.blobs.values())
+            self._remove_corrupt(key, ident, problem)
+        record = encode_record(key, manifest, sizes)
+        need = len(record) + sum(sizes.values())
         if need > self.max_bytes:
             self.events.error(self.name, "write")
             raise CacheWriteError(
-                f"entry {entry.key[:12]} needs {need} bytes, more than the whole disk cache cap "
+                f"entry {key[:12]} needs {need} bytes, more than the whole disk cache cap "
                 f"of {self.max_bytes} bytes at {self.root}; raise TILED_CACHE_MAX_BYTES")
         token = writer_token()
         stage = self._staging / f"w.{token}"
         try:
             self._reserve(token, need)
             try:
-                self._stage(stage, record, entry)
-                shared = {d: ino for d, b in entry.blobs.items()
-                          if (ino := self._layout.stored_inode(d, len(b))) is not None}
-                written = self._commit(token, stage, entry, len(record), shared)
+                self._stage(stage, record, sizes, data)
+                shared = {d: ino for d, n in sizes.items()
+                          if (ino := self._layout.stored_inode(d, n)) is not None}
+                written = self._commit(token, stage, key, sizes, len(record), shared)
             except BaseException:
                 self._abandon(token, stage)
                 raise
@@ -289,35 +339,42 @@ class DiskTier:
             led.reserve(token, need)
         _checkpoint("reserved")
 
-    def _stage(self, stage: Path, record: bytes, entry: Entry) -> None:
+    def _stage(self, stage: Path, record: bytes, sizes: dict[str, int],
+               data: Callable[[str], bytes | Iterator[bytes]]) -> None:
         os.mkdir(stage)
-        for digest, data in entry.blobs.items():
-            write_file(stage / digest, data, 0o444)
+        for digest in sizes:
+            try:
+                written = write_file(stage / digest, data(digest), 0o444)
+            except ValueError as e:  # a source file that ends early
+                raise CacheWriteError(f"blob {digest[:12]}: {e}") from None
+            if written is not None and written != digest:
+                raise CacheWriteError(f"blob {digest[:12]} does not hash to its name "
+                                      "(changed while it was copied?)")
         _checkpoint("staged-blobs")
         write_file(stage / RECORD, record, 0o644)
         fsync_dir(stage)
         _checkpoint("staged")
 
-    def _commit(self, token: str, stage: Path, entry: Entry, record_len: int,
-                shared: dict[str, tuple[int, int]]) -> int:
+    def _commit(self, token: str, stage: Path, key: str, sizes: dict[str, int],
+                record_len: int, shared: dict[str, tuple[int, int]]) -> int:
         """Links blobs into cas/ and publishes `stage`; returns the bytes newly stored (0 when
-        another writer published the key first)."""
-        final = self._layout.entry_dir(entry.key)
+        another writer published a complete entry for the key first)."""
+        final = self._layout.entry_dir(key)
         dirs = {final.parent}
         with self._ledger.locked() as led:
             # Count every staged byte, even those dedup is about to drop: counted before
             # any link, a crash from here on over-counts and never under-counts.
-            planned = record_len + sum(len(b) for b in entry.blobs.values())
+            planned = record_len + sum(sizes.values())
             led.release(token)
             led.used += planned
             led.save()
             _checkpoint("committing")
             try:
                 stored = record_len
-                for digest, data in entry.blobs.items():
+                for digest, size in sizes.items():
                     dirs.add(self._layout.cas_path(digest).parent)
                     if not self._layout.link_blob(stage, digest, shared.get(digest)):
-                        stored += len(data)
+                        stored += size
                 final.parent.mkdir(exist_ok=True)
                 _checkpoint("linked")
                 try:
@@ -325,8 +382,10 @@ class DiskTier:
                 except OSError as e:
                     if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                         raise
-                    # Lost the race: the winner's entry stands, ours goes.
-                    stored = max(0, stored - self._layout.free(stage))
+                    if self._drop_if_broken(led, key):
+                        os.rename(stage, final)  # a broken winner is no winner: replaced
+                    else:  # lost the race: the winner's complete entry stands, ours goes
+                        stored = max(0, stored - self._layout.free(stage))
             except BaseException:
                 with contextlib.suppress(OSError):  # what free() could not remove stays counted
                     led.used -= self._layout.free(stage)
@@ -393,20 +452,40 @@ class DiskTier:
             self.events.evicted(self.name, count, nbytes)
 
     def _remove_corrupt(self, key: str, ident: tuple[int, int] | None,
-                        problem: Corrupt) -> None:
-        d = self._layout.entry_dir(key)
+                        problem: Corrupt) -> bool:
+        """Removes the corrupt entry directory (dev, inode) `ident` filed under `key`, if it is
+        still the published one; True when it was removed."""
         log.warning("disk cache: entry %s at %s is corrupt (%s); removing it so the next put "
-                    "replaces it", key[:12], d, problem.detail)
+                    "replaces it", key[:12], self._layout.entry_dir(key), problem.detail)
         try:
             with self._ledger.locked() as led:
-                if ident is None or not self._layout.published(d, ident):
-                    return  # already removed or replaced
-                trash = self._staging / f"t.{writer_token()}"
-                os.rename(d, trash)
-                led.used = max(0, led.used - self._layout.free(trash, bad=problem.digest))
+                return self._drop_corrupt(led, key, ident, problem)
         except OSError as e:
             log.warning("disk cache: removing corrupt entry %s failed: %s", key[:12], e)
             self.events.error(self.name, "delete")
+            return False
+
+    def _drop_corrupt(self, led: LedgerState, key: str, ident: tuple[int, int] | None,
+                      problem: Corrupt) -> bool:
+        """_remove_corrupt's work; call under the lock."""
+        d = self._layout.entry_dir(key)
+        if ident is None or not self._layout.published(d, ident):
+            return False  # already removed or replaced
+        trash = self._staging / f"t.{writer_token()}"
+        os.rename(d, trash)
+        led.used = max(0, led.used - self._layout.free(trash, bad=problem.digest))
+        return True
+
+    def _drop_if_broken(self, led: LedgerState, key: str) -> bool:
+        """Removes the entry published under `key` when it is corrupt (call under the lock):
+        a put that finds a broken entry where it meant to publish replaces it."""
+        status, _, problem, ident = self._load(key, touch=False, keep=False)
+        if status != "corrupt":
+            return False
+        assert isinstance(problem, Corrupt)
+        log.warning("disk cache: entry %s is corrupt (%s); replacing it", key[:12],
+                    problem.detail)
+        return self._drop_corrupt(led, key, ident, problem)
 
     def delete(self, key: str) -> bool:
         """Removes `key`'s entry, waiting for its readers; False when there was none."""
@@ -479,21 +558,69 @@ class DiskTier:
         return DiskStats(entries, blobs, self._layout.measure(), used, reserved, staging,
                          self.max_bytes)
 
-    def verify(self) -> list[Problem]:
-        """Reads and hashes everything (O(bytes)); changes nothing. Returns what is wrong."""
+    def verify(self, repair: bool = False) -> list[Problem]:
+        """Reads and hashes everything, streaming (O(bytes) time, O(1) memory per blob).
+        Returns what is wrong: entries that get() would refuse (see the module docstring) or
+        whose manifest carries no action record to check them against their key (written by
+        a tiled before manifests carried one; no current compile looks them up), cas/ blobs
+        that do not hash to their names, strays, stale staging. Without `repair` it changes
+        nothing. With `repair` it removes each of them (an entry only while it is still the
+        broken directory found, so a good entry published meanwhile stays) and marks the
+        Problem `removed`; an "unreadable" entry or blob (an I/O error hid its contents) is
+        left for the operator. The ledger is then re-measured."""
         problems: list[Problem] = []
         for _, path in lru_order(self._ac, RECORD):
             key = os.path.basename(path)
             if not is_digest(key) or os.path.basename(os.path.dirname(path)) != key[:2]:
-                problems.append(Problem("stray", path, "not an entry name"))
+                problems.append(self._repair(Problem("stray", path, "not an entry name"),
+                                             repair))
                 continue
-            status, _, problem, _ = self._load(key, touch=False)
-            if status in ("corrupt", "error"):
-                problems.append(Problem("entry", path, str(problem), key))
-        problems += self._layout.verify_blobs()
-        problems += [Problem("staging", path, "stale; gc() sweeps it")
-                     for path in self._layout.stale_staging(self.stale_after_s)]
-        return problems
+            status, entry, problem, ident = self._load(key, touch=False, keep=False)
+            if status == "hit" and entry is not None and \
+                    load_manifest(entry.manifest).action is None:
+                status, problem = "corrupt", Corrupt(
+                    "manifest carries no action record (written by an older tiled): it cannot "
+                    "be checked against its key, and no compile of this tiled looks it up")
+            if status == "corrupt":
+                assert isinstance(problem, Corrupt)
+                removed = repair and self._remove_corrupt(key, ident, problem)
+                problems.append(Problem("entry", path, problem.detail, key, removed))
+            elif status == "error":
+                problems.append(Problem("unreadable", path, str(problem), key))
+        problems += [self._repair(p, repair) for p in self._layout.verify_blobs()]
+        stale = [Problem("staging", path, "stale; gc() sweeps it")
+                 for path in self._layout.stale_staging(self.stale_after_s)]
+        if repair:
+            with self._ledger.locked() as led:
+                if stale:
+                    self._sweep(led)
+                led.used, led.recount = self._layout.measure(), False
+            stale = [dataclasses.replace(p, removed=not os.path.lexists(p.path)) for p in stale]
+        return problems + stale
+
+    def _repair(self, problem: Problem, repair: bool) -> Problem:
+        """Removes a stray, or a cas/ blob that still does not hash to its name (hashed before
+        the lock is taken, removed only if the same inode is still there); the Problem marked
+        removed when it went."""
+        if not repair or problem.kind not in ("stray", "blob"):
+            return problem
+        try:
+            st = os.lstat(problem.path)
+            name = os.path.basename(problem.path)
+            if problem.kind == "blob" and self._layout.stored_inode(name, st.st_size):
+                return problem  # sound now: replaced by a good copy since verify hashed it
+            with self._ledger.locked() as led:
+                now = os.lstat(problem.path)
+                if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                    return problem
+                self._layout.free(problem.path)
+                led.recount = True
+        except FileNotFoundError:
+            pass  # gone already
+        except OSError as e:
+            log.warning("disk cache: removing %s failed: %s", problem.path, e)
+            return problem
+        return dataclasses.replace(problem, removed=True)
 
     def close(self) -> None:
         """Nothing to release: every call opens and closes its own files."""

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from tiled.cache.disk_lru import token_is_stale
-from tiled.cache.entry import Entry, is_digest, sha256_hex
+from tiled.cache.entry import CHUNK, is_digest, sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +25,17 @@ RECORD = "record"
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing `verify()` found wrong. kind: "entry" (corrupt or incomplete entry; `key`
-    names it), "blob" (a cas/ file that does not hash to its name), "stray" (a file that does
-    not belong in the layout) or "staging" (a stale leftover that gc() sweeps)."""
+    """One thing `verify()` found wrong. kind: "entry" (an entry that cannot be served, or
+    cannot be checked against its key; `key` names it), "unreadable" (an entry or blob an I/O
+    error kept verify from reading: reported, never removed), "blob" (a cas/ file that does
+    not hash to its name), "stray" (a file that does not belong in the layout) or "staging" (a
+    stale leftover that gc() sweeps). `removed`: verify(repair=True) removed it."""
 
     kind: str
     path: str
     detail: str
     key: str | None = None
+    removed: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,15 +62,36 @@ def read_all(fd: int) -> bytes:
     return b"".join(parts)
 
 
-def write_file(path: Path, data: bytes, mode: int) -> None:
+def hash_fd(fd: int) -> tuple[str, int]:
+    """(sha256 hex, size) of what `fd` reads from its current offset, in CHUNK pieces."""
+    h, n = hashlib.sha256(), 0
+    while chunk := os.read(fd, CHUNK):
+        h.update(chunk)
+        n += len(chunk)
+    return h.hexdigest(), n
+
+
+def write_file(path: Path, data: bytes | Iterable[bytes], mode: int) -> str | None:
+    """Writes `data` to a new file and fsyncs it. Given pieces (a blob streamed from a file)
+    it returns the sha256 hex of what it wrote, so the pass that copies a blob also verifies
+    it; given bytes (verified by the caller already) it returns None."""
+    pieces: Iterable[bytes | bytearray | memoryview]
+    if isinstance(data, bytes | bytearray | memoryview):
+        pieces, h = (data,), None
+    else:
+        pieces, h = data, hashlib.sha256()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        for piece in pieces:
+            if h is not None:
+                h.update(piece)
+            view = memoryview(piece)
+            while view:
+                view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)
+    return h.hexdigest() if h is not None else None
 
 
 def fsync_dir(path: Path | str) -> None:
@@ -77,10 +102,9 @@ def fsync_dir(path: Path | str) -> None:
         os.close(fd)
 
 
-def encode_record(entry: Entry) -> bytes:
-    header = {"v": 1, "key": entry.key,
-              "blobs": [[d, len(b)] for d, b in sorted(entry.blobs.items())]}
-    body = json.dumps(header, separators=(",", ":")).encode() + b"\n" + entry.manifest
+def encode_record(key: str, manifest: bytes, sizes: Mapping[str, int]) -> bytes:
+    header = {"v": 1, "key": key, "blobs": [[d, n] for d, n in sorted(sizes.items())]}
+    body = json.dumps(header, separators=(",", ":")).encode() + b"\n" + manifest
     return sha256_hex(body).encode() + b"\n" + body
 
 
@@ -94,7 +118,7 @@ def decode_record(data: bytes, key: str) -> tuple[bytes, list[tuple[str, int]]]:
         header = json.loads(head)
         blobs = [(str(d), int(n)) for d, n in header["blobs"]]
         ok = header["v"] == 1 and header["key"] == key
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
         raise Corrupt(f"record header unreadable: {e}") from None
     if not ok or not all(is_digest(d) and n >= 0 for d, n in blobs):
         raise Corrupt("record header names another key or a bad blob")
@@ -131,7 +155,7 @@ class Layout:
             return None
         try:
             st = os.fstat(fd)
-            if st.st_size == size and sha256_hex(read_all(fd)) == digest:
+            if st.st_size == size and hash_fd(fd) == (digest, size):
                 return st.st_dev, st.st_ino
         except OSError:
             pass
@@ -249,10 +273,13 @@ class Layout:
                 problems.append(Problem("stray", path, "not a blob name"))
                 continue
             try:
-                with open(path, "rb") as f:
-                    ok = sha256_hex(f.read()) == name
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    ok = hash_fd(fd)[0] == name
+                finally:
+                    os.close(fd)
             except OSError as e:
-                problems.append(Problem("blob", path, f"unreadable: {e}"))
+                problems.append(Problem("unreadable", path, f"cannot read the blob: {e}"))
                 continue
             if not ok:
                 problems.append(Problem("blob", path, "does not hash to its name"))

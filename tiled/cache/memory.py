@@ -13,13 +13,16 @@ class MemoryTier:
     """A least-recently-used map of action key -> Entry holding at most `max_bytes` (the sum of
     `Entry.nbytes`). Thread-safe: one lock guards the map; hashing happens outside it.
 
-    `put` verifies the entry's digests once, on the way in; `get` trusts process memory and
-    does not hash again. Stored and returned entries own their blob dicts (blob values are
-    immutable `bytes`), so a caller mutating a returned Entry's dict changes nothing here.
+    `put` validates the entry once, on the way in (its digests, and its manifest against its
+    key and blobs: Entry.validate), so nothing broken is ever held and a put of a key replaces
+    what was held; `get` trusts process memory and does not check again. Stored and returned
+    entries own their blob dicts (blob values are immutable `bytes`), so a caller mutating a
+    returned Entry's dict changes nothing here.
     An entry larger than `max_bytes` is not kept (a miss later, not an error); `max_bytes=0`
     keeps nothing. `put` raises CacheWriteError only for an entry that does not validate."""
 
     name = "memory"
+    verifies_entries = True  # put validates: get hands out only entries that passed
 
     def __init__(self, max_bytes: int, events: CacheEvents | None = None):
         self.max_bytes = max(0, int(max_bytes))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from tiled import config
-from tiled.cache.entry import CacheEvents, Entry, NullEvents, Tier
+from tiled.cache.entry import CacheEvents, Entry, NullEvents, Tier, check_manifest
 from tiled.errors import CacheError, CacheWriteError
 
 log = logging.getLogger(__name__)
@@ -21,6 +21,11 @@ class TieredCache:
     Read-through: `get` asks each tier in order and returns the first hit; an entry found in a
     lower tier is written back into every faster tier above it (a write-back failure is
     logged and counted as error(tier, "writeback"), never raised). A miss everywhere is None.
+    A hit from a tier that does not check manifests itself (no `verifies_entries`, e.g. Redis,
+    written by other hosts) is checked here (check_manifest: it parses, names only blobs it
+    holds, its action record hashes to the key); one that fails is counted as
+    lookup(tier, "corrupt"), deleted from that tier, and the next tier is asked: a broken entry
+    is never returned nor promoted.
 
     Write-back to all: `put` stores the entry in every tier. A remote tier (one with
     `remote = True`, e.g. Redis) never fails a put: its failures are logged and counted. A
@@ -42,11 +47,27 @@ class TieredCache:
                 self.events.lookup(tier.name, "error")
                 log.warning("cache tier %s: get %s failed: %s", tier.name, key[:12], e)
                 continue
+            if entry is not None and not getattr(tier, "verifies_entries", False):
+                try:
+                    check_manifest(key, entry.manifest, entry.blobs)
+                except ValueError as e:
+                    self._drop_broken(tier, key, str(e))
+                    continue
             if entry is not None:
                 for faster in self.tiers[:i]:
                     self._store(faster, entry, "writeback")
                 return entry
         return None
+
+    def _drop_broken(self, tier: Tier, key: str, problem: str) -> None:
+        self.events.lookup(tier.name, "corrupt")
+        log.warning("cache tier %s: entry %s is unusable (%s); deleting it", tier.name,
+                    key[:12], problem)
+        try:
+            tier.delete(key)
+        except OSError as e:  # CacheError included
+            self.events.error(tier.name, "delete")
+            log.warning("cache tier %s: delete %s failed: %s", tier.name, key[:12], e)
 
     def _store(self, tier: Tier, entry: Entry, op: str) -> bool:
         try:

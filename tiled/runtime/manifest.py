@@ -211,7 +211,8 @@ class Param:
             raise _fail(where, f"expected an object, got {type(d).__name__}")
         kind = d.get("kind")
         allowed = {"tensor": {"name", "kind", "dtype", "shape", "align"},
-                   "scalar": {"name", "kind", "dtype"}}.get(kind)  # type: ignore[arg-type]
+                   "scalar": {"name", "kind", "dtype"}}.get(kind) if isinstance(kind, str) \
+            else None
         if allowed is None:
             raise _fail(f"{where}.kind", f"expected 'tensor' or 'scalar', got {kind!r}")
         extra = set(d) - allowed
@@ -522,6 +523,8 @@ class Manifest:
     def from_json(cls, text: str | bytes) -> Manifest:
         try:
             d = json.loads(text)
+        except RecursionError:
+            raise ManifestError("manifest: not valid JSON: nested too deeply") from None
         except (ValueError, TypeError) as e:
             raise ManifestError(f"manifest: not valid JSON: {e}") from None
         return cls.from_dict(d)

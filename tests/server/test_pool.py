@@ -2,13 +2,16 @@
 file the test creates) and by pool events, never by sleeping in the test."""
 
 import concurrent.futures
+import json
 import multiprocessing
 import threading
 
 import pytest
 
+from tiled import errors
 from tiled.errors import CompileError, CompileTimeout, QueueFull, WorkerCrashed
 from tiled.server.pool import CompilePool
+from tiled.server.worker import ALLOWED_ERRORS, MAX_ERROR_CHARS, error_from_record, error_record
 
 M = "tiled.server.pool:"
 
@@ -185,10 +188,54 @@ def test_exception_passthrough_keeps_worker(make_pool):
     with pytest.raises(CompileError) as info:
         pool.submit("raise", M + "_test_raise", b"bad tile").result(30)
     assert (info.value.message, info.value.loc) == ("bad tile", "kernel.py:7")
-    with pytest.raises(AttributeError):  # a missing function under tiled. is the job's error
+    # a missing function under tiled. is the job's error; not allow-listed, it comes back as
+    # RuntimeError naming the worker's exception type
+    with pytest.raises(RuntimeError, match=r"^AttributeError: .*no_such_function") as info:
         pool.submit("missing", M + "no_such_function", b"").result(30)
+    assert type(info.value) is RuntimeError
     assert pool.submit("pid2", M + "_test_pid", b"").result(30) == pid
     assert pool.stats()["replaced_total"] == 0
+
+
+def test_foreign_errors_come_back_as_bounded_runtime_errors(make_pool):
+    pool = make_pool()
+    with pytest.raises(RuntimeError) as info:
+        pool.submit("big", M + "_test_raise_foreign", b"x" * 1_000_000).result(30)
+    assert type(info.value) is RuntimeError and str(info.value).startswith("LookupError: xxx")
+    assert len(str(info.value)) <= MAX_ERROR_CHARS + 100 and "characters cut" in str(info.value)
+
+
+ERRORS = [
+    errors.CompileError("bad tile", loc="k.py:3"),
+    errors.ToolchainError("nvcc failed (1):\nerror", loc=""),
+    errors.VerifyError("index out of range", path="kernel.body.stmts[2]", loc="k.py:9"),
+    errors.KernelDefinitionError("no such op", "k.py", 4, 7, "    T.nope(x)"),
+    errors.CompileTimeout("ran past 1 s"), errors.UnsupportedTarget("no backend 'tpu'"),
+    errors.IRDecodeError("schema 9"), errors.LaunchError("shape"), errors.ConfigError("TILED_X"),
+]
+
+
+@pytest.mark.parametrize("exc", ERRORS, ids=lambda e: type(e).__name__)
+def test_allowed_errors_cross_as_data_with_their_fields(exc):
+    record = json.loads(json.dumps(error_record(exc)))  # what travels is plain JSON
+    back = error_from_record(record)
+    assert type(back) is type(exc) and ALLOWED_ERRORS[record["type"]] is type(exc)
+    assert (str(back), back.args) == (str(exc), exc.args)
+
+
+def test_error_records_rebuild_only_allow_listed_classes():
+    class Subclass(errors.VerifyError):  # a subclass defined elsewhere: its nearest allowed base
+        pass
+
+    back = error_from_record(error_record(Subclass("m", path="p")))
+    assert type(back) is errors.VerifyError and back.path == "p"
+    for name in ("os.system", "builtins.eval", "WorkerCrashed", "TiledError", None):
+        back = error_from_record({"type": name, "message": "boom"})
+        assert type(back) is RuntimeError and str(back) == f"{name}: boom"
+    # fields of the wrong type are dropped, never passed on
+    back = error_from_record({"type": "CompileError", "message": "m", "loc": {"x": 1}})
+    assert type(back) is CompileError and back.loc == ""
+    assert type(error_from_record(["not", "a", "record"])) is RuntimeError
 
 
 @pytest.mark.parametrize("fn", ["os:system", "subprocess:run", "tiledx.evil:f", "tiled.server.pool",

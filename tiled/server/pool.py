@@ -9,12 +9,30 @@ Invariants:
   holds gRPC threads is unsafe): with `preload` modules they fork from multiprocessing's fork
   server, a clean single-threaded process that imported those modules once (so a replacement
   worker is ready in milliseconds and siblings share the compiler's pages); without, they are
-  spawned. Each limits its address space to `memory_bytes` (RLIMIT_AS) when given. A worker
-  whose private memory exceeds `recycle_bytes` after a job (a compile's heap stays mapped)
-  exits after answering and is replaced by a fresh fork ("recycled").
-- With `idle_stop_s`, a pool that has had no job for that long stops its workers (and the fork
-  server, which holds the preloaded compiler): an idle daemon keeps no compiler in memory. The
-  next job starts them again, paying the preload once.
+  spawned. Each limits its address space to `memory_bytes` (RLIMIT_AS, inherited by nvcc,
+  cicc, ptxas and the C compiler) when given. A worker whose private memory exceeds
+  `recycle_bytes` after a job (a compile's heap stays mapped) exits after answering and is
+  replaced by a fresh fork ("recycled").
+- Every worker leads its own process group (and session) from its first instruction, so
+  everything a job starts (nvcc, cicc, ptxas, fatbinary, the C compiler, ld) is in that group.
+  Timeout, cancellation, replacement (crash, oom, recycle, a bad answer), idle stop and
+  shutdown end the whole group: SIGKILL to the group, then a wait until no member runs.
+- A daemon that dies without shutting down (SIGKILL included) takes its groups with it: each
+  group holds a watchdog that kills it when the daemon's end of its lifeline pipe closes
+  (tiled.server.worker), and a forked worker also dies with its fork server
+  (PR_SET_PDEATHSIG). A process that escapes both (it left its group, or its watchdog was
+  killed from outside) is found by the next pool's start-up sweep while it still runs with
+  its TMPDIR in a swept directory.
+- Every job has a temp directory of its own (TMPDIR and `tempfile.tempdir` in the worker)
+  under this pool's `temp_dir` (0700), inside `temp_root` (0700, this user's, refused
+  otherwise). It is removed however the job ends (result, error, timeout, cancel, crash,
+  shutdown), after its group is gone when the group was killed; `temp_dir` itself goes at
+  shutdown. A new pool removes the directories of pools whose process is gone (the name holds
+  pid, start time and PID namespace; another namespace's directories are left alone), never a
+  live pool's.
+- Nothing crosses the process boundary as pickle: jobs and answers are frames of a JSON
+  header and bytes (tiled.server.worker), so the daemon never imports what a worker raised
+  (TVM's errors included).
 - `fn` is "module:function" with the module inside the `tiled` package; the daemon executes
   nothing else a request names. The check is lexical: nothing is imported in the daemon.
 - Single-flight: while a job is queued or running, `_by_key[key]` is that job, and a submit with
@@ -23,79 +41,239 @@ Invariants:
 - Futures stay PENDING while their job runs, so `cancel()` succeeds on a running job too: its
   worker is killed and replaced (a compile nobody waits for does not hold a worker). A queued
   job that is cancelled leaves the queue at once.
-- A job ends in exactly one way: result, exception raised by `fn` (re-raised as the same type
-  when it pickles, else RuntimeError; the worker stays), `CompileTimeout` (worker killed and
-  replaced), `WorkerCrashed` (worker died or reported MemoryError; replaced), or cancellation.
+- A job ends in exactly one way: result, exception raised by `fn` (an allow-listed tiled error,
+  tiled.server.worker.ALLOWED_ERRORS, comes back as its class with its fields, anything else as
+  RuntimeError "TypeName: message"; the worker stays), `CompileTimeout` (worker killed and
+  replaced), `WorkerCrashed` (worker died, reported MemoryError, or sent an unreadable or
+  oversized answer; replaced), or cancellation.
 - Futures are resolved and `on_event` is called outside `_lock`; `on_event` never raises into
   the pool (its errors are logged).
-- After `shutdown` returns, no worker process of this pool is alive.
+- After `shutdown` returns, no process of any worker's group is alive and `temp_dir` is gone.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import importlib
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
 import re
-import resource
+import secrets
+import select
+import shutil
 import signal
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tiled.errors import CompileError, CompileTimeout, QueueFull, WorkerCrashed
+from tiled.server import worker as worker_process
+from tiled.server.worker import decode, encode, error_from_record
 
 log = logging.getLogger(__name__)
 _FN = re.compile(r"tiled(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+_POOL_DIR = re.compile(r"pool-(\d+)-(\d+)-(\d+)-[0-9a-f]+")
+# Defaults sized from real compiles (examples/gemm.py, examples/flash_attention.py for
+# cuda:sm_90a, CPU kernels): a worker peaks at 1.1 GB of address space (1.45 GB with NVRTC)
+# and 0.45-0.73 GB resident, nvcc's children at 0.17 GB, and compiles take 0.1-2.3 s.
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_MEMORY_BYTES = 4 << 30
+MAX_ANSWER_BYTES = 1 << 30  # a worker's answer (artifact + manifest) larger than this: crashed
+_PROC = os.path.isdir("/proc/self")  # without procfs: fewer checks, never a wrong kill or delete
 
 
-def _private_bytes() -> int:
-    """This process's private resident memory (pages no other process shares), 0 if unknown."""
+# -- process groups ------------------------------------------------------------------------------
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...)."""
     try:
-        with open("/proc/self/smaps_rollup") as f:
-            return sum(int(line.split()[1]) * 1024 for line in f
-                       if line.startswith(("Private_Clean:", "Private_Dirty:")))
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the processes of group `pgid` that have not exited (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:  # a member we may not signal: still look for it
+        pass
+    if not _PROC:
+        return [pgid]  # somebody is left; zombies cannot be told apart here
+    members = []
+    for name in os.listdir("/proc"):
+        fields = _proc_stat(int(name)) if name.isdigit() else None
+        if fields is not None and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            members.append(int(name))
+    return members
+
+
+def _wait_any_exit(pids: list[int], timeout: float) -> None:
+    """Returns when one of `pids` has exited (a pidfd turns readable) or after `timeout`."""
+    fds = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                return
+        poll = select.poll()
+        for fd in fds:
+            poll.register(fd, select.POLLIN)
+        poll.poll(timeout * 1000)
+    except (AttributeError, OSError):  # no pidfd (kernel < 5.3): look again shortly
+        time.sleep(min(timeout, 0.01))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def kill_group(pgid: int, wait_s: float = 5.0) -> bool:
+    """SIGKILLs every process of group `pgid` and waits until none runs; False (logged) when
+    some member still ran after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)  # again each round: a member may have forked
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        members = group_members(pgid)
+        left = deadline - time.monotonic()
+        if not members:
+            return True
+        if left <= 0:
+            log.warning("process group %d: %s still running %.0f s after SIGKILL", pgid,
+                        members, wait_s)
+            return False
+        _wait_any_exit(members, min(left, 0.5))
+
+
+# -- temp directories ----------------------------------------------------------------------------
+
+def default_temp_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"tiled-jobs-{os.getuid()}"
+
+
+def _private_dir(path: Path) -> Path:
+    """`path` as a directory of this user's that nobody else may enter (created 0700). Raises
+    PermissionError for a symlink, a non-directory or another user's directory."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise PermissionError(f"compile temp root {path} is not a directory of uid {os.getuid()}"
+                              "; remove it, or point TMPDIR elsewhere")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return 0
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, memory_bytes: int | None,
-                 recycle_bytes: int | None = None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the daemon: the parent shuts us down
-    importlib.import_module("tiled.compiler")  # pay the import cost once per worker
-    if memory_bytes is not None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:  # the parent went away
-            return
-        if job is None:
-            return
-        fn, payload = job
-        try:
-            module, _, name = fn.partition(":")
-            result = getattr(importlib.import_module(module), name)(payload)
-            retire = recycle_bytes is not None and _private_bytes() > recycle_bytes
-            conn.send(("ok", result, retire))
-            if retire:  # a compile's heap stays mapped: a fresh fork is smaller
-                return
-        except MemoryError:
-            conn.send(("oom", None))
-            return  # the heap may be in a bad state: the pool replaces us
-        except Exception as exc:
-            try:
-                pickle.loads(pickle.dumps(exc))
-            except Exception:  # an exception that does not round-trip comes back as its text
-                exc = RuntimeError(f"{type(exc).__qualname__}: {exc}")
-            conn.send(("error", exc))
+def _start_time(pid: int) -> int | None:
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields is not None else None
 
+
+def _pool_alive(pid: int, started: int) -> bool:
+    """Whether the process that made a pool directory named (pid, started) still runs."""
+    if _PROC:
+        return _start_time(pid) == started
+    try:  # no start times to compare: a live pid is taken for the pool's
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _remove_tree(path: Path) -> None:
+    def missing_is_fine(_func, _path, exc_info):
+        if not isinstance(exc_info[1], FileNotFoundError):
+            raise exc_info[1]
+
+    try:
+        shutil.rmtree(path, onerror=missing_is_fine)
+    except OSError as e:
+        log.warning("could not remove %s (the next pool start sweeps it): %s", path, e)
+
+
+def _kill_processes_in(dirs: list[Path]) -> None:
+    """Kills every process of this user whose TMPDIR lies in one of `dirs` (what a killed
+    daemon's job left running: a job's children inherit TMPDIR), with its whole group when the
+    group's leader is gone or is such a process too (a dead worker's group)."""
+    prefixes = tuple(f"TMPDIR={d}/".encode() for d in dirs)
+    found: dict[int, int] = {}  # pid -> pgid
+    for name in os.listdir("/proc") if _PROC else ():
+        try:
+            if not name.isdigit() or os.stat(f"/proc/{name}").st_uid != os.getuid():
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        fields = _proc_stat(int(name))
+        if fields is not None and any(v.startswith(prefixes) for v in env):
+            found[int(name)] = int(fields[2])
+    for pid, pgid in found.items():
+        leader = _proc_stat(pgid)
+        if pgid not in (0, 1, os.getpgrp()) and (pgid in found or leader is None
+                                                  or leader[0] in ("Z", "X")):
+            log.warning("killing process group %d left running by a dead compile pool", pgid)
+            kill_group(pgid)
+        else:
+            log.warning("killing process %d left running by a dead compile pool", pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def sweep_temp_root(root: Path) -> list[Path]:
+    """Removes the directories under `root` of pools whose process is gone, after killing what
+    still runs in them; returns them. A live pool's directories, another PID namespace's and
+    names this module did not make are left alone."""
+    namespace, dead = _pid_namespace(), []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            m = _POOL_DIR.fullmatch(entry.name)
+            if m is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            pid, started, ns = map(int, m.groups())
+            if ns == namespace and not _pool_alive(pid, started):
+                dead.append(Path(entry.path))
+    if dead:
+        _kill_processes_in(dead)
+        for path in dead:
+            _remove_tree(path)
+        log.info("removed %d temp directories of compile pools that are gone", len(dead))
+    return dead
+
+
+def _make_pool_dir(root: Path) -> Path:
+    pid = os.getpid()
+    path = root / f"pool-{pid}-{_start_time(pid) or 0}-{_pid_namespace()}-{secrets.token_hex(4)}"
+    path.mkdir(mode=0o700)
+    return path
+
+
+# -- the pool ------------------------------------------------------------------------------------
 
 @dataclass(eq=False)
 class _Job:
@@ -105,23 +283,29 @@ class _Job:
     timeout_s: float
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     started: float = 0.0
+    tmp: Path | None = None  # its temp directory while it runs
 
 
 @dataclass(eq=False)
 class _Worker:
     process: multiprocessing.process.BaseProcess
     conn: multiprocessing.connection.Connection
+    lifeline: multiprocessing.connection.Connection  # the write end; closing it kills the group
+    pgid: int
     job: _Job | None = None
 
 
 class CompilePool:
-    """A pool of compile worker processes. `submit`, `stats` and `shutdown` are thread-safe."""
+    """A pool of compile worker processes. `submit`, `stats` and `shutdown` are thread-safe.
+    `temp_root` defaults to `<tempfile.gettempdir()>/tiled-jobs-<uid>`; raises
+    PermissionError when it is not a private directory of this user."""
 
-    def __init__(self, workers: int | None = None, timeout_s: float = 600.0,
-                 memory_bytes: int | None = None, queue_limit: int = 256,
+    def __init__(self, workers: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 memory_bytes: int | None = DEFAULT_MEMORY_BYTES, queue_limit: int = 256,
                  on_event: Callable[[str, dict], None] | None = None,
                  preload: tuple[str, ...] = (), recycle_bytes: int | None = None,
-                 idle_stop_s: float | None = None):
+                 idle_stop_s: float | None = None,
+                 temp_root: str | os.PathLike | None = None):
         self.workers = max(1, workers or len(os.sched_getaffinity(0)))  # read-only after init
         self.queue_limit = queue_limit
         self._timeout_s, self._memory_bytes = timeout_s, memory_bytes
@@ -129,6 +313,10 @@ class CompilePool:
         self._idle_stop_s, self._preload = idle_stop_s, preload
         self._last_busy = time.monotonic()
         self._on_event = on_event
+        self.temp_root = _private_dir(Path(temp_root) if temp_root else default_temp_root())
+        sweep_temp_root(self.temp_root)
+        self.temp_dir = _make_pool_dir(self.temp_root)  # read-only after init
+        self._job_dirs = 0
         if preload:  # the fork server is per process: the first pool's preload list wins
             self._ctx = multiprocessing.get_context("forkserver")
             self._ctx.set_forkserver_preload(list(preload))
@@ -190,7 +378,8 @@ class CompilePool:
     def shutdown(self, wait: bool = True, cancel_pending: bool = True) -> None:
         """Stop the pool. `cancel_pending` fails queued jobs with CancelledError (else they still
         run). `wait=True` lets running jobs finish; `wait=False` kills them and cancels every
-        unfinished job. Either way no worker process is left when this returns."""
+        unfinished job. Either way, when this returns no process of any worker's group is left
+        and `temp_dir` is removed."""
         with self._lock:
             self._closing = True
             self._kill_running = self._kill_running or not wait
@@ -200,6 +389,7 @@ class CompilePool:
         for job in dropped:
             job.future.cancel()  # the done callback takes the job off the queue
         self._thread.join()
+        _remove_tree(self.temp_dir)
         with self._lock:
             if self._wake_w >= 0:
                 os.close(self._wake_r)
@@ -231,6 +421,7 @@ class CompilePool:
                 job.future.cancel()
             for w in killed:  # only on shutdown(wait=False): the worker is not replaced
                 self._kill(w)
+                self._drop_job_dir(w.job)
                 self._workers.remove(w)
                 with self._lock:
                     self._in_flight -= 1
@@ -289,9 +480,15 @@ class CompilePool:
                 self._in_flight -= 1
             return
         try:
-            w.conn.send((job.fn, job.payload))
+            job.tmp = self._new_job_dir()
+        except OSError as e:  # the temp root is gone or full: this job fails, the worker stays
+            self._finish(self._workers.index(w), w, e, None)
+            return
+        try:
+            w.conn.send_bytes(encode({"fn": job.fn, "tmp": str(job.tmp)}, job.payload))
         except OSError:  # the idle worker had died: run the job on its replacement
             self._kill(w)
+            self._drop_job_dir(job)
             self._workers[self._workers.index(w)] = self._start_worker()
             with self._lock:
                 self._queue.appendleft(job)
@@ -308,8 +505,9 @@ class CompilePool:
         try:
             if not w.conn.poll():
                 raise EOFError
-            kind, value, *retire = w.conn.recv()
-        except (EOFError, OSError):
+            header, body = decode(w.conn.recv_bytes(MAX_ANSWER_BYTES))
+            kind = header.get("kind")
+        except (EOFError, ConnectionError):
             if w.process.is_alive():  # orphaned by a dead fork server: not ours to keep
                 w.process.kill()
             w.process.join(5)
@@ -317,12 +515,25 @@ class CompilePool:
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
             self._finish(i, w, WorkerCrashed(f"compile worker died: {how}"), "crashed")
             return
-        if kind == "oom":
+        except (OSError, ValueError) as e:  # over MAX_ANSWER_BYTES, or not a frame
+            self._finish(i, w, WorkerCrashed(f"compile worker sent a bad answer: {e}"),
+                         "crashed")
+            return
+        if kind == "ok":
+            self._finish(i, w, body, "recycled" if header.get("retire") else None, ok=True)
+        elif kind == "error":
+            record = header.get("error")
+            exc = error_from_record(record)
+            if isinstance(record, dict) and isinstance(record.get("traceback"), str):
+                log.warning("compile %s failed in the worker: %s\n%s",
+                            w.job.key[:12] if w.job else "-", exc, record["traceback"])
+            self._finish(i, w, exc, None)
+        elif kind == "oom":
             limit = f" (limit {self._memory_bytes} bytes)" if self._memory_bytes else ""
             self._finish(i, w, WorkerCrashed(f"compile worker ran out of memory{limit}"), "oom")
         else:
-            self._finish(i, w, value, "recycled" if retire and retire[0] else None,
-                         ok=kind == "ok")
+            self._finish(i, w, WorkerCrashed(f"compile worker sent an answer of kind {kind!r}"),
+                         "crashed")
 
     def _finish(self, i: int, w: _Worker, value: object, replace: str | None,
                 ok: bool = False) -> None:
@@ -331,6 +542,7 @@ class CompilePool:
         if replace is not None:
             self._kill(w)
             self._workers[i] = self._start_worker()
+        self._drop_job_dir(job)  # after the group is gone: nothing writes there any more
         with self._lock:
             w.job = None
             if job is not None:
@@ -371,31 +583,61 @@ class CompilePool:
         if dequeued:
             self._emit("dequeued", key=job.key)
 
+    def _new_job_dir(self) -> Path:
+        self._job_dirs += 1
+        path = self.temp_dir / f"job-{self._job_dirs}"
+        try:
+            path.mkdir(mode=0o700)
+        except FileNotFoundError:  # a temp cleaner removed the pool's directory: make it again
+            _private_dir(self.temp_root)
+            self.temp_dir.mkdir(mode=0o700, exist_ok=True)
+            path.mkdir(mode=0o700)
+        return path
+
+    @staticmethod
+    def _drop_job_dir(job: _Job | None) -> None:
+        if job is not None and job.tmp is not None:
+            _remove_tree(job.tmp)
+            job.tmp = None
+
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        process = self._ctx.Process(target=_worker_main,
-                                    args=(child, self._memory_bytes, self._recycle_bytes),
-                                 name="tiled-compile-worker", daemon=True)
+        life_r, life_w = self._ctx.Pipe(duplex=False)
+        process = self._ctx.Process(
+            target=worker_process.serve, name="tiled-compile-worker", daemon=True,
+            args=(child, life_r, self._memory_bytes, self._recycle_bytes, bool(self._preload)))
         process.start()
         child.close()
-        return _Worker(process, parent)
+        life_r.close()  # the daemon keeps only the write end: its exit closes the lifeline
+        assert process.pid is not None  # started
+        return _Worker(process, parent, life_w, process.pid)
 
     @staticmethod
     def _kill(w: _Worker) -> None:
-        w.process.kill()
+        """Kills `w`'s group and waits until none of it runs."""
+        try:
+            os.killpg(w.pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        w.process.kill()  # a worker that does not lead its group yet has started nothing
         w.process.join()
+        kill_group(w.pgid)  # its watchdog (which keeps the group id taken) and any straggler
+        w.lifeline.close()
         w.conn.close()
 
     @staticmethod
     def _stop(w: _Worker) -> None:
+        """Asks an idle `w` to exit, then ends what is left of its group (its watchdog)."""
         try:
-            w.conn.send(None)
+            w.conn.send_bytes(b"")
         except OSError:  # already dead: join below reaps it
             pass
         w.process.join(5)
         if w.process.is_alive():
             w.process.kill()
             w.process.join()
+        kill_group(w.pgid)
+        w.lifeline.close()
         w.conn.close()
 
     def _wake(self) -> None:
@@ -420,7 +662,7 @@ class CompilePool:
             log.exception("CompilePool on_event(%r) raised", name)
 
 
-# Job functions that exist for tests only (tests/server/test_pool.py): they must live under
+# Job functions that exist for tests only (tests/server/test_pool*.py): they must live under
 # `tiled.` to pass the allow-list.
 
 def _test_echo(payload: bytes) -> bytes:
@@ -454,3 +696,30 @@ def _test_alloc(payload: bytes) -> bytes:
 
 def _test_raise(payload: bytes) -> bytes:
     raise CompileError(payload.decode(), loc="kernel.py:7")
+
+
+def _test_raise_foreign(payload: bytes) -> bytes:
+    """Raises an exception of a class outside the allow-list, with `payload` as its text."""
+    raise LookupError(payload.decode())
+
+
+def _test_raise_tvm(payload: bytes) -> bytes:
+    """Fails inside TVM's C++ simplifier (a constant division by zero): the worker sees a
+    tvm.error.InternalError, a class the daemon must never import."""
+    from tvm import tirx  # type: ignore[import-untyped]
+
+    tirx.floordiv(tirx.const(1, "int32"), tirx.const(0, "int32"))
+    return b""
+
+
+def _test_tmp(payload: bytes) -> bytes:
+    """Leaves a file in the job's temp directory; returns where Python and a child put temp
+    files: {"tempfile": ..., "TMPDIR": ..., "child": ...}."""
+    import json
+    import subprocess
+
+    with tempfile.NamedTemporaryFile(delete=False) as f:
+        f.write(payload)
+    child = subprocess.run(["sh", "-c", 'echo "$TMPDIR"'], capture_output=True, text=True)
+    return json.dumps({"tempfile": tempfile.gettempdir(), "TMPDIR": os.environ.get("TMPDIR"),
+                       "child": child.stdout.strip(), "file": f.name}).encode()

@@ -14,7 +14,9 @@ import gc
 def _load() -> None:
     import importlib
 
-    for module in ("tvm", "tiled.compiler.backends.cpu_lower",
+    # tiled.server.worker: the worker's main loop (tiled.server.worker.serve), which makes each
+    # forked worker the leader of its own process group before it runs anything.
+    for module in ("tiled.server.worker", "tvm", "tiled.compiler.backends.cpu_lower",
                    "tiled.compiler.backends.cuda_lower"):
         try:
             importlib.import_module(module)

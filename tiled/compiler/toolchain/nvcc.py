@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -33,13 +34,16 @@ def compile_cubin(source: str, arch: str, choice: str | None = None) -> bytes:
     if which_compiler(choice) == "nvrtc":
         return _nvrtc(source, arch)
     nvcc = config.get("nvcc")
+    # Under the caller's temp dir (a compile worker's job directory); nvcc's own tmpxft* files
+    # go here too (TMPDIR), so they are removed with it even when nvcc is killed mid-way.
     with tempfile.TemporaryDirectory(prefix="tiled-nvcc-") as tmp:
         src, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
         src.write_text(source)
         cmd = [nvcc, "-cubin", "-O3", "-std=c++17", "-w", f"-gencode={_gencode(arch)}",
                "-I", str(INCLUDE_DIR), "-o", str(out), str(src)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, "TMPDIR": tmp})
         except FileNotFoundError:
             raise ToolchainError(f"nvcc not found ({nvcc}); install the CUDA toolkit or set "
                                  "TILED_CUDA_COMPILER=nvrtc") from None

@@ -39,7 +39,8 @@ Invariants:
   checksum, is a miss counted as "corrupt", logged, and the entry (and the corrupt cas/ inode)
   removed, so the next put of the key publishes a good one.
 - Stale staging (a dead pid of this host, or older than `stale_after_s`) is swept on open
-  and by `gc()`, which also removes orphan blobs and re-measures the ledger.
+  and by `gc()`, which also removes orphan blobs and re-measures the ledger
+  (tiled.cache.disk_maintenance, with `verify` and `stats`).
 
 A hit opens the entry directory, its record and its blobs, and touches the record's mtime:
 no directory listing, so its cost does not grow with the number of entries.
@@ -48,7 +49,6 @@ no directory listing, so its cost does not grow with the number of entries.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import logging
@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tiled import config
+from tiled.cache import disk_maintenance
 from tiled.cache.disk_layout import (
     RECORD,
     Corrupt,
@@ -78,7 +79,6 @@ from tiled.cache.entry import (
     NullEvents,
     check_manifest,
     is_digest,
-    load_manifest,
     sha256_hex,
 )
 from tiled.errors import CacheWriteError
@@ -127,7 +127,7 @@ class DiskTier:
                 leftovers = any(True for _ in it)
             if leftovers:
                 with self._ledger.locked(blocking=False) as led:
-                    self._sweep(led)
+                    disk_maintenance.sweep(layout, led, stale_after_s)
         except BlockingIOError:
             pass  # someone else holds the lock; gc() or a later open sweeps
         except OSError as e:
@@ -511,36 +511,12 @@ class DiskTier:
                 os.unlink(path)
             led.used, led.recount = self._layout.measure(), False
 
-    # -- maintenance -----------------------------------------------------------------------
-
-    def _sweep(self, led: LedgerState) -> int:
-        """Removes stale staging; returns how many. Call under the lock."""
-        swept = 0
-        for path in self._layout.stale_staging(self.stale_after_s):
-            try:
-                self._layout.free(path)
-                swept += 1
-            except OSError as e:
-                log.warning("disk cache: sweeping %s failed: %s", path, e)
-        if swept:
-            led.recount = True  # whether the ledger still counts those bytes is unknown
-        return swept
+    # -- maintenance (tiled.cache.disk_maintenance) ----------------------------------------
 
     def gc(self) -> dict[str, int]:
         """Sweeps stale staging, removes orphan blobs (in cas/ only, named by no entry),
         re-measures the ledger and evicts down to the cap. O(files). Returns counts."""
-        with self._ledger.locked() as led:
-            swept = self._sweep(led)
-            orphans = 0
-            for path, st in self._layout.files(self._cas):
-                if st.st_nlink == 1:
-                    os.unlink(path)
-                    orphans += 1
-            led.prune(self.stale_after_s)
-            led.used, led.recount = self._layout.measure(), False
-            before = led.used
-            self._evict(led, self.max_bytes)
-            return {"swept": swept, "orphans": orphans, "evicted_bytes": before - led.used}
+        return disk_maintenance.gc(self)
 
     def total_bytes(self) -> int:
         """Bytes the ledger counts as stored or reserved: O(1), an upper bound of what the
@@ -550,13 +526,7 @@ class DiskTier:
 
     def stats(self) -> DiskStats:
         """Counts and measured bytes. O(files)."""
-        with self._ledger.locked() as led:
-            used, reserved = led.used, led.reserved
-        entries = len(lru_order(self._ac, RECORD))
-        blobs = sum(1 for _ in self._layout.files(self._cas))
-        staging = len(os.listdir(self._staging)) if self._staging.is_dir() else 0
-        return DiskStats(entries, blobs, self._layout.measure(), used, reserved, staging,
-                         self.max_bytes)
+        return disk_maintenance.stats(self)
 
     def verify(self, repair: bool = False) -> list[Problem]:
         """Reads and hashes everything, streaming (O(bytes) time, O(1) memory per blob).
@@ -568,59 +538,7 @@ class DiskTier:
         broken directory found, so a good entry published meanwhile stays) and marks the
         Problem `removed`; an "unreadable" entry or blob (an I/O error hid its contents) is
         left for the operator. The ledger is then re-measured."""
-        problems: list[Problem] = []
-        for _, path in lru_order(self._ac, RECORD):
-            key = os.path.basename(path)
-            if not is_digest(key) or os.path.basename(os.path.dirname(path)) != key[:2]:
-                problems.append(self._repair(Problem("stray", path, "not an entry name"),
-                                             repair))
-                continue
-            status, entry, problem, ident = self._load(key, touch=False, keep=False)
-            if status == "hit" and entry is not None and \
-                    load_manifest(entry.manifest).action is None:
-                status, problem = "corrupt", Corrupt(
-                    "manifest carries no action record (written by an older tiled): it cannot "
-                    "be checked against its key, and no compile of this tiled looks it up")
-            if status == "corrupt":
-                assert isinstance(problem, Corrupt)
-                removed = repair and self._remove_corrupt(key, ident, problem)
-                problems.append(Problem("entry", path, problem.detail, key, removed))
-            elif status == "error":
-                problems.append(Problem("unreadable", path, str(problem), key))
-        problems += [self._repair(p, repair) for p in self._layout.verify_blobs()]
-        stale = [Problem("staging", path, "stale; gc() sweeps it")
-                 for path in self._layout.stale_staging(self.stale_after_s)]
-        if repair:
-            with self._ledger.locked() as led:
-                if stale:
-                    self._sweep(led)
-                led.used, led.recount = self._layout.measure(), False
-            stale = [dataclasses.replace(p, removed=not os.path.lexists(p.path)) for p in stale]
-        return problems + stale
-
-    def _repair(self, problem: Problem, repair: bool) -> Problem:
-        """Removes a stray, or a cas/ blob that still does not hash to its name (hashed before
-        the lock is taken, removed only if the same inode is still there); the Problem marked
-        removed when it went."""
-        if not repair or problem.kind not in ("stray", "blob"):
-            return problem
-        try:
-            st = os.lstat(problem.path)
-            name = os.path.basename(problem.path)
-            if problem.kind == "blob" and self._layout.stored_inode(name, st.st_size):
-                return problem  # sound now: replaced by a good copy since verify hashed it
-            with self._ledger.locked() as led:
-                now = os.lstat(problem.path)
-                if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-                    return problem
-                self._layout.free(problem.path)
-                led.recount = True
-        except FileNotFoundError:
-            pass  # gone already
-        except OSError as e:
-            log.warning("disk cache: removing %s failed: %s", problem.path, e)
-            return problem
-        return dataclasses.replace(problem, removed=True)
+        return disk_maintenance.verify(self, repair)
 
     def close(self) -> None:
         """Nothing to release: every call opens and closes its own files."""

@@ -16,20 +16,20 @@ Invariants:
 - Every worker leads its own process group (and session) from its first instruction, so
   everything a job starts (nvcc, cicc, ptxas, fatbinary, the C compiler, ld) is in that group.
   Timeout, cancellation, replacement (crash, oom, recycle, a bad answer), idle stop and
-  shutdown end the whole group: SIGKILL to the group, then a wait until no member runs.
+  shutdown end the whole group: SIGKILL to the group, then a wait until no member runs
+  (tiled.server.procgroups).
 - A daemon that dies without shutting down (SIGKILL included) takes its groups with it: each
   group holds a watchdog that kills it when the daemon's end of its lifeline pipe closes
   (tiled.server.worker), and a forked worker also dies with its fork server
   (PR_SET_PDEATHSIG). A process that escapes both (it left its group, or its watchdog was
   killed from outside) is found by the next pool's start-up sweep while it still runs with
-  its TMPDIR in a swept directory.
+  its TMPDIR in a swept directory (tiled.server.jobdirs).
 - Every job has a temp directory of its own (TMPDIR and `tempfile.tempdir` in the worker)
   under this pool's `temp_dir` (0700), inside `temp_root` (0700, this user's, refused
   otherwise). It is removed however the job ends (result, error, timeout, cancel, crash,
   shutdown), after its group is gone when the group was killed; `temp_dir` itself goes at
-  shutdown. A new pool removes the directories of pools whose process is gone (the name holds
-  pid, start time and PID namespace; another namespace's directories are left alone), never a
-  live pool's.
+  shutdown. A new pool removes the directories of pools whose process is gone, never a live
+  pool's (tiled.server.jobdirs: the layout, and how a dead pool is told from a live one).
 - Nothing crosses the process boundary as pickle: jobs and answers are frames of a JSON
   header and bytes (tiled.server.worker), so the daemon never imports what a worker raised
   (TVM's errors included).
@@ -60,11 +60,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import re
-import secrets
-import select
-import shutil
 import signal
-import stat
 import tempfile
 import threading
 import time
@@ -74,206 +70,26 @@ from pathlib import Path
 
 from tiled.errors import CompileError, CompileTimeout, QueueFull, WorkerCrashed
 from tiled.server import worker as worker_process
+from tiled.server.jobdirs import (
+    default_temp_root,
+    make_job_dir,
+    make_pool_dir,
+    private_dir,
+    remove_tree,
+    sweep_temp_root,
+)
+from tiled.server.procgroups import kill_group
 from tiled.server.worker import decode, encode, error_from_record
 
 log = logging.getLogger(__name__)
 _FN = re.compile(r"tiled(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
-_POOL_DIR = re.compile(r"pool-(\d+)-(\d+)-(\d+)-[0-9a-f]+")
 # Defaults sized from real compiles (examples/gemm.py, examples/flash_attention.py for
 # cuda:sm_90a, CPU kernels): a worker peaks at 1.1 GB of address space (1.45 GB with NVRTC)
 # and 0.45-0.73 GB resident, nvcc's children at 0.17 GB, and compiles take 0.1-2.3 s.
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_MEMORY_BYTES = 4 << 30
 MAX_ANSWER_BYTES = 1 << 30  # a worker's answer (artifact + manifest) larger than this: crashed
-_PROC = os.path.isdir("/proc/self")  # without procfs: fewer checks, never a wrong kill or delete
 
-
-# -- process groups ------------------------------------------------------------------------------
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def group_members(pgid: int) -> list[int]:
-    """Pids of the processes of group `pgid` that have not exited (zombies do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return []
-    except PermissionError:  # a member we may not signal: still look for it
-        pass
-    if not _PROC:
-        return [pgid]  # somebody is left; zombies cannot be told apart here
-    members = []
-    for name in os.listdir("/proc"):
-        fields = _proc_stat(int(name)) if name.isdigit() else None
-        if fields is not None and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            members.append(int(name))
-    return members
-
-
-def _wait_any_exit(pids: list[int], timeout: float) -> None:
-    """Returns when one of `pids` has exited (a pidfd turns readable) or after `timeout`."""
-    fds = []
-    try:
-        for pid in pids:
-            try:
-                fds.append(os.pidfd_open(pid))
-            except ProcessLookupError:
-                return
-        poll = select.poll()
-        for fd in fds:
-            poll.register(fd, select.POLLIN)
-        poll.poll(timeout * 1000)
-    except (AttributeError, OSError):  # no pidfd (kernel < 5.3): look again shortly
-        time.sleep(min(timeout, 0.01))
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def kill_group(pgid: int, wait_s: float = 5.0) -> bool:
-    """SIGKILLs every process of group `pgid` and waits until none runs; False (logged) when
-    some member still ran after `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            os.killpg(pgid, signal.SIGKILL)  # again each round: a member may have forked
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-        members = group_members(pgid)
-        left = deadline - time.monotonic()
-        if not members:
-            return True
-        if left <= 0:
-            log.warning("process group %d: %s still running %.0f s after SIGKILL", pgid,
-                        members, wait_s)
-            return False
-        _wait_any_exit(members, min(left, 0.5))
-
-
-# -- temp directories ----------------------------------------------------------------------------
-
-def default_temp_root() -> Path:
-    return Path(tempfile.gettempdir()) / f"tiled-jobs-{os.getuid()}"
-
-
-def _private_dir(path: Path) -> Path:
-    """`path` as a directory of this user's that nobody else may enter (created 0700). Raises
-    PermissionError for a symlink, a non-directory or another user's directory."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise PermissionError(f"compile temp root {path} is not a directory of uid {os.getuid()}"
-                              "; remove it, or point TMPDIR elsewhere")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
-
-def _pid_namespace() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _start_time(pid: int) -> int | None:
-    fields = _proc_stat(pid)
-    return int(fields[19]) if fields is not None else None
-
-
-def _pool_alive(pid: int, started: int) -> bool:
-    """Whether the process that made a pool directory named (pid, started) still runs."""
-    if _PROC:
-        return _start_time(pid) == started
-    try:  # no start times to compare: a live pid is taken for the pool's
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _remove_tree(path: Path) -> None:
-    def missing_is_fine(_func, _path, exc_info):
-        if not isinstance(exc_info[1], FileNotFoundError):
-            raise exc_info[1]
-
-    try:
-        shutil.rmtree(path, onerror=missing_is_fine)
-    except OSError as e:
-        log.warning("could not remove %s (the next pool start sweeps it): %s", path, e)
-
-
-def _kill_processes_in(dirs: list[Path]) -> None:
-    """Kills every process of this user whose TMPDIR lies in one of `dirs` (what a killed
-    daemon's job left running: a job's children inherit TMPDIR), with its whole group when the
-    group's leader is gone or is such a process too (a dead worker's group)."""
-    prefixes = tuple(f"TMPDIR={d}/".encode() for d in dirs)
-    found: dict[int, int] = {}  # pid -> pgid
-    for name in os.listdir("/proc") if _PROC else ():
-        try:
-            if not name.isdigit() or os.stat(f"/proc/{name}").st_uid != os.getuid():
-                continue
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:  # gone, or not ours to read
-            continue
-        fields = _proc_stat(int(name))
-        if fields is not None and any(v.startswith(prefixes) for v in env):
-            found[int(name)] = int(fields[2])
-    for pid, pgid in found.items():
-        leader = _proc_stat(pgid)
-        if pgid not in (0, 1, os.getpgrp()) and (pgid in found or leader is None
-                                                  or leader[0] in ("Z", "X")):
-            log.warning("killing process group %d left running by a dead compile pool", pgid)
-            kill_group(pgid)
-        else:
-            log.warning("killing process %d left running by a dead compile pool", pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def sweep_temp_root(root: Path) -> list[Path]:
-    """Removes the directories under `root` of pools whose process is gone, after killing what
-    still runs in them; returns them. A live pool's directories, another PID namespace's and
-    names this module did not make are left alone."""
-    namespace, dead = _pid_namespace(), []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            m = _POOL_DIR.fullmatch(entry.name)
-            if m is None or not entry.is_dir(follow_symlinks=False):
-                continue
-            pid, started, ns = map(int, m.groups())
-            if ns == namespace and not _pool_alive(pid, started):
-                dead.append(Path(entry.path))
-    if dead:
-        _kill_processes_in(dead)
-        for path in dead:
-            _remove_tree(path)
-        log.info("removed %d temp directories of compile pools that are gone", len(dead))
-    return dead
-
-
-def _make_pool_dir(root: Path) -> Path:
-    pid = os.getpid()
-    path = root / f"pool-{pid}-{_start_time(pid) or 0}-{_pid_namespace()}-{secrets.token_hex(4)}"
-    path.mkdir(mode=0o700)
-    return path
-
-
-# -- the pool ------------------------------------------------------------------------------------
 
 @dataclass(eq=False)
 class _Job:
@@ -313,9 +129,9 @@ class CompilePool:
         self._idle_stop_s, self._preload = idle_stop_s, preload
         self._last_busy = time.monotonic()
         self._on_event = on_event
-        self.temp_root = _private_dir(Path(temp_root) if temp_root else default_temp_root())
+        self.temp_root = private_dir(Path(temp_root) if temp_root else default_temp_root())
         sweep_temp_root(self.temp_root)
-        self.temp_dir = _make_pool_dir(self.temp_root)  # read-only after init
+        self.temp_dir = make_pool_dir(self.temp_root)  # read-only after init
         self._job_dirs = 0
         if preload:  # the fork server is per process: the first pool's preload list wins
             self._ctx = multiprocessing.get_context("forkserver")
@@ -389,7 +205,7 @@ class CompilePool:
         for job in dropped:
             job.future.cancel()  # the done callback takes the job off the queue
         self._thread.join()
-        _remove_tree(self.temp_dir)
+        remove_tree(self.temp_dir)
         with self._lock:
             if self._wake_w >= 0:
                 os.close(self._wake_r)
@@ -585,19 +401,12 @@ class CompilePool:
 
     def _new_job_dir(self) -> Path:
         self._job_dirs += 1
-        path = self.temp_dir / f"job-{self._job_dirs}"
-        try:
-            path.mkdir(mode=0o700)
-        except FileNotFoundError:  # a temp cleaner removed the pool's directory: make it again
-            _private_dir(self.temp_root)
-            self.temp_dir.mkdir(mode=0o700, exist_ok=True)
-            path.mkdir(mode=0o700)
-        return path
+        return make_job_dir(self.temp_root, self.temp_dir, self._job_dirs)
 
     @staticmethod
     def _drop_job_dir(job: _Job | None) -> None:
         if job is not None and job.tmp is not None:
-            _remove_tree(job.tmp)
+            remove_tree(job.tmp)
             job.tmp = None
 
     def _start_worker(self) -> _Worker:

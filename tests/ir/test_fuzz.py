@@ -4,6 +4,8 @@ has a digest and a canonical form that verifies too."""
 
 from __future__ import annotations
 
+import re
+
 from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -218,44 +220,50 @@ def _cond(draw, depth: int = 2):
 
 
 class _Undefined(Exception):
-    """Division by zero or a shift out of range: the program means nothing there."""
+    """Division by zero, a shift out of range or a signed overflow: the program means nothing
+    there."""
 
 
 def _wrap(x: int) -> int:
     return (x + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
-def _eval(t, env):
+def _eval(t, env, seen=None):
+    if seen is not None:
+        seen.add(id(t))
     tag = t[0]
     if tag == "const":
         return t[1]
     if tag == "var":
         return env[t[1]]
     if tag == "neg":
-        return _wrap(-_eval(t[1], env))
+        return _wrap(-_eval(t[1], env, seen))
     if tag == "select":
-        return _eval(t[2] if _eval(t[1], env) else t[3], env)
+        return _eval(t[2] if _eval(t[1], env, seen) else t[3], env, seen)
     if tag == "cmp":
-        a, b = _eval(t[2], env), _eval(t[3], env)
+        a, b = _eval(t[2], env, seen), _eval(t[3], env, seen)
         return {pb.EQ: a == b, pb.NE: a != b, pb.LT: a < b, pb.LE: a <= b, pb.GT: a > b,
                 pb.GE: a >= b}[t[1]]
     if tag in ("and", "or"):
-        a, b = _eval(t[1], env), _eval(t[2], env)
+        a, b = _eval(t[1], env, seen), _eval(t[2], env, seen)
         return (a and b) if tag == "and" else (a or b)
     if tag == "not":
-        return not _eval(t[1], env)
-    op, a, b = t[1], _eval(t[2], env), _eval(t[3], env)
+        return not _eval(t[1], env, seen)
+    op, a, b = t[1], _eval(t[2], env, seen), _eval(t[3], env, seen)
     if op in (pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD) and b == 0:
         raise _Undefined
     if op in (pb.SHL, pb.SHR) and not 0 <= b < 32:
         raise _Undefined
-    return _wrap({
+    exact = {
         pb.ADD: lambda: a + b, pb.SUB: lambda: a - b, pb.MUL: lambda: a * b,
         pb.DIV: lambda: abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1),
         pb.FLOOR_DIV: lambda: a // b, pb.FLOOR_MOD: lambda: a % b, pb.MIN: lambda: min(a, b),
         pb.MAX: lambda: max(a, b), pb.SHL: lambda: a << b, pb.SHR: lambda: a >> b,
         pb.BIT_AND: lambda: a & b, pb.BIT_OR: lambda: a | b, pb.BIT_XOR: lambda: a ^ b,
-    }[op]())
+    }[op]()
+    if _wrap(exact) != exact:  # signed overflow
+        raise _Undefined
+    return exact
 
 
 def _to_expr(t) -> pb.Expr:
@@ -278,14 +286,37 @@ def _to_expr(t) -> pb.Expr:
     return P.binary(t[1], _to_expr(t[2]), _to_expr(t[3]))
 
 
+def _node_at(t, path: str):
+    """The operator node of tree `t` that a verifier path inside its expression names
+    (`.select.true_value.binary.b` -> the binary node under the select's true side)."""
+    tokens = [x for x in path.split(".") if x]
+    node = t
+    for kind, child in zip(tokens[::2], [*tokens[1::2], None], strict=False):
+        node = t
+        if child is None or kind not in ("binary", "call", "select"):
+            break
+        if kind == "select":
+            t = t[{"cond": 1, "true_value": 2, "false_value": 3}[child]]
+        elif kind == "call":
+            t = t[1]
+        else:
+            t = t[(1 if t[0] in ("and", "or") else 2) + (child == "b")]
+        if t[0] in ("const", "var"):
+            break
+    return node
+
+
 @settings(FUZZ, max_examples=1200)
 @given(index=_index(), guard=st.one_of(st.none(), _cond()), n_i=st.integers(0, 9),
        n_j=st.integers(1, 9), extent=st.integers(1, 24), kind=st.sampled_from([pb.FRAGMENT,
                                                                                pb.GLOBAL]))
 def test_bounds_check_is_sound(index, guard, n_i, n_j, extent, kind):
     """for i < n_i, j < n_j: [if guard:] S[index] = 0. Whenever the verifier calls an index
-    out of bounds and the store runs at all, some iteration really is out of bounds. (A store
-    that never runs may be rejected: its index would be out of bounds whenever it ran.)"""
+    out of bounds and the store runs at all, some iteration really is out of bounds, and for
+    a GLOBAL S (whose accesses the compiler guards) every iteration is. A store that never
+    runs may be rejected: its index would be out of bounds whenever it ran. A shift, a
+    division or a signed overflow the verifier rejects is undefined on an iteration that
+    evaluates it, or is never evaluated (its code would be undefined whenever it ran)."""
     b = P.Builder("bounds")
     i, j, bx = b.var("i"), b.var("j"), b.var("bx")
     s = b.tensor("S", [extent], P.F32) if kind == pb.GLOBAL else \
@@ -293,18 +324,24 @@ def test_bounds_check_is_sound(index, guard, n_i, n_j, extent, kind):
     st_ = P.store(s, [_to_expr(index)], P.const(0.0, P.F32))
     body = st_ if guard is None else P.if_(_to_expr(guard), st_)
     program = b.kernel([P.const(1)], [bx], 32, P.loop(i, n_i, P.loop(j, n_j, body)))
-    reached = []
+    reached, seen = [], set()  # seen: the nodes some iteration evaluates
     try:
         for vi in range(n_i):
             for vj in range(n_j):
                 env = {i: vi, j: vj}
-                if guard is None or _eval(guard, env):
-                    reached.append(_eval(index, env))
+                if guard is None or _eval(guard, env, seen):
+                    reached.append(_eval(index, env, seen))
     except _Undefined:
         return
     try:
         verify_program(Program(program))
     except VerifyError as e:
-        assert "out of bounds" in e.message, e
-        high = extent if kind != pb.GLOBAL else float("inf")
-        assert not reached or any(not 0 <= x < high for x in reached), (e.message, reached)
+        if "out of bounds" not in e.message:  # an iteration that ran it raised _Undefined
+            assert re.search("shift|division by zero|overflows", e.message), e
+            tree, where = (guard, "if_then_else.cond") if "if_then_else.cond" in e.path else \
+                (index, "store.indices[0]")
+            assert id(_node_at(tree, e.path.split(where, 1)[1])) not in seen, e
+            return
+        outside = [not 0 <= x < extent for x in reached]
+        assert not reached or (all(outside) if kind == pb.GLOBAL else any(outside)), \
+            (e.message, reached)

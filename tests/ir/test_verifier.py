@@ -12,7 +12,7 @@ from tiled.ir import Limits, Program, verify_program
 from tiled.v1 import tile_ir_pb2 as pb
 
 from . import programs as P
-from .programs import F16, F32, I32, add, binary, const, load, node, var
+from .programs import F16, F32, I32, add, binary, call, const, load, node, var
 
 GEMM_LOOP = "kernel.body.seq.stmts[1].for_"
 GEMM_COPY_A = GEMM_LOOP + ".body.seq.stmts[0].copy"
@@ -160,10 +160,11 @@ def _neg_global_offset(p):
 
 
 def _neg_global_index(p):
+    """Y[i - 5000] for i < 1024, unguarded: negative on every execution."""
     guarded = node(p, "kernel.body.for_.body")
     guarded.CopyFrom(copy_of(guarded.if_then_else.then_body))  # drop the tail guard
-    idx = node(p, "kernel.body.for_.body.store.indices[0]")
-    idx.CopyFrom(binary(pb.SUB, copy_of(idx), const(5000)))
+    node(p, "kernel.body.for_.body.store.indices[0]").CopyFrom(
+        binary(pb.SUB, var(3), const(5000)))
 
 
 CASES = [
@@ -338,10 +339,24 @@ def test_rejects_expression(expr, message, subpath):
 
 
 def test_float_constants_may_be_inf_and_nan():
-    for x in (float("inf"), float("-inf"), float("nan"), 1e300):
+    for x in (float("inf"), float("-inf"), float("nan"), 3.4028234663852886e38, -1e38):
         p = P.gemm()
         node(p, FILL_VALUE).float_value = x
         verify_program(Program(p))
+
+
+@pytest.mark.parametrize(("value", "dtype", "message"), [
+    (1e300, F32, r"float constant 1e\+300 does not fit in float32 \(largest finite value "
+     r"3.40282e\+38\); use inf"),
+    (-3.5e38, F32, "does not fit in float32"),
+    (65520.0, F16, "float constant 65520 does not fit in float16"),
+    (449.0, pb.FLOAT8_E4M3, "does not fit in float8_e4m3"),
+])
+def test_rejects_float_constant_outside_its_dtype(value, dtype, message):
+    p = P.gemm()
+    literal = raw(dtype, float_value=value)
+    node(p, FILL_VALUE).CopyFrom(literal if dtype == F32 else P.cast(literal, F32))
+    reject(p, message, FILL_VALUE if dtype == F32 else FILL_VALUE + ".cast.value")
 
 
 # -- static bounds --------------------------------------------------------------------------------
@@ -358,8 +373,9 @@ BOUNDS_CASES = [
      GEMM_COPY_A + ".dst.offsets[1]"),
     ("global_negative_offset", "gemm", _neg_global_offset, "starts at offset -1 in dim 0",
      GEMM_COPY_A + ".src.offsets[0]"),
-    ("global_negative_index", "elementwise", _neg_global_index, "index -5000 is out of bounds "
-     "for Y dim 0", "kernel.body.for_.body.store.indices[0]"),
+    ("global_negative_index", "elementwise", _neg_global_index, r"index in -5000..-3977 is out "
+     r"of bounds for Y dim 0 of extent M \(valid 0..M-1\) on every execution",
+     "kernel.body.for_.body.store.indices[0]"),
 ]
 
 
@@ -380,10 +396,104 @@ def test_region_larger_than_tile():
 
 
 def test_global_region_may_run_past_the_end():
-    p = P.gemm()  # K = 1024, yet the tile starts at 1024 + k * 32: a ragged tail, legal
+    p = P.gemm()  # K = 1024, yet the tile starts at 1000 + k * 32: a ragged tail, legal
+    offset = node(p, GEMM_COPY_A + ".src.offsets[1]")
+    offset.CopyFrom(add(copy_of(offset), const(1000)))
+    verify_program(Program(p))
+
+
+def test_global_region_wholly_outside():
+    p = P.gemm()  # the tile starts at 1024 + k * 32 >= K = 1024: no element inside, ever
     offset = node(p, GEMM_COPY_A + ".src.offsets[1]")
     offset.CopyFrom(add(copy_of(offset), const(1024)))
+    reject(p, r"tile of 32 starting at offset 1024 or more lies wholly outside A dim 1 of "
+           r"extent 1024 \(valid starts 0..1023\)", GEMM_COPY_A + ".src.offsets[1]")
+    p = P.gemm()  # a fill of a global region past the end, at a constant offset
+    p.kernel.body.seq.stmts[0].fill.dst.CopyFrom(P.region(102, [0, 1024], [1, 8]))
+    p.kernel.body.seq.stmts[0].fill.value.CopyFrom(const(0.0, F16))
+    reject(p, "tile of 8 starting at offset 1024 lies wholly outside C dim 1",
+           "kernel.body.seq.stmts[0].fill.dst.offsets[1]")
+
+
+def _global_kernel(index, n: int = 1000, loop: int = 1024, load_index=None) -> pb.Program:
+    """for j in Parallel(loop): Y[index] = X[load_index or index], X and Y of n floats (j is
+    var 2). The compiler guards these accesses: only one outside on every execution is an
+    error (TileLang's semantics: a load outside reads 0, a store outside is skipped)."""
+    b = P.Builder("oob")
+    x, y = b.tensor("X", [n], F32), b.tensor("Y", [n], F32)
+    bx, j = b.var("bx"), b.var("j")
+    assert (bx, j) == (1, 2)
+    body = P.store(y, [index], load(x, F32, load_index if load_index is not None else index))
+    return b.kernel([const(1)], [bx], 128, P.loop(j, loop, body, pb.PARALLEL))
+
+
+JG = var(2)  # the loop var j of _global_kernel
+
+
+@pytest.mark.parametrize("index", [
+    JG,                                            # j < 1024 over 1000 elements: the tail
+    binary(pb.SUB, JG, const(1)),                  # -1 at j = 0
+    binary(pb.SUB, JG, const(1023)),               # -1023..0: only j = 1023 is inside
+    add(JG, const(999)),                           # 999..2022: only j = 0 is inside
+    binary(pb.MUL, JG, const(1000)),               # only j = 0 is inside
+])
+def test_global_access_partly_outside_is_guarded_not_rejected(index):
+    verify_program(Program(_global_kernel(index)))
+
+
+@pytest.mark.parametrize(("index", "load_index", "message", "path"), [
+    (const(1000), None, r"index 1000 is out of bounds for Y dim 0 of extent 1000 "
+     r"\(valid 0..999\) on every execution", "store.indices[0]"),
+    (JG, add(JG, const(1000)), r"index in 1000..2023 is out of bounds for X dim 0 of extent "
+     "1000", "store.value.load.indices[0]"),
+    (binary(pb.SUB, JG, const(1024)), None, r"index in -1024..-1 is out of bounds for Y dim 0",
+     "store.indices[0]"),
+    (call(pb.NEG, add(JG, const(1))), JG, "index in -1024..-1 is out of bounds for Y",
+     "store.indices[0]"),
+])
+def test_global_access_outside_on_every_execution(index, load_index, message, path):
+    reject(_global_kernel(index, load_index=load_index), message, "kernel.body.for_.body." + path)
+
+
+def test_global_atomic_add_outside():
+    p = _global_kernel(JG)
+    p.kernel.body.for_.body.CopyFrom(pb.Stmt(atomic_add=pb.AtomicAdd(
+        buffer=101, indices=[add(JG, const(1000))], value=const(1.0, F32))))
+    reject(p, "index in 1000..2023 is out of bounds for Y dim 0",
+           "kernel.body.for_.body.atomic_add.indices[0]")
+    p.kernel.body.for_.body.atomic_add.indices[0].CopyFrom(add(JG, const(999)))
     verify_program(Program(p))
+
+
+def test_symbolic_global_dim_rejects_only_negative():
+    p = P.elementwise()  # Y[bx * 1024 + i + 10**6] may be inside M: guarded, not rejected
+    idx = node(p, "kernel.body.for_.body.if_then_else.then_body.store.indices[0]")
+    idx.CopyFrom(add(copy_of(idx), const(10**6)))
+    verify_program(Program(p))
+
+
+def test_index_returns_its_interval():
+    """The seam of the compiler's guard pass: index() returns each access's interval."""
+    from tiled.ir.verifier import _Verifier
+
+    seen = []
+
+    class Recorder(_Verifier):
+        def index(self, b, i, idx, ipath, depth):
+            iv = super().index(b, i, idx, ipath, depth)
+            seen.append((self.bname(b.id), iv and (iv.lo, iv.hi)))
+            return iv
+
+    v = Recorder(_global_kernel(binary(pb.SUB, JG, const(1))), Limits())
+    v.tables()
+    v.kernel()
+    assert seen == [("Y", (-1, 1022)), ("X", (-1, 1022))]
+    p = _global_kernel(JG, loop=0)  # a loop that never runs: no interval
+    seen.clear()
+    v = Recorder(p, Limits())
+    v.tables()
+    v.kernel()
+    assert seen == [("Y", None), ("X", None)]
 
 
 def _bounds_kernel(index: pb.Expr, cond: pb.Expr | None = None, extent: int = 64) -> pb.Program:
@@ -646,3 +756,326 @@ def test_huge_repeated_fields_stop_early():
     p = P.gemm()
     p.kernel.body.seq.stmts.extend([pb.Stmt(seq=pb.Seq())] * 300_000)
     reject(p, "more than 200000 IR nodes")
+
+
+# -- integer operands: shift amounts and divisors -------------------------------------------------
+
+def _int_kernel(value: pb.Expr, cond: pb.Expr | None = None, dtype=I32) -> pb.Program:
+    """for j in Parallel(40): [if cond:] S[0] = value, S a (1,) LOCAL buffer of `dtype`; the
+    loop var j is var 2, the scalar param n is var 3 (of `dtype`)."""
+    b = P.Builder("ints")
+    bx, j = b.var("bx"), b.var("j")
+    n = b.scalar("n", dtype)
+    assert (bx, j, n) == (1, 2, 3)
+    s = b.buffer("S", [1], dtype, pb.LOCAL)
+    st = P.store(s, [const(0)], value)
+    body = st if cond is None else P.if_(cond, st)
+    return b.kernel([const(1)], [bx], 32, P.loop(j, 40, body, pb.PARALLEL))
+
+
+N = var(3)
+
+
+@pytest.mark.parametrize(("value", "cond", "message"), [
+    (binary(pb.SHL, N, const(32)), None, r"shift << by 32 on int32: the amount must be in "
+     r"0..31 \(the width of int32 is 32 bits\)"),
+    (binary(pb.SHR, N, const(-1)), None, "shift >> by -1 on int32"),
+    (binary(pb.SHL, N, JG), None, "shift << by 39 on int32"),  # j = 39 is reached
+    (binary(pb.SHR, N, binary(pb.SUB, JG, const(5))), None, "shift >> by -5"),
+    (binary(pb.SHL, N, add(JG, const(100))), binary(pb.NE, N, const(0)),
+     "shift << by in 100..139"),
+    (binary(pb.FLOOR_DIV, N, const(0)), None, r"integer // by constant 0 \(int32\): division "
+     "by zero is undefined"),
+    (binary(pb.DIV, N, const(0)), None, "integer / by constant 0"),
+    (binary(pb.FLOOR_MOD, N, const(0)), None, "integer % by constant 0"),
+    (binary(pb.FLOOR_MOD, N, JG), None, "integer % by a value in 0..39 that reaches 0"),
+    (binary(pb.DIV, N, binary(pb.SUB, JG, const(39))), None, "a value in -39..0 that reaches 0"),
+])
+def test_rejects_undefined_integer_operand(value, cond, message):
+    reject(_int_kernel(value, cond), message, None)
+
+
+@pytest.mark.parametrize("value", [
+    binary(pb.SHL, N, const(31)),
+    binary(pb.SHR, N, binary(pb.MIN, JG, const(31))),
+    binary(pb.SHL, N, N),                            # unknown amount: the author's business
+    binary(pb.FLOOR_DIV, N, add(JG, const(1))),      # 1..40
+    binary(pb.FLOOR_MOD, N, N),                      # unknown divisor
+    binary(pb.DIV, N, binary(pb.SUB, JG, const(20))),  # 0 only mid-range (j = 20)
+])
+def test_accepts_integer_operand(value):
+    verify_program(Program(_int_kernel(value)))
+
+
+def test_integer_operand_rules_follow_dtype_and_guards():
+    verify_program(Program(_int_kernel(binary(pb.SHL, var(3, pb.INT64), const(40, pb.INT64)),
+                                       dtype=pb.INT64)))
+    reject(_int_kernel(binary(pb.SHL, var(3, pb.INT8), const(8, pb.INT8)), dtype=pb.INT8),
+           "shift << by 8 on int8: the amount must be in 0..7")
+    guarded = binary(pb.GT, JG, const(0))  # if j > 0: n // j
+    verify_program(Program(_int_kernel(binary(pb.FLOOR_DIV, N, JG), guarded)))
+    p = _int_kernel(const(0))  # a float division by a constant zero: TVM refuses to fold it
+    p.buffers[0].dtype = F32
+    value = node(p, "kernel.body.for_.body.store.value")
+    value.CopyFrom(binary(pb.DIV, P.cast(N, F32), call(pb.NEG, const(0.0, F32))))
+    reject(p, "float32 division by constant 0: TVM refuses to fold it")
+    value.CopyFrom(binary(pb.DIV, P.cast(N, F32), const(1e-30, F32)))
+    verify_program(Program(p))
+
+
+def test_constant_shift_in_dead_code_is_rejected():
+    """A constant amount is wrong whenever the code runs; TVM folds it even where it never
+    does. An amount that depends on vars is not judged in code that never runs."""
+    never = binary(pb.LT, JG, const(0))
+    reject(_int_kernel(binary(pb.SHL, N, const(40)), never), "shift << by 40")
+    verify_program(Program(_int_kernel(binary(pb.SHL, N, binary(pb.SUB, JG, const(5))), never)))
+
+
+# -- names of the generated C ---------------------------------------------------------------------
+
+def _dim_named(name: str, p: pb.Program | None = None) -> pb.Program:
+    p = p if p is not None else P.gemm()
+    p.vars[0].name = name  # M, the symbolic dim of A and C
+    return p
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("1abc", "symbolic dim '1abc' \\(dim 0 of A\\): the name is not an identifier"),
+    ("a b", "is not an identifier"),
+    ("m" * 65, "is longer than 64 characters"),
+    ("int", "is reserved: a C/C\\+\\+/CUDA keyword"),
+    ("float", "is reserved"),
+    ("blockIdx", "is reserved"),
+    ("threadIdx", "is reserved"),
+    ("uint", "is reserved"),       # `#define uint unsigned int` in TVM's CUDA preamble
+    ("expf", "is reserved"),       # hides the function the body calls
+    ("float4", "is reserved"),
+    ("__x", "is reserved: names starting with __"),
+    ("_X", "is reserved: names starting with __, _ and a capital letter"),
+    ("tiled_m", "is reserved"),
+    ("TILED_M", "is reserved"),
+    ("A", "has the name of parameter A; dims and parameters need distinct C names"),
+    ("B_ptr", "has the name of tensor parameter B's data pointer"),
+])
+def test_rejects_dim_name(name, message):
+    reject(_dim_named(name), message, "vars[0]")
+
+
+def test_dim_names_accepted():
+    for name in ("M", "m" * 64, "_m", "seq_len", "M2", "Integer"):
+        verify_program(Program(_dim_named(name)))
+    verify_program(Program(_dim_named("")))  # unnamed: the compiler calls it d<id>
+
+
+def test_unnamed_dim_is_checked_under_the_name_it_gets():
+    p = _dim_named("")
+    p.params[1].name = "d1"  # the name the compiler gives var 1
+    reject(p, "symbolic dim 'd1' \\(dim 0 of A\\) has the name of parameter d1", "vars[0]")
+
+
+def test_two_dims_with_one_name():
+    p = P.gemm()
+    p.vars.add(id=9, name="M", dtype=I32)  # a second dim var, also called M, for B's rows
+    p.buffers[1].shape[0].CopyFrom(pb.Dim(var=9))
+    reject(p, "symbolic dim 'M' \\(dim 0 of B\\) has the name of dim var 1", "vars[4]")
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("threadIdx", "parameter name 'threadIdx' is reserved"),
+    ("int", "parameter name 'int' is reserved"),
+    ("_Bool", "is reserved"),
+    ("tiled_tmap_0", "is reserved"),  # the sm90 path's TMA descriptor parameters
+    ("x" * 65, "is longer than 64 characters"),
+    ("", "parameter name '' is empty"),
+])
+def test_rejects_param_name(name, message):
+    p = P.gemm()
+    p.params[1].name = name
+    reject(p, message, "params[1]")
+
+
+def test_rejects_param_named_like_a_data_pointer():
+    p = P.scaled_sum()
+    p.params[3].name = "X_ptr"  # the scalar n, named as tensor X's pointer in the C signature
+    reject(p, "parameter name 'X_ptr' is the C name of tensor parameter X's data pointer",
+           "params[3]")
+
+
+# -- memory per thread and per block --------------------------------------------------------------
+
+def _alloc_kernel(buffers, threads: int = 32) -> pb.Program:
+    """A kernel that allocates `buffers` [(scope, elements, dtype)] and stores into the first."""
+    b = P.Builder("alloc")
+    x = b.tensor("X", [1024], F32)
+    bx = b.var("bx")
+    ids = [b.buffer(f"buf{k}", [n], dt, scope) for k, (scope, n, dt) in enumerate(buffers)]
+    first = buffers[0][2]
+    body = P.store(ids[0], [const(0)], P.cast(load(x, F32, const(0)), first))
+    return b.kernel([const(1)], [bx], threads, body)
+
+
+def test_limit_local_memory_per_thread():
+    """Finding 9 of issue 10: 50 LOCAL buffers of 4M float64 (1.6 GB per thread)."""
+    p = _alloc_kernel([(pb.LOCAL, 1 << 22, pb.FLOAT64)] * 50)
+    err = reject(p, r"kernel allocates 1600 MiB of local memory per thread \(LOCAL buffers, and "
+                 r"FRAGMENT buffers spread over the block's 32 threads\), the limit is 64 KiB "
+                 r"\(Limits.max_local_bytes\): use fewer or smaller buffers \(largest: buf0 32 "
+                 r"MiB, buf1 32 MiB, buf2 32 MiB; buf0 crosses the limit\)", "buffers[1]")
+    assert err.loc == "kernels.py:1"  # the kernel's: buf0 has no location
+    p.buffers[1].loc.CopyFrom(pb.Location(file="k.py", line=7))
+    assert reject(p, "local memory per thread").loc == "k.py:7"  # where buf0 is allocated
+    reject(_alloc_kernel([(pb.LOCAL, 4096, F32)] * 3), "48 KiB of local memory per thread .*, the "
+           "limit is 40 KiB", "buffers[3]", Limits(max_local_bytes=40 << 10))
+    verify_program(Program(_alloc_kernel([(pb.LOCAL, 4096, F32)] * 3)))  # 48 KiB
+
+
+def test_limit_fragments_count_per_thread():
+    # 64K float32 spread over 32 threads: 8 KiB each; over 1024 threads, 256 bytes each
+    reject(_alloc_kernel([(pb.FRAGMENT, 1 << 16, F32)] * 9), "72 KiB of local memory per "
+           "thread", "buffers[9]")
+    verify_program(Program(_alloc_kernel([(pb.FRAGMENT, 1 << 16, F32)] * 9, threads=1024)))
+    reject(_alloc_kernel([(pb.FRAGMENT, 1000, F32), (pb.LOCAL, 100, F32)], threads=3),
+           r"1.7 KiB \(1734 bytes\) of local memory per thread", "buffers[2]",
+           Limits(max_local_bytes=1500))
+
+
+def test_limit_memory_per_block():
+    big = [(pb.FRAGMENT, 1 << 22, F32)] * 3  # 48 MiB; 48 KiB per thread over 1024 threads
+    reject(_alloc_kernel(big, threads=1024), r"kernel allocates 48 MiB of memory per block "
+           r"\(SHARED, FRAGMENT and LOCAL buffers together\), the limit is 32 MiB "
+           r"\(Limits.max_block_bytes\)", "buffers[3]")
+    verify_program(Program(_alloc_kernel(big[:2], threads=1024)))
+    reject(_alloc_kernel([(pb.SHARED, 1024, F32), (pb.LOCAL, 1024, F32)]),
+           "8 KiB of memory per block", "buffers[2]", Limits(max_block_bytes=6000))
+
+
+# -- constants the compiler folds -----------------------------------------------------------------
+
+U8, U32 = pb.UINT8, pb.UINT32
+
+
+@pytest.mark.parametrize(("value", "dtype", "message"), [
+    (P.cast(const(-1), U32), U32, r"cast of constant -1 to uint32: uint32 holds "
+     r"0..4294967295; mask or clamp it first"),
+    (P.cast(const(300), U8), U8, "cast of constant 300 to uint8"),
+    (P.cast(const(-1.0, F32), pb.UINT64), pb.UINT64, "cast of constant -1 to uint64"),
+    (P.cast(const(float("inf"), F32), I32), I32, "cast of constant inf to int32"),
+    (P.cast(const(float("nan"), F32), I32), I32, "cast of constant nan to int32"),
+    (P.cast(const(3e9, F32), I32), I32, "cast of constant 3e\\+09 to int32"),
+    (P.cast(binary(pb.SUB, JG, JG), U8), U8, None),  # not a constant: may be anything
+    (P.cast(binary(pb.MUL, const(1 << 20, U32), const(1 << 20, U32)), I32), I32, None),
+    (binary(pb.SHL, const(3), const(30)), I32, "constant shift 3 << 30 overflows int32"),
+    (binary(pb.SHL, const(1), const(31)), I32, "constant shift 1 << 31 overflows"),
+    (binary(pb.SHL, const(1, U32), const(31, U32)), U32, None),
+    (binary(pb.SUB, const(0, U8), const(1, U8)), U8, "constant 0 - 1 wraps below 0 in uint8"),
+    (call(pb.NEG, const(5, U8)), U8, "neg of constant 5 wraps below 0 in uint8"),
+    (call(pb.ABS, const(-(1 << 31))), I32, "abs of constant -2147483648 overflows int32"),
+    (call(pb.ABS, const(-5)), I32, None),
+])
+def test_constant_folds(value, dtype, message):
+    p = _int_kernel(value, dtype=dtype)
+    if message is None:
+        verify_program(Program(p))
+    else:
+        reject(p, message)
+
+
+def test_cast_of_constant_to_bool_and_float():
+    p = _int_kernel(const(0))
+    BOOL_ = pb.BOOL
+    p.buffers[0].dtype = BOOL_
+    value = node(p, "kernel.body.for_.body.store.value")
+    value.CopyFrom(P.cast(const(5), BOOL_))
+    reject(p, r"cast of constant 5 to bool: bool holds 0..1; compare instead \(x != 0\)")
+    value.CopyFrom(P.cast(const(1), BOOL_))
+    verify_program(Program(p))
+    p.buffers[0].dtype = F16
+    value.CopyFrom(P.cast(const(70000), F16))
+    reject(p, "cast of constant 70000 to float16: float16 holds largest finite value 65504")
+    value.CopyFrom(P.cast(const(1e6, F32), F16))
+    reject(p, "cast of constant 1e\\+06 to float16")
+    value.CopyFrom(P.cast(const(float("-inf"), F32), F16))
+    verify_program(Program(p))
+
+
+# -- the grid is what the launch manifest can evaluate --------------------------------------------
+
+@pytest.mark.parametrize(("grid", "message"), [
+    (var(2), "the grid uses scalar parameter n; the launch manifest computes the grid from "
+     "tensor shapes"),
+    (binary(pb.SHL, const(1), const(2)), "the grid uses <<"),
+    (binary(pb.BIT_AND, const(5), const(3)), "the grid uses &"),
+    (call(pb.ABS, const(3)), "the grid uses a call"),
+    (P.select(binary(pb.LT, const(1), const(2)), const(1), const(2)), "the grid uses a select"),
+])
+def test_rejects_grid_the_manifest_cannot_evaluate(grid, message):
+    p = P.scaled_sum()
+    p.kernel.grid[0].CopyFrom(grid)
+    reject(p, message)
+
+
+def test_grid_may_use_dims_and_arithmetic():
+    p = P.elementwise()
+    grid = binary(pb.MAX, binary(pb.FLOOR_MOD, binary(pb.DIV, var(1), const(3)), const(7)),
+                  P.cast(binary(pb.SUB, P.cast(var(1), pb.INT64), const(1, pb.INT64)), I32))
+    p.kernel.grid[0].CopyFrom(add(grid, const(1)))
+    verify_program(Program(p))
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (binary(pb.MUL, const(1 << 20), const(1 << 20)), r"int32 arithmetic overflows: \* reaches "
+     r"1099511627776, outside -2147483648..2147483647 \(signed overflow is undefined\); "
+     "compute in a wider dtype"),
+    (binary(pb.MUL, JG, const(-(1 << 31))), "overflows: \\* reaches -83751862272"),  # j = 39
+    (add(binary(pb.MUL, JG, const(1 << 25)), const(1 << 30)),
+     "overflows: \\+ reaches 2382364672"),
+    (binary(pb.SUB, const(-(1 << 31)), add(JG, const(1))),
+     "overflows: - reaches -2147483688..-2147483649"),  # on every execution
+    (binary(pb.SHL, JG, const(27)), "overflows: << reaches 5234491392"),
+])
+def test_rejects_signed_overflow(value, message):
+    reject(_int_kernel(value), message)
+
+
+@pytest.mark.parametrize(("value", "cond", "dtype"), [
+    (binary(pb.MUL, N, const(1 << 20)), None, I32),           # n unknown: it may not overflow
+    (binary(pb.MUL, JG, const(1 << 25)), None, I32),          # 39 << 25 fits
+    (binary(pb.MUL, JG, const(1 << 27)), binary(pb.NE, N, JG), I32),  # j blurred by the guard
+    (binary(pb.SUB, const(0, U32), const(0, U32)), None, U32),
+    (binary(pb.MUL, const(1 << 31, U32), const(4, U32)), None, U32),   # unsigned: wraps
+    (binary(pb.MUL, const(1 << 40, pb.INT64), const(1 << 20, pb.INT64)), None, pb.INT64),
+])
+def test_accepts_arithmetic_that_need_not_overflow(value, cond, dtype):
+    verify_program(Program(_int_kernel(value, cond, dtype)))
+
+
+def test_decided_select_is_its_live_side():
+    """select(256 <= 17, j, 65) is 65: a shift by it is a shift by 65."""
+    amount = P.select(binary(pb.LE, const(256), const(17)), JG, const(65))
+    reject(_int_kernel(binary(pb.SHL, N, amount)), "shift << by 65 on int32")
+    amount = P.select(binary(pb.LE, const(16), const(17)), binary(pb.FLOOR_MOD, JG, const(8)),
+                      const(65))
+    verify_program(Program(_int_kernel(binary(pb.SHL, N, amount))))
+
+
+# -- operand dtypes the compiler cannot take ------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [pb.BFLOAT16, pb.FLOAT8_E4M3, pb.FLOAT8_E5M2])
+def test_rejects_scalar_params_no_abi_passes(dtype):
+    p = P.scaled_sum()
+    p.vars[0].dtype = dtype  # alpha
+    node(p, SS_IF + ".then_body.atomic_add.value.binary.b").dtype = dtype
+    reject(p, f"scalar parameter alpha is {pb.DType.Name(dtype).lower()}; kernels take bool, "
+           "integer, float16, float32 or float64 scalars", "params[2].scalar")
+
+
+def test_rejects_bool_gemm_and_reduce():
+    p = P.gemm()
+    p.buffers[5].dtype = pb.BOOL  # C_local
+    node(p, FILL_VALUE).CopyFrom(raw(pb.BOOL, int_value=0))
+    reject(p, "gemm operand C \\(C_local\\) is bool; gemm multiplies and adds numbers",
+           GEMM_GEMM + ".c")
+    p = P.softmax()
+    del p.kernel.body.seq.stmts[2:]
+    p.buffers[3].dtype = pb.BOOL  # row_max
+    reject(p, "reduce destination row_max is bool", SM_REDUCE + ".dst")

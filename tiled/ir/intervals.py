@@ -43,6 +43,14 @@ def _tdiv(x: int, c: int) -> int:
 
 
 def _binary_iv(op: int, a: _Iv, b: _Iv, dtype: int) -> _Iv:
+    """The interval of `a op b` in `dtype`: the full range where it may wrap."""
+    r = _binary_exact(op, a, b)
+    return _full(dtype) if r is None else _fit(r, dtype)
+
+
+def _binary_exact(op: int, a: _Iv, b: _Iv) -> _Iv | None:
+    """The interval of `a op b` over the integers (before any wrap), or None where it is not
+    tracked."""
     indep = not (a.deps & b.deps)
     deps = a.deps | b.deps
     if op == pb.ADD:
@@ -74,17 +82,17 @@ def _binary_iv(op: int, a: _Iv, b: _Iv, dtype: int) -> _Iv:
         c = _const(b)
         if op == pb.SHR:
             if not 0 <= c < 64:
-                return _full(dtype)
+                return None
             c, op = 1 << c, pb.FLOOR_DIV  # arithmetic shift right: floor division
         if c == 0:
-            return _full(dtype)
+            return None
         div = (lambda x: x // c) if op == pb.FLOOR_DIV else (lambda x: _tdiv(x, c))
         if c > 0:  # monotone: ends map to ends
             r = _Iv(div(a.lo), div(a.hi), a.lo_exact, a.hi_exact, a.deps)
         else:
             r = _Iv(div(a.hi), div(a.lo), a.hi_exact, a.lo_exact, a.deps)
     elif op == pb.SHL and _const(b) is not None and 0 <= _const(b) < 64:
-        return _binary_iv(pb.MUL, a, _Iv(1 << _const(b), 1 << _const(b), True, True), dtype)
+        return _binary_exact(pb.MUL, a, _Iv(1 << _const(b), 1 << _const(b), True, True))
     elif op == pb.FLOOR_MOD and _const(b) is not None and _const(b) != 0:
         c = _const(b)
         if c > 0 and a.lo // c == a.hi // c:
@@ -96,5 +104,5 @@ def _binary_iv(op: int, a: _Iv, b: _Iv, dtype: int) -> _Iv:
     elif op in (pb.BIT_OR, pb.BIT_XOR) and a.lo >= 0 and b.lo >= 0:
         r = _Iv(0, (1 << max(a.hi, b.hi).bit_length()) - 1, deps=deps)
     else:
-        return _full(dtype)
-    return _fit(r, dtype)
+        return None
+    return r

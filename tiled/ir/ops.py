@@ -39,6 +39,13 @@ INT_RANGE: dict[int, tuple[int, int]] = {
     pb.UINT8: (0, (1 << 8) - 1), pb.UINT16: (0, (1 << 16) - 1),
     pb.UINT32: (0, (1 << 32) - 1), pb.UINT64: (0, (1 << 64) - 1),
 }
+# The largest finite value of each float dtype; a constant beyond it (other than inf) does
+# not exist in that dtype (TVM refuses to build it).
+FLOAT_MAX: dict[int, float] = {
+    pb.FLOAT16: 65504.0, pb.BFLOAT16: 3.3895313892515355e38, pb.FLOAT32: 3.4028234663852886e38,
+    pb.FLOAT64: 1.7976931348623157e308, pb.FLOAT8_E4M3: 448.0, pb.FLOAT8_E5M2: 57344.0,
+}
+UNSIGNED_DTYPES = frozenset({pb.UINT8, pb.UINT16, pb.UINT32, pb.UINT64})
 
 SCOPES = frozenset({pb.GLOBAL, pb.SHARED, pb.FRAGMENT, pb.LOCAL, pb.BARRIER})
 LOOP_KINDS = frozenset({pb.SERIAL, pb.PARALLEL, pb.PIPELINED, pb.UNROLL})
@@ -76,3 +83,34 @@ MBARRIER_NAME: dict[int, str] = {
     pb.MBARRIER_ARRIVE: "mbarrier_arrive", pb.MBARRIER_WAIT_PARITY: "mbarrier_wait_parity",
     pb.MBARRIER_EXPECT_TX: "mbarrier_expect_tx",
 }
+
+# Identifiers that parameter and symbolic dim names may not take. Those names become C / CUDA
+# identifiers of the generated kernel (tensor X: `X_ptr`, dim M: `int M`, scalar s: `s`), next
+# to the keywords, builtins, types, macros and functions of TVM's generated code and tiled's
+# headers: a parameter `uint` meets `#define uint unsigned int`, one named `expf` hides the
+# function the body calls. Also reserved: names starting with `__` or `_` and a capital letter
+# (C's reserved identifiers), and the prefixes of tiled's and TVM's own names.
+RESERVED_PREFIXES = ("__", "tiled_", "TILED_", "tvm_", "TVM", "CUDA_", "fp8_", "make_")
+_RESERVED_WORDS = """
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t
+    char16_t char32_t class compl concept const consteval constexpr constinit const_cast
+    continue co_await co_return co_yield decltype default delete do double dynamic_cast else
+    enum explicit export extern false float for friend goto if inline int long mutable
+    namespace new noexcept not not_eq nullptr operator or or_eq private protected public
+    register reinterpret_cast requires restrict return short signed sizeof static
+    static_assert static_cast struct switch template this thread_local throw true try typedef
+    typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq main
+    NULL std cuda tiled
+    threadIdx blockIdx blockDim gridDim warpSize clusterDim dim3
+    int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t ptrdiff_t
+    intptr_t uintptr_t uint uchar ushort half half2 half4 half4_bfloat164 nv_bfloat16
+    nv_bfloat162 nv_bfloat164 bfloat16
+    min max abs fabs fabsf exp expf exp2 exp2f log logf log2 log2f sqrt sqrtf rsqrt rsqrtf
+    tanh tanhf tan tanf atan atanf floor floorf ceil ceilf pow powf erf erff sin sinf cos
+    cosf fmin fminf fmax fmaxf isnan isinf signbit hexp hexp2 hlog hlog2 hsqrt hrsqrt htanh
+    htan hatan hfloor hceil hpow herf hsin hcos
+"""
+_VECTOR_TYPES = ("char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "longlong",
+                 "ulonglong", "float", "double")  # CUDA's int4, float2, ...
+RESERVED_NAMES = frozenset(_RESERVED_WORDS.split()) | frozenset(
+    f"{t}{n}" for t in _VECTOR_TYPES for n in "1234")

@@ -8,26 +8,38 @@ raises another exception, its work is bounded by `Limits.max_nodes` and its recu
 
 Static bounds use integer intervals: each integer expression gets [lo, hi] and, per end,
 whether that end is *attained*, i.e. reached by every execution that reaches the expression at
-all (loop and block vars start at 0; constant extents reach their last iteration). An access is
-rejected only when it is provably out of bounds: the whole interval lies outside, or an attained
-end does. Guards (`if i < 64`, `select(i < 64, ...)`) narrow intervals; a guard the analysis
-cannot read makes the vars it mentions inexact, so guarded code is never rejected wrongly.
-Code that never runs may still be rejected when its access would be out of bounds whenever it
-ran (`if flag[0] > 9: S[200] = 0` with S of 128): that is a bug even if no input reaches it.
-Arithmetic that may overflow its dtype says nothing (it may wrap).
+all (loop and block vars start at 0; constant extents reach their last iteration). An access to
+a SHARED, FRAGMENT or LOCAL buffer is rejected when it is provably out of bounds: the whole
+interval lies outside, or an attained end does. A GLOBAL element access is rejected only when
+it is outside on every execution (the whole interval): the compiler guards the others (a load
+outside reads 0, a store outside is skipped; TileLang's semantics), and `index()` returns each
+interval for that pass (tiled.compiler.passes.guards). A global region may run past the end (a
+ragged tail), not start past it. Guards (`if i < 64`, `select(i < 64, ...)`) narrow intervals;
+a guard the analysis cannot read makes the vars it mentions inexact, so guarded code is never
+rejected wrongly. Code that never runs may still be rejected when its access would be out of
+bounds whenever it ran (`if flag[0] > 9: S[200] = 0` with S of 128): that is a bug even if no
+input reaches it.
+
+The same intervals reject integer operations that are undefined where they provably happen:
+a shift by an amount outside [0, bits), a division or modulo by 0, a signed overflow (unsigned
+arithmetic wraps, as defined); and constants the compiler folds but no dtype holds (`uint8(-1)`,
+`float16(1e6)`, a float division by 0.0, `1 << 31` in int32). Names that become C identifiers
+(parameters, symbolic dims) must be valid, unreserved and distinct, and a kernel's buffers must
+fit Limits: shared memory, local memory per thread, memory per block.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
 from tiled import config
 from tiled.errors import VerifyError
-from tiled.ir import ops
+from tiled.ir import dtypes, ops
 from tiled.ir.dtypes import ENUM_TO_NAME, nbytes
-from tiled.ir.intervals import _binary_iv, _const, _fit, _full, _Iv
+from tiled.ir.intervals import _binary_exact, _binary_iv, _const, _fit, _full, _Iv
 from tiled.ir.program import SCHEMA_VERSION, Program
 from tiled.ir.verify_ws import WarpSpecializedRules
 from tiled.v1 import tile_ir_pb2 as pb
@@ -47,17 +59,47 @@ class Limits:
     max_loop_extent: int = (1 << 31) - 1  # constant loop extents
     max_tile_elements: int = 1 << 22  # elements of one non-GLOBAL buffer or one region
     max_shared_bytes: int = field(default_factory=lambda: config.get("max_shared_bytes"))
+    # Per thread: LOCAL buffers, plus FRAGMENT buffers spread over the block's threads.
+    max_local_bytes: int = 64 * 1024
+    # Per block, every non-GLOBAL buffer: the cpu backend runs a block on one thread and
+    # allocates them all (LOCAL ones once), for as many blocks as it runs at once.
+    max_block_bytes: int = 32 << 20
 
 
 _GUARD_WORK = 256  # expression nodes one guard analysis may visit
 _NEGATE = {pb.LT: pb.GE, pb.LE: pb.GT, pb.GT: pb.LE, pb.GE: pb.LT, pb.EQ: pb.NE, pb.NE: pb.EQ}
 _MIRROR = {pb.LT: pb.GT, pb.LE: pb.GE, pb.GT: pb.LT, pb.GE: pb.LE, pb.EQ: pb.EQ, pb.NE: pb.NE}
+# Scalar parameter dtypes no kernel ABI passes (TVM's packed calls take no bfloat16 or fp8
+# scalar; the CUDA launcher has no fp8 one either).
+_NO_SCALAR = frozenset({pb.BFLOAT16, pb.FLOAT8_E4M3, pb.FLOAT8_E5M2})
+# What the launch manifest can evaluate (tiled.compiler.manifest.expr_json).
+_GRID_OPS = frozenset({pb.ADD, pb.SUB, pb.MUL, pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD, pb.MIN,
+                       pb.MAX})
+_GRID_RULE = ("the launch manifest computes the grid from tensor shapes: it may use only "
+              "symbolic dims, constants, casts and + - * / // % min max")
 _BOUND_HOW = {"dim": "a symbolic dim", "scalar": "a scalar parameter",
               "block": "a block var", "loop": "a loop var"}
 
 
 def _printable(name: str) -> bool:
     return len(name) <= 64 and _IDENT.fullmatch(name) is not None
+
+
+def _c_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a parameter or dim name of the generated C (ops.RESERVED_NAMES),
+    or None."""
+    if not name:
+        return "is empty"
+    if len(name) > 64:
+        return "is longer than 64 characters"
+    if not _IDENT.fullmatch(name):
+        return "is not an identifier (letters, digits and _, not starting with a digit)"
+    if name in ops.RESERVED_NAMES:
+        return "is reserved: a C/C++/CUDA keyword or a name of the generated kernel's code"
+    if name.startswith(ops.RESERVED_PREFIXES) or (name[0] == "_" and name[1:2].isupper()):
+        return ("is reserved: names starting with __, _ and a capital letter, or "
+                f"{', '.join(ops.RESERVED_PREFIXES[1:])} belong to C, TVM or tiled")
+    return None
 
 
 def _dt(dtype: int) -> str:
@@ -232,8 +274,9 @@ class _Verifier(WarpSpecializedRules):
         param_of: dict[int, int] = {}
         for i, prm in enumerate(self.p.params):
             path = (None, f"params[{i}]")
-            if len(prm.name) > 128 or not _IDENT.fullmatch(prm.name):
-                self.fail(f"parameter name {prm.name[:64]!r} is not an identifier", path)
+            problem = _c_name_problem(prm.name)
+            if problem:
+                self.fail(f"parameter name {prm.name[:64]!r} {problem}", path)
             if prm.name in names:
                 self.fail(f"two parameters are named {prm.name!r}", path)
             names.add(prm.name)
@@ -249,7 +292,11 @@ class _Verifier(WarpSpecializedRules):
                               (path, ".buffer"))
                 param_of[b.id] = i
             elif kind == "scalar":
-                self.var(prm.scalar, (path, ".scalar"))
+                v = self.var(prm.scalar, (path, ".scalar"))
+                if v.dtype in _NO_SCALAR:
+                    self.fail(f"scalar parameter {prm.name} is {_dt(v.dtype)}; kernels take "
+                              "bool, integer, float16, float32 or float64 scalars (pass a "
+                              "float32 and cast it)", (path, ".scalar"))
                 self.bind(prm.scalar, "scalar", (path, ".scalar"))
             else:
                 self.fail(f"parameter {prm.name} is neither a buffer nor a scalar", path)
@@ -262,6 +309,78 @@ class _Verifier(WarpSpecializedRules):
                 if d.WhichOneof("kind") == "var" and self.bound.get(d.var) != "dim":
                     self.bind(d.var, "dim", (None, f"params[{i}].buffer"))
         self.in_scope.update(self.bound)  # dims and scalar params
+        self.c_names(param_of)
+
+    def c_names(self, param_of: dict[int, int]) -> None:
+        """Parameter and dim names are C identifiers of the generated kernel (tensor X: `X_ptr`,
+        scalar s: `s`, dim M: `int M`; an unnamed dim is `d<id>`, as the compiler names it)
+        and manifest names: each must be a valid, unreserved name, and all must differ."""
+        params = self.p.params
+        taken: dict[str, tuple[str, int]] = {}  # name -> ("param" | "ptr" | "dim", index | id)
+        for i, prm in enumerate(params):
+            taken[prm.name] = ("param", i)
+        for i, prm in enumerate(params):
+            if prm.WhichOneof("kind") != "buffer":
+                continue
+            ptr = prm.name + "_ptr"
+            if ptr in taken:
+                self.fail(f"parameter name {ptr!r} is the C name of tensor parameter {prm.name}'s "
+                          "data pointer; rename one of them", (None, f"params[{taken[ptr][1]}]"))
+            taken[ptr] = ("ptr", i)
+        position = {v.id: j for j, v in enumerate(self.p.vars)}
+        for bid, i in sorted(param_of.items(), key=lambda kv: kv[1]):
+            for j, d in enumerate(self.bufs[bid].shape):
+                if d.WhichOneof("kind") != "var":
+                    continue
+                name = self.vars[d.var].name or f"d{d.var}"
+                what = f"symbolic dim {name[:64]!r} (dim {j} of {params[i].name})"
+                path = (None, f"vars[{position[d.var]}]")
+                problem = _c_name_problem(name)
+                if problem:
+                    self.fail(f"{what}: the name {problem}", path)
+                kind, who = taken.setdefault(name, ("dim", d.var))
+                if (kind, who) != ("dim", d.var):
+                    other = f"dim var {who}" if kind == "dim" else \
+                        f"parameter {params[who].name}" if kind == "param" else \
+                        f"tensor parameter {params[who].name}'s data pointer"
+                    self.fail(f"{what} has the name of {other}; dims and parameters need "
+                              "distinct C names", path)
+
+    def memory(self, threads: int) -> None:
+        """The per-thread and per-block totals of Limits (max_local_bytes, max_block_bytes)."""
+        lim, buffers = self.limits, self.p.buffers
+        per_thread: list[tuple[int, int]] = []  # (bytes, index in the table)
+        per_block: list[tuple[int, int]] = []
+        for i, b in enumerate(buffers):
+            if b.scope == pb.GLOBAL:
+                continue
+            n = self.elements(b) * nbytes(b.dtype)
+            per_block.append((n, i))
+            if b.scope == pb.LOCAL:
+                per_thread.append((n, i))
+            elif b.scope == pb.FRAGMENT:
+                per_thread.append((-(-n // threads), i))
+        for sizes, limit, what, knob in (
+                (per_thread, lim.max_local_bytes, "local memory per thread (LOCAL buffers, and "
+                 f"FRAGMENT buffers spread over the block's {threads} threads)",
+                 "max_local_bytes"),
+                (per_block, lim.max_block_bytes, "memory per block (SHARED, FRAGMENT and LOCAL "
+                 "buffers together)", "max_block_bytes")):
+            total = sum(n for n, _ in sizes)
+            if total <= limit:
+                continue
+            running, i = 0, sizes[-1][1]
+            for n, j in sizes:  # the allocation that crosses the limit
+                running += n
+                if running > limit:
+                    i = j
+                    break
+            biggest = ", ".join(f"{self.bname(buffers[j].id)} {_size(n)}"
+                                for n, j in sorted(sizes, key=lambda s: (-s[0], s[1]))[:3])
+            self.loc = _loc_str(buffers[i].loc) or self.loc
+            self.fail(f"kernel allocates {_size(total)} of {what}, the limit is {_size(limit)} "
+                      f"(Limits.{knob}): use fewer or smaller buffers (largest: {biggest}; "
+                      f"{self.bname(buffers[i].id)} crosses the limit)", (None, f"buffers[{i}]"))
 
     # -- kernel --------------------------------------------------------------------------------
 
@@ -280,6 +399,7 @@ class _Verifier(WarpSpecializedRules):
         if not 1 <= k.threads <= lim.max_threads:
             self.fail(f"kernel asks for {k.threads} threads per block; it needs 1 to "
                       f"{lim.max_threads}", (kp, ".threads"))
+        self.memory(k.threads)
         grid = []
         for i, g in enumerate(k.grid):
             path = (kp, f".grid[{i}]")
@@ -444,6 +564,9 @@ class _Verifier(WarpSpecializedRules):
                           f"buffer {self.bname(b.id)}; it must be "
                           f"{' or '.join(ops.SCOPE_NAME[s].upper() for s in ok)}",
                           (path, "." + role))
+            if b.dtype == pb.BOOL:
+                self.fail(f"gemm operand {role.upper()} ({self.bname(b.id)}) is bool; gemm "
+                          "multiplies and adds numbers", (path, "." + role))
             if len(self.shape[b.id]) != 2 + len(index):
                 self.fail(f"gemm operand {role.upper()} ({self.bname(b.id)}) has rank "
                           f"{len(self.shape[b.id])}; it must be 2, plus one index per leading "
@@ -492,6 +615,11 @@ class _Verifier(WarpSpecializedRules):
             self.fail(f"reduce destination {self.bname(dst.id)} is "
                       f"{ops.SCOPE_NAME.get(dst.scope, '?')}; it must be FRAGMENT",
                       (path, ".dst"))
+        for role, b in (("source", src), ("destination", dst)):
+            if b.dtype == pb.BOOL:
+                self.fail(f"reduce {role} {self.bname(b.id)} is bool; reductions sum or compare "
+                          "numbers (cast to an integer first)", (path, ".src" if b is src
+                                                                 else ".dst"))
         s_shape = self.shape[src.id]
         if not 0 <= r.dim < len(s_shape):
             self.fail(f"reduce dim {r.dim} is out of range for {self.bname(src.id)} of rank "
@@ -534,8 +662,15 @@ class _Verifier(WarpSpecializedRules):
                 self.fail(f"region of {name} starts at offset "
                           f"{iv.lo if iv.lo_exact else f'{iv.hi} or less'} in dim {i}; "
                           "offsets must not be negative", opath)
-            if b.scope == pb.GLOBAL or not isinstance(dim, int):
-                continue  # ragged tails of global tensors are legal
+            if not isinstance(dim, int):
+                continue
+            if b.scope == pb.GLOBAL:  # ragged tails of global tensors are legal, not tiles
+                if iv.lo > dim - 1:  # wholly outside
+                    start = iv.lo if iv.lo == iv.hi else f"{iv.lo} or more"
+                    self.fail(f"tile of {ext} starting at offset {start} lies wholly outside "
+                              f"{name} dim {i} of extent {dim} (valid starts 0..{dim - 1})",
+                              opath)
+                continue
             if ext > dim:
                 self.fail(f"tile extent {ext} is larger than {name} dim {i} of extent {dim}",
                           (path, f".extents[{i}]"))
@@ -556,22 +691,34 @@ class _Verifier(WarpSpecializedRules):
         for i, idx in enumerate(indices):
             self.index(b, i, idx, (path, f".indices[{i}]"), depth)
 
-    def index(self, b: pb.Buffer, i: int, idx: pb.Expr, ipath: tuple, depth: int) -> None:
-        """Checks `idx` as the index into dim i of `b`: rejected when provably out of bounds."""
+    def index(self, b: pb.Buffer, i: int, idx: pb.Expr, ipath: tuple, depth: int) -> _Iv | None:
+        """Checks `idx` as the index into dim i of `b`: rejected when provably out of bounds
+        (module docstring). Returns the index's interval; None in code that never runs."""
         name = self.bname(b.id)
         iv = self.int_expr(idx, ipath, depth + 1, f"index {i} into {name}")
         if self.dead:
-            return
+            return None
         dim = self.shape[b.id][i]
+        static = isinstance(dim, int)
+        valid = f"0..{dim - 1}" if static else f"0..{dim}-1"
+        if b.scope == pb.GLOBAL:
+            # The compiler guards global accesses (a load outside reads 0, a store outside is
+            # skipped), so only an access outside on every execution is an error.
+            if iv.hi < 0 or (static and iv.lo > dim - 1):
+                value = iv.lo if iv.lo == iv.hi else f"in {iv.lo}..{iv.hi}"
+                self.fail(f"index {value} is out of bounds for {name} dim {i} of extent {dim} "
+                          f"(valid {valid}) on every execution", ipath)
+            return iv
         low = iv.hi < 0 or (iv.lo_exact and iv.lo < 0)
-        high = (b.scope != pb.GLOBAL and isinstance(dim, int)
-                and (iv.lo > dim - 1 or (iv.hi_exact and iv.hi > dim - 1)))
+        high = static and (iv.lo > dim - 1 or (iv.hi_exact and iv.hi > dim - 1))
         if low or high:
             if low:
                 value = iv.lo if iv.lo_exact else f"{iv.hi} or less"
             else:
                 value = iv.hi if iv.hi_exact else f"{iv.lo} or more"
-            self.fail(f"index {value} is out of bounds for {name} dim {i} of extent {dim}", ipath)
+            self.fail(f"index {value} is out of bounds for {name} dim {i} of extent {dim} "
+                      f"(valid {valid})", ipath)
+        return iv
 
     # -- expressions ---------------------------------------------------------------------------
 
@@ -604,11 +751,16 @@ class _Verifier(WarpSpecializedRules):
             if dt not in ops.FLOAT_DTYPES:
                 self.fail(f"float constant {e.float_value} has dtype {_dt(dt)}; use int_value",
                           path)
+            if math.isfinite(e.float_value) and abs(e.float_value) > ops.FLOAT_MAX[dt]:
+                self.fail(f"float constant {e.float_value:g} does not fit in {_dt(dt)} (largest "
+                          f"finite value {ops.FLOAT_MAX[dt]:g}); use inf for an infinity", path)
             return None
         if kind == "var":
             return self.var_use(e, path, launch)
         sub = getattr(e, kind)
         spath = (path, "." + kind)
+        if launch and kind in ("call", "select"):
+            self.fail(f"the grid uses a {kind}; {_GRID_RULE}", spath)
         if kind == "binary":
             return self.binary(e, sub, spath, depth, launch)
         if kind == "call":
@@ -617,6 +769,7 @@ class _Verifier(WarpSpecializedRules):
             if not sub.HasField("value"):
                 self.fail(f"cast to {_dt(dt)} has no value", (spath, ".value"))
             iv = self.expr(sub.value, (spath, ".value"), depth + 1, launch)
+            self.cast_value(sub.value, iv, dt, (spath, ".value"))
             src = sub.value.dtype
             if not is_int:
                 return None
@@ -627,8 +780,7 @@ class _Verifier(WarpSpecializedRules):
             return self.select(e, sub, spath, depth, launch)
         # load
         if launch:
-            self.fail("the grid cannot load from buffers; it may use only symbolic dims, "
-                      "scalar parameters and constants", spath)
+            self.fail(f"the grid cannot load from buffers; {_GRID_RULE}", spath)
         b = self.buffer(sub.buffer, (spath, ".buffer"))
         self.indices(b, sub.indices, spath, depth)
         if dt != b.dtype:
@@ -636,13 +788,40 @@ class _Verifier(WarpSpecializedRules):
                       f"{_dt(dt)}; add a cast", path)
         return _full(dt) if is_int else None
 
+    def cast_value(self, value: pb.Expr, iv: _Iv | None, dt: int, path: tuple) -> None:
+        """Rejects a cast of a constant the target dtype cannot hold (`uint8(-1)`, `bool(5)`,
+        `int32(inf)`, `float16(1e6)`): the compiler folds casts of constants, and TVM refuses
+        a folded value outside the dtype (C leaves float-to-int overflow undefined)."""
+        src = value.dtype
+        if dt == src:
+            return
+        if iv is not None and _const(iv) is not None and (not self.dead or not iv.deps):
+            c, what = _const(iv), f"{_const(iv)}"
+        elif src in ops.FLOAT_DTYPES and (f := _float_const(value)) is not None:
+            c, what = f, f"{f:g}"
+        else:
+            return
+        if dt in ops.FLOAT_DTYPES:
+            ok = not math.isfinite(c) or abs(c) <= ops.FLOAT_MAX[dt]
+            valid = f"largest finite value {ops.FLOAT_MAX[dt]:g}"
+        else:
+            lo, hi = ops.INT_RANGE[dt]
+            ok = math.isfinite(c) and lo <= math.trunc(c) <= hi
+            valid = f"{lo}..{hi}"
+        if not ok:
+            hint = "; compare instead (x != 0)" if dt == pb.BOOL else \
+                "; mask or clamp it first" if dt not in ops.FLOAT_DTYPES else ""
+            self.fail(f"cast of constant {what} to {_dt(dt)}: {_dt(dt)} holds {valid}{hint}",
+                      path)
+
     def var_use(self, e: pb.Expr, path: tuple, launch: bool) -> _Iv | None:
         v = self.var(e.var, (path, ".var"))
         name = self.vname(e.var)
+        if launch and e.var in self.in_scope and self.bound.get(e.var) == "scalar":
+            self.fail(f"the grid uses scalar parameter {name}; {_GRID_RULE}", (path, ".var"))
         if e.var not in self.in_scope:
             if launch:
-                self.fail(f"the grid uses {name}; it may use only symbolic dims, scalar "
-                          "parameters and constants", (path, ".var"))
+                self.fail(f"the grid uses {name}; {_GRID_RULE}", (path, ".var"))
             self.fail(f"{name} is used where it is not defined (a loop var is visible only "
                       "inside its loop body)", (path, ".var"))
         if v.dtype != e.dtype:
@@ -668,6 +847,8 @@ class _Verifier(WarpSpecializedRules):
         for side in ("a", "b"):
             if not b.HasField(side):
                 self.fail(f"operator {sym} has no operand {side}", (path, "." + side))
+        if launch and op not in _GRID_OPS:
+            self.fail(f"the grid uses {sym}; {_GRID_RULE}", path)
         ia = self.expr(b.a, (path, ".a"), depth + 1, launch)
         ib = self.expr(b.b, (path, ".b"), depth + 1, launch)
         ta, dt = b.a.dtype, e.dtype
@@ -688,7 +869,68 @@ class _Verifier(WarpSpecializedRules):
             self.fail(f"arithmetic {sym} on bool operands", path)
         if dt != ta:
             self.fail(f"{sym} of {_dt(ta)} operands gives {_dt(ta)}, not {_dt(dt)}", path)
-        return _binary_iv(op, ia, ib, dt) if dt in ops.INT_DTYPES else None
+        if dt not in ops.INT_DTYPES:
+            if op == pb.DIV and _float_const(b.b) == 0:
+                self.fail(f"{_dt(dt)} division by constant 0: TVM refuses to fold it; write "
+                          "inf (or nan) for the value you mean, or guard the divisor",
+                          (path, ".b"))
+            return None
+        if not self.dead or not ib.deps:  # a constant is wrong even in code that never runs
+            self.int_operand(op, sym, ib, dt, (path, ".b"))
+            if _const(ia) is not None and _const(ib) is not None and not (self.dead and ia.deps):
+                self.int_fold(op, sym, _const(ia), _const(ib), dt, path)
+        exact = _binary_exact(op, ia, ib)
+        if exact is not None and dt not in ops.UNSIGNED_DTYPES and \
+                (not self.dead or not exact.deps):
+            self.signed_overflow(sym, exact, dt, path)
+        return _binary_iv(op, ia, ib, dt)
+
+    def signed_overflow(self, sym: str, r: _Iv, dt: int, path: tuple) -> None:
+        """Signed overflow is undefined (C, LLVM's nsw): rejected where it provably happens,
+        at an attained end or on every execution. Unsigned arithmetic wraps, as defined."""
+        lo, hi = ops.INT_RANGE[dt]
+        if r.hi < lo or r.lo > hi:
+            value = r.lo if r.lo == r.hi else f"{r.lo}..{r.hi}"
+        elif r.lo_exact and r.lo < lo:
+            value = r.lo
+        elif r.hi_exact and r.hi > hi:
+            value = r.hi
+        else:
+            return
+        self.fail(f"{_dt(dt)} arithmetic overflows: {sym} reaches {value}, outside {lo}..{hi} "
+                  "(signed overflow is undefined); compute in a wider dtype", path)
+
+    def int_fold(self, op: int, sym: str, a: int, b: int, dt: int, path: tuple) -> None:
+        """Constant operands are folded by the compiler, and TVM refuses the folds that leave
+        the dtype where C would shift into the sign bit or wrap an unsigned difference."""
+        lo, hi = ops.INT_RANGE[dt]
+        if op == pb.SHL and dt not in ops.UNSIGNED_DTYPES and 0 <= b < dtypes.bits(dt) \
+                and not lo <= a << b <= hi:
+            self.fail(f"constant shift {a} << {b} overflows {_dt(dt)} ({lo}..{hi})", path)
+        if op == pb.SUB and dt in ops.UNSIGNED_DTYPES and a < b:
+            self.fail(f"constant {a} - {b} wraps below 0 in {_dt(dt)}", path)
+
+    def int_operand(self, op: int, sym: str, b: _Iv, dt: int, path: tuple) -> None:
+        """Rejects a shift amount outside [0, bits) or an integer divisor 0, when the value
+        is certain (a constant) or reached at an attained end: the result is undefined there
+        (C and LLVM), and a constant one stops TVM's folding."""
+        if op in (pb.SHL, pb.SHR):
+            bits = dtypes.bits(dt)
+            if b.hi < 0 or b.lo >= bits:
+                amount = b.lo if b.lo == b.hi else f"in {b.lo}..{b.hi}"
+            elif b.lo_exact and b.lo < 0:
+                amount = b.lo
+            elif b.hi_exact and b.hi >= bits:
+                amount = b.hi
+            else:
+                return
+            self.fail(f"shift {sym} by {amount} on {_dt(dt)}: the amount must be in "
+                      f"0..{bits - 1} (the width of {_dt(dt)} is {bits} bits)", path)
+        if op in (pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD) and (
+                (b.lo == b.hi == 0) or (b.lo_exact and b.lo == 0) or (b.hi_exact and b.hi == 0)):
+            what = "constant 0" if b.lo == b.hi else f"a value in {b.lo}..{b.hi} that reaches 0"
+            self.fail(f"integer {sym} by {what} ({_dt(dt)}): division by zero is undefined; "
+                      "guard the divisor or use max(divisor, 1)", path)
 
     def call(self, e: pb.Expr, c: pb.Call, path: tuple, depth: int, launch: bool):
         op, dt = c.op, e.dtype
@@ -714,6 +956,11 @@ class _Verifier(WarpSpecializedRules):
         if dt not in ops.INT_DTYPES:
             return None
         a = ivs[0]
+        c = _const(a) if not self.dead or not a.deps else None
+        if c is not None and op == pb.NEG and dt in ops.UNSIGNED_DTYPES and c != 0:
+            self.fail(f"neg of constant {c} wraps below 0 in {_dt(dt)}", path)
+        if c is not None and op == pb.ABS and c == ops.INT_RANGE[dt][0]:
+            self.fail(f"abs of constant {c} overflows {_dt(dt)}", path)
         if op == pb.NEG:
             return _fit(_Iv(-a.hi, -a.lo, a.hi_exact, a.lo_exact, a.deps), dt)
         if op == pb.ABS and a.lo >= 0:
@@ -729,9 +976,10 @@ class _Verifier(WarpSpecializedRules):
             self.fail(f"select condition has dtype {_dt(s.cond.dtype)}; it must be bool",
                       (path, ".cond"))
         saved = self.env, self.dead
-        ivs = []
+        ivs, dead = [], []
         for part, negate in (("true_value", False), ("false_value", True)):
             self.env, self.dead = self.refined(s.cond, negate)
+            dead.append(self.dead and not saved[1])
             ivs.append(self.expr(getattr(s, part), (path, "." + part), depth + 1, launch))
             self.env, self.dead = saved
             if getattr(s, part).dtype != e.dtype:
@@ -740,6 +988,8 @@ class _Verifier(WarpSpecializedRules):
         if e.dtype not in ops.INT_DTYPES:
             return None
         t, f = ivs
+        if dead[0] != dead[1]:  # the condition is decided: the select is its live side
+            return f if dead[0] else t
         return _Iv(min(t.lo, f.lo), max(t.hi, f.hi), deps=t.deps | f.deps)
 
     # -- guards --------------------------------------------------------------------------------
@@ -810,6 +1060,25 @@ class _Verifier(WarpSpecializedRules):
         return None
 
 
+def _float_const(e: pb.Expr) -> float | None:
+    """The value of a float expression that is a constant (a literal, under negations and
+    casts), else None: what the compiler folds before TVM sees it."""
+    sign = 1.0
+    for _ in range(8):
+        kind = e.WhichOneof("kind")
+        if kind == "float_value":
+            return sign * e.float_value
+        if kind == "int_value":
+            return sign * e.int_value
+        if kind == "call" and e.call.op == pb.NEG and len(e.call.args) == 1:
+            sign, e = -sign, e.call.args[0]
+        elif kind == "cast" and e.cast.HasField("value"):
+            e = e.cast.value
+        else:
+            return None
+    return None
+
+
 def _blurred(env: dict, vids) -> dict:
     """`env` with the ranges of `vids` kept but no longer attained."""
     return {v: replace(iv, lo_exact=False, hi_exact=False) if v in vids else iv
@@ -839,6 +1108,15 @@ def _vars_of(e: pb.Expr, env: dict):
         elif kind == "load":
             stack += list(e.load.indices)
     return found
+
+
+def _size(n: int) -> str:
+    """Bytes for a message: KiB or MiB, exact."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            whole = n / (1 << shift)
+            return f"{whole:g} {unit}" if whole == int(whole) else f"{whole:.1f} {unit} ({n} bytes)"
+    return f"{n} bytes"
 
 
 def _kib(n: int) -> str:

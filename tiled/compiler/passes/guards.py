@@ -32,7 +32,8 @@ from tiled.ir.verifier import Limits, _render, _Verifier
 from tiled.v1 import tile_ir_pb2 as pb
 
 # The program was verified under the real limits; the analysis walks it once more.
-_ANALYSIS_LIMITS = Limits(max_nodes=1 << 62, max_shared_bytes=1 << 62)
+_ANALYSIS_LIMITS = Limits(max_nodes=1 << 62, max_shared_bytes=1 << 62, max_local_bytes=1 << 62,
+                          max_block_bytes=1 << 62)
 _UNSIGNED = {pb.UINT8, pb.UINT16, pb.UINT32, pb.UINT64}
 
 

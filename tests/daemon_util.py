@@ -26,11 +26,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_daemon(base: Path, *args: str, library_memo: Path | None = None) -> dict:
-    """`tiled serve ARGS` with its socket (base/tiled.sock), cache (base/cache) and a metrics
-    port of its own. Returns {"proc", "sock", "address", "env" (what a CLI subprocess needs to
-    reach it), "channel", "stub", "metrics" (the port), "base"}."""
-    sock, cache = base / "tiled.sock", base / "cache"
+def start_daemon(base: Path, *args: str, library_memo: Path | None = None,
+                 sock: Path | None = None) -> dict:
+    """`tiled serve ARGS` with its socket (`sock`, default base/tiled.sock), cache (base/cache)
+    and a metrics port of its own. Returns {"proc", "sock", "address", "env" (what a CLI
+    subprocess needs to reach it), "channel", "stub", "metrics" (the port), "base"}."""
+    sock, cache = sock or base / "tiled.sock", base / "cache"
     if library_memo is not None:  # skip hashing the 250 MB compiler library again
         cache.joinpath(MEMO[0]).mkdir(parents=True, exist_ok=True)
         shutil.copy(library_memo, cache.joinpath(*MEMO))
@@ -46,7 +47,7 @@ def start_daemon(base: Path, *args: str, library_memo: Path | None = None) -> di
     except grpc.FutureTimeoutError:
         proc.kill()
         channel.close()
-        raise RuntimeError(f"daemon did not start:\n{proc.stdout.read()}") from None
+        raise RuntimeError(f"daemon did not start:\n{proc.communicate()[0]}") from None
     return {"proc": proc, "sock": sock, "address": f"unix://{sock}", "base": base,
             "env": {**env, "TILED_SERVER": f"unix://{sock}"}, "channel": channel,
             "stub": compile_pb2_grpc.CompilerStub(channel), "metrics": port}
@@ -72,6 +73,27 @@ def running_daemon(base: Path, library_memo: Path | None = None, workers: int = 
         yield d
     finally:
         stop_daemon(d)
+
+
+def serve_refused(*args: str, env: dict | None = None) -> str:
+    """Runs `tiled serve ARGS` expecting a refusal: exit code 2 and one line on stderr, no
+    traceback. Returns that line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    r = subprocess.run([sys.executable, "-m", "tiled.cli", "serve", *args], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tiled: error: "), r.stderr
+    return lines[0]
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid` alone (VmRSS), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"process {pid} has no VmRSS")
 
 
 def tiled_cli(*args: str, env: dict, cwd: Path = ROOT) -> subprocess.CompletedProcess:

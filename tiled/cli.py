@@ -78,15 +78,32 @@ def cmd_ir(args) -> int:
 def cmd_serve(args) -> int:
     from tiled import config
     from tiled.config import _size
-    from tiled.server.app import ServeOptions, serve
+    from tiled.server.app import ServeOptions, ServeRefused, serve
 
+    def size(flag: str, text: str) -> int | None:  # "0": no limit
+        try:
+            n = _size(text)
+        except ValueError:
+            raise ServeRefused(f"{flag} {text!r} is not a size such as 8G") from None
+        return n or None
+
+    if args.timeout is not None and args.timeout <= 0:
+        raise ServeRefused("--timeout must be positive (seconds)")
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise ServeRefused("--max-waiting must be at least 1")
+    defaults = {}  # the limits not given keep ServeOptions' defaults (the pool's, measured)
+    if args.timeout is not None:
+        defaults["compile_timeout_s"] = args.timeout
+    if args.memory_limit is not None:
+        defaults["memory_bytes"] = size("--memory-limit", args.memory_limit)
     return serve(ServeOptions(
         socket=args.socket or config.get("socket"), tcp=args.tcp, tls_cert=args.tls_cert,
-        tls_key=args.tls_key, token_file=args.token_file, workers=args.workers,
-        metrics_port=args.metrics_port, compile_timeout_s=args.timeout,
-        memory_bytes=_size(args.memory_limit) if args.memory_limit else None,
-        queue_limit=args.queue_limit,
-        recycle_bytes=_size(args.recycle_memory) if args.recycle_memory != "0" else None,
+        tls_key=args.tls_key, token_file=args.token_file,
+        insecure_no_auth=args.insecure_no_auth, workers=args.workers,
+        metrics_port=args.metrics_port, **defaults, queue_limit=args.queue_limit,
+        max_waiting=args.max_waiting,
+        max_request_bytes=size("--max-request-size", args.max_request_size) or 64 << 20,
+        recycle_bytes=size("--recycle-memory", args.recycle_memory),
         idle_stop_s=args.idle_stop or None))
 
 
@@ -109,13 +126,21 @@ def main(argv=None) -> int:
     sv.add_argument("--tcp", help="also listen on HOST:PORT")
     sv.add_argument("--tls-cert", help="PEM certificate for --tcp")
     sv.add_argument("--tls-key", help="PEM private key for --tcp")
-    sv.add_argument("--token-file", help="require this bearer token on --tcp")
+    sv.add_argument("--token-file", help="require this bearer token on --tcp (needs TLS)")
+    sv.add_argument("--insecure-no-auth", action="store_true", help="allow --tcp without a "
+                    "token file: anyone who can reach the port may compile (logged)")
     sv.add_argument("--workers", type=int, help="compile worker processes (default: CPUs)")
     sv.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    sv.add_argument("--timeout", type=float, default=600.0, help="per-compile time limit, s")
-    sv.add_argument("--memory-limit", help="per-worker address-space limit, e.g. 8G")
+    sv.add_argument("--timeout", type=float, help="per-compile time limit, s (default 120: "
+                    "tiled.server.pool.DEFAULT_TIMEOUT_S)")
+    sv.add_argument("--memory-limit", help="per-worker address-space limit, e.g. 8G; 0: none "
+                    "(default 4G: tiled.server.pool.DEFAULT_MEMORY_BYTES)")
     sv.add_argument("--queue-limit", type=int, default=256, help="queued compiles before "
                     "RESOURCE_EXHAUSTED")
+    sv.add_argument("--max-waiting", type=int, help="requests that may wait for compiles at "
+                    "once before RESOURCE_EXHAUSTED (default: queue limit + workers)")
+    sv.add_argument("--max-request-size", default="64M", help="largest request accepted "
+                    "(default 64M)")
     sv.add_argument("--idle-stop", type=float, default=300.0, help="stop the compile workers "
                     "(and the compiler they preload) after this many idle seconds; 0: never")
     sv.add_argument("--recycle-memory", default="64M", help="replace a worker whose private "

@@ -123,6 +123,64 @@ def test_oversized_request_is_refused(daemon):
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+@pytest.mark.parametrize(("options_json", "says"), [
+    ('{"no_such_option": 1}', "unknown compile option 'no_such_option' for backend cpu"),
+    ('{"target": "cuda:sm_90a"}', "unknown compile option 'target'"),
+    ('{"safe_access": "yes"}', "'safe_access' must be a bool"),
+    ('[1, 2]', "must be a JSON object"),
+    ("{not json", "options_json is not JSON"),
+    ('{"a":' * 500 + "1" + "}" * 500, "nests deeper than 4 levels"),
+    ("[" * 2000 + "]" * 2000, "nests deeper than 4 levels"),  # past json's recursion limit
+    ('{"pad": "' + "x" * 5000 + '"}', "options_json is 5011 bytes; the limit is 4096"),
+])
+def test_bad_options_are_invalid_argument(daemon, options_json, says):
+    with pytest.raises(grpc.RpcError) as e:
+        daemon["stub"].Compile(request(elementwise.add(), options_json=options_json),
+                               timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert says in e.value.details()
+
+
+def test_errors_echo_a_bounded_prefix_of_the_request(daemon):
+    """A 1 MB target, and a 100 KB debug name in a located error: each status message stays
+    within status.MAX_MESSAGE_BYTES, under any client's header limit."""
+    with pytest.raises(grpc.RpcError) as e:
+        daemon["stub"].Compile(request(elementwise.add(), target="cuda:" + "9" * (1 << 20)),
+                               timeout=30)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert len(e.value.details().encode()) <= 2048 and "target must be" in e.value.details()
+    req = request(elementwise.add(block=128))
+    req.program.kernel.threads = 5000
+    req.program.kernel.loc.file = "k" * 100_000 + ".py"
+    with pytest.raises(grpc.RpcError) as e:
+        daemon["stub"].Compile(req, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(e.value.details().encode()) <= 2048 and "bytes, cut at 2048" in \
+        e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        list(daemon["stub"].GetArtifact(cpb.GetArtifactRequest(sha256="0" * 100_000),
+                                        timeout=30))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and len(e.value.details()) < 200
+
+
+def test_serve_defaults(monkeypatch):
+    """A compile may run 120 s and a worker has a memory limit unless the operator says
+    otherwise (the pool's measured defaults, one place); `--memory-limit 0` lifts it."""
+    from tiled import cli
+    from tiled.server import app, pool
+
+    seen = []
+    monkeypatch.setattr(app, "serve", lambda opts: seen.append(opts) or 0)
+    assert cli.main(["serve"]) == 0
+    assert cli.main(["serve", "--timeout", "30", "--memory-limit", "0"]) == 0
+    assert cli.main(["serve", "--memory-limit", "8G"]) == 0
+    assert pool.DEFAULT_TIMEOUT_S == 120.0 and 2 << 30 <= pool.DEFAULT_MEMORY_BYTES <= 8 << 30
+    assert (seen[0].compile_timeout_s, seen[0].memory_bytes) == (120.0,
+                                                                 pool.DEFAULT_MEMORY_BYTES)
+    assert (seen[1].compile_timeout_s, seen[1].memory_bytes) == (30.0, None)
+    assert seen[2].memory_bytes == 8 << 30
+
+
 def test_health_and_reflection(daemon):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc

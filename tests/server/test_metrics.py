@@ -116,6 +116,17 @@ def test_pool_events_drive_gauges():
     assert value(m, "tiled_workers_replaced_total", reason="crashed") == 2
 
 
+def test_admission_gauge_and_refusals():
+    m = Metrics()
+    m.set_waiting(300)
+    assert value(m, "tiled_requests_waiting") == 300
+    m.refused("waiting")
+    m.refused("waiting")
+    m.set_waiting(0)
+    assert value(m, "tiled_requests_waiting") == 0
+    assert value(m, "tiled_requests_refused_total", reason="waiting") == 2
+
+
 def test_cache_size_callback():
     m = Metrics()
     size = [10]
@@ -204,3 +215,17 @@ def test_two_metrics_do_not_collide():
     assert value(b, "tiled_cache_lookups_total", tier="disk", result="hit") is None
     assert value(b, "tiled_queue_depth") == 0
     assert b"tiled_build_info" in b.render()
+
+
+def test_started_before_queued_leaves_the_queue_gauge_right():
+    """The pool's submitting thread may report "queued" after its dispatcher reported
+    "started" for the same job (it started at once): the gauge must still end at zero."""
+    m = Metrics()
+    m.pool_event("started", {"key": "k1"})
+    m.pool_event("queued", {"key": "k1"})
+    m.pool_event("queued", {"key": "k2"})
+    assert value(m, "tiled_queue_depth") == 1 and value(m, "tiled_compiles_in_flight") == 1
+    m.pool_event("finished", {"key": "k1", "ok": True})
+    m.pool_event("started", {"key": "k2"})
+    m.pool_event("finished", {"key": "k2", "ok": True})
+    assert value(m, "tiled_queue_depth") == 0 and value(m, "tiled_compiles_in_flight") == 0

@@ -110,3 +110,45 @@ def test_artifact_index_is_bounded_and_get_artifact_still_finds_evicted_ones(ser
         chunks = list(service.GetArtifact(cpb.GetArtifactRequest(sha256=a.artifact_sha256),
                                           Stream()))
         assert b"".join(c.data for c in chunks) == a.artifact
+
+
+def test_key_memo_is_bounded_in_bytes_and_keeps_no_request_text(service, monkeypatch):
+    """The memo of admitted requests is keyed by a digest of (program, target, options,
+    namespace) and evicts by the bytes it accounts for, not by entry count."""
+    from tiled.server import service as service_mod
+
+    monkeypatch.setattr(service_mod, "KEY_MEMO_BYTES", 4 * service_mod.MEMO_ENTRY_OVERHEAD)
+    program = elementwise.add(block=64).ir.proto
+    for i in range(8):  # eight option texts (whitespace differs): eight memo entries
+        text = '{"safe_access": true' + " " * i + "}"
+        service._admit(cpb.CompileRequest(program=program, target="cpu", options_json=text))
+    assert service.memo_bytes()["keys"] <= service_mod.KEY_MEMO_BYTES
+    assert 1 <= len(service._keys) <= 4
+    for key, value in service._keys.items():
+        assert isinstance(key, bytes) and len(key) == 32
+        assert not any(isinstance(v, str) for v in value)  # no options or target text
+
+
+def test_response_memo_is_bounded_in_bytes(service, monkeypatch):
+    from tiled.server import service as service_mod
+
+    monkeypatch.setattr(service_mod, "RESPONSE_MEMO_BYTES", 64 << 10)
+    for block in (32, 64, 96, 128, 160, 192):
+        rpc(service, cpb.CompileRequest(program=elementwise.add(block=block).ir.proto,
+                                        target="cpu", inline_limit=1))
+    assert 0 < service.memo_bytes()["responses"] <= 64 << 10
+
+
+def test_every_status_message_is_capped():
+    import grpc
+
+    from tiled.errors import VerifyError
+    from tiled.server.status import MAX_MESSAGE_BYTES, status_of
+
+    for exc in (ValueError("x" * 100_000), VerifyError("é" * 50_000, loc="k.py:1"),
+                KeyError("k" * 10_000), RuntimeError("r" * 10_000)):
+        _, message = status_of(exc)
+        assert len(message.encode()) <= MAX_MESSAGE_BYTES
+        assert "cut at 2048" in message
+        message.encode("utf-8")  # never a split character
+    assert status_of(ValueError("short")) == (grpc.StatusCode.INVALID_ARGUMENT, "short")

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.daemon_util import free_port, start_daemon, stop_daemon
+from tests.daemon_util import free_port, serve_refused, start_daemon, stop_daemon
 from tests.server.test_daemon import request
 from tiled.v1 import compile_pb2 as cpb
 from tiled.v1 import compile_pb2_grpc
@@ -126,3 +126,77 @@ def test_thin_clients_use_tls_ca_and_token_file(tls_daemon, tmp_path):
     with config.override(token_file=str(tls_daemon["base"] / "token")):
         with pytest.raises(TiledError, match="plaintext"):
             Client(address)
+
+
+# -- what `tiled serve` refuses to start with (issue 10, finding 9) ---------------------------
+
+def test_empty_token_file_is_refused(tmp_path):
+    self_signed(tmp_path)
+    tls = ("--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem"))
+    for text in ("", " \n\t\n"):
+        (tmp_path / "token").write_text(text)
+        message = serve_refused("--socket", str(tmp_path / "s.sock"), "--tcp",
+                                f"127.0.0.1:{free_port()}", *tls, "--token-file",
+                                str(tmp_path / "token"))
+        assert "is empty" in message
+    assert not (tmp_path / "s.sock").exists()
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_tcp_without_a_token_is_refused(tmp_path, tls):
+    self_signed(tmp_path)
+    args = ("--tls-cert", str(tmp_path / "cert.pem"), "--tls-key",
+            str(tmp_path / "key.pem")) if tls else ()
+    message = serve_refused("--socket", str(tmp_path / "s.sock"), "--tcp",
+                            f"127.0.0.1:{free_port()}", *args)
+    assert "needs --token-file" in message and "--insecure-no-auth" in message
+
+
+def test_token_without_tls_is_refused(tmp_path):
+    (tmp_path / "token").write_text("s3cret-token\n")
+    message = serve_refused("--socket", str(tmp_path / "s.sock"), "--tcp",
+                            f"127.0.0.1:{free_port()}", "--token-file", str(tmp_path / "token"))
+    assert "needs --tls-cert and --tls-key" in message and "plaintext" in message
+
+
+def test_tcp_flags_without_tcp_are_refused(tmp_path):
+    (tmp_path / "token").write_text("s3cret-token\n")
+    message = serve_refused("--socket", str(tmp_path / "s.sock"), "--token-file",
+                            str(tmp_path / "token"))
+    assert "only apply to --tcp" in message
+
+
+def test_insecure_no_auth_serves_plaintext_tcp_with_a_loud_warning(tmp_path):
+    port = free_port()
+    d = start_daemon(tmp_path, "--workers", "1", "--tcp", f"127.0.0.1:{port}",
+                     "--insecure-no-auth")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            caps = compile_pb2_grpc.CompilerStub(channel).Capabilities(
+                cpb.CapabilitiesRequest(), timeout=60)
+            assert caps.local_target == "cpu"
+    finally:
+        log = stop_daemon(d)
+    warning = next(line for line in log.splitlines() if "INSECURE" in line)
+    assert '"WARNING"' in warning and "no token" in warning and "plaintext" in warning
+
+
+def test_token_interceptor_compares_in_constant_time(monkeypatch):
+    """hmac.compare_digest decides, on bytes (a str would refuse non-ASCII text)."""
+    import hmac
+
+    from tiled.server.app import _TokenInterceptor
+
+    calls = []
+    real = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+
+    class Details:
+        def __init__(self, value):
+            self.invocation_metadata = [("authorization", value)]
+
+    interceptor = _TokenInterceptor("s3cret")
+    assert interceptor.intercept_service(lambda d: "ok", Details("Bearer s3cret")) == "ok"
+    for wrong in ("Bearer s3cre", "Bearer s3creu", "Bearer s3crét", ""):
+        assert interceptor.intercept_service(lambda d: "ok", Details(wrong)) != "ok"
+    assert all(isinstance(a, bytes) and b == b"Bearer s3cret" for a, b in calls)

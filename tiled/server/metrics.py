@@ -11,6 +11,7 @@ looks like a digest, or is too long to be a name, to "other".
 
 from __future__ import annotations
 
+import collections
 import logging
 import platform
 import re
@@ -180,6 +181,17 @@ class Metrics:
             "requests merged onto an identical compile in flight",
             registry=r,
         )
+        self.requests_waiting = Gauge(
+            "tiled_requests_waiting",
+            "requests waiting for a compile (their own or one they merged onto)",
+            registry=r,
+        )
+        self.requests_refused = Counter(
+            "tiled_requests_refused_total",
+            "requests refused by admission control (RESOURCE_EXHAUSTED)",
+            ["reason"],
+            registry=r,
+        )
         self.workers_replaced = Counter(
             "tiled_workers_replaced_total", "worker processes replaced", ["reason"], registry=r
         )
@@ -197,6 +209,8 @@ class Metrics:
         self._lock = threading.Lock()
         self._queued = 0
         self._running = 0
+        self._queued_by_key: collections.Counter = collections.Counter()  # key -> jobs queued
+        self._early: collections.Counter = collections.Counter()  # key -> "started" before "queued"
         self._http: tuple | None = None
 
     def observe_compile(
@@ -224,6 +238,14 @@ class Metrics:
     def observe_load(self, backend: str, seconds: float) -> None:
         self.child(self.artifact_load, backend).observe(seconds)
 
+    def set_waiting(self, n: int) -> None:
+        """How many requests wait for a compile now (the service's admission count)."""
+        self.requests_waiting.set(n)
+
+    def refused(self, reason: str) -> None:
+        """A request refused by admission control; `reason` is a bounded name ("waiting")."""
+        self.child(self.requests_refused, reason).inc()
+
     def cache_events(self) -> _CacheEvents:
         """A CacheEvents (tiled.cache.entry) feeding the tiled_cache_* counters."""
         return self._events
@@ -247,16 +269,30 @@ class Metrics:
         elif name == "replaced":
             self.child(self.workers_replaced, fields.get("reason", "unknown")).inc()
         elif name in ("queued", "started", "dequeued", "finished"):
+            key = fields.get("key")
             with self._lock:
+                # The pool emits "queued" from the submitting thread and "started" from its
+                # dispatcher, so a job that starts at once may report them in either order:
+                # a "started" whose "queued" is still to come is remembered, and that
+                # "queued" then counts nothing (else the queue gauge would stay one too high).
                 if name == "queued":
-                    self._queued += 1
-                elif name == "dequeued":
-                    self._queued = max(0, self._queued - 1)
-                elif name == "started":
-                    self._queued = max(0, self._queued - 1)
-                    self._running += 1
+                    if self._early[key] > 0:
+                        self._early[key] -= 1
+                    else:
+                        self._queued_by_key[key] += 1
+                        self._queued += 1
+                elif name in ("dequeued", "started"):
+                    if self._queued_by_key[key] > 0:
+                        self._queued_by_key[key] -= 1
+                        self._queued -= 1
+                    elif name == "started" and len(self._early) < 10_000:
+                        self._early[key] += 1
+                    self._running += name == "started"
                 else:
                     self._running = max(0, self._running - 1)
+                for table in (self._queued_by_key, self._early):
+                    if table.get(key) == 0:
+                        del table[key]
                 self.queue_depth.set(self._queued)
                 self.in_flight.set(self._running)
             if name in ("finished", "dequeued"):

@@ -294,6 +294,7 @@ class CompilePool:
             with self._lock:
                 w.job = None
                 self._in_flight -= 1
+            self._emit("dequeued", key=job.key)  # it left the queue without running
             return
         try:
             job.tmp = self._new_job_dir()

@@ -4,12 +4,24 @@ Thread-safe: gRPC calls the methods from its thread pool. Every failure goes thr
 `status.status_of`, so each error has one gRPC code. Compiles run in worker processes
 (tiled.server.pool); the cache (memory -> disk -> Redis) lives in this process, and an entry is
 stored once its compile finishes.
+
+Admission: a request that must wait for a compile (its own, or one it merged onto) holds a gRPC
+handler thread while it waits, so at most `max_waiting` requests may wait at once (a Warm call
+counts as one for its whole stream); the next gets RESOURCE_EXHAUSTED. The daemon sizes its
+handler pool above `max_waiting` (tiled.server.app), so waiting compiles can never take the
+threads that cache hits, health and status need. A merged request that goes away (cancelled,
+deadline passed) frees its thread and slot at once; the owner of a compile stays until the
+compile ends when others still wait on it, as it stores the entry for them.
+
+Memory: every per-request memo is bounded in bytes and keyed by digests, never by the text a
+client sent; options_json is refused past MAX_OPTIONS_BYTES before it is parsed.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -23,20 +35,27 @@ from tiled import config
 from tiled.cache.entry import Entry, sha256_hex
 from tiled.compiler.cached import compile_action
 from tiled.compiler.registry import get_backend, parse_target
-from tiled.errors import CacheWriteError, UnsupportedTarget
+from tiled.errors import CacheWriteError, CompileTimeout, QueueFull, UnsupportedTarget
 from tiled.ir import SCHEMA_VERSION, verify
 from tiled.ir.program import Program
-from tiled.server.status import status_of
+from tiled.server import heap
+from tiled.server.status import abort, status_of
 from tiled.server.worker import decode, encode
 from tiled.v1 import compile_pb2 as cpb
 from tiled.v1 import compile_pb2_grpc
 
 log = logging.getLogger("tiled.server")
 DEFAULT_INLINE = 1 << 20
-KEY_MEMO_ENTRIES = 100_000  # requests remembered as verified and keyed (~200 bytes each)
+KEY_MEMO_BYTES = 32 << 20  # requests remembered as verified and keyed (~700 bytes each)
 RESPONSE_MEMO_BYTES = 64 << 20  # serialized hit responses remembered by request bytes
-ARTIFACT_INDEX_ENTRIES = 100_000  # artifact digests -> action key, for GetArtifact (~200 B)
+MEMO_ENTRY_OVERHEAD = 512  # dict slot, tuple, digest and key objects of one memo entry
+ARTIFACT_INDEX_ENTRIES = 100_000  # artifact digests -> action key, for GetArtifact (~300 B)
 MAX_CHUNK = 3 << 20
+# Compile options are a few flags (tiled.compiler.registry.Option): a request carrying more
+# than this is refused before its text is parsed or remembered.
+MAX_OPTIONS_BYTES = 4096
+MAX_OPTIONS_DEPTH = 4  # {"a": [{"b": 1}]} is 3 deep
+TRIM_AFTER_BYTES = 1 << 20  # a request this large hands its freed heap back to the OS
 
 
 def resolve_local() -> str:
@@ -73,25 +92,32 @@ class _Flight:
 
 class _Waiter:
     """Ties one request to the flight it waits on, so that the request's gRPC termination
-    (cancelled by the client, deadline passed) can leave it."""
+    (cancelled by the client, deadline passed) can leave it. `gone` is resolved then, which
+    frees a request merged onto another's compile from waiting (and its handler thread)."""
 
     def __init__(self):
         self.key: str | None = None
         self.flight: _Flight | None = None
+        self.gone: concurrent.futures.Future = concurrent.futures.Future()
 
 
 class CompilerService(compile_pb2_grpc.CompilerServicer):
     def __init__(self, cache, pool, metrics=None, local_target: str | None = None,
-                 max_request_bytes: int = 64 << 20, compile_timeout_s: float = 600.0):
+                 max_request_bytes: int = 64 << 20, compile_timeout_s: float = 120.0,
+                 max_waiting: int | None = None):
         self.cache, self.pool, self.metrics = cache, pool, metrics
         self.local_target = local_target or resolve_local()
         self.max_request_bytes = max_request_bytes
         self.compile_timeout_s = compile_timeout_s
+        # requests allowed to wait for a compile at once (None: no bound, for in-process use)
+        self.max_waiting = max_waiting
+        self._waiting = 0
         # artifact sha256 -> action key that names it, most recent last: GetArtifact reads the
         # artifact through its entry; one no longer here is read by digest (cache.get_blob)
         self._artifacts: collections.OrderedDict[str, str] = collections.OrderedDict()
-        # (sha256 of program bytes, target, options, namespace) -> (action key, target)
-        self._keys: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
+        # sha256 of (program bytes, target, options, namespace) -> (action key, target, size)
+        self._keys: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
+        self._key_bytes = 0
         # sha256 of a Compile request's bytes -> (action key, target, its hit response's bytes)
         self._responses: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
         self._response_bytes = 0
@@ -105,14 +131,22 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         return parse_target(self.local_target if text in ("", "local") else text)
 
     def _options(self, text: str) -> dict:
+        """The options a request's options_json holds; ValueError (INVALID_ARGUMENT) for text
+        past MAX_OPTIONS_BYTES, not JSON, nested past MAX_OPTIONS_DEPTH or not an object."""
         if not text:
             return {}
+        _check_options_size(text)
         try:
             options = json.loads(text)
         except ValueError as e:
             raise ValueError(f"options_json is not JSON: {e}") from None
+        except RecursionError:  # json's decoder recurses once per level
+            raise ValueError(f"options_json nests deeper than {MAX_OPTIONS_DEPTH} levels") \
+                from None
         if not isinstance(options, dict):
             raise ValueError("options_json must be a JSON object")
+        if _depth(options) > MAX_OPTIONS_DEPTH:
+            raise ValueError(f"options_json nests deeper than {MAX_OPTIONS_DEPTH} levels")
         return options
 
     def _admit(self, request: cpb.CompileRequest):
@@ -122,9 +156,13 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         instead, with program and options None: a verified program stays verified, and this
         process's toolchain digest does not change while it runs (tiled.compiler.toolchain
         .digest memoizes it per process too). So a cache hit costs a hash, not a verify."""
-        memo_key = (hashlib.sha256(request.program.SerializeToString(deterministic=True))
-                    .digest(), request.target, request.options_json,
-                    config.get("cache_namespace"))
+        options_text, target_text = request.options_json, request.target
+        _check_options_size(options_text)  # before it is hashed, parsed or quoted
+        h = hashlib.sha256(request.program.SerializeToString(deterministic=True))
+        for text in (target_text, options_text, config.get("cache_namespace")):
+            data = text.encode()
+            h.update(len(data).to_bytes(8, "little") + data)  # length-prefixed: unambiguous
+        memo_key = h.digest()
         with self._lock:
             known = self._keys.get(memo_key)
             if known is not None:
@@ -132,13 +170,16 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
                 return known[0], known[1], None, None
         program = Program(request.program)
         verify(program)
-        target = self._target(request.target)
-        options = self._options(request.options_json)
+        target = self._target(target_text)
+        options = self._options(options_text)
         key = compile_action(program, target, options)
+        size = MEMO_ENTRY_OVERHEAD + len(options_text) + len(config.get("cache_namespace"))
         with self._lock:
-            self._keys[memo_key] = (key, target)
-            if len(self._keys) > KEY_MEMO_ENTRIES:
-                self._keys.popitem(last=False)
+            if memo_key not in self._keys:
+                self._keys[memo_key] = (key, target, size)
+                self._key_bytes += size
+            while self._key_bytes > KEY_MEMO_BYTES:
+                self._key_bytes -= self._keys.popitem(last=False)[1][2]
         return key, target, program, options
 
     def _observe(self, target, stages: dict, result: str) -> None:
@@ -146,9 +187,11 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             self.metrics.observe_compile(target.backend, target.arch, stages, result)
 
     def compile(self, request: cpb.CompileRequest, time_left: float | None,
-                waiter: _Waiter | None = None) -> cpb.CompileResponse:
+                waiter: _Waiter | None = None, *, counted: bool = True) -> cpb.CompileResponse:
         """One Compile, raising tiled errors (the caller maps them to statuses). `waiter`, when
-        given, lets `abandon` withdraw this request from a compile it waits for."""
+        given, lets `abandon` withdraw this request from a compile it waits for. `counted`:
+        waiting for a compile takes one of `max_waiting` (QueueFull when none is left); Warm
+        passes False, as its whole call holds one."""
         t0 = time.perf_counter()
         action, target, program, options = self._admit(request)
         key = action.hex
@@ -160,8 +203,9 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
                 raise KeyError(f"action {key} is not cached")
             if program is None:  # admitted before (memo), evicted since: decode it again
                 program, options = Program(request.program), self._options(request.options_json)
-            entry, hit = self._compile_once(action, program, target, options, time_left, stages,
-                                            t0, waiter or _Waiter())
+            with self._waiting_slot(counted):
+                entry, hit = self._compile_once(action, program, target, options, time_left,
+                                                stages, t0, waiter or _Waiter())
         manifest_json = entry.manifest.decode()
         artifact_sha = json.loads(manifest_json)["artifact_sha256"]
         artifact = entry.blobs[artifact_sha]
@@ -178,6 +222,35 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             action_key=key, manifest_json=manifest_json, artifact_sha256=artifact_sha,
             artifact_size=len(artifact), artifact=artifact if len(artifact) <= limit else b"",
             cache_hit=hit, resolved_target=str(target), stage_seconds=stages)
+
+    @contextlib.contextmanager
+    def _waiting_slot(self, counted: bool = True):
+        """One of `max_waiting` for the request about to wait on a compile; QueueFull when
+        every one is taken, so a flood of cold compiles is refused rather than queued behind
+        the handler threads."""
+        if not counted or self.max_waiting is None:
+            yield
+            return
+        with self._lock:
+            full = self._waiting >= self.max_waiting
+            if not full:
+                self._waiting += 1
+            waiting = self._waiting
+        if full:
+            if self.metrics is not None:
+                self.metrics.refused("waiting")
+            raise QueueFull(f"{self.max_waiting} requests already wait for compiles (the "
+                            "daemon's --max-waiting); retry later")
+        if self.metrics is not None:
+            self.metrics.set_waiting(waiting)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiting -= 1
+                waiting = self._waiting
+            if self.metrics is not None:
+                self.metrics.set_waiting(waiting)
 
     def _compile_once(self, action, program, target, options, time_left, stages, t0, waiter):
         """Single-flight over compile *and* store: the first request for a key compiles and
@@ -199,7 +272,13 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
                 self._merged += 1
             if self.metrics is not None:
                 self.metrics.pool_event("merged", {})
-            return flight.entry.result(), False  # merged: not from the cache, not compiled here
+            done, _ = concurrent.futures.wait((flight.entry, waiter.gone), timeout=time_left,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            if flight.entry in done:
+                return flight.entry.result(), False  # merged: not from the cache, not compiled
+            if waiter.gone in done:
+                raise concurrent.futures.CancelledError("the request went away")
+            raise CompileTimeout("the deadline passed while waiting for an identical compile")
         try:
             entry = self.cache.get(key)
             hit = entry is not None
@@ -220,17 +299,19 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         """The request behind `waiter` ended without waiting for its compile (the client
         cancelled or its deadline passed). The last one to leave cancels the pool job, which
         kills its worker; a later request for the key starts afresh."""
+        if not waiter.gone.done():
+            waiter.gone.set_result(None)
         with self._lock:
-            flight, waiter.flight = waiter.flight, None
-            if flight is None or flight.entry.done():
+            flight, waiter.flight, key = waiter.flight, None, waiter.key
+            if flight is None or key is None or flight.entry.done():
                 return
             flight.waiters -= 1
             if flight.waiters > 0:
                 return
-            if self._inflight.get(waiter.key) is flight:
-                del self._inflight[waiter.key]
+            if self._inflight.get(key) is flight:
+                del self._inflight[key]
             job = flight.job
-        log.info("compile %s cancelled: no request waits for it", waiter.key[:12])
+        log.info("compile %s cancelled: no request waits for it", key[:12])
         if job is not None:
             job.cancel()
 
@@ -270,7 +351,23 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         """The Compile RPC on the request's bytes (see `add_to_server`). A request whose exact
         bytes were answered before, and whose entry the cache still holds, gets the response
         remembered then: no decode, verify, key or serialization, which is most of a hit's
-        cost. Anything else goes through `Compile`."""
+        cost. Anything else is decoded and goes through `compile`.
+
+        A failed request is released before its status is set: gRPC keeps an aborted call's
+        exception, and through its traceback every frame below the abort, in a reference
+        cycle that lives until the cyclic collector runs, so a 60 MB request that failed
+        would otherwise stay resident until then."""
+        try:
+            return self._compile_rpc(request, context)
+        except Exception as e:
+            status = status_of(e)
+        finally:
+            if len(request.data) >= TRIM_AFTER_BYTES:
+                heap.trim_soon()  # a moment after this request's buffers are gone
+        request.release()
+        return context.abort(*status)  # raises
+
+    def _compile_rpc(self, request: _RawCompile, context) -> bytes:
         t0 = time.perf_counter()
         digest = hashlib.sha256(request.data).digest()
         with self._lock:
@@ -288,8 +385,8 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
                 return body  # as remembered: no stage_seconds (nothing was staged)
             self._forget_response(digest)
         if isinstance(request.message, _Undecodable):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message.message)
-        response = self.Compile(request.message, context)
+            raise ValueError(request.message.message)
+        response = self._compile_call(request.message, context)
         hit = cpb.CompileResponse()
         hit.CopyFrom(response)
         hit.cache_hit = True
@@ -299,28 +396,39 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             if digest not in self._responses and len(body) <= RESPONSE_MEMO_BYTES // 16:
                 self._responses[digest] = (response.action_key, self._target(
                     response.resolved_target), body)
-                self._response_bytes += len(body)
+                self._response_bytes += len(body) + MEMO_ENTRY_OVERHEAD
                 while self._response_bytes > RESPONSE_MEMO_BYTES:
                     _, (_, _, old) = self._responses.popitem(last=False)
-                    self._response_bytes -= len(old)
+                    self._response_bytes -= len(old) + MEMO_ENTRY_OVERHEAD
         return response.SerializeToString()
+
+    def _compile_call(self, request: cpb.CompileRequest, context) -> cpb.CompileResponse:
+        """`compile` for a gRPC call: the call's deadline bounds the compile, and its end
+        (cancelled, deadline passed) withdraws it from the compile it waits for."""
+        waiter = _Waiter()
+        context.add_callback(lambda: self.abandon(waiter))  # runs when the RPC ends, any way
+        response = self.compile(request, context.time_remaining(), waiter)
+        waiter.flight = None  # answered: ending the RPC now abandons nothing
+        return response
 
     def _forget_response(self, digest: bytes) -> None:
         with self._lock:
             known = self._responses.pop(digest, None)
             if known is not None:
-                self._response_bytes -= len(known[2])
+                self._response_bytes -= len(known[2]) + MEMO_ENTRY_OVERHEAD
 
     def Compile(self, request, context):
-        waiter = _Waiter()
-        context.add_callback(lambda: self.abandon(waiter))  # runs when the RPC ends, any way
+        """Compile on a decoded request (the daemon registers `compile_rpc` instead)."""
         try:
-            response = self.compile(request, context.time_remaining(), waiter)
-            waiter.flight = None  # answered: ending the RPC now abandons nothing
-            return response
+            return self._compile_call(request, context)
         except Exception as e:
-            code, message = status_of(e)
-            context.abort(code, message)
+            status = status_of(e)
+        context.abort(*status)
+
+    def memo_bytes(self) -> dict[str, int]:
+        """The bytes each per-request memo accounts for (tests, `tiled status` tooling)."""
+        with self._lock:
+            return {"keys": self._key_bytes, "responses": self._response_bytes}
 
     def GetArtifact(self, request, context):
         with self._lock:
@@ -330,8 +438,8 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         if data is None:  # not answered by this process (e.g. before a restart): by digest
             data = self.cache.get_blob(request.sha256)
         if data is None:
-            context.abort(grpc.StatusCode.NOT_FOUND,
-                          f"artifact {request.sha256} is not held by this daemon")
+            abort(context, grpc.StatusCode.NOT_FOUND,
+                  f"artifact {request.sha256[:64]} is not held by this daemon")
         chunk = min(request.chunk_bytes or DEFAULT_INLINE, MAX_CHUNK)
         for off in range(0, len(data), chunk):
             yield cpb.ArtifactChunk(offset=off, data=data[off:off + chunk], total_size=len(data))
@@ -341,9 +449,16 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             missing=[k for k in request.action_keys if not self.cache.contains(k)])
 
     def Warm(self, request, context):
+        """Streams one WarmResult per item. The call holds one waiting slot for its whole
+        stream (its handler thread waits throughout); its items compile on threads of its own
+        and queue in the pool like any compile."""
+        with self._waiting_slot():
+            yield from self._warm(request)
+
+    def _warm(self, request):
         workers = max(1, self.pool.workers * 2)  # compiles queue in the pool, hits return
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:
-            futures = {ex.submit(self.compile, item, None): i
+            futures = {ex.submit(self.compile, item, None, counted=False): i
                        for i, item in enumerate(request.items)}
             for fut in concurrent.futures.as_completed(futures):
                 i = futures[fut]
@@ -411,6 +526,10 @@ class _RawCompile:
             self._message = _parse_compile_request(self.data)
         return self._message
 
+    def release(self) -> None:
+        """Drops the bytes and the decoded message (the request has been answered)."""
+        self.data, self._message = b"", _Undecodable("the request was released")
+
 
 class _Undecodable:
     """What a request that is not valid protobuf deserializes to, so that the service (not
@@ -434,13 +553,16 @@ def _checked(method, streaming: bool):
     if streaming:
         def stream(request, context):
             if isinstance(request, _Undecodable):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-            yield from method(request, context)
+                abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            try:
+                yield from method(request, context)
+            except QueueFull as e:  # Warm past max_waiting: refused before its first result
+                abort(context, *status_of(e))
         return stream
 
     def unary(request, context):
         if isinstance(request, _Undecodable):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
         return method(request, context)
     return unary
 
@@ -467,3 +589,21 @@ def add_to_server(service: CompilerService, server: grpc.Server) -> None:
 
 
 _parse_compile_request = _lenient(cpb.CompileRequest)
+
+
+def _check_options_size(text: str) -> None:
+    # A character is at most 4 UTF-8 bytes: short text needs no encode to be known small.
+    if len(text) > MAX_OPTIONS_BYTES // 4 and (size := len(text.encode())) > MAX_OPTIONS_BYTES:
+        raise ValueError(f"options_json is {size} bytes; the limit is {MAX_OPTIONS_BYTES} "
+                         "(compile options are a few flags)")
+
+
+def _depth(value) -> int:
+    """How deep JSON data nests, without recursion (a scalar is 0, {} is 1)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d + 1)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest

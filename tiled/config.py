@@ -77,6 +77,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "first retry delay; doubles per retry, capped at 5 s, with jitter"),
     Setting("max_shared_bytes", _size, lambda: 227 * 1024,
             "shared memory a block may use (verifier limit)"),
+    Setting("max_local_bytes", _size, lambda: 64 * 1024,
+            "local memory a thread may use: its LOCAL buffers plus its share of the FRAGMENT "
+            "ones (verifier limit)"),
+    Setting("max_block_bytes", _size, lambda: 32 << 20,
+            "memory a block's SHARED, FRAGMENT and LOCAL buffers may use together (verifier "
+            "limit)"),
     Setting("cache_max_bytes", _size, lambda: 10 << 30, "local disk cache size cap"),
     Setting("cache_namespace", str, lambda: "",
             "salt mixed into every action key; change it to disown every cached entry at once"),

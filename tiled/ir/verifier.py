@@ -26,27 +26,33 @@ arithmetic wraps, as defined); and constants the compiler folds but no dtype hol
 `float16(1e6)`, a float division by 0.0, `1 << 31` in int32). Names that become C identifiers
 (parameters, symbolic dims) must be valid, unreserved and distinct, and a kernel's buffers must
 fit Limits: shared memory, local memory per thread, memory per block.
+
+The rules live by concept in mixins of `_Verifier`, which walks the program (tables, kernel,
+statements, regions and indices): verify_params (parameters and their C names), verify_limits
+(memory totals), verify_tiles (tile ops), verify_exprs (expressions), verify_arith (undefined
+integer operations, unfoldable constants), verify_guards (ranges under guards) and verify_ws
+(the explicit Hopper path); verify_base holds what they share.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 from tiled import config
 from tiled.errors import VerifyError
-from tiled.ir import dtypes, ops
-from tiled.ir.dtypes import ENUM_TO_NAME, nbytes
-from tiled.ir.intervals import _binary_exact, _binary_iv, _const, _fit, _full, _Iv
+from tiled.ir import ops
+from tiled.ir.intervals import _const, _Iv
 from tiled.ir.program import SCHEMA_VERSION, Program
+from tiled.ir.verify_arith import ArithRules
+from tiled.ir.verify_base import _INT32_MAX, _MAX_DIM, _dt, _loc_str, _render, _shape_str
+from tiled.ir.verify_exprs import ExprRules
+from tiled.ir.verify_guards import GuardRefinement
+from tiled.ir.verify_limits import LimitRules
+from tiled.ir.verify_params import _IDENT, ParamRules, _printable
+from tiled.ir.verify_tiles import TileOpRules
 from tiled.ir.verify_ws import WarpSpecializedRules
 from tiled.v1 import tile_ir_pb2 as pb
-
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MAX_DIM = (1 << 31) - 1
-_INT32_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -60,69 +66,21 @@ class Limits:
     max_tile_elements: int = 1 << 22  # elements of one non-GLOBAL buffer or one region
     max_shared_bytes: int = field(default_factory=lambda: config.get("max_shared_bytes"))
     # Per thread: LOCAL buffers, plus FRAGMENT buffers spread over the block's threads.
-    max_local_bytes: int = 64 * 1024
+    max_local_bytes: int = field(default_factory=lambda: config.get("max_local_bytes"))
     # Per block, every non-GLOBAL buffer: the cpu backend runs a block on one thread and
     # allocates them all (LOCAL ones once), for as many blocks as it runs at once.
-    max_block_bytes: int = 32 << 20
+    max_block_bytes: int = field(default_factory=lambda: config.get("max_block_bytes"))
 
 
-_GUARD_WORK = 256  # expression nodes one guard analysis may visit
-_NEGATE = {pb.LT: pb.GE, pb.LE: pb.GT, pb.GT: pb.LE, pb.GE: pb.LT, pb.EQ: pb.NE, pb.NE: pb.EQ}
-_MIRROR = {pb.LT: pb.GT, pb.LE: pb.GE, pb.GT: pb.LT, pb.GE: pb.LE, pb.EQ: pb.EQ, pb.NE: pb.NE}
-# Scalar parameter dtypes no kernel ABI passes (TVM's packed calls take no bfloat16 or fp8
-# scalar; the CUDA launcher has no fp8 one either).
-_NO_SCALAR = frozenset({pb.BFLOAT16, pb.FLOAT8_E4M3, pb.FLOAT8_E5M2})
-# What the launch manifest can evaluate (tiled.compiler.manifest.expr_json).
-_GRID_OPS = frozenset({pb.ADD, pb.SUB, pb.MUL, pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD, pb.MIN,
-                       pb.MAX})
-_GRID_RULE = ("the launch manifest computes the grid from tensor shapes: it may use only "
-              "symbolic dims, constants, casts and + - * / // % min max")
 _BOUND_HOW = {"dim": "a symbolic dim", "scalar": "a scalar parameter",
               "block": "a block var", "loop": "a loop var"}
 
 
-def _printable(name: str) -> bool:
-    return len(name) <= 64 and _IDENT.fullmatch(name) is not None
+class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, GuardRefinement,
+                WarpSpecializedRules):
+    """The driver: reads the tables, walks the kernel's statements and checks regions and
+    indices; the other rules come from the mixins (module docstring)."""
 
-
-def _c_name_problem(name: str) -> str | None:
-    """Why `name` cannot be a parameter or dim name of the generated C (ops.RESERVED_NAMES),
-    or None."""
-    if not name:
-        return "is empty"
-    if len(name) > 64:
-        return "is longer than 64 characters"
-    if not _IDENT.fullmatch(name):
-        return "is not an identifier (letters, digits and _, not starting with a digit)"
-    if name in ops.RESERVED_NAMES:
-        return "is reserved: a C/C++/CUDA keyword or a name of the generated kernel's code"
-    if name.startswith(ops.RESERVED_PREFIXES) or (name[0] == "_" and name[1:2].isupper()):
-        return ("is reserved: names starting with __, _ and a capital letter, or "
-                f"{', '.join(ops.RESERVED_PREFIXES[1:])} belong to C, TVM or tiled")
-    return None
-
-
-def _dt(dtype: int) -> str:
-    return ENUM_TO_NAME.get(dtype, f"dtype {dtype}")
-
-
-def _shape_str(shape: list) -> str:
-    return "x".join(str(d) for d in shape)
-
-
-def _render(path: tuple | None) -> str:
-    parts = []
-    while path is not None:
-        path, seg = path
-        parts.append(seg)
-    return "".join(reversed(parts))
-
-
-def _loc_str(loc: pb.Location) -> str:
-    return f"{loc.file or '<unknown>'}:{loc.line}" if (loc.file or loc.line) else ""
-
-
-class _Verifier(WarpSpecializedRules):
     def __init__(self, program: pb.Program, limits: Limits):
         self.p, self.limits = program, limits
         self.nodes = 0
@@ -183,7 +141,7 @@ class _Verifier(WarpSpecializedRules):
     # -- program tables ------------------------------------------------------------------------
 
     def tables(self) -> None:
-        p, lim = self.p, self.limits
+        p = self.p
         if p.schema_version != SCHEMA_VERSION:
             self.fail(f"schema version {p.schema_version} is not supported (expected "
                       f"{SCHEMA_VERSION})", (None, "schema_version"))
@@ -199,29 +157,13 @@ class _Verifier(WarpSpecializedRules):
             if v.dtype not in ops.DTYPES:
                 self.fail(f"var {self.vname(v.id)} has "
                           f"{'no dtype' if v.dtype == 0 else f'unknown dtype {v.dtype}'}", path)
-        shared: list[tuple[int, str, int]] = []  # (bytes, name, index in the table)
         for i, b in enumerate(p.buffers):
             path = (None, f"buffers[{i}]")
             if b.id in self.bufs:
                 self.fail(f"buffer id {b.id} is declared twice", path)
             self.bufs[b.id] = b
             self.buffer_decl(b, path)
-            if b.scope in (pb.SHARED, pb.BARRIER):  # barriers are 8 bytes each, in shared memory
-                shared.append((self.elements(b) * nbytes(b.dtype), self.bname(b.id), i))
-        total = sum(n for n, _, _ in shared)
-        if total > lim.max_shared_bytes:
-            biggest = ", ".join(f"{name} {_kib(n)}" for n, name, _ in sorted(shared)[::-1][:3])
-            running, (_, crossing, i) = 0, shared[-1]
-            for n, name, j in shared:  # the allocation that crosses the limit
-                running += n
-                if running > lim.max_shared_bytes:
-                    crossing, i = name, j
-                    break
-            self.loc = _loc_str(p.buffers[i].loc)
-            self.fail(f"kernel allocates {_kib(total)} of shared memory, the limit is "
-                      f"{_kib(lim.max_shared_bytes)}: reduce block sizes or num_stages "
-                      f"(largest: {biggest}; {crossing} crosses the limit)",
-                      (None, f"buffers[{i}]"))
+        self.shared_memory()
         self.params()
 
     def elements(self, b: pb.Buffer) -> int:
@@ -269,118 +211,6 @@ class _Verifier(WarpSpecializedRules):
                       f"{self.elements(b)} elements; the limit is "
                       f"{self.limits.max_tile_elements}", path)
 
-    def params(self) -> None:
-        names: set[str] = set()
-        param_of: dict[int, int] = {}
-        for i, prm in enumerate(self.p.params):
-            path = (None, f"params[{i}]")
-            problem = _c_name_problem(prm.name)
-            if problem:
-                self.fail(f"parameter name {prm.name[:64]!r} {problem}", path)
-            if prm.name in names:
-                self.fail(f"two parameters are named {prm.name!r}", path)
-            names.add(prm.name)
-            kind = prm.WhichOneof("kind")
-            if kind == "buffer":
-                b = self.buffer(prm.buffer, (path, ".buffer"))
-                if b.scope != pb.GLOBAL:
-                    self.fail(f"parameter {prm.name} is {ops.SCOPE_NAME.get(b.scope, '?')} "
-                              f"buffer {self.bname(b.id)}; tensor parameters are GLOBAL",
-                              (path, ".buffer"))
-                if b.id in param_of:
-                    self.fail(f"buffer {self.bname(b.id)} is passed as two parameters",
-                              (path, ".buffer"))
-                param_of[b.id] = i
-            elif kind == "scalar":
-                v = self.var(prm.scalar, (path, ".scalar"))
-                if v.dtype in _NO_SCALAR:
-                    self.fail(f"scalar parameter {prm.name} is {_dt(v.dtype)}; kernels take "
-                              "bool, integer, float16, float32 or float64 scalars (pass a "
-                              "float32 and cast it)", (path, ".scalar"))
-                self.bind(prm.scalar, "scalar", (path, ".scalar"))
-            else:
-                self.fail(f"parameter {prm.name} is neither a buffer nor a scalar", path)
-        for i, b in enumerate(self.p.buffers):
-            if b.scope == pb.GLOBAL and b.id not in param_of:
-                self.fail(f"global buffer {self.bname(b.id)} is not a parameter; every GLOBAL "
-                          "buffer is passed in by the caller", (None, f"buffers[{i}]"))
-        for bid, i in sorted(param_of.items(), key=lambda kv: kv[1]):
-            for d in self.bufs[bid].shape:
-                if d.WhichOneof("kind") == "var" and self.bound.get(d.var) != "dim":
-                    self.bind(d.var, "dim", (None, f"params[{i}].buffer"))
-        self.in_scope.update(self.bound)  # dims and scalar params
-        self.c_names(param_of)
-
-    def c_names(self, param_of: dict[int, int]) -> None:
-        """Parameter and dim names are C identifiers of the generated kernel (tensor X: `X_ptr`,
-        scalar s: `s`, dim M: `int M`; an unnamed dim is `d<id>`, as the compiler names it)
-        and manifest names: each must be a valid, unreserved name, and all must differ."""
-        params = self.p.params
-        taken: dict[str, tuple[str, int]] = {}  # name -> ("param" | "ptr" | "dim", index | id)
-        for i, prm in enumerate(params):
-            taken[prm.name] = ("param", i)
-        for i, prm in enumerate(params):
-            if prm.WhichOneof("kind") != "buffer":
-                continue
-            ptr = prm.name + "_ptr"
-            if ptr in taken:
-                self.fail(f"parameter name {ptr!r} is the C name of tensor parameter {prm.name}'s "
-                          "data pointer; rename one of them", (None, f"params[{taken[ptr][1]}]"))
-            taken[ptr] = ("ptr", i)
-        position = {v.id: j for j, v in enumerate(self.p.vars)}
-        for bid, i in sorted(param_of.items(), key=lambda kv: kv[1]):
-            for j, d in enumerate(self.bufs[bid].shape):
-                if d.WhichOneof("kind") != "var":
-                    continue
-                name = self.vars[d.var].name or f"d{d.var}"
-                what = f"symbolic dim {name[:64]!r} (dim {j} of {params[i].name})"
-                path = (None, f"vars[{position[d.var]}]")
-                problem = _c_name_problem(name)
-                if problem:
-                    self.fail(f"{what}: the name {problem}", path)
-                kind, who = taken.setdefault(name, ("dim", d.var))
-                if (kind, who) != ("dim", d.var):
-                    other = f"dim var {who}" if kind == "dim" else \
-                        f"parameter {params[who].name}" if kind == "param" else \
-                        f"tensor parameter {params[who].name}'s data pointer"
-                    self.fail(f"{what} has the name of {other}; dims and parameters need "
-                              "distinct C names", path)
-
-    def memory(self, threads: int) -> None:
-        """The per-thread and per-block totals of Limits (max_local_bytes, max_block_bytes)."""
-        lim, buffers = self.limits, self.p.buffers
-        per_thread: list[tuple[int, int]] = []  # (bytes, index in the table)
-        per_block: list[tuple[int, int]] = []
-        for i, b in enumerate(buffers):
-            if b.scope == pb.GLOBAL:
-                continue
-            n = self.elements(b) * nbytes(b.dtype)
-            per_block.append((n, i))
-            if b.scope == pb.LOCAL:
-                per_thread.append((n, i))
-            elif b.scope == pb.FRAGMENT:
-                per_thread.append((-(-n // threads), i))
-        for sizes, limit, what, knob in (
-                (per_thread, lim.max_local_bytes, "local memory per thread (LOCAL buffers, and "
-                 f"FRAGMENT buffers spread over the block's {threads} threads)",
-                 "max_local_bytes"),
-                (per_block, lim.max_block_bytes, "memory per block (SHARED, FRAGMENT and LOCAL "
-                 "buffers together)", "max_block_bytes")):
-            total = sum(n for n, _ in sizes)
-            if total <= limit:
-                continue
-            running, i = 0, sizes[-1][1]
-            for n, j in sizes:  # the allocation that crosses the limit
-                running += n
-                if running > limit:
-                    i = j
-                    break
-            biggest = ", ".join(f"{self.bname(buffers[j].id)} {_size(n)}"
-                                for n, j in sorted(sizes, key=lambda s: (-s[0], s[1]))[:3])
-            self.loc = _loc_str(buffers[i].loc) or self.loc
-            self.fail(f"kernel allocates {_size(total)} of {what}, the limit is {_size(limit)} "
-                      f"(Limits.{knob}): use fewer or smaller buffers (largest: {biggest}; "
-                      f"{self.bname(buffers[i].id)} crosses the limit)", (None, f"buffers[{i}]"))
 
     # -- kernel --------------------------------------------------------------------------------
 
@@ -528,107 +358,6 @@ class _Verifier(WarpSpecializedRules):
                       f"{self.bname(b.id)}; cast the value", (path, ".value"))
         return b
 
-    def tile_op(self, what: str, path: tuple) -> None:
-        if self.parallel:
-            self.fail(f"{what} is a tile op run by the whole block; it cannot appear inside a "
-                      "Parallel loop", path)
-
-    def s_copy(self, c: pb.Copy, path: tuple, depth: int) -> None:
-        self.tile_op("copy", path)
-        for side in ("src", "dst"):
-            if not c.HasField(side):
-                self.fail(f"copy has no {side} region", (path, "." + side))
-        src = self.region(c.src, (path, ".src"), depth + 1)
-        dst = self.region(c.dst, (path, ".dst"), depth + 1)
-        if c.HasField("tma"):
-            self.tma_copy(c, src, dst, path, depth)
-        if src.scope == pb.GLOBAL and dst.scope == pb.GLOBAL:
-            self.fail(f"copy from global {self.bname(src.id)} to global {self.bname(dst.id)}; "
-                      "one side must be SHARED, FRAGMENT or LOCAL", path)
-        s_shape = [e for e in c.src.extents if e != 1]
-        d_shape = [e for e in c.dst.extents if e != 1]
-        if s_shape != d_shape:
-            self.fail(f"copy shapes differ: the {self.bname(src.id)} tile is "
-                      f"{_shape_str(c.src.extents)} but the {self.bname(dst.id)} tile is "
-                      f"{_shape_str(c.dst.extents)}", path)
-
-    def s_gemm(self, g: pb.Gemm, path: tuple, depth: int) -> None:
-        self.tile_op("gemm", path)
-        bufs = {}
-        for role in ("a", "b", "c"):
-            b = self.buffer(getattr(g, role), (path, "." + role))
-            index = getattr(g, role + "_index") if role != "c" else ()
-            ok = (pb.FRAGMENT,) if role == "c" else (pb.SHARED, pb.FRAGMENT)
-            if b.scope not in ok:
-                self.fail(f"gemm operand {role.upper()} is {ops.SCOPE_NAME.get(b.scope, '?')} "
-                          f"buffer {self.bname(b.id)}; it must be "
-                          f"{' or '.join(ops.SCOPE_NAME[s].upper() for s in ok)}",
-                          (path, "." + role))
-            if b.dtype == pb.BOOL:
-                self.fail(f"gemm operand {role.upper()} ({self.bname(b.id)}) is bool; gemm "
-                          "multiplies and adds numbers", (path, "." + role))
-            if len(self.shape[b.id]) != 2 + len(index):
-                self.fail(f"gemm operand {role.upper()} ({self.bname(b.id)}) has rank "
-                          f"{len(self.shape[b.id])}; it must be 2, plus one index per leading "
-                          f"dim ({len(index)} given)", (path, "." + role))
-            for i, e in enumerate(index):
-                self.index(b, i, e, (path, f".{role}_index[{i}]"), depth)
-            bufs[role] = self.shape[b.id][len(index):]
-        if g.c in (g.a, g.b):
-            self.fail("gemm accumulator C is also an input", (path, ".c"))
-        m, k = bufs["a"][::-1] if g.transpose_a else bufs["a"]
-        k2, n = bufs["b"][::-1] if g.transpose_b else bufs["b"]
-        names = {r: self.bname(getattr(g, r)) for r in "abc"}
-        if k != k2:
-            self.fail(f"gemm K differs: A ({names['a']}, {_shape_str(bufs['a'])}"
-                      f"{', transposed' if g.transpose_a else ''}) has K={k} but B "
-                      f"({names['b']}, {_shape_str(bufs['b'])}"
-                      f"{', transposed' if g.transpose_b else ''}) has K={k2}", path)
-        if bufs["c"] != [m, n]:
-            self.fail(f"gemm C ({names['c']}) is {_shape_str(bufs['c'])} but A @ B is {m}x{n}",
-                      (path, ".c"))
-
-    def s_fill(self, f: pb.Fill, path: tuple, depth: int) -> None:
-        self.tile_op("fill", path)
-        if not f.HasField("dst"):
-            self.fail("fill has no dst region", (path, ".dst"))
-        b = self.region(f.dst, (path, ".dst"), depth + 1)
-        if not f.HasField("value"):
-            self.fail(f"fill of {self.bname(b.id)} has no value", (path, ".value"))
-        self.expr(f.value, (path, ".value"), depth + 1)
-        if f.value.dtype != b.dtype:
-            self.fail(f"fill of {_dt(b.dtype)} buffer {self.bname(b.id)} with a "
-                      f"{_dt(f.value.dtype)} value; cast the value", (path, ".value"))
-
-    def s_reduce(self, r: pb.Reduce, path: tuple, depth: int) -> None:
-        self.tile_op("reduce", path)
-        if r.kind not in ops.REDUCE_KINDS:
-            self.fail(f"reduce has {'no kind' if r.kind == 0 else f'unknown kind {r.kind}'}",
-                      (path, ".kind"))
-        src = self.buffer(r.src, (path, ".src"))
-        dst = self.buffer(r.dst, (path, ".dst"))
-        if src.scope not in (pb.SHARED, pb.FRAGMENT):
-            self.fail(f"reduce source {self.bname(src.id)} is "
-                      f"{ops.SCOPE_NAME.get(src.scope, '?')}; it must be SHARED or FRAGMENT",
-                      (path, ".src"))
-        if dst.scope != pb.FRAGMENT:
-            self.fail(f"reduce destination {self.bname(dst.id)} is "
-                      f"{ops.SCOPE_NAME.get(dst.scope, '?')}; it must be FRAGMENT",
-                      (path, ".dst"))
-        for role, b in (("source", src), ("destination", dst)):
-            if b.dtype == pb.BOOL:
-                self.fail(f"reduce {role} {self.bname(b.id)} is bool; reductions sum or compare "
-                          "numbers (cast to an integer first)", (path, ".src" if b is src
-                                                                 else ".dst"))
-        s_shape = self.shape[src.id]
-        if not 0 <= r.dim < len(s_shape):
-            self.fail(f"reduce dim {r.dim} is out of range for {self.bname(src.id)} of rank "
-                      f"{len(s_shape)}", (path, ".dim"))
-        want = s_shape[:r.dim] + s_shape[r.dim + 1:] or [1]
-        if self.shape[dst.id] != want:
-            self.fail(f"reduce of {self.bname(src.id)} ({_shape_str(s_shape)}) over dim {r.dim} "
-                      f"gives shape {_shape_str(want)}, but {self.bname(dst.id)} is "
-                      f"{_shape_str(self.shape[dst.id])}", (path, ".dst"))
 
     # -- regions and indices -------------------------------------------------------------------
 
@@ -720,407 +449,7 @@ class _Verifier(WarpSpecializedRules):
                       f"(valid {valid})", ipath)
         return iv
 
-    # -- expressions ---------------------------------------------------------------------------
 
-    def int_expr(self, e: pb.Expr, path: tuple, depth: int, what: str) -> _Iv:
-        iv = self.expr(e, path, depth)
-        if e.dtype not in ops.INT_DTYPES:
-            self.fail(f"{what} has dtype {_dt(e.dtype)}; it must be an integer", path)
-        return iv
-
-    def expr(self, e: pb.Expr, path: tuple, depth: int, launch: bool = False) -> _Iv | None:
-        """Checks `e` and returns its interval (None unless its dtype is an integer)."""
-        self.count(path)
-        self.deep(depth, path)
-        dt = e.dtype
-        if dt not in ops.DTYPES:
-            self.fail(f"expression has {'no dtype' if dt == 0 else f'unknown dtype {dt}'}", path)
-        kind = e.WhichOneof("kind")
-        if kind is None:
-            self.fail("empty expression: it has no value, var or operator", path)
-        is_int = dt in ops.INT_DTYPES
-        if kind == "int_value":
-            if dt not in ops.INT_RANGE:
-                self.fail(f"integer constant {e.int_value} has dtype {_dt(dt)}; use float_value",
-                          path)
-            lo, hi = ops.INT_RANGE[dt]
-            if not lo <= e.int_value <= hi:
-                self.fail(f"constant {e.int_value} does not fit in {_dt(dt)}", path)
-            return _Iv(e.int_value, e.int_value, True, True) if is_int else None
-        if kind == "float_value":
-            if dt not in ops.FLOAT_DTYPES:
-                self.fail(f"float constant {e.float_value} has dtype {_dt(dt)}; use int_value",
-                          path)
-            if math.isfinite(e.float_value) and abs(e.float_value) > ops.FLOAT_MAX[dt]:
-                self.fail(f"float constant {e.float_value:g} does not fit in {_dt(dt)} (largest "
-                          f"finite value {ops.FLOAT_MAX[dt]:g}); use inf for an infinity", path)
-            return None
-        if kind == "var":
-            return self.var_use(e, path, launch)
-        sub = getattr(e, kind)
-        spath = (path, "." + kind)
-        if launch and kind in ("call", "select"):
-            self.fail(f"the grid uses a {kind}; {_GRID_RULE}", spath)
-        if kind == "binary":
-            return self.binary(e, sub, spath, depth, launch)
-        if kind == "call":
-            return self.call(e, sub, spath, depth, launch)
-        if kind == "cast":
-            if not sub.HasField("value"):
-                self.fail(f"cast to {_dt(dt)} has no value", (spath, ".value"))
-            iv = self.expr(sub.value, (spath, ".value"), depth + 1, launch)
-            self.cast_value(sub.value, iv, dt, (spath, ".value"))
-            src = sub.value.dtype
-            if not is_int:
-                return None
-            if src in ops.INT_DTYPES:
-                return _fit(iv, dt)
-            return replace(_full(dt), lo=0, hi=1) if src == pb.BOOL else _full(dt)
-        if kind == "select":
-            return self.select(e, sub, spath, depth, launch)
-        # load
-        if launch:
-            self.fail(f"the grid cannot load from buffers; {_GRID_RULE}", spath)
-        b = self.buffer(sub.buffer, (spath, ".buffer"))
-        self.indices(b, sub.indices, spath, depth)
-        if dt != b.dtype:
-            self.fail(f"load from {_dt(b.dtype)} buffer {self.bname(b.id)} is typed "
-                      f"{_dt(dt)}; add a cast", path)
-        return _full(dt) if is_int else None
-
-    def cast_value(self, value: pb.Expr, iv: _Iv | None, dt: int, path: tuple) -> None:
-        """Rejects a cast of a constant the target dtype cannot hold (`uint8(-1)`, `bool(5)`,
-        `int32(inf)`, `float16(1e6)`): the compiler folds casts of constants, and TVM refuses
-        a folded value outside the dtype (C leaves float-to-int overflow undefined)."""
-        src = value.dtype
-        if dt == src:
-            return
-        if iv is not None and _const(iv) is not None and (not self.dead or not iv.deps):
-            c, what = _const(iv), f"{_const(iv)}"
-        elif src in ops.FLOAT_DTYPES and (f := _float_const(value)) is not None:
-            c, what = f, f"{f:g}"
-        else:
-            return
-        if dt in ops.FLOAT_DTYPES:
-            ok = not math.isfinite(c) or abs(c) <= ops.FLOAT_MAX[dt]
-            valid = f"largest finite value {ops.FLOAT_MAX[dt]:g}"
-        else:
-            lo, hi = ops.INT_RANGE[dt]
-            ok = math.isfinite(c) and lo <= math.trunc(c) <= hi
-            valid = f"{lo}..{hi}"
-        if not ok:
-            hint = "; compare instead (x != 0)" if dt == pb.BOOL else \
-                "; mask or clamp it first" if dt not in ops.FLOAT_DTYPES else ""
-            self.fail(f"cast of constant {what} to {_dt(dt)}: {_dt(dt)} holds {valid}{hint}",
-                      path)
-
-    def var_use(self, e: pb.Expr, path: tuple, launch: bool) -> _Iv | None:
-        v = self.var(e.var, (path, ".var"))
-        name = self.vname(e.var)
-        if launch and e.var in self.in_scope and self.bound.get(e.var) == "scalar":
-            self.fail(f"the grid uses scalar parameter {name}; {_GRID_RULE}", (path, ".var"))
-        if e.var not in self.in_scope:
-            if launch:
-                self.fail(f"the grid uses {name}; {_GRID_RULE}", (path, ".var"))
-            self.fail(f"{name} is used where it is not defined (a loop var is visible only "
-                      "inside its loop body)", (path, ".var"))
-        if v.dtype != e.dtype:
-            self.fail(f"{name} is {_dt(v.dtype)} but used as {_dt(e.dtype)}; add a cast", path)
-        return self.var_iv(e.var) if e.dtype in ops.INT_DTYPES else None
-
-    def var_iv(self, vid: int) -> _Iv:
-        """The range of an integer var in scope. Dims and scalars stay out of `env`, which is
-        copied at every loop and guard: its size must not grow with the parameter count."""
-        iv = self.env.get(vid)
-        if iv is not None:
-            return iv
-        if self.bound.get(vid) == "dim":
-            return _Iv(1, _MAX_DIM, deps=frozenset([vid]))
-        return replace(_full(self.vars[vid].dtype), deps=frozenset([vid]))
-
-    def binary(self, e: pb.Expr, b: pb.Binary, path: tuple, depth: int, launch: bool):
-        op = b.op
-        if op not in ops.BINARY_OPS:
-            self.fail(f"binary expression has "
-                      f"{'no operator' if op == 0 else f'unknown operator {op}'}", (path, ".op"))
-        sym = (ops.BINARY_SYMBOL.get(op) or (ops.BINARY_FUNCTION[op],))[0]
-        for side in ("a", "b"):
-            if not b.HasField(side):
-                self.fail(f"operator {sym} has no operand {side}", (path, "." + side))
-        if launch and op not in _GRID_OPS:
-            self.fail(f"the grid uses {sym}; {_GRID_RULE}", path)
-        ia = self.expr(b.a, (path, ".a"), depth + 1, launch)
-        ib = self.expr(b.b, (path, ".b"), depth + 1, launch)
-        ta, dt = b.a.dtype, e.dtype
-        if ta != b.b.dtype:
-            self.fail(f"operands of {sym} have different dtypes, {_dt(ta)} and "
-                      f"{_dt(b.b.dtype)}; cast one of them", path)
-        if op in ops.COMPARISON_OPS:
-            if dt != pb.BOOL:
-                self.fail(f"comparison {sym} gives bool, not {_dt(dt)}", path)
-            return None
-        if op in ops.LOGICAL_OPS:
-            if ta != pb.BOOL or dt != pb.BOOL:
-                self.fail(f"logical {sym} takes and gives bool, not {_dt(ta)} -> {_dt(dt)}", path)
-            return None
-        if op in ops.INT_ONLY_OPS and ta not in ops.INT_DTYPES:
-            self.fail(f"operator {sym} works on integers, not {_dt(ta)}", path)
-        if ta == pb.BOOL:
-            self.fail(f"arithmetic {sym} on bool operands", path)
-        if dt != ta:
-            self.fail(f"{sym} of {_dt(ta)} operands gives {_dt(ta)}, not {_dt(dt)}", path)
-        if dt not in ops.INT_DTYPES:
-            if op == pb.DIV and _float_const(b.b) == 0:
-                self.fail(f"{_dt(dt)} division by constant 0: TVM refuses to fold it; write "
-                          "inf (or nan) for the value you mean, or guard the divisor",
-                          (path, ".b"))
-            return None
-        if not self.dead or not ib.deps:  # a constant is wrong even in code that never runs
-            self.int_operand(op, sym, ib, dt, (path, ".b"))
-            if _const(ia) is not None and _const(ib) is not None and not (self.dead and ia.deps):
-                self.int_fold(op, sym, _const(ia), _const(ib), dt, path)
-        exact = _binary_exact(op, ia, ib)
-        if exact is not None and dt not in ops.UNSIGNED_DTYPES and \
-                (not self.dead or not exact.deps):
-            self.signed_overflow(sym, exact, dt, path)
-        return _binary_iv(op, ia, ib, dt)
-
-    def signed_overflow(self, sym: str, r: _Iv, dt: int, path: tuple) -> None:
-        """Signed overflow is undefined (C, LLVM's nsw): rejected where it provably happens,
-        at an attained end or on every execution. Unsigned arithmetic wraps, as defined."""
-        lo, hi = ops.INT_RANGE[dt]
-        if r.hi < lo or r.lo > hi:
-            value = r.lo if r.lo == r.hi else f"{r.lo}..{r.hi}"
-        elif r.lo_exact and r.lo < lo:
-            value = r.lo
-        elif r.hi_exact and r.hi > hi:
-            value = r.hi
-        else:
-            return
-        self.fail(f"{_dt(dt)} arithmetic overflows: {sym} reaches {value}, outside {lo}..{hi} "
-                  "(signed overflow is undefined); compute in a wider dtype", path)
-
-    def int_fold(self, op: int, sym: str, a: int, b: int, dt: int, path: tuple) -> None:
-        """Constant operands are folded by the compiler, and TVM refuses the folds that leave
-        the dtype where C would shift into the sign bit or wrap an unsigned difference."""
-        lo, hi = ops.INT_RANGE[dt]
-        if op == pb.SHL and dt not in ops.UNSIGNED_DTYPES and 0 <= b < dtypes.bits(dt) \
-                and not lo <= a << b <= hi:
-            self.fail(f"constant shift {a} << {b} overflows {_dt(dt)} ({lo}..{hi})", path)
-        if op == pb.SUB and dt in ops.UNSIGNED_DTYPES and a < b:
-            self.fail(f"constant {a} - {b} wraps below 0 in {_dt(dt)}", path)
-
-    def int_operand(self, op: int, sym: str, b: _Iv, dt: int, path: tuple) -> None:
-        """Rejects a shift amount outside [0, bits) or an integer divisor 0, when the value
-        is certain (a constant) or reached at an attained end: the result is undefined there
-        (C and LLVM), and a constant one stops TVM's folding."""
-        if op in (pb.SHL, pb.SHR):
-            bits = dtypes.bits(dt)
-            if b.hi < 0 or b.lo >= bits:
-                amount = b.lo if b.lo == b.hi else f"in {b.lo}..{b.hi}"
-            elif b.lo_exact and b.lo < 0:
-                amount = b.lo
-            elif b.hi_exact and b.hi >= bits:
-                amount = b.hi
-            else:
-                return
-            self.fail(f"shift {sym} by {amount} on {_dt(dt)}: the amount must be in "
-                      f"0..{bits - 1} (the width of {_dt(dt)} is {bits} bits)", path)
-        if op in (pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD) and (
-                (b.lo == b.hi == 0) or (b.lo_exact and b.lo == 0) or (b.hi_exact and b.hi == 0)):
-            what = "constant 0" if b.lo == b.hi else f"a value in {b.lo}..{b.hi} that reaches 0"
-            self.fail(f"integer {sym} by {what} ({_dt(dt)}): division by zero is undefined; "
-                      "guard the divisor or use max(divisor, 1)", path)
-
-    def call(self, e: pb.Expr, c: pb.Call, path: tuple, depth: int, launch: bool):
-        op, dt = c.op, e.dtype
-        if op not in ops.INTRINSIC_ARITY:
-            self.fail(f"call of {'no intrinsic' if op == 0 else f'unknown intrinsic {op}'}",
-                      (path, ".op"))
-        name = ops.INTRINSIC_NAME[op]
-        if len(c.args) != ops.INTRINSIC_ARITY[op]:
-            self.fail(f"{name} takes {ops.INTRINSIC_ARITY[op]} argument(s), got {len(c.args)}",
-                      (path, ".args"))
-        ivs = []
-        for i, a in enumerate(c.args):
-            ivs.append(self.expr(a, (path, f".args[{i}]"), depth + 1, launch))
-            if a.dtype != dt:
-                self.fail(f"{name} of {_dt(a.dtype)} argument gives {_dt(a.dtype)}, "
-                          f"not {_dt(dt)}", (path, f".args[{i}]"))
-        if op in ops.FLOAT_INTRINSICS and dt not in ops.FLOAT_DTYPES:
-            self.fail(f"{name} works on floats, not {_dt(dt)}; cast the argument", path)
-        if op in ops.BOOL_INTRINSICS and dt != pb.BOOL:
-            self.fail(f"{name} works on bool, not {_dt(dt)}", path)
-        if op in ops.NUMERIC_INTRINSICS and dt == pb.BOOL:
-            self.fail(f"{name} does not work on bool", path)
-        if dt not in ops.INT_DTYPES:
-            return None
-        a = ivs[0]
-        c = _const(a) if not self.dead or not a.deps else None
-        if c is not None and op == pb.NEG and dt in ops.UNSIGNED_DTYPES and c != 0:
-            self.fail(f"neg of constant {c} wraps below 0 in {_dt(dt)}", path)
-        if c is not None and op == pb.ABS and c == ops.INT_RANGE[dt][0]:
-            self.fail(f"abs of constant {c} overflows {_dt(dt)}", path)
-        if op == pb.NEG:
-            return _fit(_Iv(-a.hi, -a.lo, a.hi_exact, a.lo_exact, a.deps), dt)
-        if op == pb.ABS and a.lo >= 0:
-            return a
-        return _full(dt)
-
-    def select(self, e: pb.Expr, s: pb.Select, path: tuple, depth: int, launch: bool):
-        for part in ("cond", "true_value", "false_value"):
-            if not s.HasField(part):
-                self.fail(f"select has no {part}", (path, "." + part))
-        self.expr(s.cond, (path, ".cond"), depth + 1, launch)
-        if s.cond.dtype != pb.BOOL:
-            self.fail(f"select condition has dtype {_dt(s.cond.dtype)}; it must be bool",
-                      (path, ".cond"))
-        saved = self.env, self.dead
-        ivs, dead = [], []
-        for part, negate in (("true_value", False), ("false_value", True)):
-            self.env, self.dead = self.refined(s.cond, negate)
-            dead.append(self.dead and not saved[1])
-            ivs.append(self.expr(getattr(s, part), (path, "." + part), depth + 1, launch))
-            self.env, self.dead = saved
-            if getattr(s, part).dtype != e.dtype:
-                self.fail(f"select {part} is {_dt(getattr(s, part).dtype)} but the select is "
-                          f"{_dt(e.dtype)}", (path, "." + part))
-        if e.dtype not in ops.INT_DTYPES:
-            return None
-        t, f = ivs
-        if dead[0] != dead[1]:  # the condition is decided: the select is its live side
-            return f if dead[0] else t
-        return _Iv(min(t.lo, f.lo), max(t.hi, f.hi), deps=t.deps | f.deps)
-
-    # -- guards --------------------------------------------------------------------------------
-
-    def refined(self, cond: pb.Expr, negate: bool) -> tuple[dict, bool]:
-        """Var ranges and deadness where `cond` (or its negation) holds. `cond` was verified.
-        A conjunction of `var op constant` keeps attained ends exact (the guarded set is a box);
-        any other guard leaves the ranges it narrows sound but makes its vars inexact."""
-        env, dead, box = dict(self.env), self.dead, True
-        atoms, stack = [], [(cond, negate)]
-        while stack:
-            if len(atoms) + len(stack) > _GUARD_WORK:
-                return _blurred(env, env), dead
-            e, neg = stack.pop()
-            kind = e.WhichOneof("kind")
-            if kind == "binary" and e.binary.op == (pb.OR if neg else pb.AND):
-                stack += [(e.binary.a, neg), (e.binary.b, neg)]
-            elif kind == "binary" and e.binary.op in ops.COMPARISON_OPS:
-                atoms.append((e.binary, neg))
-            elif kind == "call" and e.call.op == pb.NOT:
-                stack.append((e.call.args[0], not neg))
-            elif kind == "int_value":
-                dead |= (e.int_value != 0) == neg
-            else:
-                box = False
-        for b, neg in atoms:
-            op = _NEGATE[b.op] if neg else b.op
-            ka, kb = b.a.WhichOneof("kind"), b.b.WhichOneof("kind")
-            a, c = self.side(b.a), self.side(b.b)
-            if ka == "var" and b.a.var in env and c is not None:
-                vid = b.a.var
-            elif kb == "var" and b.b.var in env and a is not None:
-                vid, op, c = b.b.var, _MIRROR[op], a
-            elif a is not None and c is not None and _const(a) is not None \
-                    and _const(c) is not None:
-                x, y = _const(a), _const(c)
-                dead |= not {pb.LT: x < y, pb.LE: x <= y, pb.GT: x > y, pb.GE: x >= y,
-                             pb.EQ: x == y, pb.NE: x != y}[op]
-                continue
-            else:
-                box = False
-                continue
-            box &= _const(c) is not None and op != pb.NE
-            iv, whole = env[vid], env[vid].lo_exact and env[vid].hi_exact
-            lo, hi, lo_e, hi_e = iv.lo, iv.hi, iv.lo_exact, iv.hi_exact
-            if op in (pb.LT, pb.LE, pb.EQ):
-                bound = c.hi - (op == pb.LT)
-                if bound < hi:
-                    hi, hi_e = bound, whole and bound >= lo
-            if op in (pb.GT, pb.GE, pb.EQ):
-                bound = c.lo + (op == pb.GT)
-                if bound > lo:
-                    lo, lo_e = bound, whole and bound <= hi
-            env[vid] = replace(iv, lo=lo, hi=hi, lo_exact=lo_e, hi_exact=hi_e)
-        if not box:
-            env = _blurred(env, _vars_of(cond, env))
-        dead |= any(iv.lo > iv.hi for iv in env.values())
-        return env, dead
-
-    def side(self, e: pb.Expr) -> _Iv | None:
-        """The range of a comparison operand that is a constant or an integer var, else None.
-        Reads the enclosing ranges: atoms of one guard are applied independently."""
-        kind = e.WhichOneof("kind")
-        if kind == "int_value" and e.dtype in ops.INT_DTYPES:
-            return _Iv(e.int_value, e.int_value, True, True)
-        if kind == "var" and e.dtype in ops.INT_DTYPES:
-            return self.var_iv(e.var)
-        return None
-
-
-def _float_const(e: pb.Expr) -> float | None:
-    """The value of a float expression that is a constant (a literal, under negations and
-    casts), else None: what the compiler folds before TVM sees it."""
-    sign = 1.0
-    for _ in range(8):
-        kind = e.WhichOneof("kind")
-        if kind == "float_value":
-            return sign * e.float_value
-        if kind == "int_value":
-            return sign * e.int_value
-        if kind == "call" and e.call.op == pb.NEG and len(e.call.args) == 1:
-            sign, e = -sign, e.call.args[0]
-        elif kind == "cast" and e.cast.HasField("value"):
-            e = e.cast.value
-        else:
-            return None
-    return None
-
-
-def _blurred(env: dict, vids) -> dict:
-    """`env` with the ranges of `vids` kept but no longer attained."""
-    return {v: replace(iv, lo_exact=False, hi_exact=False) if v in vids else iv
-            for v, iv in env.items()}
-
-
-def _vars_of(e: pb.Expr, env: dict):
-    """The vars `e` mentions; all of `env` when `e` is too large to look through, which keeps
-    guard analysis linear (nested guards would otherwise rescan each other's conditions)."""
-    found, stack, work = set(), [e], 0
-    while stack:
-        work += 1
-        if work > _GUARD_WORK:
-            return env
-        e = stack.pop()
-        kind = e.WhichOneof("kind")
-        if kind == "var":
-            found.add(e.var)
-        elif kind == "binary":
-            stack += [e.binary.a, e.binary.b]
-        elif kind == "call":
-            stack += list(e.call.args)
-        elif kind == "cast":
-            stack.append(e.cast.value)
-        elif kind == "select":
-            stack += [e.select.cond, e.select.true_value, e.select.false_value]
-        elif kind == "load":
-            stack += list(e.load.indices)
-    return found
-
-
-def _size(n: int) -> str:
-    """Bytes for a message: KiB or MiB, exact."""
-    for unit, shift in (("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            whole = n / (1 << shift)
-            return f"{whole:g} {unit}" if whole == int(whole) else f"{whole:.1f} {unit} ({n} bytes)"
-    return f"{n} bytes"
-
-
-def _kib(n: int) -> str:
-    return f"{n // 1024} KiB" if n % 1024 == 0 else f"{-(-n // 1024)} KiB ({n} bytes)"
 
 
 def verify_program(program: Program | pb.Program, limits: Limits | None = None) -> None:

@@ -20,15 +20,12 @@ from typing import TYPE_CHECKING, NoReturn
 from tiled.ir import ops
 from tiled.ir.dtypes import ENUM_TO_NAME, nbytes
 from tiled.ir.intervals import _const, _Iv
+from tiled.ir.verify_base import _loc_str
 from tiled.v1 import tile_ir_pb2 as pb
 
 WARPGROUP = 128  # threads
 MAX_TX_BYTES = (1 << 20) - 1  # an mbarrier phase's transaction count
 TMA_MAX_BOX = 256  # elements per box dim
-
-
-def _loc_str(loc: pb.Location) -> str:
-    return f"{loc.file or '<unknown>'}:{loc.line}" if (loc.file or loc.line) else ""
 
 
 def explicit_statement(program: pb.Program) -> tuple[str, pb.Stmt] | None:

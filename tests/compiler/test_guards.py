@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tiled
@@ -87,3 +88,21 @@ def test_cuda_source_carries_the_guard_unless_safe_access_is_off():
     unsafe, _, _ = CudaBackend().generate_source(double.ir, "sm_80")
     # 128 threads x 8 iterations: the last runs for the first 104 threads only (1000 - 896)
     assert "threadIdx.x) < 104" in safe and "< 104" not in unsafe
+
+
+def test_an_index_below_zero_only_when_a_dim_is_0_is_guarded():
+    """The verifier takes dims as >= 1; an empty tensor makes `X[N - 1]` read X[-1]."""
+    N = T.dyn("N")
+
+    @tiled.kernel
+    def last(X: T.Tensor((N,), "float32"), Y: T.Tensor((1,), "float32")):
+        with T.Kernel(1, threads=1):
+            Y[0] = X[N - 1]
+
+    k = tiled.compile(last, "cpu")
+    for n in (0, 1, 5):
+        space = safety_kernels.NumpySpace()
+        y = space.tensor(np.zeros(1, "float32"))
+        k(space.tensor(np.arange(n, dtype="float32") + 1), y)
+        assert y[0] == n
+        space.check()

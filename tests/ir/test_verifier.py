@@ -695,6 +695,20 @@ def test_limit_loop_extent():
     reject(P.gemm(), "extent 32", GEMM_LOOP + ".extent", Limits(max_loop_extent=16))
 
 
+def test_tensors_past_32_bit_indexing():
+    """Kernels index with int32: a static shape of 2^31 or more elements cannot launch."""
+    reject(P.gemm(n=1 << 16, k_dim=1 << 16), r"tensor B of shape 65536x65536 has 4294967296 "
+           r"or more elements; kernels index tensors with 32-bit integers", "buffers[1]")
+    verify_program(Program(P.gemm(n=1 << 15, k_dim=1 << 15)))  # 2^30: fine
+
+
+def test_loop_extents_leave_room_for_index_arithmetic():
+    assert Limits().max_loop_extent == 1 << 30
+    p = P.elementwise()
+    node(p, "kernel.body.for_.extent").int_value = (1 << 30) + 1
+    reject(p, "extent 1073741825; it must be in 0..1073741824", "kernel.body.for_.extent")
+
+
 def test_limit_nodes():
     reject(P.gemm(), "more than 40 IR nodes", None, Limits(max_nodes=40))
     verify_program(Program(P.gemm()), Limits(max_nodes=200))
@@ -1026,7 +1040,8 @@ def test_grid_may_use_dims_and_arithmetic():
     (binary(pb.MUL, const(1 << 20), const(1 << 20)), r"int32 arithmetic overflows: \* reaches "
      r"1099511627776, outside -2147483648..2147483647 \(signed overflow is undefined\); "
      "compute in a wider dtype"),
-    (binary(pb.MUL, JG, const(-(1 << 31))), "overflows: \\* reaches -83751862272"),  # j = 39
+    (binary(pb.MUL, JG, const(-(1 << 31))),  # TVM negates such a literal: refused as such
+     r"constant -2147483648 \(the int32 minimum\) as an operand of \*"),
     (add(binary(pb.MUL, JG, const(1 << 25)), const(1 << 30)),
      "overflows: \\+ reaches 2382364672"),
     (binary(pb.SUB, const(-(1 << 31)), add(JG, const(1))),

@@ -1,5 +1,6 @@
 """The DSL tracer: what a kernel definition becomes, and how mistakes are reported."""
 
+import numpy as np
 import pytest
 
 import tiled
@@ -238,3 +239,19 @@ def test_statements_under_a_python_if_report_their_own_line():
     with pytest.raises(KernelDefinitionError) as info:
         _ = make(True).ir
     assert info.value.line == make.__code__.co_firstlineno + 6
+
+
+def test_reflected_bitwise_operators():
+    """A Python int on the left of <<, >>, ^ and % traces like one on the right."""
+
+    @tiled.kernel
+    def bits(X: T.Tensor((64,), "int32")):
+        with T.Kernel(1, threads=64):
+            for i in T.Parallel(64):
+                X[i] = (255 << (i % 8)) ^ (3 >> (i % 2)) ^ (7 ^ i) ^ (100 % (i + 1))
+
+    k = tiled.compile(bits, "cpu")
+    x = np.zeros(64, "int32")
+    k(x)
+    i = np.arange(64)
+    np.testing.assert_array_equal(x, (255 << (i % 8)) ^ (3 >> (i % 2)) ^ (7 ^ i) ^ (100 % (i + 1)))

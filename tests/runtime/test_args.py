@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tiled.errors import LaunchError
-from tiled.runtime import Manifest, TensorView, as_tensor, bind_args
+from tiled.runtime import Manifest, Param, TensorView, as_tensor, bind_args
 from tiled.runtime.args import TORCH_DTYPES, FastBinder, is_c_contiguous
 
 
@@ -381,3 +381,14 @@ def test_fast_binder_extension_dtypes():
                   "cpu") == "fast"
     assert _agree(ps, [np.zeros(4, ml_dtypes.bfloat16), np.zeros(4, ml_dtypes.float8_e4m3)],
                   "cpu") == "rejected"
+
+
+def test_tensors_past_32_bit_indexing_are_refused():
+    """Kernels index with int32: a tensor of 2^31 elements would wrap an offset past its end.
+    (A broadcast view costs no memory; it is refused before the contiguity check reads it.)"""
+    from tiled.runtime.args import MAX_ELEMENTS
+
+    p = Param("X", "tensor", "uint8", ("N",))
+    big = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (MAX_ELEMENTS + 1,), (0,))
+    with pytest.raises(LaunchError, match=r"X: 2147483648 elements; tiled kernels index"):
+        bind_args([p], [big], "cpu")

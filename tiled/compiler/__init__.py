@@ -17,6 +17,7 @@ from tiled.compiler.registry import (
     option,
     parse_target,
 )
+from tiled.errors import CompileError
 from tiled.ir import verify
 from tiled.ir.program import as_program
 
@@ -60,7 +61,13 @@ def compile_program(kernel_or_program, target: str | Target = "cpu", *, action: 
         raise ValueError("the action record names another program")
     lowered = guard_program(program) if option(options, "safe_access") else program
     t1 = time.perf_counter()
-    art: Artifact = backend.compile(lowered, tgt, options)
+    try:
+        art: Artifact = backend.compile(lowered, tgt, options)
+    except CompileError as e:
+        if e.loc:
+            raise
+        k = program.proto.kernel  # a whole-kernel problem (shared memory, say): the kernel
+        raise type(e)(e.message, f"{k.loc.file}:{k.loc.line}" if k.loc.file else "") from None
     stages = {"verify": t1 - t0, **art.stages}
     manifest = build_manifest(program, tgt, art, hashlib.sha256(art.data).hexdigest(), action)
     return CompiledKernel(art.data, manifest, art.source, stages)

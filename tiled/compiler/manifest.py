@@ -33,19 +33,23 @@ def expr_json(program: pb.Program, e: pb.Expr, dim_names: dict[int, str]):
 
 
 def dim_names(program: pb.Program) -> dict[int, str]:
+    """Symbolic dim var id -> its name in the manifest and the kernel (`d<id>` if unnamed).
+    Vars are looked up by id: the table's order is not their ids'."""
     out = {}
     buffers = {b.id: b for b in program.buffers}
+    names = {v.id: v.name for v in program.vars}
     for p in program.params:
         if p.WhichOneof("kind") == "buffer":
             for d in buffers[p.buffer].shape:
                 if d.WhichOneof("kind") == "var":
-                    out[d.var] = program.vars[d.var].name or f"d{d.var}"
+                    out[d.var] = names[d.var] or f"d{d.var}"
     return out
 
 
 def manifest_params(program: pb.Program) -> list[dict]:
     names = dim_names(program)
     buffers = {b.id: b for b in program.buffers}
+    var_dtype = {v.id: v.dtype for v in program.vars}
     params = []
     for p in program.params:
         if p.WhichOneof("kind") == "buffer":
@@ -57,7 +61,7 @@ def manifest_params(program: pb.Program) -> list[dict]:
                            "align": 16})
         else:
             params.append({"name": p.name, "kind": "scalar",
-                           "dtype": dtypes.canonical_name(program.vars[p.scalar].dtype)})
+                           "dtype": dtypes.canonical_name(var_dtype[p.scalar])})
     return params
 
 

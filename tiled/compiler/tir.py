@@ -14,6 +14,7 @@ import tvm
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler.manifest import dim_names
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
@@ -52,6 +53,8 @@ _CALL: dict[int, Callable] = {
 
 
 _UNSIGNED = frozenset({pb.UINT8, pb.UINT16, pb.UINT32, pb.UINT64})
+_FP8 = frozenset(TVM_DTYPE.values())
+_COMPARISONS = frozenset({pb.EQ, pb.NE, pb.LT, pb.LE, pb.GT, pb.GE})
 # Operators whose result is >= 0 when both operands are (FLOOR_MOD: the divisor is not 0).
 _SIGN_KEEPING = frozenset({pb.ADD, pb.MUL, pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD, pb.MIN, pb.MAX,
                            pb.BIT_AND, pb.BIT_OR, pb.SHR})
@@ -124,12 +127,12 @@ class ExprLowering:
         if kind == "var":
             return self.vars[e.var]
         if kind == "binary":
-            a, b = self.expr(e.binary.a), self.expr(e.binary.b)
-            if e.binary.op == pb.DIV:
-                return a / b if dtypes.is_float(e.dtype) else tirx.truncdiv(a, b)
-            return _BINARY[e.binary.op](a, b)
+            return self.binary(e.binary, dt)
         if kind == "call":
-            return _CALL[e.call.op](*[self.expr(a) for a in e.call.args])
+            args = [self.expr(a) for a in e.call.args]
+            if dt in _FP8:  # fp8 has no arithmetic of its own: compute in float32
+                return tirx.Cast(dt, _CALL[e.call.op](*[tirx.Cast("float32", a) for a in args]))
+            return _CALL[e.call.op](*args)
         if kind == "cast":
             return tirx.Cast(dt, self.expr(e.cast.value))
         if kind == "select":
@@ -140,6 +143,41 @@ class ExprLowering:
         raise CompileError(f"expression kind {kind} cannot be lowered")
 
 
+    def binary(self, b: pb.Binary, dt: str) -> tirx.PrimExpr:
+        """A binary expression with every result defined (the verifier refuses what is wrong
+        on every execution; these are the cases that are wrong only on some):
+        - integer division and modulo by a divisor that may be 0 divide by 1 instead (no trap,
+          no undefined behaviour); constant negative divisors are rewritten onto positive ones
+          (floor(a / -c) = floor(-a / c)), which TVM's simplifier handles;
+        - a shift amount is taken modulo the operand's width (`x << 33` is `x << 1` in int32);
+        - fp8 operands are computed in float32 and the result rounded back."""
+        op = b.op
+        a, y = self.expr(b.a), self.expr(b.b)
+        operand = tvm_dtype(b.a.dtype)
+        if operand in _FP8:
+            a, y = tirx.Cast("float32", a), tirx.Cast("float32", y)
+            if op in _COMPARISONS:
+                return _BINARY[op](a, y)
+            out = a / y if op == pb.DIV else _BINARY[op](a, y)
+            return tirx.Cast(dt, out)
+        if op == pb.DIV and dtypes.is_float(b.a.dtype):
+            return a / y
+        if op in (pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD):
+            c = b.b.int_value if b.b.WhichOneof("kind") == "int_value" else None
+            if c is not None and c < 0 and op != pb.DIV:
+                neg_c, neg_a = tirx.const(-c, operand), tirx.const(0, operand) - a
+                if op == pb.FLOOR_DIV:
+                    return tirx.floordiv(neg_a, neg_c)
+                return tirx.const(0, operand) - tirx.floormod(neg_a, neg_c)
+            if c is None:  # a dim may be 0 too (an empty tensor)
+                y = tirx.Select(y == tirx.const(0, operand), tirx.const(1, operand), y)
+            return tirx.truncdiv(a, y) if op == pb.DIV else _BINARY[op](a, y)
+        if op in (pb.SHL, pb.SHR) and not (b.b.WhichOneof("kind") == "int_value"
+                                           and 0 <= b.b.int_value < dtypes.nbytes(b.a.dtype) * 8):
+            y = tirx.bitwise_and(y, tirx.const(dtypes.nbytes(b.a.dtype) * 8 - 1, operand))
+        return _BINARY[op](a, y)
+
+
 def declare_params(program: Program, lower: ExprLowering,
                    align: int | None = None) -> dict[int, tirx.Buffer]:
     """Declares the PrimFunc's parameters (inside `T.prim_func()`) in program order; binds the
@@ -147,6 +185,7 @@ def declare_params(program: Program, lower: ExprLowering,
     `align` is the data alignment TVM may assume (bytes); None: the element size, since
     callers pass arbitrary arrays (TVM's own default of 64 would be undefined behaviour)."""
     p = program.proto
+    names = dim_names(p)
     dims: dict[int, tirx.Var] = {}
     out: dict[int, tirx.Buffer] = {}
     for param in p.params:
@@ -156,7 +195,7 @@ def declare_params(program: Program, lower: ExprLowering,
             for d in b.shape:
                 if d.WhichOneof("kind") == "var":
                     if d.var not in dims:
-                        dims[d.var] = tirx.Var(p.vars[d.var].name or f"d{d.var}", "int32")
+                        dims[d.var] = tirx.Var(names[d.var], "int32")
                         lower.vars[d.var] = dims[d.var]
                     shape.append(dims[d.var])
                 else:

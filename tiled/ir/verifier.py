@@ -62,7 +62,9 @@ class Limits:
     max_nodes: int = 200_000  # IR nodes: exprs, stmts, regions, table entries
     max_depth: int = 200  # statement + expression nesting
     max_threads: int = 1024
-    max_loop_extent: int = (1 << 31) - 1  # constant loop extents
+    # Constant loop extents; far below int32's limit, so that lowering's flat index
+    # arithmetic (extent + threads - 1, ...) cannot overflow.
+    max_loop_extent: int = 1 << 30
     max_tile_elements: int = 1 << 22  # elements of one non-GLOBAL buffer or one region
     max_shared_bytes: int = field(default_factory=lambda: config.get("max_shared_bytes"))
     # Per thread: LOCAL buffers, plus FRAGMENT buffers spread over the block's threads.
@@ -210,6 +212,14 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
             self.fail(f"{ops.SCOPE_NAME[b.scope]} buffer {name} of shape {_shape_str(dims)} has "
                       f"{self.elements(b)} elements; the limit is "
                       f"{self.limits.max_tile_elements}", path)
+        static = 1
+        for d in dims:
+            static *= d if isinstance(d, int) else 1
+        if b.scope == pb.GLOBAL and static > _INT32_MAX:
+            # Kernels index tensors with int32 (the runtime refuses larger tensors too).
+            self.fail(f"tensor {name} of shape {_shape_str(dims)} has {static} or more "
+                      f"elements; kernels index tensors with 32-bit integers, at most "
+                      f"{_INT32_MAX} elements", path)
 
 
     # -- kernel --------------------------------------------------------------------------------

@@ -94,6 +94,20 @@ class ArithRules(Rules):
                       "guard the divisor or use max(divisor, 1)", path)
 
 
+    def int_min_operand(self, op: int, sym: str, b: pb.Binary, dt: int, path: tuple) -> None:
+        """Rejects the signed minimum (-2^31 in int32) as a literal operand of * / // %: TVM's
+        simplifier negates such constants, which no dtype of that width holds."""
+        if op not in (pb.MUL, pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD) or dt in ops.UNSIGNED_DTYPES:
+            return
+        lo = ops.INT_RANGE[dt][0]
+        for side in ("a", "b"):
+            x = getattr(b, side)
+            if x.WhichOneof("kind") == "int_value" and x.int_value == lo:
+                self.fail(f"constant {lo} (the {_dt(dt)} minimum) as an operand of {sym}: the "
+                          f"compiler negates it, which {_dt(dt)} cannot hold; compute in a "
+                          "wider dtype", (path, "." + side))
+
+
 def _float_const(e: pb.Expr) -> float | None:
     """The value of a float expression that is a constant (a literal, under negations and
     casts), else None: what the compiler folds before TVM sees it."""

@@ -157,6 +157,7 @@ class ExprRules(Rules):
             return None
         if not self.dead or not ib.deps:  # a constant is wrong even in code that never runs
             self.int_operand(op, sym, ib, dt, (path, ".b"))
+            self.int_min_operand(op, sym, b, dt, path)
             if _const(ia) is not None and _const(ib) is not None and not (self.dead and ia.deps):
                 self.int_fold(op, sym, _const(ia), _const(ib), dt, path)
         exact = _binary_exact(op, ia, ib)

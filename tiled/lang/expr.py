@@ -52,8 +52,11 @@ class Expr:
     def __or__(self, o): return binary(pb.OR if self.dtype == "bool" else pb.BIT_OR, self, o)
     def __ror__(self, o): return binary(pb.OR if self.dtype == "bool" else pb.BIT_OR, o, self)
     def __xor__(self, o): return binary(pb.BIT_XOR, self, o)
+    def __rxor__(self, o): return binary(pb.BIT_XOR, o, self)
     def __lshift__(self, o): return binary(pb.SHL, self, o)
+    def __rlshift__(self, o): return binary(pb.SHL, o, self)
     def __rshift__(self, o): return binary(pb.SHR, self, o)
+    def __rrshift__(self, o): return binary(pb.SHR, o, self)
     def __neg__(self): return call(pb.NEG, self)
     def __invert__(self): return call(pb.NOT, self) if self.dtype == "bool" else self ^ -1
     def __pos__(self): return self
@@ -89,6 +92,7 @@ class Dim:
     def __floordiv__(self, o): return self.expr() // o
     def __rfloordiv__(self, o): return o // self.expr()
     def __mod__(self, o): return self.expr() % o
+    def __rmod__(self, o): return o % self.expr()
     def __lt__(self, o): return self.expr() < o
     def __le__(self, o): return self.expr() <= o
     def __gt__(self, o): return self.expr() > o

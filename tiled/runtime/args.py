@@ -28,6 +28,10 @@ TYPESTR_DTYPES = {"|b1": "bool", "|i1": "int8", "<i2": "int16", "<i4": "int32", 
                   "|u1": "uint8", "<u2": "uint16", "<u4": "uint32", "<u8": "uint64",
                   "<f2": "float16", "<f4": "float32", "<f8": "float64"}
 
+# Kernels compute element offsets in int32 (TVM's index type here): a larger tensor would wrap
+# an offset past its end, so the runtime refuses it.
+MAX_ELEMENTS = (1 << 31) - 1
+
 _FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
               "float32": 3.4028234663852886e38, "float64": math.inf,
               "float8_e4m3": 448.0, "float8_e5m2": 57344.0}
@@ -209,12 +213,16 @@ def _check_tensor(p: Param, value: object, device: str, bound: BoundArgs,
         else:
             bound.dims[want] = got
             first[want] = (p.name, i)
+    if t.numel > MAX_ELEMENTS:
+        raise LaunchError(f"{p.name}: {t.numel} elements; tiled kernels index tensors with "
+                          f"32-bit integers, so a tensor holds at most {MAX_ELEMENTS} (split it)")
     if not is_c_contiguous(t.shape, t.strides):
         raise LaunchError(f"{p.name}: not contiguous (strides {t.strides}); "
                           f"{_contiguity_hint(t)}")
     if t.numel and t.ptr % p.alignment:
         raise LaunchError(f"{p.name}: data pointer {t.ptr:#x} is not aligned to {p.alignment} "
                           f"bytes, as the kernel requires")
+
     if t.framework == "torch":
         bound.uses_torch = True
     return t
@@ -331,7 +339,7 @@ class FastBinder:
                         return None
                 elif dims.setdefault(w, g) != g:
                     return None
-            if numel and ptr % align:
+            if (numel and ptr % align) or numel > MAX_ELEMENTS:
                 return None
             values.append(view)
         return bound

@@ -55,7 +55,12 @@ class CpuLowering(ExprLowering):
     # -- statements ----------------------------------------------------------------------------
     def stmt(self, s: pb.Stmt) -> None:
         kind = s.WhichOneof("kind")
-        getattr(self, "stmt_" + kind)(getattr(s, kind), s)
+        try:
+            getattr(self, "stmt_" + kind)(getattr(s, kind), s)
+        except CompileError as e:
+            if not e.loc and loc_of(s):
+                raise type(e)(e.message, loc_of(s)) from None
+            raise
 
     def stmt_seq(self, seq, _s):
         for st in seq.stmts:

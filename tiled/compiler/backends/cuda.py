@@ -76,8 +76,10 @@ def with_tensor_maps(source: str, threads: int) -> str:
     source takes none and keeps its launch bounds, which count fewer threads)."""
     source = source.replace(f"__launch_bounds__({threads})", f"__launch_bounds__({threads}, 1)")
     names = sorted(set(_TMAP_PARAM.findall(source)))
-    body = next(m.end() + 2 for m in _SIGNATURE.finditer(source)  # the definition's brace
-                if source.startswith(" {", m.end()) and "tiled_tmap_" in m.group(2))
+    body = next((m.end() + 2 for m in _SIGNATURE.finditer(source)  # the definition's brace
+                 if source.startswith(" {", m.end()) and "tiled_tmap_" in m.group(2)), None)
+    if body is None:  # no kernel reads a descriptor (TVM dropped unused parameters)
+        return source
     pointers = "".join(f"\n  const void* {n} = &{n}_desc;" for n in names)
     source = source[:body] + pointers + source[body:]
     return _TMAP_PARAM.sub(r"const __grid_constant__ tiled::sm90::TensorMap \1_desc", source)

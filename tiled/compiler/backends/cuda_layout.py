@@ -192,6 +192,24 @@ def expr_vars(exprs) -> set[int]:
     return {x.var for e in exprs for x in subexprs(e) if x.WhichOneof("kind") == "var"}
 
 
+_FOLD = {pb.ADD: lambda a, b: a + b, pb.SUB: lambda a, b: a - b, pb.MUL: lambda a, b: a * b,
+         pb.FLOOR_DIV: lambda a, b: a // b if b else None,
+         pb.FLOOR_MOD: lambda a, b: a % b if b else None, pb.MIN: min, pb.MAX: max}
+
+
+def const_int(e: pb.Expr) -> int | None:
+    """The value of an integer expression built from constants alone, else None."""
+    kind = e.WhichOneof("kind")
+    if kind == "int_value":
+        return e.int_value
+    if kind == "cast":
+        return const_int(e.cast.value)
+    if kind == "binary" and e.binary.op in _FOLD:
+        a, b = const_int(e.binary.a), const_int(e.binary.b)
+        return None if a is None or b is None else _FOLD[e.binary.op](a, b)
+    return None
+
+
 def walk(s: pb.Stmt):
     """`s` and every statement nested in it, in program order."""
     yield s
@@ -408,10 +426,12 @@ def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int
     for bid in frags:
         if bid in replicated:
             if bid in layouts and not isinstance(layouts[bid], WgmmaRows):
+                b = buffers[bid]
                 raise CompileError(
-                    f"fragment {buffers[bid].name} is a gemm accumulator but is also read "
+                    f"fragment {b.name} is a gemm accumulator but is also read "
                     "element by element outside its T.Parallel layout (or reduced into); copy it "
-                    "to another fragment first")
+                    "to another fragment first",
+                    f"{b.loc.file}:{b.loc.line}" if b.HasField("loc") and b.loc.file else "")
             layouts[bid] = ReplicatedLayout(tuple(d.size for d in buffers[bid].shape))
         elif bid not in layouts:
             layouts[bid] = CyclicLayout(tuple(d.size for d in buffers[bid].shape), threads)

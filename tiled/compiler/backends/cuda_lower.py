@@ -354,6 +354,8 @@ class CudaLowering(ExprLowering):
         nest, body = parallel_nest(s)
         loop_vars = [f.var for f in nest]
         extents = [self.expr(f.extent) for f in nest]
+        if any(isinstance(e, tirx.IntImm) and e.value <= 0 for e in extents):
+            return  # a nest that never runs (its extent folds to 0)
         static = [f.extent.int_value if f.extent.WhichOneof("kind") == "int_value" else None
                   for f in nest]
         anchor = None

@@ -39,6 +39,7 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.backends.cuda_layout import (
     MmaLayout,
     body_statements,
+    const_int,
     element_accesses,
     expr_vars,
     tile_op_buffers,
@@ -185,6 +186,8 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
     if len(loops) != 1 or p.kernel.threads not in (128, 256) or len(p.kernel.grid) > 2:
         return None
     f = loops[0]
+    if (n := const_int(f.extent)) is not None and n < 1:
+        return None  # a loop that never runs has nothing to feed
     body = body_statements(f.body)
     if len(body) != 3 or [s.WhichOneof("kind") for s in body] != ["copy", "copy", "gemm"]:
         return None

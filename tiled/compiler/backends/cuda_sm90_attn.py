@@ -41,6 +41,7 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.backends.cuda_layout import (
     body_statements,
+    const_int,
     element_accesses,
     expr_vars,
     tile_op_buffers,
@@ -121,6 +122,8 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
     if len(loops) != 1:
         return None
     f = top[loops[0]].for_
+    if (n := const_int(f.extent)) is not None and n < 1:
+        return None  # a loop that never runs has nothing to feed
     body = body_statements(f.body)
     gemms = [s.gemm for s in body if s.WhichOneof("kind") == "gemm"]
     if len(gemms) != 2:

@@ -25,6 +25,8 @@ T.copy / T.fill regions are not rewritten here: their ragged tails are the lower
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from google.protobuf.message import Message
 
 from tiled.ir.program import Program
@@ -50,6 +52,14 @@ class _Analysis(_Verifier):
     def s_for_(self, f: pb.For, path: tuple, depth: int) -> None:
         self.loop_extent[f.var] = f.extent
         super().s_for_(f, path, depth)
+
+    def var_iv(self, vid: int):
+        # The verifier takes symbolic dims as >= 1; at launch one may be 0 (an empty tensor),
+        # and `X[N - 1]` must then be guarded below too.
+        iv = super().var_iv(vid)
+        if vid not in self.env and self.bound.get(vid) == "dim":
+            return replace(iv, lo=0, lo_exact=False)
+        return iv
 
     def s_if_then_else(self, s: pb.IfThenElse, path: tuple, depth: int) -> None:
         # The then-branch knows its condition's `e < N` atoms; the else-branch knows nothing

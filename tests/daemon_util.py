@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,10 +27,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class DaemonLog:
+    """A daemon's log (its stdout and stderr, one pipe), read by a thread as it is written:
+    a pipe holds about 64 KiB, and a daemon blocked writing its log stops answering. Every
+    line is kept. Thread-safe."""
+
+    def __init__(self, stream):
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, args=(stream,), daemon=True,
+                                        name="daemon-log")
+        self._reader.start()
+
+    def _read(self, stream) -> None:
+        for line in iter(stream.readline, ""):
+            with self._lock:
+                self._lines.append(line)
+        stream.close()
+
+    def lines(self) -> list[str]:
+        """The lines read so far."""
+        with self._lock:
+            return list(self._lines)
+
+    def text(self) -> str:
+        """The log read so far."""
+        return "".join(self.lines())
+
+    def wait(self, timeout: float = 60) -> str:
+        """The whole log, once the pipe is closed (the daemon and its workers exited)."""
+        self._reader.join(timeout)
+        if self._reader.is_alive():
+            raise TimeoutError(f"the daemon's log was still open after {timeout} s")
+        return self.text()
+
+
 def start_daemon(base: Path, *args: str, library_memo: Path | None = None,
                  sock: Path | None = None) -> dict:
     """`tiled serve ARGS` with its socket (`sock`, default base/tiled.sock), cache (base/cache)
-    and a metrics port of its own. Returns {"proc", "sock", "address", "env" (what a CLI
+    and a metrics port of its own. Returns {"proc", "log" (a DaemonLog of the daemon's output:
+    read that, not `proc.stdout`, which its thread reads), "sock", "address", "env" (what a CLI
     subprocess needs to reach it), "channel", "stub", "metrics" (the port), "base"}."""
     sock, cache = sock or base / "tiled.sock", base / "cache"
     if library_memo is not None:  # skip hashing the 250 MB compiler library again
@@ -41,24 +78,34 @@ def start_daemon(base: Path, *args: str, library_memo: Path | None = None,
         [sys.executable, "-m", "tiled.cli", "serve", "--socket", str(sock), "--metrics-port",
          str(port), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = DaemonLog(proc.stdout)
     channel = grpc.insecure_channel(f"unix://{sock}")
     try:
         grpc.channel_ready_future(channel).result(timeout=60)
     except grpc.FutureTimeoutError:
         proc.kill()
+        proc.wait(60)
         channel.close()
-        raise RuntimeError(f"daemon did not start:\n{proc.communicate()[0]}") from None
-    return {"proc": proc, "sock": sock, "address": f"unix://{sock}", "base": base,
+        with contextlib.suppress(TimeoutError):  # its workers may hold the pipe a while
+            log.wait(10)
+        raise RuntimeError(f"daemon did not start:\n{log.text()}") from None
+    return {"proc": proc, "log": log, "sock": sock, "address": f"unix://{sock}", "base": base,
             "env": {**env, "TILED_SERVER": f"unix://{sock}"}, "channel": channel,
             "stub": compile_pb2_grpc.CompilerStub(channel), "metrics": port}
 
 
-def stop_daemon(d: dict) -> str:
-    """SIGTERM, then checks a clean exit and that the socket is gone; returns the log."""
+def end_daemon(d: dict, timeout: float = 60) -> tuple[int, str]:
+    """SIGTERM; waits for the daemon's exit. Returns (its exit code, its whole log)."""
     d["channel"].close()
     d["proc"].terminate()
-    out, _ = d["proc"].communicate(timeout=60)
-    assert d["proc"].returncode == 0, out
+    code = d["proc"].wait(timeout)
+    return code, d["log"].wait(timeout)
+
+
+def stop_daemon(d: dict) -> str:
+    """SIGTERM, then checks a clean exit and that the socket is gone; returns the log."""
+    code, out = end_daemon(d)
+    assert code == 0, out
     assert not d["sock"].exists()
     return out
 

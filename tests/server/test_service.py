@@ -9,7 +9,8 @@ import pytest
 from tiled.cache.disk import DiskTier
 from tiled.cache.memory import MemoryTier
 from tiled.cache.tiered import TieredCache
-from tiled.server.service import CompilerService, _RawCompile
+from tiled.server.service import CompilerService
+from tiled.server.wire import RawCompile
 from tiled.server.worker import compile_job
 from tiled.v1 import compile_pb2 as cpb
 
@@ -55,7 +56,7 @@ def service(tmp_path):
 def rpc(service, request):
     data = request.SerializeToString()
     return cpb.CompileResponse.FromString(
-        service.compile_rpc(_RawCompile(data, cpb.CompileRequest.FromString(data)), Context()))
+        service.compile_rpc(RawCompile(data, cpb.CompileRequest.FromString(data)), Context()))
 
 
 def test_repeat_is_answered_from_the_response_memo(service):
@@ -100,9 +101,9 @@ def test_artifact_index_is_bounded_and_get_artifact_still_finds_evicted_ones(ser
                                                                              monkeypatch):
     """The digest -> key index GetArtifact uses is an LRU of ARTIFACT_INDEX_ENTRIES; an
     artifact that left it is still served, by digest from the cache's blobs."""
-    from tiled.server import service as service_mod
+    from tiled.server import memos
 
-    monkeypatch.setattr(service_mod, "ARTIFACT_INDEX_ENTRIES", 2)
+    monkeypatch.setattr(memos, "ARTIFACT_INDEX_ENTRIES", 2)
     answers = [rpc(service, cpb.CompileRequest(program=elementwise.add(block=b).ir.proto,
                                                target="cpu")) for b in (32, 64, 160)]
     assert list(service._artifacts) == [a.artifact_sha256 for a in answers[1:]]
@@ -115,14 +116,14 @@ def test_artifact_index_is_bounded_and_get_artifact_still_finds_evicted_ones(ser
 def test_key_memo_is_bounded_in_bytes_and_keeps_no_request_text(service, monkeypatch):
     """The memo of admitted requests is keyed by a digest of (program, target, options,
     namespace) and evicts by the bytes it accounts for, not by entry count."""
-    from tiled.server import service as service_mod
+    from tiled.server import memos
 
-    monkeypatch.setattr(service_mod, "KEY_MEMO_BYTES", 4 * service_mod.MEMO_ENTRY_OVERHEAD)
+    monkeypatch.setattr(memos, "KEY_MEMO_BYTES", 4 * memos.MEMO_ENTRY_OVERHEAD)
     program = elementwise.add(block=64).ir.proto
     for i in range(8):  # eight option texts (whitespace differs): eight memo entries
         text = '{"safe_access": true' + " " * i + "}"
         service._admit(cpb.CompileRequest(program=program, target="cpu", options_json=text))
-    assert service.memo_bytes()["keys"] <= service_mod.KEY_MEMO_BYTES
+    assert service.memo_bytes()["keys"] <= memos.KEY_MEMO_BYTES
     assert 1 <= len(service._keys) <= 4
     for key, value in service._keys.items():
         assert isinstance(key, bytes) and len(key) == 32
@@ -130,9 +131,9 @@ def test_key_memo_is_bounded_in_bytes_and_keeps_no_request_text(service, monkeyp
 
 
 def test_response_memo_is_bounded_in_bytes(service, monkeypatch):
-    from tiled.server import service as service_mod
+    from tiled.server import memos
 
-    monkeypatch.setattr(service_mod, "RESPONSE_MEMO_BYTES", 64 << 10)
+    monkeypatch.setattr(memos, "RESPONSE_MEMO_BYTES", 64 << 10)
     for block in (32, 64, 96, 128, 160, 192):
         rpc(service, cpb.CompileRequest(program=elementwise.add(block=block).ir.proto,
                                         target="cpu", inline_limit=1))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_util import ROOT, serve_refused, start_daemon, stop_daemon
+from tests.daemon_util import ROOT, end_daemon, serve_refused, start_daemon, stop_daemon
 from tiled.v1 import compile_pb2 as cpb
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a directory of another uid")
@@ -167,10 +167,8 @@ def test_shutdown_removes_only_the_socket_it_created(tmp_path):
     theirs.listen()
     try:
         ino = sock.stat().st_ino
-        d["channel"].close()
-        d["proc"].terminate()
-        out, _ = d["proc"].communicate(timeout=60)
-        assert d["proc"].returncode == 0, out
+        code, out = end_daemon(d)
+        assert code == 0, out
         assert sock.stat().st_ino == ino, "the daemon deleted a socket it did not create"
         assert "no longer the socket this daemon bound" in out
     finally:

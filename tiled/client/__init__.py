@@ -16,6 +16,7 @@ from tiled.client.errors import (
     ArtifactNotFound,
     ServerBusy,
     ServerUnavailable,
+    UntrustedSocket,
     error_for_code,
     error_for_status,
     from_rpc_error,
@@ -51,5 +52,5 @@ def compile_via_server(kernel_or_program: Any, target: str = "local", *, cache: 
 
 
 __all__ = ["ArtifactNotFound", "Client", "RemoteKernel", "ServerBusy", "ServerUnavailable",
-           "compile_via_server", "default_client", "error_for_code", "error_for_status",
-           "from_rpc_error"]
+           "UntrustedSocket", "compile_via_server", "default_client", "error_for_code",
+           "error_for_status", "from_rpc_error"]

@@ -32,6 +32,7 @@ from tiled.client.client import (
     warm_requests,
 )
 from tiled.client.errors import from_rpc_error
+from tiled.client.socket_trust import refuse_untrusted_socket
 from tiled.runtime import load
 from tiled.v1 import compile_pb2, compile_pb2_grpc
 
@@ -63,6 +64,7 @@ class AsyncClient:
         start = time.monotonic()
         delays = backoff_delays(self.retries, self.backoff_s)
         while True:
+            refuse_untrusted_socket(self.address)  # as Client._call: before each attempt
             try:
                 return await fn()
             except grpc.RpcError as e:

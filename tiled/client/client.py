@@ -25,6 +25,7 @@ import grpc
 
 from tiled import config
 from tiled.client.errors import ServerUnavailable, from_rpc_error
+from tiled.client.socket_trust import refuse_untrusted_socket
 from tiled.errors import LaunchError, TiledError
 from tiled.ir.program import Program, as_program
 from tiled.runtime import Kernel, Manifest, load
@@ -145,8 +146,8 @@ def unavailable(e: BaseException) -> bool:
 
 def channel_credentials(address: str) -> grpc.ChannelCredentials | None:
     """Credentials for a host:port daemon from TILED_TLS_CA and TILED_TOKEN_FILE, or None
-    (plaintext; always for unix:// addresses, which the socket's file mode protects). A token
-    is only ever sent over TLS."""
+    (plaintext; always for unix:// addresses, which the socket's file mode protects, and whose
+    owner each call checks: tiled.client.socket_trust). A token is only ever sent over TLS."""
     if address.startswith("unix:"):
         return None
     ca, token_file = config.get("tls_ca"), config.get("token_file")
@@ -200,10 +201,12 @@ class Client:
 
     def _call(self, fn: Callable[[], T]) -> T:
         """fn(), retried on UNAVAILABLE with backoff, within the deadline's time; every
-        failure left is raised as a tiled error."""
+        failure left is raised as a tiled error. Each attempt first checks a unix: socket's
+        owner and directory (UntrustedSocket, not retried: tiled.client.socket_trust)."""
         start = time.monotonic()
         delays = backoff_delays(self.retries, self.backoff_s)
         while True:
+            refuse_untrusted_socket(self.address)
             try:
                 return fn()
             except grpc.RpcError as e:

@@ -24,6 +24,12 @@ class ServerUnavailable(TiledError, ConnectionError):
     """The daemon could not be reached (UNAVAILABLE), after the configured retries."""
 
 
+class UntrustedSocket(TiledError, PermissionError):
+    """The daemon's Unix socket, or its directory, could have been placed or swapped by
+    another user (tiled.client.socket_trust); the client refuses it before connecting, as it
+    would load what that daemon sends. Not retried."""
+
+
 def error_for_status(code: grpc.StatusCode, details: str, address: str = "") -> TiledError:
     """The tiled error for a failed call's status code and message. The daemon's message is
     kept as is: for INVALID_ARGUMENT it is located ("file:line: ..." or a field path)."""

@@ -5,23 +5,16 @@ Thread-safe: gRPC calls the methods from its thread pool. Every failure goes thr
 (tiled.server.pool); the cache (memory -> disk -> Redis) lives in this process, and an entry is
 stored once its compile finishes.
 
-Admission: a request that must wait for a compile (its own, or one it merged onto) holds a gRPC
-handler thread while it waits, so at most `max_waiting` requests may wait at once (a Warm call
-counts as one for its whole stream); the next gets RESOURCE_EXHAUSTED. The daemon sizes its
-handler pool above `max_waiting` (tiled.server.app), so waiting compiles can never take the
-threads that cache hits, health and status need. A merged request that goes away (cancelled,
-deadline passed) frees its thread and slot at once; the owner of a compile stays until the
-compile ends when others still wait on it, as it stores the entry for them.
-
-Memory: every per-request memo is bounded in bytes and keyed by digests, never by the text a
-client sent; options_json is refused past MAX_OPTIONS_BYTES before it is parsed.
+The pieces: identical compiles run once, and at most `max_waiting` requests wait for compiles
+(tiled.server.flights); repeat requests skip the verify and the decode through memos bounded
+in bytes and keyed by digests (tiled.server.memos); requests are decoded and options_json
+bounded before anything trusts them, and `add_to_server` registers the handlers
+(tiled.server.wire).
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
-import contextlib
 import hashlib
 import json
 import logging
@@ -35,26 +28,27 @@ from tiled import config
 from tiled.cache.entry import Entry, sha256_hex
 from tiled.compiler.cached import compile_action
 from tiled.compiler.registry import get_backend, parse_target
-from tiled.errors import CacheWriteError, CompileTimeout, QueueFull, UnsupportedTarget
+from tiled.errors import CacheWriteError, UnsupportedTarget
 from tiled.ir import SCHEMA_VERSION, verify
 from tiled.ir.program import Program
 from tiled.server import heap
+from tiled.server.flights import Flight, Flights, Waiter
+from tiled.server.memos import ArtifactIndex, KeyMemo, ResponseMemo, request_digest
 from tiled.server.status import abort, status_of
+from tiled.server.wire import (
+    RawCompile,
+    Undecodable,
+    add_to_server,
+    check_options_size,
+    parse_options,
+)
 from tiled.server.worker import decode, encode
 from tiled.v1 import compile_pb2 as cpb
 from tiled.v1 import compile_pb2_grpc
 
 log = logging.getLogger("tiled.server")
 DEFAULT_INLINE = 1 << 20
-KEY_MEMO_BYTES = 32 << 20  # requests remembered as verified and keyed (~700 bytes each)
-RESPONSE_MEMO_BYTES = 64 << 20  # serialized hit responses remembered by request bytes
-MEMO_ENTRY_OVERHEAD = 512  # dict slot, tuple, digest and key objects of one memo entry
-ARTIFACT_INDEX_ENTRIES = 100_000  # artifact digests -> action key, for GetArtifact (~300 B)
 MAX_CHUNK = 3 << 20
-# Compile options are a few flags (tiled.compiler.registry.Option): a request carrying more
-# than this is refused before its text is parsed or remembered.
-MAX_OPTIONS_BYTES = 4096
-MAX_OPTIONS_DEPTH = 4  # {"a": [{"b": 1}]} is 3 deep
 TRIM_AFTER_BYTES = 1 << 20  # a request this large hands its freed heap back to the OS
 
 
@@ -80,27 +74,6 @@ def resolve_local() -> str:
     return f"cuda:{'sm_90a' if arch == 'sm_90' else arch}"
 
 
-class _Flight:
-    """One compile in progress: the future of its entry, how many requests wait for it, and
-    the pool job (cancelled when the last waiting request goes away)."""
-
-    def __init__(self):
-        self.entry: concurrent.futures.Future = concurrent.futures.Future()
-        self.waiters = 1
-        self.job: concurrent.futures.Future | None = None
-
-
-class _Waiter:
-    """Ties one request to the flight it waits on, so that the request's gRPC termination
-    (cancelled by the client, deadline passed) can leave it. `gone` is resolved then, which
-    frees a request merged onto another's compile from waiting (and its handler thread)."""
-
-    def __init__(self):
-        self.key: str | None = None
-        self.flight: _Flight | None = None
-        self.gone: concurrent.futures.Future = concurrent.futures.Future()
-
-
 class CompilerService(compile_pb2_grpc.CompilerServicer):
     def __init__(self, cache, pool, metrics=None, local_target: str | None = None,
                  max_request_bytes: int = 64 << 20, compile_timeout_s: float = 120.0,
@@ -109,45 +82,26 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         self.local_target = local_target or resolve_local()
         self.max_request_bytes = max_request_bytes
         self.compile_timeout_s = compile_timeout_s
-        # requests allowed to wait for a compile at once (None: no bound, for in-process use)
-        self.max_waiting = max_waiting
-        self._waiting = 0
-        # artifact sha256 -> action key that names it, most recent last: GetArtifact reads the
-        # artifact through its entry; one no longer here is read by digest (cache.get_blob)
-        self._artifacts: collections.OrderedDict[str, str] = collections.OrderedDict()
-        # sha256 of (program bytes, target, options, namespace) -> (action key, target, size)
-        self._keys: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
-        self._key_bytes = 0
-        # sha256 of a Compile request's bytes -> (action key, target, its hit response's bytes)
-        self._responses: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
-        self._response_bytes = 0
-        self._inflight: dict[str, _Flight] = {}  # key -> the compile of it now running
+        # max_waiting: requests allowed to wait for compiles at once (None: no bound, for
+        # in-process use)
+        self.flights = Flights(max_waiting, metrics)
+        self._artifacts = ArtifactIndex()  # for GetArtifact
+        self._keys = KeyMemo()  # requests verified and keyed before
+        self._responses = ResponseMemo()  # hit responses by request bytes
         self._lock = threading.Lock()
-        self._hits = self._merged = 0  # requests answered from the cache / by another's compile
+        self._hits = 0  # requests answered from the cache
         self._started = time.monotonic()  # Capabilities reports the uptime
+
+    @property
+    def max_waiting(self) -> int | None:
+        return self.flights.max_waiting
 
     # -- helpers ----------------------------------------------------------------------------
     def _target(self, text: str):
         return parse_target(self.local_target if text in ("", "local") else text)
 
     def _options(self, text: str) -> dict:
-        """The options a request's options_json holds; ValueError (INVALID_ARGUMENT) for text
-        past MAX_OPTIONS_BYTES, not JSON, nested past MAX_OPTIONS_DEPTH or not an object."""
-        if not text:
-            return {}
-        _check_options_size(text)
-        try:
-            options = json.loads(text)
-        except ValueError as e:
-            raise ValueError(f"options_json is not JSON: {e}") from None
-        except RecursionError:  # json's decoder recurses once per level
-            raise ValueError(f"options_json nests deeper than {MAX_OPTIONS_DEPTH} levels") \
-                from None
-        if not isinstance(options, dict):
-            raise ValueError("options_json must be a JSON object")
-        if _depth(options) > MAX_OPTIONS_DEPTH:
-            raise ValueError(f"options_json nests deeper than {MAX_OPTIONS_DEPTH} levels")
-        return options
+        return parse_options(text)
 
     def _admit(self, request: cpb.CompileRequest):
         """(ActionKey, target, program, options) of a request: the program is decoded and
@@ -157,29 +111,19 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         process's toolchain digest does not change while it runs (tiled.compiler.toolchain
         .digest memoizes it per process too). So a cache hit costs a hash, not a verify."""
         options_text, target_text = request.options_json, request.target
-        _check_options_size(options_text)  # before it is hashed, parsed or quoted
-        h = hashlib.sha256(request.program.SerializeToString(deterministic=True))
-        for text in (target_text, options_text, config.get("cache_namespace")):
-            data = text.encode()
-            h.update(len(data).to_bytes(8, "little") + data)  # length-prefixed: unambiguous
-        memo_key = h.digest()
-        with self._lock:
-            known = self._keys.get(memo_key)
-            if known is not None:
-                self._keys.move_to_end(memo_key)
-                return known[0], known[1], None, None
+        check_options_size(options_text)  # before it is hashed, parsed or quoted
+        namespace = config.get("cache_namespace")
+        memo_key = request_digest(request.program.SerializeToString(deterministic=True),
+                                  target_text, options_text, namespace)
+        known = self._keys.lookup(memo_key)
+        if known is not None:
+            return known[0], known[1], None, None
         program = Program(request.program)
         verify(program)
         target = self._target(target_text)
         options = self._options(options_text)
         key = compile_action(program, target, options)
-        size = MEMO_ENTRY_OVERHEAD + len(options_text) + len(config.get("cache_namespace"))
-        with self._lock:
-            if memo_key not in self._keys:
-                self._keys[memo_key] = (key, target, size)
-                self._key_bytes += size
-            while self._key_bytes > KEY_MEMO_BYTES:
-                self._key_bytes -= self._keys.popitem(last=False)[1][2]
+        self._keys.remember(memo_key, key, target, len(options_text) + len(namespace))
         return key, target, program, options
 
     def _observe(self, target, stages: dict, result: str) -> None:
@@ -187,11 +131,11 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             self.metrics.observe_compile(target.backend, target.arch, stages, result)
 
     def compile(self, request: cpb.CompileRequest, time_left: float | None,
-                waiter: _Waiter | None = None, *, counted: bool = True) -> cpb.CompileResponse:
+                waiter: Waiter | None = None, *, counted: bool = True) -> cpb.CompileResponse:
         """One Compile, raising tiled errors (the caller maps them to statuses). `waiter`, when
-        given, lets `abandon` withdraw this request from a compile it waits for. `counted`:
-        waiting for a compile takes one of `max_waiting` (QueueFull when none is left); Warm
-        passes False, as its whole call holds one."""
+        given, lets `flights.abandon` withdraw this request from a compile it waits for.
+        `counted`: waiting for a compile takes one of `max_waiting` (QueueFull when none is
+        left); Warm passes False, as its whole call holds one."""
         t0 = time.perf_counter()
         action, target, program, options = self._admit(request)
         key = action.hex
@@ -203,17 +147,16 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
                 raise KeyError(f"action {key} is not cached")
             if program is None:  # admitted before (memo), evicted since: decode it again
                 program, options = Program(request.program), self._options(request.options_json)
-            with self._waiting_slot(counted):
-                entry, hit = self._compile_once(action, program, target, options, time_left,
-                                                stages, t0, waiter or _Waiter())
+            with self.flights.waiting_slot(counted):
+                entry, hit = self.flights.once(
+                    key, waiter or Waiter(), time_left,
+                    lambda flight: self._lookup_or_compile(action, program, target, options,
+                                                           time_left, stages, t0, flight))
         manifest_json = entry.manifest.decode()
         artifact_sha = json.loads(manifest_json)["artifact_sha256"]
         artifact = entry.blobs[artifact_sha]
+        self._artifacts.note(artifact_sha, key)
         with self._lock:
-            self._artifacts[artifact_sha] = key
-            self._artifacts.move_to_end(artifact_sha)
-            if len(self._artifacts) > ARTIFACT_INDEX_ENTRIES:
-                self._artifacts.popitem(last=False)
             self._hits += hit
         stages["total"] = time.perf_counter() - t0
         self._observe(target, stages, "hit" if hit else "ok")
@@ -223,100 +166,19 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             artifact_size=len(artifact), artifact=artifact if len(artifact) <= limit else b"",
             cache_hit=hit, resolved_target=str(target), stage_seconds=stages)
 
-    @contextlib.contextmanager
-    def _waiting_slot(self, counted: bool = True):
-        """One of `max_waiting` for the request about to wait on a compile; QueueFull when
-        every one is taken, so a flood of cold compiles is refused rather than queued behind
-        the handler threads."""
-        if not counted or self.max_waiting is None:
-            yield
-            return
-        with self._lock:
-            full = self._waiting >= self.max_waiting
-            if not full:
-                self._waiting += 1
-            waiting = self._waiting
-        if full:
-            if self.metrics is not None:
-                self.metrics.refused("waiting")
-            raise QueueFull(f"{self.max_waiting} requests already wait for compiles (the "
-                            "daemon's --max-waiting); retry later")
-        if self.metrics is not None:
-            self.metrics.set_waiting(waiting)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._waiting -= 1
-                waiting = self._waiting
-            if self.metrics is not None:
-                self.metrics.set_waiting(waiting)
-
-    def _compile_once(self, action, program, target, options, time_left, stages, t0, waiter):
-        """Single-flight over compile *and* store: the first request for a key compiles and
-        stores; requests arriving meanwhile wait for its entry. The owner looks the cache up
-        again after registering, so a request that missed just before the previous owner
-        stored and left is a hit, not a second compile. When every waiting request has gone
-        (`abandon`), the pool job is cancelled and the flight forgotten."""
-        key = action.hex
-        with self._lock:
-            flight = self._inflight.get(key)
-            owner = flight is None
-            if owner:
-                flight = self._inflight[key] = _Flight()
-            else:
-                flight.waiters += 1
-            waiter.key, waiter.flight = key, flight
-        if not owner:
-            with self._lock:
-                self._merged += 1
-            if self.metrics is not None:
-                self.metrics.pool_event("merged", {})
-            done, _ = concurrent.futures.wait((flight.entry, waiter.gone), timeout=time_left,
-                                              return_when=concurrent.futures.FIRST_COMPLETED)
-            if flight.entry in done:
-                return flight.entry.result(), False  # merged: not from the cache, not compiled
-            if waiter.gone in done:
-                raise concurrent.futures.CancelledError("the request went away")
-            raise CompileTimeout("the deadline passed while waiting for an identical compile")
-        try:
-            entry = self.cache.get(key)
-            hit = entry is not None
-            if entry is None:
-                entry = self._compile_and_store(action, program, target, options, time_left,
-                                                stages, t0, flight)
-            flight.entry.set_result(entry)
-            return entry, hit
-        except BaseException as e:
-            flight.entry.set_exception(e)
-            raise
-        finally:
-            with self._lock:
-                if self._inflight.get(key) is flight:
-                    del self._inflight[key]
-
-    def abandon(self, waiter: _Waiter) -> None:
-        """The request behind `waiter` ended without waiting for its compile (the client
-        cancelled or its deadline passed). The last one to leave cancels the pool job, which
-        kills its worker; a later request for the key starts afresh."""
-        if not waiter.gone.done():
-            waiter.gone.set_result(None)
-        with self._lock:
-            flight, waiter.flight, key = waiter.flight, None, waiter.key
-            if flight is None or key is None or flight.entry.done():
-                return
-            flight.waiters -= 1
-            if flight.waiters > 0:
-                return
-            if self._inflight.get(key) is flight:
-                del self._inflight[key]
-            job = flight.job
-        log.info("compile %s cancelled: no request waits for it", key[:12])
-        if job is not None:
-            job.cancel()
+    def _lookup_or_compile(self, action, program, target, options, time_left, stages, t0,
+                           flight: Flight) -> tuple[Entry, bool]:
+        """The owner's part of a flight: the cache again (a request that missed just before
+        the previous owner stored and left is a hit, not a second compile), else compile and
+        store."""
+        entry = self.cache.get(action.hex)
+        if entry is not None:
+            return entry, True
+        return self._compile_and_store(action, program, target, options, time_left, stages,
+                                       t0, flight), False
 
     def _compile_and_store(self, action, program, target, options, time_left, stages, t0,
-                           flight):
+                           flight: Flight) -> Entry:
         key = action.hex
         timeout = self.compile_timeout_s if time_left is None else \
             max(0.001, min(self.compile_timeout_s, time_left))
@@ -325,10 +187,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         try:
             job = self.pool.submit(key, "tiled.server.worker:compile_job", payload,
                                    timeout_s=timeout)
-            with self._lock:
-                flight.job = job
-                abandoned = flight.waiters == 0 or self._inflight.get(key) is not flight
-            if abandoned:  # every request left before the job existed
+            if self.flights.attach(key, flight, job):  # every request left before it existed
                 job.cancel()
             result = job.result()
         except Exception:
@@ -347,7 +206,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         return entry
 
     # -- RPCs -------------------------------------------------------------------------------
-    def compile_rpc(self, request: _RawCompile, context) -> bytes:
+    def compile_rpc(self, request: RawCompile, context) -> bytes:
         """The Compile RPC on the request's bytes (see `add_to_server`). A request whose exact
         bytes were answered before, and whose entry the cache still holds, gets the response
         remembered then: no decode, verify, key or serialization, which is most of a hit's
@@ -367,13 +226,10 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         request.release()
         return context.abort(*status)  # raises
 
-    def _compile_rpc(self, request: _RawCompile, context) -> bytes:
+    def _compile_rpc(self, request: RawCompile, context) -> bytes:
         t0 = time.perf_counter()
         digest = hashlib.sha256(request.data).digest()
-        with self._lock:
-            known = self._responses.get(digest)
-            if known is not None:
-                self._responses.move_to_end(digest)
+        known = self._responses.lookup(digest)
         if known is not None:
             key, target, body = known
             if self.cache.contains(key):  # evicted or cleared since: answer the long way
@@ -383,8 +239,8 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
                 self.cache.events.lookup("response", "hit")
                 self._observe(target, {"verify": seconds, "total": seconds}, "hit")
                 return body  # as remembered: no stage_seconds (nothing was staged)
-            self._forget_response(digest)
-        if isinstance(request.message, _Undecodable):
+            self._responses.forget(digest)
+        if isinstance(request.message, Undecodable):
             raise ValueError(request.message.message)
         response = self._compile_call(request.message, context)
         hit = cpb.CompileResponse()
@@ -392,30 +248,19 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         hit.cache_hit = True
         hit.ClearField("stage_seconds")
         body = hit.SerializeToString(deterministic=True)
-        with self._lock:
-            if digest not in self._responses and len(body) <= RESPONSE_MEMO_BYTES // 16:
-                self._responses[digest] = (response.action_key, self._target(
-                    response.resolved_target), body)
-                self._response_bytes += len(body) + MEMO_ENTRY_OVERHEAD
-                while self._response_bytes > RESPONSE_MEMO_BYTES:
-                    _, (_, _, old) = self._responses.popitem(last=False)
-                    self._response_bytes -= len(old) + MEMO_ENTRY_OVERHEAD
+        if self._responses.admits(body):
+            self._responses.remember(digest, response.action_key,
+                                     self._target(response.resolved_target), body)
         return response.SerializeToString()
 
     def _compile_call(self, request: cpb.CompileRequest, context) -> cpb.CompileResponse:
         """`compile` for a gRPC call: the call's deadline bounds the compile, and its end
         (cancelled, deadline passed) withdraws it from the compile it waits for."""
-        waiter = _Waiter()
-        context.add_callback(lambda: self.abandon(waiter))  # runs when the RPC ends, any way
+        waiter = Waiter()
+        context.add_callback(lambda: self.flights.abandon(waiter))  # when the RPC ends, any way
         response = self.compile(request, context.time_remaining(), waiter)
         waiter.flight = None  # answered: ending the RPC now abandons nothing
         return response
-
-    def _forget_response(self, digest: bytes) -> None:
-        with self._lock:
-            known = self._responses.pop(digest, None)
-            if known is not None:
-                self._response_bytes -= len(known[2]) + MEMO_ENTRY_OVERHEAD
 
     def Compile(self, request, context):
         """Compile on a decoded request (the daemon registers `compile_rpc` instead)."""
@@ -427,12 +272,10 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
 
     def memo_bytes(self) -> dict[str, int]:
         """The bytes each per-request memo accounts for (tests, `tiled status` tooling)."""
-        with self._lock:
-            return {"keys": self._key_bytes, "responses": self._response_bytes}
+        return {"keys": self._keys.nbytes, "responses": self._responses.nbytes}
 
     def GetArtifact(self, request, context):
-        with self._lock:
-            key = self._artifacts.get(request.sha256)
+        key = self._artifacts.get(request.sha256)
         entry = self.cache.get(key) if key else None
         data = entry.blobs.get(request.sha256) if entry else None
         if data is None:  # not answered by this process (e.g. before a restart): by digest
@@ -452,7 +295,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         """Streams one WarmResult per item. The call holds one waiting slot for its whole
         stream (its handler thread waits throughout); its items compile on threads of its own
         and queue in the pool like any compile."""
-        with self._waiting_slot():
+        with self.flights.waiting_slot():
             yield from self._warm(request)
 
     def _warm(self, request):
@@ -484,7 +327,8 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             backends.append(cpb.Backend(name=name, archs=list(b.archs), toolchain_digest=digest))
         stats = self.pool.stats()
         with self._lock:
-            hits, merged = self._hits, self._merged
+            hits = self._hits
+        merged = self.flights.merged
         tiers = []
         for tier in getattr(self.cache, "tiers", [self.cache]):
             entry = cpb.CapabilitiesResponse.CacheTier(
@@ -511,99 +355,4 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             workers_replaced_total=int(stats.get("replaced_total", 0)), cache_tiers=tiers)
 
 
-class _RawCompile:
-    """A Compile request as it arrived: its bytes (the hit fast path keys on them), decoded
-    only when needed (`message`: a CompileRequest, or _Undecodable)."""
-
-    __slots__ = ("_message", "data")
-
-    def __init__(self, data: bytes, message=None):
-        self.data, self._message = data, message
-
-    @property
-    def message(self):
-        if self._message is None:
-            self._message = _parse_compile_request(self.data)
-        return self._message
-
-    def release(self) -> None:
-        """Drops the bytes and the decoded message (the request has been answered)."""
-        self.data, self._message = b"", _Undecodable("the request was released")
-
-
-class _Undecodable:
-    """What a request that is not valid protobuf deserializes to, so that the service (not
-    gRPC's INTERNAL "Exception deserializing request!") answers INVALID_ARGUMENT."""
-
-    def __init__(self, message: str):
-        self.message = message
-
-
-def _lenient(message_cls):
-    def deserialize(data: bytes):
-        try:
-            return message_cls.FromString(data)
-        except Exception as e:  # DecodeError, or RecursionError for absurd nesting
-            return _Undecodable(f"the request is not a valid {message_cls.DESCRIPTOR.full_name}: "
-                                f"{e or type(e).__name__}")
-    return deserialize
-
-
-def _checked(method, streaming: bool):
-    if streaming:
-        def stream(request, context):
-            if isinstance(request, _Undecodable):
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
-            try:
-                yield from method(request, context)
-            except QueueFull as e:  # Warm past max_waiting: refused before its first result
-                abort(context, *status_of(e))
-        return stream
-
-    def unary(request, context):
-        if isinstance(request, _Undecodable):
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
-        return method(request, context)
-    return unary
-
-
-def add_to_server(service: CompilerService, server: grpc.Server) -> None:
-    """Registers `service` for every method of tiled.v1.Compiler (read from the proto's
-    descriptor), with requests decoded by the service so that bad bytes are INVALID_ARGUMENT."""
-    desc = cpb.DESCRIPTOR.services_by_name["Compiler"]
-    handlers = {"Compile": grpc.unary_unary_rpc_method_handler(
-        service.compile_rpc, request_deserializer=_RawCompile,
-        response_serializer=lambda data: data)}  # compile_rpc returns the response's bytes
-    for m in desc.methods:
-        if m.name in handlers:
-            continue
-        make = grpc.unary_stream_rpc_method_handler if m.server_streaming else \
-            grpc.unary_unary_rpc_method_handler
-        handlers[m.name] = make(
-            _checked(getattr(service, m.name), m.server_streaming),
-            request_deserializer=_lenient(getattr(cpb, m.input_type.name)),
-            response_serializer=getattr(cpb, m.output_type.name).SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name,
-                                                                          handlers),))
-    server.add_registered_method_handlers(desc.full_name, handlers)
-
-
-_parse_compile_request = _lenient(cpb.CompileRequest)
-
-
-def _check_options_size(text: str) -> None:
-    # A character is at most 4 UTF-8 bytes: short text needs no encode to be known small.
-    if len(text) > MAX_OPTIONS_BYTES // 4 and (size := len(text.encode())) > MAX_OPTIONS_BYTES:
-        raise ValueError(f"options_json is {size} bytes; the limit is {MAX_OPTIONS_BYTES} "
-                         "(compile options are a few flags)")
-
-
-def _depth(value) -> int:
-    """How deep JSON data nests, without recursion (a scalar is 0, {} is 1)."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict | list):
-            deepest = max(deepest, d + 1)
-            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
-    return deepest
+__all__ = ["CompilerService", "add_to_server", "resolve_local"]

@@ -61,13 +61,23 @@ def compile_program(kernel_or_program, target: str | Target = "cpu", *, action: 
         raise ValueError("the action record names another program")
     lowered = guard_program(program) if option(options, "safe_access") else program
     t1 = time.perf_counter()
+    k = program.proto.kernel
+    kernel_loc = f"{k.loc.file}:{k.loc.line}" if k.loc.file else ""
     try:
         art: Artifact = backend.compile(lowered, tgt, options)
     except CompileError as e:
         if e.loc:
             raise
-        k = program.proto.kernel  # a whole-kernel problem (shared memory, say): the kernel
-        raise type(e)(e.message, f"{k.loc.file}:{k.loc.line}" if k.loc.file else "") from None
+        raise type(e)(e.message, kernel_loc) from None  # a whole-kernel problem (shared memory)
+    except ValueError as e:
+        # TVM's simplifier reassociates integer arithmetic and folds the constants; a sum or
+        # product that leaves the dtype there is an overflow of the program on some execution
+        # (`(k + 2147483647) * 64`), which intervals cannot always prove.
+        if "exceeds range of int" not in str(e):
+            raise
+        raise CompileError("an integer expression of this kernel overflows its dtype once its "
+                           "constants are combined (it overflows on some execution): compute "
+                           "it in a wider dtype or with smaller constants", kernel_loc) from None
     stages = {"verify": t1 - t0, **art.stages}
     manifest = build_manifest(program, tgt, art, hashlib.sha256(art.data).hexdigest(), action)
     return CompiledKernel(art.data, manifest, art.source, stages)

@@ -404,6 +404,7 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
             if not isinstance(dim, int):
                 continue
             if b.scope == pb.GLOBAL:  # ragged tails of global tensors are legal, not tiles
+                self.addressable(b, i, iv, ext - 1, opath)
                 if iv.lo > dim - 1:  # wholly outside
                     start = iv.lo if iv.lo == iv.hi else f"{iv.lo} or more"
                     self.fail(f"tile of {ext} starting at offset {start} lies wholly outside "
@@ -418,6 +419,23 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
                 self.fail(f"tile of {ext} starting at offset {start} runs past the end of "
                           f"{name} dim {i} of extent {dim}", opath)
         return b
+
+    def addressable(self, b: pb.Buffer, i: int, iv: _Iv, past: int, path: tuple) -> None:
+        """Rejects an index into dim i of global `b` (a region's start, `past` elements before
+        its last) whose element offset leaves 32 bits at an attained end: kernels compute
+        offsets in int32, and the compiler folds the offsets of such ends, which then do not
+        fit. Only static strides are known here; a tensor the runtime accepts has its
+        in-bounds offsets in range."""
+        stride = 1
+        for d in self.shape[b.id][i + 1:]:
+            if not isinstance(d, int):
+                return
+            stride *= d
+        for end, exact in ((iv.hi + past, iv.hi_exact), (iv.lo, iv.lo_exact)):
+            if exact and not -_INT32_MAX - 1 <= end * stride <= _INT32_MAX:
+                self.fail(f"index {end} into {self.bname(b.id)} dim {i} addresses element "
+                          f"{end * stride}, past what 32-bit offsets reach (kernels index "
+                          "tensors with int32)", path)
 
     def indices(self, b: pb.Buffer, indices, path: tuple, depth: int) -> None:
         name, shape = self.bname(b.id), self.shape[b.id]
@@ -447,6 +465,7 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
                 value = iv.lo if iv.lo == iv.hi else f"in {iv.lo}..{iv.hi}"
                 self.fail(f"index {value} is out of bounds for {name} dim {i} of extent {dim} "
                           f"(valid {valid}) on every execution", ipath)
+            self.addressable(b, i, iv, 0, ipath)
             return iv
         low = iv.hi < 0 or (iv.lo_exact and iv.lo < 0)
         high = static and (iv.lo > dim - 1 or (iv.hi_exact and iv.hi > dim - 1))

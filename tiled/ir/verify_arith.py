@@ -95,12 +95,14 @@ class ArithRules(Rules):
 
 
     def int_min_operand(self, op: int, sym: str, b: pb.Binary, dt: int, path: tuple) -> None:
-        """Rejects the signed minimum (-2^31 in int32) as a literal operand of * / // %: TVM's
-        simplifier negates such constants, which no dtype of that width holds."""
-        if op not in (pb.MUL, pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD) or dt in ops.UNSIGNED_DTYPES:
+        """Rejects the signed minimum (-2^31 in int32) as a literal operand of * / // % or as
+        the subtrahend of -: TVM's simplifier negates such constants, which no dtype of that
+        width holds."""
+        if op not in (pb.MUL, pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD, pb.SUB) or \
+                dt in ops.UNSIGNED_DTYPES:
             return
         lo = ops.INT_RANGE[dt][0]
-        for side in ("a", "b"):
+        for side in ("b",) if op == pb.SUB else ("a", "b"):
             x = getattr(b, side)
             if x.WhichOneof("kind") == "int_value" and x.int_value == lo:
                 self.fail(f"constant {lo} (the {_dt(dt)} minimum) as an operand of {sym}: the "

@@ -281,7 +281,10 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
         kind = s.WhichOneof("kind")
         if kind is None:
             self.fail("empty statement: it has no kind", path)
-        getattr(self, "s_" + kind)(getattr(s, kind), (path, "." + kind), depth)
+        rule = getattr(self, "s_" + kind, None)
+        if rule is None:  # a statement of a newer schema than this verifier knows
+            self.fail(f"statement kind {kind!r} is not supported by this tiled", path)
+        rule(getattr(s, kind), (path, "." + kind), depth)
         self.loc = outer
 
     def s_seq(self, seq: pb.Seq, path: tuple, depth: int) -> None:
@@ -350,6 +353,8 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
         self.element_access(s, path, depth, "store")
 
     def s_atomic_add(self, s: pb.AtomicAdd, path: tuple, depth: int) -> None:
+        if s.op != pb.ATOMIC_ADD:  # max / min: not lowered by any backend yet
+            self.fail(f"atomic op {s.op} is not supported by this tiled", (path, ".op"))
         b = self.element_access(s, path, depth, "atomic_add")
         if b.scope not in (pb.GLOBAL, pb.SHARED):
             self.fail(f"atomic_add into {ops.SCOPE_NAME[b.scope]} buffer {self.bname(b.id)}; "

@@ -41,6 +41,8 @@ class TileOpRules(Rules):
 
     def s_gemm(self, g: pb.Gemm, path: tuple, depth: int) -> None:
         self.tile_op("gemm", path)
+        if g.policy not in (pb.POLICY_SQUARE, pb.POLICY_FULL_ROW, pb.POLICY_FULL_COL):
+            self.fail(f"gemm has unknown warp policy {g.policy}", (path, ".policy"))
         bufs = {}
         for role in ("a", "b", "c"):
             b = self.buffer(getattr(g, role), (path, "." + role))

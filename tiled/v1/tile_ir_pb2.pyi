@@ -88,6 +88,7 @@ class LoopKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PARALLEL: _ClassVar[LoopKind]
     PIPELINED: _ClassVar[LoopKind]
     UNROLL: _ClassVar[LoopKind]
+    VECTORIZED: _ClassVar[LoopKind]
 
 class ReduceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -95,6 +96,19 @@ class ReduceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REDUCE_SUM: _ClassVar[ReduceKind]
     REDUCE_MAX: _ClassVar[ReduceKind]
     REDUCE_MIN: _ClassVar[ReduceKind]
+    REDUCE_ABSMAX: _ClassVar[ReduceKind]
+
+class GemmWarpPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POLICY_SQUARE: _ClassVar[GemmWarpPolicy]
+    POLICY_FULL_ROW: _ClassVar[GemmWarpPolicy]
+    POLICY_FULL_COL: _ClassVar[GemmWarpPolicy]
+
+class AtomicOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ATOMIC_ADD: _ClassVar[AtomicOp]
+    ATOMIC_MAX: _ClassVar[AtomicOp]
+    ATOMIC_MIN: _ClassVar[AtomicOp]
 
 class MBarrierKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -169,10 +183,18 @@ SERIAL: LoopKind
 PARALLEL: LoopKind
 PIPELINED: LoopKind
 UNROLL: LoopKind
+VECTORIZED: LoopKind
 REDUCE_KIND_UNSPECIFIED: ReduceKind
 REDUCE_SUM: ReduceKind
 REDUCE_MAX: ReduceKind
 REDUCE_MIN: ReduceKind
+REDUCE_ABSMAX: ReduceKind
+POLICY_SQUARE: GemmWarpPolicy
+POLICY_FULL_ROW: GemmWarpPolicy
+POLICY_FULL_COL: GemmWarpPolicy
+ATOMIC_ADD: AtomicOp
+ATOMIC_MAX: AtomicOp
+ATOMIC_MIN: AtomicOp
 MBARRIER_KIND_UNSPECIFIED: MBarrierKind
 MBARRIER_ARRIVE: MBarrierKind
 MBARRIER_WAIT_PARITY: MBarrierKind
@@ -367,7 +389,7 @@ class BarrierRef(_message.Message):
     def __init__(self, barrier: _Optional[int] = ..., index: _Optional[_Union[Expr, _Mapping]] = ...) -> None: ...
 
 class Gemm(_message.Message):
-    __slots__ = ("a", "b", "c", "transpose_a", "transpose_b", "clear_accum", "a_index", "b_index")
+    __slots__ = ("a", "b", "c", "transpose_a", "transpose_b", "clear_accum", "a_index", "b_index", "policy")
     A_FIELD_NUMBER: _ClassVar[int]
     B_FIELD_NUMBER: _ClassVar[int]
     C_FIELD_NUMBER: _ClassVar[int]
@@ -376,6 +398,7 @@ class Gemm(_message.Message):
     CLEAR_ACCUM_FIELD_NUMBER: _ClassVar[int]
     A_INDEX_FIELD_NUMBER: _ClassVar[int]
     B_INDEX_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     a: int
     b: int
     c: int
@@ -384,7 +407,8 @@ class Gemm(_message.Message):
     clear_accum: bool
     a_index: _containers.RepeatedCompositeFieldContainer[Expr]
     b_index: _containers.RepeatedCompositeFieldContainer[Expr]
-    def __init__(self, a: _Optional[int] = ..., b: _Optional[int] = ..., c: _Optional[int] = ..., transpose_a: bool = ..., transpose_b: bool = ..., clear_accum: bool = ..., a_index: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., b_index: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ...) -> None: ...
+    policy: GemmWarpPolicy
+    def __init__(self, a: _Optional[int] = ..., b: _Optional[int] = ..., c: _Optional[int] = ..., transpose_a: bool = ..., transpose_b: bool = ..., clear_accum: bool = ..., a_index: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., b_index: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., policy: _Optional[_Union[GemmWarpPolicy, str]] = ...) -> None: ...
 
 class Fill(_message.Message):
     __slots__ = ("dst", "value")
@@ -409,14 +433,28 @@ class Reduce(_message.Message):
     def __init__(self, kind: _Optional[_Union[ReduceKind, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., dim: _Optional[int] = ..., clear: bool = ...) -> None: ...
 
 class AtomicAdd(_message.Message):
-    __slots__ = ("buffer", "indices", "value")
+    __slots__ = ("buffer", "indices", "value", "op")
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
     buffer: int
     indices: _containers.RepeatedCompositeFieldContainer[Expr]
     value: Expr
-    def __init__(self, buffer: _Optional[int] = ..., indices: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., value: _Optional[_Union[Expr, _Mapping]] = ...) -> None: ...
+    op: AtomicOp
+    def __init__(self, buffer: _Optional[int] = ..., indices: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., value: _Optional[_Union[Expr, _Mapping]] = ..., op: _Optional[_Union[AtomicOp, str]] = ...) -> None: ...
+
+class Scan(_message.Message):
+    __slots__ = ("src", "dst", "dim", "reverse")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    REVERSE_FIELD_NUMBER: _ClassVar[int]
+    src: int
+    dst: int
+    dim: int
+    reverse: bool
+    def __init__(self, src: _Optional[int] = ..., dst: _Optional[int] = ..., dim: _Optional[int] = ..., reverse: bool = ...) -> None: ...
 
 class MBarrierOp(_message.Message):
     __slots__ = ("kind", "barrier", "value")
@@ -443,7 +481,7 @@ class WarpGroup(_message.Message):
     def __init__(self, group: _Optional[int] = ..., regs: _Optional[int] = ..., body: _Optional[_Union[Stmt, _Mapping]] = ...) -> None: ...
 
 class Stmt(_message.Message):
-    __slots__ = ("loc", "seq", "for_", "if_then_else", "store", "copy", "gemm", "fill", "reduce", "atomic_add", "warp_group", "mbarrier", "fence_proxy_async")
+    __slots__ = ("loc", "seq", "for_", "if_then_else", "store", "copy", "gemm", "fill", "reduce", "atomic_add", "warp_group", "mbarrier", "fence_proxy_async", "scan")
     LOC_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FOR__FIELD_NUMBER: _ClassVar[int]
@@ -457,6 +495,7 @@ class Stmt(_message.Message):
     WARP_GROUP_FIELD_NUMBER: _ClassVar[int]
     MBARRIER_FIELD_NUMBER: _ClassVar[int]
     FENCE_PROXY_ASYNC_FIELD_NUMBER: _ClassVar[int]
+    SCAN_FIELD_NUMBER: _ClassVar[int]
     loc: Location
     seq: Seq
     for_: For
@@ -470,7 +509,8 @@ class Stmt(_message.Message):
     warp_group: WarpGroup
     mbarrier: MBarrierOp
     fence_proxy_async: FenceProxyAsync
-    def __init__(self, loc: _Optional[_Union[Location, _Mapping]] = ..., seq: _Optional[_Union[Seq, _Mapping]] = ..., for_: _Optional[_Union[For, _Mapping]] = ..., if_then_else: _Optional[_Union[IfThenElse, _Mapping]] = ..., store: _Optional[_Union[Store, _Mapping]] = ..., copy: _Optional[_Union[Copy, _Mapping]] = ..., gemm: _Optional[_Union[Gemm, _Mapping]] = ..., fill: _Optional[_Union[Fill, _Mapping]] = ..., reduce: _Optional[_Union[Reduce, _Mapping]] = ..., atomic_add: _Optional[_Union[AtomicAdd, _Mapping]] = ..., warp_group: _Optional[_Union[WarpGroup, _Mapping]] = ..., mbarrier: _Optional[_Union[MBarrierOp, _Mapping]] = ..., fence_proxy_async: _Optional[_Union[FenceProxyAsync, _Mapping]] = ...) -> None: ...
+    scan: Scan
+    def __init__(self, loc: _Optional[_Union[Location, _Mapping]] = ..., seq: _Optional[_Union[Seq, _Mapping]] = ..., for_: _Optional[_Union[For, _Mapping]] = ..., if_then_else: _Optional[_Union[IfThenElse, _Mapping]] = ..., store: _Optional[_Union[Store, _Mapping]] = ..., copy: _Optional[_Union[Copy, _Mapping]] = ..., gemm: _Optional[_Union[Gemm, _Mapping]] = ..., fill: _Optional[_Union[Fill, _Mapping]] = ..., reduce: _Optional[_Union[Reduce, _Mapping]] = ..., atomic_add: _Optional[_Union[AtomicAdd, _Mapping]] = ..., warp_group: _Optional[_Union[WarpGroup, _Mapping]] = ..., mbarrier: _Optional[_Union[MBarrierOp, _Mapping]] = ..., fence_proxy_async: _Optional[_Union[FenceProxyAsync, _Mapping]] = ..., scan: _Optional[_Union[Scan, _Mapping]] = ...) -> None: ...
 
 class Kernel(_message.Message):
     __slots__ = ("grid", "block_vars", "threads", "body", "loc")

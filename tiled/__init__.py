@@ -11,6 +11,7 @@ from tiled.errors import (
     TiledError,
     VerifyError,
 )
+from tiled.jit import jit
 from tiled.lang.kernel import kernel
 
 __version__ = "0.1.0"
@@ -38,4 +39,4 @@ def compile(kernel_or_program, target: str = "cpu", *, cache: bool = True, **opt
 
 
 __all__ = ["CompileError", "KernelDefinitionError", "LaunchError", "TiledError", "VerifyError",
-           "__version__", "compile", "kernel"]
+           "__version__", "compile", "jit", "kernel"]

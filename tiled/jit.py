@@ -66,6 +66,16 @@ class JitKernel:
                 k = self._compiled.setdefault(target, k)
         return k
 
+    def use(self, target: str, compiled) -> JitKernel:
+        """Calls for `target` launch `compiled` (a kernel loaded by tiled.runtime.load from a
+        bundle, say, on a host without the compiler); returns self."""
+        if compiled.manifest.program_digest != self.kernel.ir.digest:
+            raise LaunchError(f"{self.kernel.name}: the compiled kernel is of another program "
+                              f"({compiled.manifest.name})")
+        with self._lock:
+            self._compiled[target] = compiled
+        return self
+
     def get_kernel_source(self, target: str = "cpu") -> str | None:
         """The generated source (a compile in this process keeps it; a cache hit does not)."""
         return getattr(self.compiled(target), "source", None)

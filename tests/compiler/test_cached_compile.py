@@ -89,7 +89,8 @@ def test_hit_returns_the_stored_kernel_without_compiling(backend_calls):
 
 def test_ten_identical_requests_compile_once(backend_calls):
     tier = DictTier()
-    results = [compile_cached(KERNEL, "cpu", tier, options={"safe_access": None}) for _ in range(10)]
+    results = [compile_cached(KERNEL, "cpu", tier, options={"safe_access": None})
+               for _ in range(10)]
     assert len(backend_calls) == 1 and tier.puts == 1
     assert [hit for _, hit in results] == [False] + [True] * 9
     assert len({k.artifact for k, _ in results}) == 1

@@ -120,7 +120,7 @@ def test_fragments_stay_inside_warpgroup_regions():
             with T.ws(0):
                 T.copy(C_l, C[0, 0])
 
-    with pytest.raises(CompileError, match=r"fragment frag1 is used outside T\.ws") as info:
+    with pytest.raises(CompileError, match=r"fragment C_l is used outside T\.ws") as info:
         tiled.compile(k, target="cuda:sm_90a", cache=False)
     assert info.value.loc.endswith(f":{k.ir.proto.kernel.body.seq.stmts[0].loc.line}")
 

@@ -15,7 +15,7 @@ from .programs import node
 
 def kernel(names=True, stages=2):
     def name(n):
-        return n if names else None
+        return n if names else n + "_2"  # the assignment targets name them when names=False
 
     @tiled.kernel
     def ws_gemm(A: T.Tensor((256, 256), "float16"), B: T.Tensor((256, 256), "float16"),
@@ -55,20 +55,20 @@ C: Tensor[(256, 256), float32]):
         full = alloc_barrier(2, arrive_count=128)
         empty = alloc_barrier(2, arrive_count=128)
         with ws(1, regs=40):
-          for v2 in range(4):
-            mbarrier_wait_parity(empty[v2 % 2], 1 - v2 // 2 % 2)
-            mbarrier_expect_tx(full[v2 % 2], 16384)
-            tma_copy(A[by * 64 : +64, v2 * 64 : +64], A_s[v2 % 2 : +1, 0 : +64, 0 : +64], \
-full[v2 % 2])
-            tma_copy(B[v2 * 64 : +64, bx * 64 : +64], B_s[v2 % 2 : +1, 0 : +64, 0 : +64], \
-full[v2 % 2])
-            mbarrier_arrive(full[v2 % 2])
+          for k in range(4):
+            mbarrier_wait_parity(empty[k % 2], 1 - k // 2 % 2)
+            mbarrier_expect_tx(full[k % 2], 16384)
+            tma_copy(A[by * 64 : +64, k * 64 : +64], A_s[k % 2 : +1, 0 : +64, 0 : +64], \
+full[k % 2])
+            tma_copy(B[k * 64 : +64, bx * 64 : +64], B_s[k % 2 : +1, 0 : +64, 0 : +64], \
+full[k % 2])
+            mbarrier_arrive(full[k % 2])
         with ws(0):
           clear(C_l)
-          for v3 in range(4):
-            mbarrier_wait_parity(full[v3 % 2], v3 // 2 % 2)
-            gemm(A_s[v3 % 2], B_s[v3 % 2], C_l)
-            mbarrier_arrive(empty[v3 % 2])
+          for k in range(4):
+            mbarrier_wait_parity(full[k % 2], k // 2 % 2)
+            gemm(A_s[k % 2], B_s[k % 2], C_l)
+            mbarrier_arrive(empty[k % 2])
           fence_proxy_async()
           copy(C_l, C[by * 64 : +64, bx * 64 : +64])""")
 

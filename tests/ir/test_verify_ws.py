@@ -83,16 +83,16 @@ def test_the_sample_verifies():
 
 
 @pytest.mark.parametrize(("bug", "message", "marker"), [
-    ("uninitialized", r"T.mbarrier_wait_parity on shared\d+, a shared buffer: mbarrier ops need a "
-                      r"barrier from T.alloc_barrier, which also initializes it .* a wait never "
-                      "returns", "uninitialized"),
-    ("no-arrive", r"T.mbarrier_wait_parity on bar\d+ waits for a phase that never completes: no "
-                  r"T.mbarrier_arrive names bar\d+ anywhere", "wait-full"),
-    ("no-expect", r"T.tma_copy completes its bytes on bar\d+, but no T.mbarrier_expect_tx",
+    ("uninitialized", r"T.mbarrier_wait_parity on not_a_barrier, a shared buffer: mbarrier ops "
+                      r"need a barrier from T.alloc_barrier, which also initializes it .* a wait "
+                      "never returns", "uninitialized"),
+    ("no-arrive", r"T.mbarrier_wait_parity on full waits for a phase that never completes: no "
+                  r"T.mbarrier_arrive names full anywhere", "wait-full"),
+    ("no-expect", r"T.tma_copy completes its bytes on full, but no T.mbarrier_expect_tx",
      "tma-a"),
-    ("index", r"index 2 is out of bounds for bar\d+ dim 0 of extent 2", "index"),
+    ("index", r"index 2 is out of bounds for full dim 0 of extent 2", "index"),
     ("parity", "waits for parity 2; a parity is 0 or 1", "parity"),
-    ("count", r"T.mbarrier_arrive here runs on 128 threads, each arriving once on bar\d+, whose "
+    ("count", r"T.mbarrier_arrive here runs on 128 threads, each arriving once on full, whose "
               "phases complete after 1 arrival", None),
     ("group", r"T.ws\(2\) names warpgroup 2, but 256 threads make 2 warpgroup\(s\), 0..1",
      "group"),
@@ -130,7 +130,7 @@ def test_tma_boxes_need_16_byte_rows():
 def test_shared_memory_over_the_limit_is_located_at_the_crossing_allocation():
     with config.override(max_shared_bytes=2 * 16384 + 8):
         err = rejects("", r"kernel allocates 33 KiB \(32816 bytes\) of shared memory, the limit "
-                          r"is 33 KiB \(32776 bytes\).*; bar\d+ crosses the limit\)", "count")
+                          r"is 33 KiB \(32776 bytes\).*; full crosses the limit\)", "count")
     assert "reduce block sizes or num_stages" in err.message
 
 

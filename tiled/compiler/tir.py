@@ -12,12 +12,15 @@ from collections.abc import Callable
 
 import tvm
 from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler import fp8
 from tiled.compiler.manifest import dim_names
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
+from tiled.ir.verify_params import c_name_problem
 from tiled.v1 import tile_ir_pb2 as pb
 
 TVM_DTYPE = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
@@ -66,12 +69,18 @@ def loc_of(stmt: pb.Stmt) -> str:
 
 class ExprLowering:
     """Converts Tile IR expressions to TIR. `vars` maps var id -> PrimExpr; `load` builds a
-    load of buffer id at TIR indices (backends decide what a fragment load means)."""
+    load of buffer id at TIR indices (backends decide what a fragment load means).
+    `exact_fp8`: float8 values are their bits (uint8 PrimExprs, in uint8 buffers: `tir_dtype`)
+    converted by tiled.compiler.fp8, never TVM's float8 (set by backends whose TVM lowering
+    of float8 is not exact: cpu). Then a PrimExpr's dtype no longer says whether it is a
+    float8, so conversions name the Tile IR dtype of their operand (`cast(..., src=)`)."""
+
+    exact_fp8 = False
 
     def __init__(self, program: Program):
         self.program = program.proto
         self.vars: dict[int, tirx.PrimExpr] = {}
-        self.var_dtype = {v.id: tvm_dtype(v.dtype) for v in self.program.vars}
+        self.var_dtype = {v.id: self.tir_dtype(v.dtype) for v in self.program.vars}
         self.buffers = {b.id: b for b in self.program.buffers}
         # Scalar parameters may hold anything; loop, block and dim vars are never negative.
         self.scalars = {prm.scalar for prm in self.program.params
@@ -79,6 +88,12 @@ class ExprLowering:
 
     def load(self, bid: int, indices: list) -> tirx.PrimExpr:
         raise NotImplementedError
+
+    def tir_dtype(self, dtype: int | str) -> str:
+        """The TIR dtype that holds values of Tile IR `dtype` (uint8 for float8 when
+        `exact_fp8`)."""
+        dt = tvm_dtype(dtype)
+        return "uint8" if self.exact_fp8 and dt in _FP8 else dt
 
     def region_index(self, region: pb.Region, tile_coords: list) -> tuple[list, list]:
         """TIR indices of a region's element at squeezed tile coordinates (one per extent
@@ -120,6 +135,8 @@ class ExprLowering:
     def expr(self, e: pb.Expr) -> tirx.PrimExpr:
         kind = e.WhichOneof("kind")
         dt = tvm_dtype(e.dtype)
+        if kind in ("int_value", "float_value") and dt in _FP8 and self.exact_fp8:
+            return fp8.from_float32(tirx.const(float(getattr(e, kind)), "float32"), dt)
         if kind == "int_value":
             return tirx.const(bool(e.int_value) if dt == "bool" else e.int_value, dt)
         if kind == "float_value":
@@ -131,10 +148,12 @@ class ExprLowering:
         if kind == "call":
             args = [self.expr(a) for a in e.call.args]
             if dt in _FP8:  # fp8 has no arithmetic of its own: compute in float32
-                return tirx.Cast(dt, _CALL[e.call.op](*[tirx.Cast("float32", a) for a in args]))
+                f32 = [self.cast(a, "float32", tvm_dtype(x.dtype))
+                       for a, x in zip(args, e.call.args, strict=True)]
+                return self.cast(_CALL[e.call.op](*f32), dt)
             return _CALL[e.call.op](*args)
         if kind == "cast":
-            return tirx.Cast(dt, self.expr(e.cast.value))
+            return self.cast(self.expr(e.cast.value), dt, tvm_dtype(e.cast.value.dtype))
         if kind == "select":
             return tirx.Select(self.expr(e.select.cond), self.expr(e.select.true_value),
                                self.expr(e.select.false_value))
@@ -142,6 +161,14 @@ class ExprLowering:
             return self.load(e.load.buffer, [self.expr(i) for i in e.load.indices])
         raise CompileError(f"expression kind {kind} cannot be lowered")
 
+
+    def cast(self, value: tirx.PrimExpr, dt: str, src: str | None = None) -> tirx.PrimExpr:
+        """`value`, of TVM dtype `src` (default: its own), converted to `dt` (float8 exactly,
+        as bits, when `exact_fp8`)."""
+        src = src or str(value.ty)
+        if self.exact_fp8 and (dt in _FP8 or src in _FP8):
+            return fp8.cast(value, dt, src)
+        return value if src == dt else tirx.Cast(dt, value)
 
     def binary(self, b: pb.Binary, dt: str) -> tirx.PrimExpr:
         """A binary expression with every result defined (the verifier refuses what is wrong
@@ -155,11 +182,11 @@ class ExprLowering:
         a, y = self.expr(b.a), self.expr(b.b)
         operand = tvm_dtype(b.a.dtype)
         if operand in _FP8:
-            a, y = tirx.Cast("float32", a), tirx.Cast("float32", y)
+            a, y = self.cast(a, "float32", operand), self.cast(y, "float32", operand)
             if op in _COMPARISONS:
                 return _BINARY[op](a, y)
             out = a / y if op == pb.DIV else _BINARY[op](a, y)
-            return tirx.Cast(dt, out)
+            return self.cast(out, dt)
         if op == pb.DIV and dtypes.is_float(b.a.dtype):
             return a / y
         if op in (pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD):
@@ -200,12 +227,42 @@ def declare_params(program: Program, lower: ExprLowering,
                     shape.append(dims[d.var])
                 else:
                     shape.append(d.size)
-            out[b.id] = T.arg(param.name, T.Buffer(shape, tvm_dtype(b.dtype),
-                                                   align=align or dtypes.nbytes(b.dtype)))
+            arg = T.arg(param.name, T.Buffer(shape, tvm_dtype(b.dtype),
+                                             align=align or dtypes.nbytes(b.dtype)))
+            out[b.id] = arg
         else:
             v = tirx.Var(param.name, lower.var_dtype[param.scalar])
             lower.vars[param.scalar] = T.arg(param.name, v)
+    for bid, arg in out.items():
+        if lower.tir_dtype(lower.buffers[bid].dtype) != str(arg.dtype):
+            # The caller passes a float8 array (and the entry checks that); the body reads
+            # and writes its bytes through a uint8 view of the same data, declared after the
+            # parameters (TVM wants those first).
+            out[bid] = T.decl_buffer(arg.shape, "uint8", data=arg.data, align=align or 1)
     return out
+
+
+def saturating_abs(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """|x| in x's dtype, saturating for signed integers: the most negative value, whose
+    negation does not fit, counts as the largest positive one (no signed overflow). bfloat16
+    goes through float32, where |x| is exact (TVM has no abs of it)."""
+    dt = str(x.ty)
+    if dt.startswith("uint"):
+        return x
+    if dt.startswith("int"):
+        zero, floor = tirx.const(0, dt), tirx.const(-tirx.max_value(dt).value, dt)
+        return tirx.Select(x < zero, zero - tirx.Max(x, floor), x)
+    if dt not in ("float16", "float32", "float64"):
+        return tirx.Cast(dt, tirx.abs(tirx.Cast("float32", x)))
+    return tirx.abs(x)
+
+
+def source_name(b: pb.Buffer, buf: tirx.Buffer) -> tirx.Buffer:
+    """`buf` (a TIR allocation of Tile IR buffer `b`) named as the author named `b`, so the
+    generated source reads `acc_o[...]`; a name the C code cannot take keeps TVM's."""
+    if b.name and c_name_problem(b.name) is None:
+        IRBuilder.name(b.name, buf)
+    return buf
 
 
 def static_shape(buf: pb.Buffer) -> list[int]:

@@ -23,7 +23,8 @@ _VAR_FIELDS = {("Expr", "var"), ("Dim", "var"), ("For", "var"), ("Param", "scala
                ("Kernel", "block_vars")}
 _BUFFER_FIELDS = {("Load", "buffer"), ("Region", "buffer"), ("Store", "buffer"),
                   ("AtomicAdd", "buffer"), ("Param", "buffer"), ("Gemm", "a"), ("Gemm", "b"),
-                  ("Gemm", "c"), ("Reduce", "src"), ("Reduce", "dst"), ("BarrierRef", "barrier")}
+                  ("Gemm", "c"), ("Reduce", "src"), ("Reduce", "dst"), ("Scan", "src"),
+                  ("Scan", "dst"), ("BarrierRef", "barrier")}
 
 
 class _Renumber:

@@ -48,8 +48,10 @@ FLOAT_MAX: dict[int, float] = {
 UNSIGNED_DTYPES = frozenset({pb.UINT8, pb.UINT16, pb.UINT32, pb.UINT64})
 
 SCOPES = frozenset({pb.GLOBAL, pb.SHARED, pb.FRAGMENT, pb.LOCAL, pb.BARRIER})
-LOOP_KINDS = frozenset({pb.SERIAL, pb.PARALLEL, pb.PIPELINED, pb.UNROLL})
-REDUCE_KINDS = frozenset({pb.REDUCE_SUM, pb.REDUCE_MAX, pb.REDUCE_MIN})
+LOOP_KINDS = frozenset({pb.SERIAL, pb.PARALLEL, pb.PIPELINED, pb.UNROLL, pb.VECTORIZED})
+REDUCE_KINDS = frozenset({pb.REDUCE_SUM, pb.REDUCE_MAX, pb.REDUCE_MIN, pb.REDUCE_ABSMAX})
+ATOMIC_OPS = frozenset({pb.ATOMIC_ADD, pb.ATOMIC_MAX, pb.ATOMIC_MIN})
+GEMM_POLICIES = frozenset({pb.POLICY_SQUARE, pb.POLICY_FULL_ROW, pb.POLICY_FULL_COL})
 
 # Printer spellings (TileLang-like). Infix operators carry a precedence, higher binds tighter,
 # as in Python; MIN and MAX print as calls.
@@ -71,9 +73,18 @@ INTRINSIC_NAME: dict[int, str] = {
 }
 LOOP_KIND_NAME: dict[int, str] = {
     pb.SERIAL: "range", pb.PARALLEL: "Parallel", pb.PIPELINED: "Pipelined", pb.UNROLL: "unroll",
+    pb.VECTORIZED: "vectorized",
 }
 REDUCE_NAME: dict[int, str] = {
     pb.REDUCE_SUM: "reduce_sum", pb.REDUCE_MAX: "reduce_max", pb.REDUCE_MIN: "reduce_min",
+    pb.REDUCE_ABSMAX: "reduce_absmax",
+}
+ATOMIC_NAME: dict[int, str] = {
+    pb.ATOMIC_ADD: "atomic_add", pb.ATOMIC_MAX: "atomic_max", pb.ATOMIC_MIN: "atomic_min",
+}
+# TileLang's spelling (T.GemmWarpPolicy.FullRow), printed as `policy=FullRow`.
+GEMM_POLICY_NAME: dict[int, str] = {
+    pb.POLICY_SQUARE: "Square", pb.POLICY_FULL_ROW: "FullRow", pb.POLICY_FULL_COL: "FullCol",
 }
 SCOPE_NAME: dict[int, str] = {
     pb.GLOBAL: "global", pb.SHARED: "shared", pb.FRAGMENT: "fragment", pb.LOCAL: "local",

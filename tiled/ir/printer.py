@@ -35,6 +35,15 @@ def format_program(program: Program | pb.Program) -> str:
     return _Printer(msg).program()
 
 
+def format_expr(expr: pb.Expr, program: Program | pb.Program | None = None) -> str:
+    """`expr` as source text (`bx * 128 + i`), for messages about one place of the source.
+    Vars and buffers print with the debug names `program` gives them, as written (two loops'
+    `i` both print `i`); an id without a usable name prints as `v<id>` / `b<id>`. Never raises
+    for a message."""
+    msg = program.proto if isinstance(program, Program) else program
+    return _ExprPrinter(msg if msg is not None else pb.Program()).expr(expr, 0)[0]
+
+
 def _dtype(dtype: int) -> str:
     return ENUM_TO_NAME.get(dtype, "?")
 
@@ -42,14 +51,21 @@ def _dtype(dtype: int) -> str:
 class _Printer:
     def __init__(self, p: pb.Program):
         self.p = p
-        used = Counter(v.name for v in p.vars) + Counter(b.name for b in p.buffers)
+        # Loop vars are named where their loop binds them (`loop_name`): two loops' `i` both
+        # print `i`. Every other name is global, so it prints as written only when unique.
+        self.loop_vars = _loop_vars(p)
+        self.var_table = {v.id: v for v in p.vars}
+        used = Counter(v.name for v in p.vars if v.id not in self.loop_vars) + \
+            Counter(b.name for b in p.buffers)
         self.vars: dict[int, str] = {}
         self.bufs: dict[int, pb.Buffer] = {}
         self.buf_names: dict[int, str] = {}
         ids = Counter(v.id for v in p.vars)
+        self.dup_ids = {i for i, n in ids.items() if n > 1}
         for v in p.vars:
             ok = ids[v.id] == 1 and used[v.name] == 1 and _IDENT.fullmatch(v.name)
             self.vars.setdefault(v.id, v.name if ok else f"v{v.id}")
+        self.live = set(used)  # the names a loop var must not shadow here
         ids = Counter(b.id for b in p.buffers)
         for b in p.buffers:
             ok = ids[b.id] == 1 and used[b.name] == 1 and _IDENT.fullmatch(b.name)
@@ -59,6 +75,19 @@ class _Printer:
 
     def var(self, vid: int) -> str:
         return self.vars.get(vid, "?")
+
+    def loop_name(self, vid: int) -> str:
+        """The name of a loop var bound here: as written, unless a name in scope (an enclosing
+        loop's, a buffer's, a dim's) has it; then with a suffix, `i_1`."""
+        v = self.var_table.get(vid)
+        base = v.name if v is not None and vid not in self.dup_ids and \
+            _IDENT.fullmatch(v.name) else f"v{vid}"
+        name, n = base, 0
+        while name in self.live:
+            n += 1
+            name = f"{base}_{n}"
+        self.vars[vid] = name
+        return name
 
     def buf(self, bid: int) -> str:
         return self.buf_names.get(bid, "?")
@@ -131,9 +160,12 @@ class _Printer:
             args = [self.expr(f.extent, d)[0]]
             if f.num_stages or f.kind == pb.PIPELINED:
                 args.append(f"num_stages={f.num_stages}")
-            self.emit(indent, f"for {self.var(f.var)} in "
+            name = self.loop_name(f.var)
+            self.emit(indent, f"for {name} in "
                               f"{ops.LOOP_KIND_NAME.get(f.kind, '?')}({', '.join(args)}):")
+            self.live.add(name)
             self.body(f.body if f.HasField("body") else None, indent + 1, d)
+            self.live.discard(name)
         elif kind == "if_then_else":
             s_if = s.if_then_else
             self.emit(indent, f"if {self.expr(s_if.cond, d)[0]}:")
@@ -146,7 +178,7 @@ class _Printer:
             target = f"{self.buf(x.buffer)}[{self.exprs(x.indices, d)}]"
             value = self.expr(x.value, d)[0]
             self.emit(indent, f"{target} = {value}" if kind == "store"
-                      else f"atomic_add({target}, {value})")
+                      else f"{ops.ATOMIC_NAME.get(x.op, 'atomic_?')}({target}, {value})")
         elif kind == "copy":
             c = s.copy
             src, dst = self.region(c.src, d), self.region(c.dst, d)
@@ -160,6 +192,8 @@ class _Printer:
                      if getattr(g, n)]
             a, b = (self.buf(x) + (f"[{self.exprs(index, d)}]" if index else "")
                     for x, index in ((g.a, g.a_index), (g.b, g.b_index)))
+            if g.policy != pb.POLICY_SQUARE:
+                flags.append(f"policy={ops.GEMM_POLICY_NAME.get(g.policy, '?')}")
             args = [a, b, self.buf(g.c), *flags]
             self.emit(indent, f"gemm({', '.join(args)})")
         elif kind == "fill":
@@ -174,6 +208,12 @@ class _Printer:
             r = s.reduce
             self.emit(indent, f"{ops.REDUCE_NAME.get(r.kind, 'reduce_?')}({self.buf(r.src)}, "
                               f"{self.buf(r.dst)}, dim={r.dim}, clear={r.clear})")
+        elif kind == "scan":
+            sc = s.scan
+            bufs = self.buf(sc.src) if sc.src == sc.dst else \
+                f"{self.buf(sc.src)}, {self.buf(sc.dst)}"
+            rev = ", reverse=True" if sc.reverse else ""
+            self.emit(indent, f"cumsum({bufs}, dim={sc.dim}{rev})")
         elif kind == "warp_group":
             w = s.warp_group
             regs = f", regs={w.regs}" if w.regs else ""
@@ -270,6 +310,45 @@ class _Printer:
         if pc <= prec:
             c = f"({c})"
         return f"{a} {sym} {c}", prec
+
+
+class _ExprPrinter(_Printer):
+    def __init__(self, p: pb.Program):
+        super().__init__(p)
+        for v in p.vars:
+            if _IDENT.fullmatch(v.name):
+                self.vars[v.id] = v.name
+        for b in p.buffers:
+            if _IDENT.fullmatch(b.name):
+                self.buf_names[b.id] = b.name
+
+    def var(self, vid: int) -> str:
+        return self.vars.get(vid, f"v{vid}")
+
+    def buf(self, bid: int) -> str:
+        return self.buf_names.get(bid, f"b{bid}")
+
+
+def _loop_vars(p: pb.Program) -> set[int]:
+    """The ids of the vars For statements bind (an explicit stack: programs may nest deep)."""
+    out: set[int] = set()
+    stack = [p.kernel.body] if p.HasField("kernel") and p.kernel.HasField("body") else []
+    while stack:
+        s = stack.pop()
+        kind = s.WhichOneof("kind")
+        if kind == "seq":
+            stack.extend(s.seq.stmts)
+        elif kind == "for_":
+            out.add(s.for_.var)
+            if s.for_.HasField("body"):
+                stack.append(s.for_.body)
+        elif kind == "if_then_else":
+            for f in ("then_body", "else_body"):
+                if s.if_then_else.HasField(f):
+                    stack.append(getattr(s.if_then_else, f))
+        elif kind == "warp_group" and s.warp_group.HasField("body"):
+            stack.append(s.warp_group.body)
+    return out
 
 
 def _ceildiv_divisor(b: pb.Binary) -> int | None:

@@ -25,7 +25,9 @@ a shift by an amount outside [0, bits), a division or modulo by 0, a signed over
 arithmetic wraps, as defined); and constants the compiler folds but no dtype holds (`uint8(-1)`,
 `float16(1e6)`, a float division by 0.0, `1 << 31` in int32). Names that become C identifiers
 (parameters, symbolic dims) must be valid, unreserved and distinct, and a kernel's buffers must
-fit Limits: shared memory, local memory per thread, memory per block.
+fit Limits: shared memory, local memory per thread, memory per block. A VECTORIZED loop
+(serial semantics; a target may run its iterations as vector lanes) holds element statements
+only: stores, atomics, ifs and serial / unroll / vectorized loops.
 
 The rules live by concept in mixins of `_Verifier`, which walks the program (tables, kernel,
 statements, regions and indices): verify_params (parameters and their C names), verify_limits
@@ -74,6 +76,9 @@ class Limits:
     max_block_bytes: int = field(default_factory=lambda: config.get("max_block_bytes"))
 
 
+# What a VECTORIZED loop may hold: element statements, run in order on one thread.
+_VECTOR_BODY = frozenset({"seq", "store", "atomic_add", "if_then_else", "for_"})
+
 _BOUND_HOW = {"dim": "a symbolic dim", "scalar": "a scalar parameter",
               "block": "a block var", "loop": "a loop var"}
 
@@ -94,6 +99,7 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
         self.env: dict[int, _Iv] = {}  # integer vars in scope -> their range here
         self.dead = False  # inside code no execution reaches: skip bounds checks
         self.parallel = 0  # PARALLEL loops around the current statement
+        self.vectorized: str | None = None  # the innermost enclosing VECTORIZED loop's var
         self.loc = ""
         self.init_ws()
 
@@ -284,6 +290,10 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
         rule = getattr(self, "s_" + kind, None)
         if rule is None:  # a statement of a newer schema than this verifier knows
             self.fail(f"statement kind {kind!r} is not supported by this tiled", path)
+        if self.vectorized is not None and kind not in _VECTOR_BODY:
+            self.fail(f"{kind} inside T.vectorized loop {self.vectorized}: a vectorized loop "
+                      "holds element statements only (stores, atomics, ifs, serial / unroll / "
+                      "vectorized loops); move the tile op or T.Parallel outside it", path)
         rule(getattr(s, kind), (path, "." + kind), depth)
         self.loc = outer
 
@@ -307,6 +317,10 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
         if f.kind not in ops.LOOP_KINDS:
             self.fail(f"loop over {name} has "
                       f"{'no kind' if f.kind == 0 else f'unknown kind {f.kind}'}", (path, ".kind"))
+        if self.vectorized is not None and f.kind in (pb.PARALLEL, pb.PIPELINED):
+            self.fail(f"{ops.LOOP_KIND_NAME[f.kind]} loop over {name} inside T.vectorized loop "
+                      f"{self.vectorized}: a vectorized loop runs on one thread, in order; "
+                      "put the T.vectorized loop inside instead", (path, ".kind"))
         if f.kind == pb.PIPELINED and not 1 <= f.num_stages <= 8:
             self.fail(f"pipelined loop over {name} has num_stages {f.num_stages}; it needs 1 to 8",
                       (path, ".num_stages"))
@@ -326,7 +340,11 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
                               ext.deps | {f.var})
         self.in_scope.add(f.var)
         self.parallel += f.kind == pb.PARALLEL
+        outer_vector = self.vectorized
+        if f.kind == pb.VECTORIZED:
+            self.vectorized = name
         self.stmt(f.body, (path, ".body"), depth + 1)
+        self.vectorized = outer_vector
         self.parallel -= f.kind == pb.PARALLEL
         self.in_scope.discard(f.var)
         self.env, self.dead = saved_env, saved_dead
@@ -353,14 +371,20 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
         self.element_access(s, path, depth, "store")
 
     def s_atomic_add(self, s: pb.AtomicAdd, path: tuple, depth: int) -> None:
-        if s.op != pb.ATOMIC_ADD:  # max / min: not lowered by any backend yet
-            self.fail(f"atomic op {s.op} is not supported by this tiled", (path, ".op"))
-        b = self.element_access(s, path, depth, "atomic_add")
+        """T.atomic_add / atomic_max / atomic_min: one element of a GLOBAL or SHARED number
+        buffer, updated atomically (AtomicAdd.op says how)."""
+        if s.op not in ops.ATOMIC_OPS:
+            self.fail(f"atomic has unknown op {s.op}", (path, ".op"))
+        what = ops.ATOMIC_NAME[s.op]
+        b = self.element_access(s, path, depth, what)
         if b.scope not in (pb.GLOBAL, pb.SHARED):
-            self.fail(f"atomic_add into {ops.SCOPE_NAME[b.scope]} buffer {self.bname(b.id)}; "
+            self.fail(f"{what} into {ops.SCOPE_NAME[b.scope]} buffer {self.bname(b.id)}; "
                       "atomics work on GLOBAL or SHARED buffers", (path, ".buffer"))
         if b.dtype == pb.BOOL:
-            self.fail(f"atomic_add into bool buffer {self.bname(b.id)}", (path, ".buffer"))
+            self.fail(f"{what} into bool buffer {self.bname(b.id)}", (path, ".buffer"))
+        if b.dtype in (pb.FLOAT8_E4M3, pb.FLOAT8_E5M2):
+            self.fail(f"{what} into float8 buffer {self.bname(b.id)}: no target has float8 "
+                      "atomics; accumulate in a float32 buffer and cast once", (path, ".buffer"))
 
     def element_access(self, s, path: tuple, depth: int, what: str) -> pb.Buffer:
         b = self.buffer(s.buffer, (path, ".buffer"))

@@ -25,7 +25,7 @@ def _printable(name: str) -> bool:
     return len(name) <= 64 and _IDENT.fullmatch(name) is not None
 
 
-def _c_name_problem(name: str) -> str | None:
+def c_name_problem(name: str) -> str | None:
     """Why `name` cannot be a parameter or dim name of the generated C (ops.RESERVED_NAMES),
     or None."""
     if not name:
@@ -50,7 +50,7 @@ class ParamRules(Rules):
         param_of: dict[int, int] = {}
         for i, prm in enumerate(self.p.params):
             path = (None, f"params[{i}]")
-            problem = _c_name_problem(prm.name)
+            problem = c_name_problem(prm.name)
             if problem:
                 self.fail(f"parameter name {prm.name[:64]!r} {problem}", path)
             if prm.name in names:
@@ -111,7 +111,7 @@ class ParamRules(Rules):
                 name = self.vars[d.var].name or f"d{d.var}"
                 what = f"symbolic dim {name[:64]!r} (dim {j} of {params[i].name})"
                 path = (None, f"vars[{position[d.var]}]")
-                problem = _c_name_problem(name)
+                problem = c_name_problem(name)
                 if problem:
                     self.fail(f"{what}: the name {problem}", path)
                 kind, who = taken.setdefault(name, ("dim", d.var))

@@ -1,8 +1,9 @@
 """Verifier rules of the tile ops, a mixin of `_Verifier` (tiled.ir.verifier): T.copy, T.gemm,
-T.fill and T.reduce are run by the whole block, so never inside a Parallel loop; each takes
-operands of the scopes, dtypes and shapes its lowering handles (a copy's two tiles agree up to
-unit dims, gemm's A @ B is C, a reduction drops one dim). Regions and indices are checked by the
-driver (`region`, `index`), TMA copies by tiled.ir.verify_ws.
+T.fill, T.reduce and T.cumsum (Scan) are run by the whole block, so never inside a Parallel
+loop; each takes operands of the scopes, dtypes and shapes its lowering handles (a copy's two
+tiles agree up to unit dims, gemm's A @ B is C, a reduction drops one dim, a scan keeps the
+shape and dtype). Regions and indices are checked by the driver (`region`, `index`), TMA copies
+by tiled.ir.verify_ws.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class TileOpRules(Rules):
 
     def s_gemm(self, g: pb.Gemm, path: tuple, depth: int) -> None:
         self.tile_op("gemm", path)
-        if g.policy not in (pb.POLICY_SQUARE, pb.POLICY_FULL_ROW, pb.POLICY_FULL_COL):
+        if g.policy not in ops.GEMM_POLICIES:
             self.fail(f"gemm has unknown warp policy {g.policy}", (path, ".policy"))
         bufs = {}
         for role in ("a", "b", "c"):
@@ -118,3 +119,29 @@ class TileOpRules(Rules):
             self.fail(f"reduce of {self.bname(src.id)} ({_shape_str(s_shape)}) over dim {r.dim} "
                       f"gives shape {_shape_str(want)}, but {self.bname(dst.id)} is "
                       f"{_shape_str(self.shape[dst.id])}", (path, ".dst"))
+
+    def s_scan(self, sc: pb.Scan, path: tuple, depth: int) -> None:
+        self.tile_op("cumsum", path)
+        src = self.buffer(sc.src, (path, ".src"))
+        dst = self.buffer(sc.dst, (path, ".dst"))
+        for role, b in (("source", src), ("destination", dst)):
+            field = ".src" if b is src else ".dst"
+            if b.scope not in (pb.SHARED, pb.FRAGMENT):
+                self.fail(f"cumsum {role} {self.bname(b.id)} is "
+                          f"{ops.SCOPE_NAME.get(b.scope, '?')}; it must be SHARED or FRAGMENT "
+                          "(T.copy a global tile into one first)", (path, field))
+            if b.dtype == pb.BOOL:
+                self.fail(f"cumsum {role} {self.bname(b.id)} is bool; a prefix sum adds "
+                          "numbers (cast to an integer first)", (path, field))
+        if dst.dtype != src.dtype:
+            self.fail(f"cumsum of {_dt(src.dtype)} {self.bname(src.id)} into {_dt(dst.dtype)} "
+                      f"{self.bname(dst.id)}: both must have one dtype (T.copy casts)",
+                      (path, ".dst"))
+        shape = self.shape[src.id]
+        if self.shape[dst.id] != shape:
+            self.fail(f"cumsum of {self.bname(src.id)} ({_shape_str(shape)}) into "
+                      f"{self.bname(dst.id)} ({_shape_str(self.shape[dst.id])}): both must "
+                      "have one shape", (path, ".dst"))
+        if not 0 <= sc.dim < len(shape):
+            self.fail(f"cumsum dim {sc.dim} is out of range for {self.bname(src.id)} of rank "
+                      f"{len(shape)}", (path, ".dim"))

@@ -1,5 +1,22 @@
 """The tile DSL, used as `import tiled.lang as T`. Free of TVM."""
 
+from tiled.lang.annotations import (
+    Buffer,
+    FragmentBuffer,
+    LocalBuffer,
+    SharedBuffer,
+    dtype,
+    dynamic,
+    float8_e4m3,
+    float8_e4m3fn,
+    float8_e5m2,
+    int16,
+    symbolic,
+    uint8,
+    uint16,
+    uint32,
+    uint64,
+)
 from tiled.lang.expr import cast
 from tiled.lang.hopper import (
     alloc_barrier,
@@ -11,7 +28,20 @@ from tiled.lang.hopper import (
     ws,
 )
 from tiled.lang.kernel import KernelFunction, Scalar, Tensor, dyn, kernel
-from tiled.lang.loops import Else, If, Kernel, Parallel, Pipelined, serial, unroll
+from tiled.lang.layout import Fragment, Layout, annotate_layout, make_swizzled_layout, use_swizzle
+from tiled.lang.localvar import alloc_var
+from tiled.lang.loops import (
+    Else,
+    If,
+    Kernel,
+    Parallel,
+    Pipelined,
+    Vectorized,
+    serial,
+    unroll,
+    vectorized,
+)
+from tiled.lang.macro import Macro, macro, prim_func
 from tiled.lang.math import (
     abs,
     all_of,
@@ -28,7 +58,9 @@ from tiled.lang.math import (
     log,
     log2,
     max,
+    max_value,
     min,
+    min_value,
     rsqrt,
     sigmoid,
     sin,
@@ -36,14 +68,19 @@ from tiled.lang.math import (
     tanh,
 )
 from tiled.lang.tileops import (
+    GemmWarpPolicy,
     alloc_fragment,
     alloc_local,
     alloc_shared,
     atomic_add,
+    atomic_max,
+    atomic_min,
     clear,
     copy,
+    cumsum,
     fill,
     gemm,
+    reduce_absmax,
     reduce_max,
     reduce_min,
     reduce_sum,
@@ -67,4 +104,22 @@ __all__ = [
     "mbarrier_arrive", "mbarrier_expect_tx", "mbarrier_wait_parity", "min", "reduce_max",
     "reduce_min", "reduce_sum", "rsqrt", "serial", "sigmoid", "sin", "sqrt", "tanh", "tma_copy",
     "unroll", "ws",
+    # layout hints, vectorized loops, absmax / cumsum / atomic max-min, dtype extremes
+    "Fragment", "GemmWarpPolicy", "Layout", "Vectorized", "annotate_layout", "atomic_max",
+    "atomic_min", "cumsum", "make_swizzled_layout", "max_value", "min_value", "reduce_absmax",
+    "use_swizzle", "vectorized",
+    # TileLang's surface: macros, tile annotations, variables, more dtypes
+    "Buffer", "FragmentBuffer", "LocalBuffer", "Macro", "SharedBuffer", "alloc_var", "dtype",
+    "dynamic", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "int16", "macro", "prim_func",
+    "symbolic", "uint8", "uint16", "uint32", "uint64",
 ]
+
+
+def __getattr__(name: str):
+    """TileLang names tiled lacks: an alias, a located "not supported" error where the
+    feature is used, or an AttributeError naming the nearest known names."""
+    import sys
+
+    from tiled.lang.unsupported import module_getattr
+
+    return module_getattr(sys.modules[__name__], name)

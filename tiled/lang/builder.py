@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import linecache
 import os
+import re
 import sys
 import threading
 from contextlib import contextmanager
@@ -25,6 +26,9 @@ _LANG_DIR = os.path.dirname(os.path.abspath(__file__))
 # runs T.Kernel / T.If bodies.
 _SKIP_FILES = {os.path.abspath(contextlib.__file__)}
 _state = threading.local()
+# The names the DSL makes up for an allocation the author did not name (`shared3`, `frag5`):
+# the source rewrite (tiled.lang.naming) replaces them by the assignment's target name.
+_GENERATED_BUFFER_NAME = re.compile(r"(?:shared|frag|local|bar|var)(\d+)")
 
 
 def user_frame():
@@ -43,6 +47,11 @@ def definition_error(message: str, frame=None) -> KernelDefinitionError:
         return KernelDefinitionError(message)
     file, line = frame.f_code.co_filename, frame.f_lineno
     return KernelDefinitionError(message, file, line, None, linecache.getline(file, line))
+
+
+def active() -> Builder | None:
+    """The builder of the trace running on this thread, or None outside a trace."""
+    return getattr(_state, "builder", None)
 
 
 def current() -> Builder:
@@ -73,6 +82,7 @@ class Builder:
         self.last_if: list[pb.IfThenElse | None] = []
         self.buffer_names: set[str] = set()
         self.broken_loop: pb.Location | None = None
+        self.named_buffers: set[int] = set()  # ids whose name the author chose
 
     # -- tables ------------------------------------------------------------------------------
     def new_var(self, name: str, dtype: str = "int32") -> int:
@@ -80,8 +90,17 @@ class Builder:
         self.program.vars.add(id=vid, name=name, dtype=dtypes.to_enum(dtype))
         return vid
 
-    def new_buffer(self, name: str, dtype: str, shape: list, scope: int) -> pb.Buffer:
+    def new_buffer(self, name: str, dtype: str, shape: list, scope: int, *,
+                   generated: bool | None = None) -> pb.Buffer:
+        """A new buffer. `generated`: whether `name` was made up by the DSL (then the source
+        rewrite may replace it by the author's); None guesses from its spelling (`shared3`)."""
         bid = len(self.program.buffers)
+        if generated is None:
+            match = _GENERATED_BUFFER_NAME.fullmatch(name)
+            generated = match is not None and int(match.group(1)) == bid
+        if not generated:
+            self.named_buffers.add(bid)
+        self.buffer_names.add(name)
         buf = self.program.buffers.add(id=bid, name=name, dtype=dtypes.to_enum(dtype), scope=scope)
         for d in shape:
             # A static extent is an int; a symbolic one is ("var", var_id).
@@ -90,6 +109,34 @@ class Builder:
             else:
                 buf.shape.add(size=d)
         return buf
+
+    # -- debug names -----------------------------------------------------------------------------
+    def mark(self) -> tuple[int, int]:
+        """(buffers, vars) so far: what a later rename may touch is what was created after."""
+        return len(self.program.buffers), len(self.program.vars)
+
+    def name_buffer(self, bid: int, name: str) -> str | None:
+        """Gives buffer `bid` the author's `name` unless the author named it already (`name=`).
+        Buffer names are unique in a program: a second `tmp` (a macro called twice) becomes
+        `tmp_1`. Returns the name given, or None when the buffer kept its own."""
+        if bid in self.named_buffers or not name.isidentifier():
+            return None
+        taken = self.buffer_names | {self.program.vars[v].name for v in self.dims.values()} | {
+            p.name for p in self.program.params}
+        unique, n = name, 0
+        while unique in taken:
+            n += 1
+            unique = f"{name}_{n}"
+        self.buffer_names.add(unique)
+        self.named_buffers.add(bid)
+        self.program.buffers[bid].name = unique
+        return unique
+
+    def name_var(self, vid: int, name: str) -> None:
+        """Gives var `vid` (a loop or block var) the author's name. Loop vars may share one:
+        sibling loops each bind their own `i`, as the source does."""
+        if name.isidentifier():
+            self.program.vars[vid].name = name
 
     def var_dtype(self, vid: int) -> str:
         return dtypes.canonical_name(self.program.vars[vid].dtype)

@@ -4,7 +4,9 @@ operators; `BufferRef` is a buffer handle whose subscripts load, store and name 
 from __future__ import annotations
 
 from tiled.ir import dtypes
-from tiled.lang.builder import current, definition_error
+from tiled.ir.printer import format_expr
+from tiled.lang.builder import active, current, definition_error
+from tiled.lang.linear import constant_difference
 from tiled.v1 import tile_ir_pb2 as pb
 
 
@@ -12,10 +14,14 @@ class Expr:
     """A traced scalar expression with a dtype. Python control flow cannot branch on it:
     use `if` inside a @tiled.kernel (rewritten to an IR conditional) or `T.if_then_else`."""
 
-    __slots__ = ("dtype", "node")
+    __slots__ = ("dtype", "node", "program")
 
     def __init__(self, node: pb.Expr, dtype: str):
         self.node, self.dtype = node, dtype
+        # The program being traced: its tables name the vars and buffers when this prints,
+        # also after the trace (an error's locals, a debugger).
+        b = active()
+        self.program = b.program if b is not None else None
 
     def __bool__(self):
         raise definition_error(
@@ -28,6 +34,10 @@ class Expr:
                                "(range(), shapes); use T.serial / T.Parallel for traced extents")
 
     __hash__ = object.__hash__
+
+    def __repr__(self):
+        """The expression as source, `bx * 128 + i`, with the names of its trace."""
+        return format_expr(self.node, self.program)
 
     def __add__(self, o): return binary(pb.ADD, self, o)
     def __radd__(self, o): return binary(pb.ADD, o, self)
@@ -81,7 +91,7 @@ class Dim:
         return Expr(pb.Expr(dtype=pb.INT32, var=b.dims[self.name]), "int32")
 
     def __repr__(self):
-        return f"T.dyn({self.name!r})"
+        return self.name
 
     def __add__(self, o): return self.expr() + o
     def __radd__(self, o): return o + self.expr()
@@ -225,7 +235,7 @@ class BufferRef:
     """A buffer in a kernel: a tensor parameter (global) or an allocation. `buf[i, j]` loads an
     element; `buf[i, j] = v` stores one; inside T.copy, `buf[i, j]` names a tile's corner."""
 
-    __slots__ = ("bid", "dtype", "name", "scope", "shape")
+    # No __slots__: T.alloc_var's LocalVar is both an Element (a value) and a BufferRef.
 
     def __init__(self, bid: int, name: str, dtype: str, shape: tuple, scope: int):
         self.bid, self.name, self.dtype, self.shape, self.scope = bid, name, dtype, shape, scope
@@ -278,40 +288,55 @@ class Element(Expr):
         self.buffer, self.indices = buffer, indices
 
 
+def source(x) -> str:
+    """A subscript part as the author wrote it: an Expr as source, an int as itself."""
+    if isinstance(x, slice):
+        parts = ["" if v is None else source(v) for v in (x.start, x.stop)]
+        return ":".join(parts) + ("" if x.step is None else f":{source(x.step)}")
+    return repr(x) if isinstance(x, (Expr, Dim)) else str(x)
+
+
+def subscript_source(buffer: BufferRef, key: tuple) -> str:
+    return f"{buffer.name}[{', '.join(source(k) for k in key)}]"
+
+
 class RegionRef:
-    """`buf[a:b, c:d]` with constant-extent slices (`start:start+n` or int bounds)."""
+    """`buf[a:b, c:d]`: a tile of a buffer, for tile operations. An index names one element of
+    its dim; a slice's extent `stop - start` must be a constant the arithmetic proves
+    (`x:x + 64`, `bx * 64:(bx + 1) * 64`, `0:32`); `:` is the whole dim when its size is
+    static."""
 
     def __init__(self, buffer: BufferRef, key: tuple):
         if len(key) != buffer.ndim:
             raise definition_error(
                 f"{buffer.name} has {buffer.ndim} dims but was sliced with {len(key)}")
-        self.buffer, self.offsets, self.extents = buffer, [], []
-        for k, dim in zip(key, buffer.shape, strict=True):
+        self.buffer, self.key, self.offsets, self.extents = buffer, key, [], []
+        for n, (k, dim) in enumerate(zip(key, buffer.shape, strict=True)):
             if not isinstance(k, slice):
                 self.offsets.append(index_expr(k))
                 self.extents.append(1)
                 continue
+            where = f"{subscript_source(buffer, key)}: the slice {source(k)}"
             if k.step not in (None, 1):
-                raise definition_error("tile slices must have step 1")
-            start = 0 if k.start is None else k.start
-            stop = dim if k.stop is None else k.stop
-            ext = _static_difference(stop, start)
-            if ext is None or ext <= 0:
+                raise definition_error(f"{where} has a step; tile slices have step 1")
+            if k.stop is None and isinstance(dim, Dim):
                 raise definition_error(
-                    f"{buffer.name}[{k.start}:{k.stop}]: a tile slice needs a positive constant "
-                    "extent (write `x:x + n` with an int n)")
-            self.offsets.append(index_expr(start))
+                    f"{where} spans dim {n} of {buffer.name}, whose size {dim.name} is only "
+                    "known at launch; a tile slice needs a constant extent: write "
+                    f"`start:start + n` with an int n (the tile's size)")
+            start = index_expr(0 if k.start is None else k.start)
+            stop = index_expr(dim if k.stop is None else k.stop)
+            ext = constant_difference(stop.node, start.node)
+            if ext is None:
+                raise definition_error(
+                    f"{where} has no constant extent: ({source(stop)}) - ({source(start)}) "
+                    "depends on the values of the kernel; a tile slice needs a constant one: "
+                    f"write `{source(start)}:{source(start)} + n` with an int n")
+            if ext <= 0:
+                raise definition_error(f"{where} has extent {ext}; a tile slice needs a "
+                                       "positive extent")
+            self.offsets.append(start)
             self.extents.append(ext)
 
-
-def _static_difference(stop, start) -> int | None:
-    if isinstance(stop, int) and isinstance(start, int):
-        return stop - start
-    # stop == start + n, as traced: ADD(start, n) with a constant n.
-    if isinstance(stop, Expr) and stop.node.WhichOneof("kind") == "binary" and \
-            stop.node.binary.op == pb.ADD:
-        a, b = stop.node.binary.a, stop.node.binary.b
-        s = as_expr(start).node if not isinstance(start, int) or start != 0 else None
-        if s is not None and a == s and b.WhichOneof("kind") == "int_value":
-            return b.int_value
-    return None
+    def __repr__(self):
+        return subscript_source(self.buffer, self.key)

@@ -3,141 +3,56 @@
 The function runs once, under trace, when `.ir` is first read: tiled.lang primitives record
 statements instead of computing. Python values it closes over (block sizes, stages, dtypes)
 are constants of the program, as in TileLang. Before tracing, the function's source is
-rewritten so that a Python `if` whose condition is a traced value becomes an IR conditional,
-while an `if` on a Python value keeps its ordinary meaning.
+rewritten (tiled.lang.rewrite): a Python `if` whose condition is a traced value becomes an IR
+conditional while an `if` on a Python value keeps its ordinary meaning, and the names the
+author wrote (allocations, loop and block vars) become the program's debug names.
 """
 
 from __future__ import annotations
 
-import ast
-import copy
 import functools
 import inspect
 import linecache
-import textwrap
 
 from tiled.errors import KernelDefinitionError, VerifyError
 from tiled.ir import dtypes, verify
 from tiled.ir.program import Program
-from tiled.lang import loops
+from tiled.lang.annotations import Scalar, Tensor, TileBuffer, dyn
 from tiled.lang.builder import Builder, definition_error, tracing
 from tiled.lang.expr import BufferRef, Dim, Expr
+from tiled.lang.rewrite import rewrite_function
 from tiled.v1 import tile_ir_pb2 as pb
 
-
-class Tensor:
-    """A tensor parameter: `A: T.Tensor((M, 1024), "float16")`, dims ints or `T.dyn` names."""
-
-    def __init__(self, shape, dtype):
-        self.shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-        for d in self.shape:
-            if not (isinstance(d, Dim) or (isinstance(d, int) and not isinstance(d, bool)
-                                           and d > 0)):
-                raise definition_error(f"T.Tensor dims must be positive ints or T.dyn(...), "
-                                       f"got {d!r}")
-        try:
-            self.dtype = dtypes.canonical_name(dtype)
-        except ValueError as e:
-            raise definition_error(str(e)) from None
-
-    def __repr__(self):
-        return f"T.Tensor({self.shape}, {self.dtype!r})"
+__all__ = ["KernelFunction", "Scalar", "Tensor", "annotations_of", "dyn", "kernel"]
 
 
-class Scalar:
-    """A scalar parameter type: `n: T.int32`, `alpha: T.float32`."""
-
-    def __init__(self, dtype: str):
-        self.dtype = dtype
-
-    def __repr__(self):
-        return f"T.{self.dtype}"
-
-
-def dyn(name: str) -> Dim:
-    """A symbolic dimension, bound at launch from the tensor that has it.
-
-    >>> M = T.dyn("M")
-    >>> def k(A: T.Tensor((M, 64), "float32")): ...
-    """
-    return Dim(name)
-
-
-# -- the `if` rewrite ---------------------------------------------------------------------------
-
-class _IfRewriter(ast.NodeTransformer):
-    """`if c: A else: B` -> evaluate c once; traced -> `with T.If(c): A` + `with T.Else(): B`,
-    Python value -> the original `if`."""
-
-    def __init__(self):
-        self.n = 0
-
-    def visit_If(self, node: ast.If):
-        self.generic_visit(node)
-        self.n += 1
-        tmp = f"__tiled_cond{self.n}"
-        assign = ast.Assign(targets=[ast.Name(tmp, ast.Store())], value=node.test)
-        rt = ast.Name("__tiled_rt", ast.Load())
-
-        def with_(ctor, args, body):
-            call = ast.Call(ast.Attribute(rt, ctor, ast.Load()), args, [])
-            return ast.With(items=[ast.withitem(call)], body=body)
-
-        traced = [with_("If", [ast.Name(tmp, ast.Load())], node.body)]
-        if node.orelse:
-            traced.append(with_("Else", [], node.orelse))
-        # Copies: a node in two places of the tree would have its line moved twice by
-        # ast.increment_lineno, and statements under the `if` would report wrong lines.
-        python = ast.If(test=ast.Name(tmp, ast.Load()), body=copy.deepcopy(node.body),
-                        orelse=copy.deepcopy(node.orelse))
-        is_traced = ast.Call(ast.Attribute(rt, "is_traced", ast.Load()),
-                             [ast.Name(tmp, ast.Load())], [])
-        out = [assign, ast.If(test=is_traced, body=traced, orelse=[python])]
-        for n in out:
-            ast.copy_location(n, node)
-        return out
-
-
-class _Runtime:
-    If = loops.If
-    Else = loops.Else
-
-    @staticmethod
-    def is_traced(x) -> bool:
-        return isinstance(x, (Expr, Dim))
-
-
-def _rewrite_ifs(fn):
-    """Returns `fn` rebuilt with the `if` rewrite, or `fn` itself when its source is not
-    available (then an `if` on a traced value raises a clear error)."""
+def annotations_of(fn) -> dict:
+    """The parameter annotations of `fn`, evaluated: a string annotation (a module with
+    `from __future__ import annotations`) is evaluated where the function was defined."""
     try:
-        lines, first = inspect.getsourcelines(fn)
-    except (OSError, TypeError):
-        return fn
-    src = textwrap.dedent("".join(lines))
-    tree = ast.parse(src)
-    fdef = tree.body[0]
-    if not isinstance(fdef, ast.FunctionDef) or not any(
-            isinstance(n, ast.If) for n in ast.walk(fdef)):
-        return fn
-    fdef.decorator_list = []
-    rewriter = _IfRewriter()
-    fdef.body = [rewriter.visit(s) for s in fdef.body]
-    fdef.body = [s for item in fdef.body for s in (item if isinstance(item, list) else [item])]
-    free = fn.__code__.co_freevars
-    factory = ast.FunctionDef(
-        name="__tiled_factory",
-        args=ast.arguments(posonlyargs=[], args=[ast.arg(a) for a in free], kwonlyargs=[],
-                           kw_defaults=[], defaults=[]),
-        body=[fdef, ast.Return(ast.Name(fdef.name, ast.Load()))], decorator_list=[])
-    module = ast.Module(body=[factory], type_ignores=[])
-    ast.fix_missing_locations(module)
-    ast.increment_lineno(module, first - 1)
-    env = dict(fn.__globals__)
-    env["__tiled_rt"] = _Runtime
-    exec(compile(module, fn.__code__.co_filename, "exec"), env)
-    cells = [c.cell_contents for c in (fn.__closure__ or ())]
-    return env["__tiled_factory"](*cells)
+        hints = dict(fn.__annotations__)
+    except AttributeError:
+        return {}
+    scope = None
+    for name, ann in hints.items():
+        if isinstance(ann, str):
+            if scope is None:
+                cells = zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True)
+                scope = {n: c.cell_contents for n, c in cells if _filled(c)}
+            try:
+                hints[name] = eval(ann, fn.__globals__, scope)
+            except Exception as e:
+                raise definition_error(f"the annotation of {name} ({ann!r}) does not evaluate: "
+                                       f"{type(e).__name__}: {e}") from None
+    return hints
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
 
 
 # -- the kernel object --------------------------------------------------------------------------
@@ -163,10 +78,7 @@ class KernelFunction:
 
     def _params(self, b: Builder):
         sig = inspect.signature(self.fn)
-        try:
-            hints = dict(self.fn.__annotations__)
-        except AttributeError:
-            hints = {}
+        hints = annotations_of(self.fn)
         args = []
         for p in sig.parameters.values():
             ann = hints.get(p.name, p.annotation)
@@ -189,15 +101,17 @@ class KernelFunction:
                 args.append(Expr(pb.Expr(dtype=dtypes.to_enum(ann.dtype), var=vid), ann.dtype))
             else:
                 line = self.fn.__code__.co_firstlineno
+                hint = (f"; {ann!r} annotates a tile a @T.macro takes, kernel tensors are "
+                        "global" if isinstance(ann, TileBuffer) else "")
                 raise KernelDefinitionError(
                     f"parameter {p.name!r} of kernel {self.name} needs an annotation "
-                    "T.Tensor(shape, dtype) or a scalar type such as T.int32",
+                    f"T.Tensor(shape, dtype) or a scalar type such as T.int32{hint}",
                     self.fn.__code__.co_filename, line,
                     None, linecache.getline(self.fn.__code__.co_filename, line))
         return args
 
     def _trace(self) -> Program:
-        fn = _rewrite_ifs(self.fn)
+        fn = rewrite_function(self.fn)
         b = Builder(self.name)
         with tracing(b):
             args = self._params(b)

@@ -1,4 +1,5 @@
-"""The launch and the loops: `T.Kernel`, `T.Parallel`, `T.serial`, `T.unroll`, `T.Pipelined`.
+"""The launch and the loops: `T.Kernel`, `T.Parallel`, `T.serial`, `T.unroll`, `T.vectorized`,
+`T.Pipelined`.
 
 Loops are Python generators that yield their variables once: the body runs once under trace
 and is recorded into the loop's scope, which closes when the `for` statement asks for the next
@@ -98,14 +99,24 @@ def _extent_args(args):
     raise definition_error("a loop takes (extent) or (start, stop)")
 
 
-def Parallel(*extents):
+def Parallel(*extents, coalesced_width: int | None = None):
     """Iterations with no order between them, spread over the block's threads.
+
+    `coalesced_width` is TileLang's hint for how many consecutive elements one thread handles;
+    tiled checks it (a positive int) and drops it: its lowering derives the per-thread width
+    from the fragment layouts and the target, so the hint never changes results or code.
 
     >>> for i, j in T.Parallel(128, 64):
     ...     C_local[i, j] = C_local[i, j] * 2
+    >>> for i, j in T.Parallel(128, 64, coalesced_width=8):
+    ...     B_shared[i, j] = A[by * 128 + i, j]
     """
     if not extents:
         raise definition_error("T.Parallel needs at least one extent")
+    if coalesced_width is not None and (isinstance(coalesced_width, bool) or not isinstance(
+            coalesced_width, int) or coalesced_width < 1):
+        raise definition_error(f"T.Parallel: coalesced_width must be a positive int, got "
+                               f"{coalesced_width!r}")
     return _loop(list(extents), pb.PARALLEL)
 
 
@@ -119,15 +130,67 @@ def unroll(*args):
     return _loop([_extent_args(args)], pb.UNROLL)
 
 
-def Pipelined(*args, num_stages: int = 2):
+def vectorized(*args):
+    """A sequential loop whose iterations the target may run as vector lanes: same results as
+    T.serial. Its body holds element statements only (stores, atomics, ifs, serial loops);
+    `T.vectorized(start, stop)` also works. On `cpu` it becomes TVM's vectorized loop when the
+    body is plain stores over at most 64 iterations (a constant extent), else a serial loop.
+
+    >>> for i in T.Parallel(16):
+    ...     for v in T.vectorized(8):
+    ...         B_local[i * 8 + v] = A_shared[i * 8 + v]
+    """
+    return _loop([_extent_args(args)], pb.VECTORIZED)
+
+
+Vectorized = vectorized  # TileLang's alias
+
+
+def _ints(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= -1 for x in value)
+
+
+def _int_list(value, what: str, nested: bool = False) -> list:
+    ok = isinstance(value, (list, tuple)) and all(_ints(x) for x in value) if nested else \
+        _ints(value)
+    if not ok:
+        kind = "a list of lists of ints" if nested else "a list of ints (-1: not scheduled)"
+        raise definition_error(f"T.Pipelined: {what} must be {kind}, got {value!r}")
+    return list(value)
+
+
+def Pipelined(*args, num_stages: int | None = None, order=None, stage=None, sync=None,
+              group=None):
     """A sequential loop whose global->shared copies run `num_stages` iterations ahead of the
-    compute (cp.async on CUDA). Same results as T.serial.
+    compute (cp.async on CUDA). Same results as T.serial; num_stages=0 is T.serial, as in
+    TileLang.
+
+    `order`, `stage`, `sync` and `group` are TileLang's hand schedule of the body's statements:
+    tiled checks their form and drops them (its pipeline planner picks which copies run ahead),
+    so they never change results. Without num_stages the depth is max(stage) + 1 when `stage`
+    is given (TileLang's rule), else 2.
 
     >>> for k in T.Pipelined(T.ceildiv(K, 32), num_stages=3):
     ...     T.copy(A[by * 128, k * 32], A_shared)
+    >>> for k in T.Pipelined(n, order=[-1, 0, 2, 1], stage=[-1, 0, 1, 1]):
+    ...     pass
     """
-    if not isinstance(num_stages, int) or not 1 <= num_stages <= 8:
-        raise definition_error(f"num_stages must be an int in 1..8, got {num_stages!r}")
+    order = _int_list(order, "order") if order is not None else []
+    stage = _int_list(stage, "stage") if stage is not None else []
+    for name, value in (("sync", sync), ("group", group)):
+        if value is not None:
+            _int_list(value, name, nested=True)
+    if order and stage and len(order) != len(stage):
+        raise definition_error(f"T.Pipelined: order and stage name the same statements, but "
+                               f"order has {len(order)} entries and stage {len(stage)}")
+    if num_stages is None:
+        num_stages = max(stage) + 1 if stage and max(stage) >= 0 else 2
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or \
+            not 0 <= num_stages <= 8:
+        raise definition_error(f"num_stages must be an int in 0..8, got {num_stages!r}")
+    if num_stages == 0:  # TileLang: no pipelining
+        return _loop([_extent_args(args)], pb.SERIAL)
     return _loop([_extent_args(args)], pb.PIPELINED, num_stages)
 
 

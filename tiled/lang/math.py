@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math as _math
 
-from tiled.ir import dtypes
+from tiled.ir import dtypes, ops
 from tiled.lang.builder import definition_error
 from tiled.lang.expr import Dim, Expr, as_expr, binary, call, cast, const, select
+from tiled.lang.kernel import Scalar
 from tiled.v1 import tile_ir_pb2 as pb
 
 
@@ -67,9 +68,61 @@ def if_then_else(cond, a, b):
     return select(cond, a, b)
 
 
+def _dtype_arg(dtype, what: str) -> str:
+    if isinstance(dtype, Scalar):  # T.float16 and friends
+        dtype = dtype.dtype
+    try:
+        return dtypes.canonical_name(dtype)
+    except (ValueError, TypeError, KeyError):
+        raise definition_error(f"T.{what}: {dtype!r} is not a dtype") from None
+
+
 def infinity(dtype):
-    """+inf of a float dtype. `T.fill(m, -T.infinity("float32"))`"""
-    return const(_math.inf, dtypes.canonical_name(dtype))
+    """+inf of a float dtype (float8_e4m3 has none: use T.max_value there).
+
+    >>> T.fill(m_local, -T.infinity("float32"))
+    """
+    dt = _dtype_arg(dtype, "infinity")
+    if not dtypes.is_float(dt):
+        raise definition_error(f"T.infinity needs a float dtype, got {dt}; for integers use "
+                               "T.max_value / T.min_value")
+    if dt == "float8_e4m3":
+        raise definition_error("T.infinity: float8_e4m3 has no infinity (its largest value is "
+                               "448); use T.max_value(\"float8_e4m3\")")
+    return const(_math.inf, dt)
+
+
+def max_value(dtype):
+    """The largest finite value of a dtype: 127 for int8, 65504.0 for float16.
+
+    >>> T.fill(lo_local, T.max_value("float32"))
+    """
+    dt = _dtype_arg(dtype, "max_value")
+    return _extreme(dt, "max_value", 1)
+
+
+def min_value(dtype):
+    """The smallest (most negative) finite value of a dtype: -128 for int8, 0 for uint8,
+    -65504.0 for float16.
+
+    >>> T.fill(hi_local, T.min_value("int32"))
+    """
+    dt = _dtype_arg(dtype, "min_value")
+    return _extreme(dt, "min_value", 0)
+
+
+def _extreme(dt: str, what: str, high: int) -> Expr:
+    enum = dtypes.to_enum(dt)
+    if dt == "bool":
+        raise definition_error(f"T.{what} needs a number dtype, not bool")
+    if dtypes.is_float(dt):
+        m = ops.FLOAT_MAX[enum]
+        return const(m if high else -m, dt)
+    value = ops.INT_RANGE[enum][high]
+    if value >= 1 << 63:  # a Tile IR constant is an int64
+        raise definition_error(f"T.{what}(\"{dt}\") = {value} has no Tile IR constant "
+                               "(constants hold int64); use int64, or compare the other way")
+    return const(value, dt)
 
 
 def all_of(*conds):
@@ -89,5 +142,5 @@ def any_of(*conds):
 
 
 __all__ = ["abs", "all_of", "any_of", "cast", "ceil", "ceildiv", "cos", "erf", "exp", "exp2",
-           "floor", "if_then_else", "infinity", "log", "log2", "max", "min", "rsqrt", "sigmoid",
-           "sin", "sqrt", "tanh"]
+           "floor", "if_then_else", "infinity", "log", "log2", "max", "max_value", "min",
+           "min_value", "rsqrt", "sigmoid", "sin", "sqrt", "tanh"]

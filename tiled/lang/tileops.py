@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 from tiled.ir import dtypes
 from tiled.lang.builder import current, definition_error
-from tiled.lang.expr import BufferRef, Element, RegionRef, cast, index_expr
+from tiled.lang.expr import BufferRef, Element, Expr, RegionRef, cast, index_expr
+from tiled.lang.loops import If
 from tiled.v1 import tile_ir_pb2 as pb
 
 
@@ -139,15 +142,58 @@ def _gemm_operand(x, name: str) -> tuple[BufferRef, list, tuple]:
     raise definition_error(f"T.gemm: {name} must be {what}")
 
 
+class GemmWarpPolicy(IntEnum):
+    """How T.gemm splits the C tile over the block's warps (TileLang's names; the values are
+    the Tile IR's). Square: as square a grid of warp tiles as the warp count allows; FullRow:
+    warps stacked along M, each with whole rows of C (a row reduction after the gemm stays in
+    one warp, as FlashAttention wants); FullCol: warps side by side along N. A performance
+    choice only: every policy computes the same C.
+
+    >>> T.gemm(Q_shared, K_shared, S_local, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+    """
+
+    Square = pb.POLICY_SQUARE
+    FullRow = pb.POLICY_FULL_ROW
+    FullCol = pb.POLICY_FULL_COL
+
+
+def _flag(value, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise definition_error(f"{what} must be True or False, got {value!r}")
+    return value
+
+
 def gemm(A: BufferRef, B: BufferRef, C: BufferRef, transpose_A: bool = False,
-         transpose_B: bool = False, clear_accum: bool = False) -> None:
-    """C += op(A) @ op(B) on tiles (tensor cores where the target has them). A and B are shared
-    or fragment tiles, C a fragment; op transposes when its flag is set.
+         transpose_B: bool = False, policy: GemmWarpPolicy = GemmWarpPolicy.Square,
+         clear_accum: bool = False, k_pack: int = 1, mbar=None) -> None:
+    """C += op(A) @ op(B) on tiles (tensor cores where the target has them); C = op(A) @ op(B)
+    with clear_accum=True (or where a traced clear_accum holds: `clear_accum=k == 0`). A and B
+    are shared or fragment tiles, C a fragment; op transposes when its flag is set. The
+    arguments are TileLang's, in its order: `policy` picks how warps split C
+    (T.GemmWarpPolicy; CUDA honours it, other targets have no warps to split); `k_pack` is a
+    TileLang tuning knob for ROCm's matrix cores, accepted and ignored (tiled picks its own
+    instruction shapes); `mbar` (Blackwell's tcgen05 barrier) is not supported.
 
     >>> T.gemm(A_shared, B_shared, C_local)                    # (M,K) @ (K,N)
     >>> T.gemm(Q_shared, K_shared, S_local, transpose_B=True)  # (M,K) @ (N,K)^T
     >>> T.gemm(A_s[k % 3, :, :], B_s[k % 3, :, :], C_local)  # stage k % 3 of (3, M, K) tiles
+    >>> T.gemm(P_cast, V_shared, O_local, policy=T.GemmWarpPolicy.FullRow)  # A in registers
     """
+    if mbar is not None:
+        raise definition_error("TileLang feature T.gemm(mbar=...) is not supported by tiled: "
+                               "it names a Blackwell tcgen05 barrier, and tiled's gemm "
+                               "completes before the next statement; drop the argument")
+    if isinstance(policy, bool) or not isinstance(policy, int) or \
+            policy not in GemmWarpPolicy._value2member_map_:
+        raise definition_error(f"T.gemm: policy must be T.GemmWarpPolicy.Square, FullRow or "
+                               f"FullCol, got {policy!r}")
+    if isinstance(k_pack, bool) or not isinstance(k_pack, int) or k_pack < 1:
+        raise definition_error(f"T.gemm: k_pack must be a positive int, got {k_pack!r}")
+    transpose_A, transpose_B = _flag(transpose_A, "transpose_A"), _flag(transpose_B,
+                                                                         "transpose_B")
+    # A traced clear_accum (TileLang's `clear_accum=k == 0`) clears C where it holds.
+    clear_when = clear_accum if isinstance(clear_accum, Expr) else None
+    clear_accum = False if clear_when is not None else _flag(clear_accum, "clear_accum")
     A, a_index, a_shape = _gemm_operand(A, "A")
     B, b_index, b_shape = _gemm_operand(B, "B")
     C, _, _ = _gemm_operand(C, "C")
@@ -163,6 +209,10 @@ def gemm(A: BufferRef, B: BufferRef, C: BufferRef, transpose_A: bool = False,
     g = stmt.gemm
     g.a, g.b, g.c = A.bid, B.bid, C.bid
     g.transpose_a, g.transpose_b, g.clear_accum = transpose_A, transpose_B, clear_accum
+    g.policy = int(policy)
+    if clear_when is not None:
+        with If(clear_when):
+            fill(C, 0)
     for field, index in ((g.a_index, a_index), (g.b_index, b_index)):
         for i in index:
             field.add().CopyFrom(i.node)
@@ -223,18 +273,98 @@ def reduce_min(src, dst, dim: int = -1, clear: bool = True) -> None:
     _reduce(pb.REDUCE_MIN, src, dst, dim, clear)
 
 
-def atomic_add(dst, value) -> None:
-    """dst += value atomically across threads and blocks; `dst` is an element of a global or
-    shared buffer.
+def reduce_absmax(src, dst, dim: int = -1, clear: bool = True) -> None:
+    """dst = max of |src| along `dim`; with clear=False, the max of that and the old dst (which
+    is not made absolute). |x| is taken in dst's dtype; for a signed integer it saturates (the
+    most negative value counts as the largest positive one).
 
-    >>> T.atomic_add(Out[bx], partial[0])
+    >>> T.reduce_absmax(X_local, amax_local, dim=1)  # per-row scale of an fp8 quantizer
     """
+    _reduce(pb.REDUCE_ABSMAX, src, dst, dim, clear)
+
+
+def cumsum(src, dst=None, dim: int = 0, reverse: bool = False) -> None:
+    """Inclusive prefix sum along `dim`: dst[.., i, ..] = src[.., 0, ..] + ... + src[.., i, ..]
+    (from the end, src[.., i, ..] + ... + src[.., n-1, ..], when reverse=True). src and dst
+    are whole shared or fragment tiles of one shape and dtype; dst defaults to src (in place).
+    16- and 8-bit floats keep the running sum in float32 and round each output once.
+
+    >>> T.cumsum(A_shared, dim=0)                   # in place
+    >>> T.cumsum(x_frag, y_frag, dim=1, reverse=True)
+    """
+    dst = src if dst is None else dst
+    for role, b in (("src", src), ("dst", dst)):
+        if isinstance(b, (RegionRef, Element)):
+            raise definition_error(
+                f"TileLang feature T.cumsum of a slice is not supported by tiled: its {role} "
+                "must be a whole shared or fragment tile; T.copy the slice into one first")
+        if not isinstance(b, BufferRef):
+            raise definition_error(f"T.cumsum: {role} must be a tile buffer, got "
+                                   f"{type(b).__name__}")
+        if b.scope not in (pb.SHARED, pb.FRAGMENT):
+            raise definition_error(f"T.cumsum: {role} {b.name} must be a shared or fragment "
+                                   "tile (T.alloc_shared / T.alloc_fragment)")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise definition_error(f"T.cumsum: dim must be an int, got {dim!r}")
+    if not -src.ndim <= dim < src.ndim:
+        raise definition_error(f"T.cumsum: dim {dim} is out of range for {src.name}, which "
+                               f"has {src.ndim} dims")
+    if tuple(dst.shape) != tuple(src.shape):
+        raise definition_error(f"T.cumsum: dst {dst.name}{tuple(dst.shape)} must have the "
+                               f"shape of src {src.name}{tuple(src.shape)}")
+    stmt = pb.Stmt()
+    stmt.scan.src, stmt.scan.dst = src.bid, dst.bid
+    stmt.scan.dim, stmt.scan.reverse = dim % src.ndim, _flag(reverse, "T.cumsum: reverse")
+    current().emit(stmt)
+
+
+def _atomic(op: int, name: str, dst, value, memory_order, return_prev: bool) -> None:
+    if return_prev:
+        raise definition_error(f"TileLang feature T.{name}(return_prev=True) is not supported "
+                               f"by tiled: T.{name} is a statement and returns nothing")
+    if memory_order not in (None, "relaxed"):
+        raise definition_error(f"TileLang feature T.{name}(memory_order={memory_order!r}) is "
+                               "not supported by tiled: its atomics are relaxed; order them "
+                               "with the block's own synchronization")
+    if isinstance(dst, (BufferRef, RegionRef)):
+        raise definition_error(f"TileLang feature T.{name} on a whole tile is not supported by "
+                               f"tiled: name one element, {name}(buf[i, ...], value), inside "
+                               "a T.Parallel loop")
     if not isinstance(dst, Element):
-        raise definition_error("T.atomic_add: the destination must be an element, buf[i, ...]")
+        raise definition_error(f"T.{name}: the destination must be an element, buf[i, ...]")
     stmt = pb.Stmt()
     stmt.atomic_add.buffer = dst.buffer.bid
+    stmt.atomic_add.op = op
     for i in dst.indices:
         stmt.atomic_add.indices.add().CopyFrom(index_expr(i).node)
     stmt.atomic_add.value.CopyFrom(cast(value, dst.buffer.dtype).node)
     current().emit(stmt)
+
+
+def atomic_add(dst, value, memory_order: str | None = None, return_prev: bool = False) -> None:
+    """dst += value atomically across threads and blocks; `dst` is an element of a global or
+    shared buffer. Atomics are relaxed (memory_order None or "relaxed").
+
+    >>> T.atomic_add(Out[bx], partial[0])
+    """
+    _atomic(pb.ATOMIC_ADD, "atomic_add", dst, value, memory_order, return_prev)
+
+
+def atomic_max(dst, value, memory_order: str | None = None, return_prev: bool = False) -> None:
+    """dst = max(dst, value) atomically across threads and blocks; `dst` is an element of a
+    global or shared buffer of ints or floats. `value` replaces the stored value only when it
+    compares greater, as IEEE compares: a NaN on either side changes nothing, -0.0 equals
+    +0.0. Atomics are relaxed (memory_order None or "relaxed").
+
+    >>> T.atomic_max(AMax[0], T.abs(x_local[i]))
+    """
+    _atomic(pb.ATOMIC_MAX, "atomic_max", dst, value, memory_order, return_prev)
+
+
+def atomic_min(dst, value, memory_order: str | None = None, return_prev: bool = False) -> None:
+    """dst = min(dst, value) atomically across threads and blocks (as T.atomic_max).
+
+    >>> T.atomic_min(Lo[bx % 4], x_local[i])
+    """
+    _atomic(pb.ATOMIC_MIN, "atomic_min", dst, value, memory_order, return_prev)
 

@@ -3,6 +3,9 @@
 Semantics on a CPU: the grid becomes one parallel loop over all blocks (TVM's parallel launch,
 served by tiled's shim); within a block there is one thread, so every tile is a plain array,
 T.Parallel is a serial loop nest, tile ops are loop nests, and T.Pipelined is a serial loop.
+T.vectorized becomes TVM's vectorized loop where its body is plain stores over a short constant
+extent, else a serial loop (which LLVM may still vectorize). Atomics go through the shim
+(blocks run on several threads).
 """
 
 from __future__ import annotations
@@ -14,16 +17,99 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.tir import ExprLowering, declare_params, loc_of, static_shape, tvm_dtype
+from tiled.compiler.tir import (
+    TVM_DTYPE,
+    ExprLowering,
+    declare_params,
+    loc_of,
+    saturating_abs,
+    source_name,
+    static_shape,
+    tvm_dtype,
+)
 from tiled.errors import CompileError
+from tiled.ir import dtypes
 from tiled.ir.program import Program
 from tiled.ir.verify_ws import explicit_statement
 from tiled.v1 import tile_ir_pb2 as pb
 
 _IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
              pb.REDUCE_MAX: lambda dt: tirx.min_value(dt),
-             pb.REDUCE_MIN: lambda dt: tirx.max_value(dt)}
-_COMBINE = {pb.REDUCE_SUM: lambda a, b: a + b, pb.REDUCE_MAX: tirx.Max, pb.REDUCE_MIN: tirx.Min}
+             pb.REDUCE_MIN: lambda dt: tirx.max_value(dt),
+             pb.REDUCE_ABSMAX: lambda dt: tirx.const(0, dt)}
+_COMBINE = {pb.REDUCE_SUM: lambda a, b: a + b, pb.REDUCE_MAX: tirx.Max, pb.REDUCE_MIN: tirx.Min,
+            pb.REDUCE_ABSMAX: lambda a, b: tirx.Max(a, saturating_abs(b))}
+# The dtypes the shim's atomics take (cpu_shim.c).
+_ATOMIC_DTYPES = {
+    pb.ATOMIC_ADD: ("float32", "float64", "int32", "int64"),
+    pb.ATOMIC_MAX: ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                    "float16", "bfloat16", "float32", "float64"),
+}
+_ATOMIC_DTYPES[pb.ATOMIC_MIN] = _ATOMIC_DTYPES[pb.ATOMIC_MAX]
+_ATOMIC_NAME = {pb.ATOMIC_ADD: "add", pb.ATOMIC_MAX: "max", pb.ATOMIC_MIN: "min"}
+_FP8 = tuple(TVM_DTYPE.values())
+_VECTOR_LANES = 64  # the longest T.vectorized loop lowered as TVM vector lanes
+_EMULATED = (pb.BFLOAT16, pb.FLOAT8_E4M3, pb.FLOAT8_E5M2)  # floats TVM's LLVM path emulates
+
+
+def _vectorizable(f: pb.For) -> bool:
+    """Whether TVM's vectorizer may run a T.vectorized loop as vector lanes with the loop's
+    serial results. TVM's vectorizer assumes no dependence between iterations, so this holds
+    only for bodies of plain stores (no guards, atomics or loops; no fp8 or bfloat16, which
+    TVM legalizes per element, failing on vectors) where each store writes `buf[..., e + v]`
+    (v the loop var, e and the other indices free of it: one element per iteration), every
+    store to a buffer uses the same
+    indices, and a buffer the body stores is loaded only at those indices (an iteration reads
+    only what it writes itself). Anything else stays a serial loop."""
+    stores: dict[int, bytes] = {}
+    loads: list[pb.Load] = []
+    for st in f.body.seq.stmts if f.body.WhichOneof("kind") == "seq" else [f.body]:
+        if st.WhichOneof("kind") != "store" or _has_emulated_float(st):
+            return False
+        idx = st.store.indices
+        if not idx or not _unit_stride(idx[-1], f.var) or \
+                any(_mentions(i, f.var) for i in idx[:-1]):
+            return False
+        key = b"".join(i.SerializeToString(deterministic=True) for i in idx)
+        if stores.setdefault(st.store.buffer, key) != key:
+            return False
+        loads += _loads(st)
+    return all(ld.buffer not in stores or stores[ld.buffer] == b"".join(
+        i.SerializeToString(deterministic=True) for i in ld.indices) for ld in loads)
+
+
+def _unit_stride(e: pb.Expr, var: int) -> bool:
+    """Whether `e` is v, e' + v or v + e' (e' free of v)."""
+    if e.WhichOneof("kind") == "var":
+        return e.var == var
+    if e.WhichOneof("kind") != "binary" or e.binary.op != pb.ADD:
+        return False
+    a, b = e.binary.a, e.binary.b
+    return (a.WhichOneof("kind") == "var" and a.var == var and not _mentions(b, var)) or \
+        (b.WhichOneof("kind") == "var" and b.var == var and not _mentions(a, var))
+
+
+def _walk(msg):
+    stack = [msg]
+    while stack:
+        m = stack.pop()
+        yield m
+        for fd, value in m.ListFields():
+            if fd.message_type is not None:
+                stack.extend(value if fd.is_repeated else [value])
+
+
+def _mentions(e: pb.Expr, var: int) -> bool:
+    return any(isinstance(m, pb.Expr) and m.WhichOneof("kind") == "var" and m.var == var
+               for m in _walk(e))
+
+
+def _loads(msg) -> list:
+    return [m for m in _walk(msg) if isinstance(m, pb.Load)]
+
+
+def _has_emulated_float(msg) -> bool:
+    return any(isinstance(m, pb.Expr) and m.dtype in _EMULATED for m in _walk(msg))
 
 
 @contextlib.contextmanager
@@ -34,6 +120,8 @@ def loop_nest(extents, kind=T.serial):
 
 
 class CpuLowering(ExprLowering):
+    exact_fp8 = True  # TVM's LLVM float8 legalization misreads subnormals and NaN
+
     def __init__(self, program: Program):
         super().__init__(program)
         self.tir_buffers: dict[int, tirx.Buffer] = {}
@@ -41,9 +129,15 @@ class CpuLowering(ExprLowering):
     def load(self, bid, indices):
         return self.tir_buffers[bid][tuple(indices)]
 
-    def store(self, bid: int, value, indices) -> None:
-        buf = self.tir_buffers[bid]
-        T.buffer_store(buf, tirx.Cast(buf.dtype, value) if str(value.ty) != buf.dtype else value,
+    def ir_dtype(self, bid: int) -> str:
+        """The TVM name of buffer `bid`'s Tile IR dtype (its TIR buffer holds float8 as
+        uint8: tir_dtype)."""
+        return tvm_dtype(self.buffers[bid].dtype)
+
+    def store(self, bid: int, value, indices, src: str | None = None) -> None:
+        """buf[indices] = value, converted from `src` (value's Tile IR dtype, as a TVM name;
+        default: its TIR dtype) to the buffer's."""
+        T.buffer_store(self.tir_buffers[bid], self.cast(value, self.ir_dtype(bid), src),
                        indices)
 
     def guarded(self, conds):
@@ -71,6 +165,9 @@ class CpuLowering(ExprLowering):
         kind = T.serial
         if f.kind == pb.UNROLL and isinstance(extent, tirx.IntImm):
             kind = T.unroll
+        if f.kind == pb.VECTORIZED and isinstance(extent, tirx.IntImm) and \
+                1 <= extent.value <= _VECTOR_LANES and _vectorizable(f):
+            kind = T.vectorized
         with kind(0, extent) as v:
             self.vars[f.var] = v
             self.stmt(f.body)
@@ -84,18 +181,40 @@ class CpuLowering(ExprLowering):
                     self.stmt(node.else_body)
 
     def stmt_store(self, st, _s):
-        self.store(st.buffer, self.expr(st.value), [self.expr(i) for i in st.indices])
+        self.store(st.buffer, self.expr(st.value), [self.expr(i) for i in st.indices],
+                   tvm_dtype(st.value.dtype))
 
     def stmt_atomic_add(self, st, _s):
-        # Blocks run in parallel on CPU threads, so a global add must be atomic (shim CAS loop).
+        # Blocks run in parallel on CPU threads, so a global update must be atomic (shim CAS);
+        # a shared tile belongs to one block, which runs on one thread: a plain update is.
         buf = self.tir_buffers[st.buffer]
         dt = buf.dtype
         idx = [self.expr(i) for i in st.indices]
-        if dt not in ("float32", "float64", "int32", "int64"):
-            raise CompileError(f"T.atomic_add on cpu supports float32/float64/int32/int64, "
-                               f"not {dt}")
-        T.evaluate(T.call_extern("void", f"tiled_atomic_add_{dt}",
-                                 T.address_of(buf[tuple(idx)]), self.expr(st.value)))
+        op = _ATOMIC_NAME[st.op]
+        if self.buffers[st.buffer].scope != pb.GLOBAL:
+            old = buf[tuple(idx)]
+            value = self.cast(self.expr(st.value), dt, tvm_dtype(st.value.dtype))
+            if st.op == pb.ATOMIC_ADD:
+                new = old + value
+            else:  # the shim's rule: the value replaces old when it compares past it
+                wins = value > old if st.op == pb.ATOMIC_MAX else value < old
+                new = tirx.Select(wins, value, old)
+            T.buffer_store(buf, new, idx)
+            return
+        if dt not in _ATOMIC_DTYPES[st.op]:
+            raise CompileError(f"T.atomic_{op} on cpu supports "
+                               f"{'/'.join(_ATOMIC_DTYPES[st.op])}, not {dt}")
+        value = self.expr(st.value)
+        if st.op != pb.ATOMIC_ADD and dt == "bfloat16":
+            # The shim's max / min take a float's bits (a 16-bit float has no C type common to
+            # LLVM and the shim's compiler). TVM computes bfloat16 in float32, where the value
+            # is exact: its bits are the float32's upper half.
+            bits32 = tirx.reinterpret("uint32", tirx.Cast("float32", value))
+            value = tirx.Cast("uint16", tirx.shift_right(bits32, tirx.const(16, "uint32")))
+        elif st.op != pb.ATOMIC_ADD and dt.startswith("float"):
+            value = tirx.reinterpret(f"uint{dtypes.bits(dt)}", value)
+        T.evaluate(T.call_extern("void", f"tiled_atomic_{op}_{dt}",
+                                 T.address_of(buf[tuple(idx)]), value))
 
     def stmt_copy(self, c, _s):
         tile = [e for e in c.src.extents if e != 1]
@@ -105,14 +224,15 @@ class CpuLowering(ExprLowering):
             src_buf = self.tir_buffers[c.src.buffer]
             value = src_buf[tuple(src_idx)]
             src_ok = self.guarded(src_conds)
-            if src_ok is not None:
+            if src_ok is not None:  # 0 is also float8's bits of +0.0
                 value = tirx.if_then_else(src_ok, value, tirx.const(0, src_buf.dtype))
+            dt = self.ir_dtype(c.src.buffer)
             dst_ok = self.guarded(dst_conds)
             if dst_ok is None:
-                self.store(c.dst.buffer, value, dst_idx)
+                self.store(c.dst.buffer, value, dst_idx, dt)
             else:
                 with T.If(dst_ok), T.Then():
-                    self.store(c.dst.buffer, value, dst_idx)
+                    self.store(c.dst.buffer, value, dst_idx, dt)
 
     def stmt_fill(self, f, _s):
         tile = [e for e in f.dst.extents if e != 1] or [1]
@@ -120,12 +240,12 @@ class CpuLowering(ExprLowering):
             vs = vs if any(e != 1 for e in f.dst.extents) else []
             idx, conds = self.region_index(f.dst, vs)
             ok = self.guarded(conds)
-            value = self.expr(f.value)
+            value, dt = self.expr(f.value), tvm_dtype(f.value.dtype)
             if ok is None:
-                self.store(f.dst.buffer, value, idx)
+                self.store(f.dst.buffer, value, idx, dt)
             else:
                 with T.If(ok), T.Then():
-                    self.store(f.dst.buffer, value, idx)
+                    self.store(f.dst.buffer, value, idx, dt)
 
     def stmt_gemm(self, g, _s):
         A, B, C = (self.tir_buffers[x] for x in (g.a, g.b, g.c))
@@ -142,24 +262,47 @@ class CpuLowering(ExprLowering):
             a = A[(*ia, k, i)] if g.transpose_a else A[(*ia, i, k)]
             with T.serial(0, N) as j:
                 b = B[(*ib, j, k)] if g.transpose_b else B[(*ib, k, j)]
-                T.buffer_store(C, C[i, j] + tirx.Cast(acc, a) * tirx.Cast(acc, b), [i, j])
+                T.buffer_store(C, C[i, j] + self.cast(a, acc, self.ir_dtype(g.a)) *
+                               self.cast(b, acc, self.ir_dtype(g.b)), [i, j])
 
     def stmt_reduce(self, r, _s):
         src, dst = self.tir_buffers[r.src], self.tir_buffers[r.dst]
         shape = static_shape(self.buffers[r.src])
         keep = [d for i, d in enumerate(shape) if i != r.dim]
-        acc = dst.dtype
+        src_dt, dst_dt = self.ir_dtype(r.src), self.ir_dtype(r.dst)
+        acc = "float32" if dst_dt in _FP8 else dst_dt  # float8 reduces in float32
         with loop_nest(keep or [1]) as outer:
             out_idx = outer if keep else [0]
             tmp = T.alloc_buffer((1,), acc)
-            init = _IDENTITY[r.kind](acc) if r.clear else dst[tuple(out_idx)]
+            init = _IDENTITY[r.kind](acc) if r.clear else \
+                self.cast(dst[tuple(out_idx)], acc, dst_dt)
             T.buffer_store(tmp, init, [0])
             with T.serial(0, shape[r.dim]) as k:
                 src_idx = list(outer) if keep else []
                 src_idx.insert(r.dim, k)
-                v = tirx.Cast(acc, src[tuple(src_idx)])
-                T.buffer_store(tmp, _COMBINE[r.kind](tmp[0], v), [0])
-            T.buffer_store(dst, tmp[0], out_idx)
+                v = self.cast(src[tuple(src_idx)], dst_dt, src_dt)
+                T.buffer_store(tmp, _COMBINE[r.kind](tmp[0], self.cast(v, acc, dst_dt)), [0])
+            T.buffer_store(dst, self.cast(tmp[0], dst_dt, acc), out_idx)
+
+
+    def stmt_scan(self, sc, _s):
+        src, dst = self.tir_buffers[sc.src], self.tir_buffers[sc.dst]
+        shape = static_shape(self.buffers[sc.src])
+        keep = [d for i, d in enumerate(shape) if i != sc.dim]
+        n = shape[sc.dim]
+        # 16- and 8-bit floats keep the running sum in float32 and round each output once.
+        dt = self.ir_dtype(sc.src)
+        acc = "float32" if dt in ("float16", "bfloat16", *_FP8) else dt
+        with loop_nest(keep or [1]) as outer:
+            run = T.alloc_buffer((1,), acc)
+            T.buffer_store(run, tirx.const(0, acc), [0])
+            # src[k] is read before dst[k] is written, so src and dst may be one buffer.
+            with T.serial(0, n) as k:
+                pos = n - 1 - k if sc.reverse else k
+                idx = list(outer) if keep else []
+                idx.insert(sc.dim, pos)
+                T.buffer_store(run, run[0] + self.cast(src[tuple(idx)], acc, dt), [0])
+                T.buffer_store(dst, self.cast(run[0], dt, acc), idx)
 
 
 def lower_cpu(program: Program) -> tvm.IRModule:
@@ -187,7 +330,7 @@ def lower_cpu(program: Program) -> tvm.IRModule:
                     rest = tirx.floordiv(rest, grid[i])
                 for b in p.buffers:
                     if b.scope != pb.GLOBAL:
-                        lower.tir_buffers[b.id] = T.alloc_buffer(static_shape(b),
-                                                                 tvm_dtype(b.dtype))
+                        lower.tir_buffers[b.id] = source_name(b, T.alloc_buffer(
+                            static_shape(b), lower.tir_dtype(b.dtype)))
                 lower.stmt(p.kernel.body)
     return tvm.IRModule({p.name: ib.get()})

@@ -340,6 +340,59 @@ HIDDEN void tiled_atomic_add_float64(double* addr, double value) {
   } while (!__atomic_compare_exchange_n(bits, &old, want, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 }
 
+/* ---- T.atomic_max / T.atomic_min: call_extern("tiled_atomic_{max,min}_<dtype>") ---------------
+ * A compare-and-swap loop that stops as soon as the stored value already wins, so a max that
+ * changes nothing writes nothing. The value replaces the stored one only when it compares
+ * greater (max) or less (min), as IEEE compares: a NaN on either side changes nothing, and
+ * -0.0 equals +0.0 (the CUDA backend's rule, tiled_atomic.h). Floats travel as their bits
+ * (float16 and bfloat16 have no calling convention common to LLVM and C compilers) and are
+ * compared through a key that sorts as the values do; the result is always one of the two
+ * operands, so no conversion is needed. */
+
+#define TILED_ATOMIC_INT(op, name, T, wins)                                                 \
+  HIDDEN void tiled_atomic_##op##_##name(T* addr, T value) {                               \
+    T old = __atomic_load_n(addr, __ATOMIC_RELAXED);                                      \
+    while ((wins) &&                                                                      \
+           !__atomic_compare_exchange_n(addr, &old, value, 1, __ATOMIC_RELAXED,           \
+                                        __ATOMIC_RELAXED)) {                              \
+    }                                                                                     \
+  }
+#define TILED_ATOMIC_INTS(name, T)                   \
+  TILED_ATOMIC_INT(max, name, T, value > old)        \
+  TILED_ATOMIC_INT(min, name, T, value < old)
+TILED_ATOMIC_INTS(int8, int8_t)
+TILED_ATOMIC_INTS(int16, int16_t)
+TILED_ATOMIC_INTS(int32, int32_t)
+TILED_ATOMIC_INTS(int64, int64_t)
+TILED_ATOMIC_INTS(uint8, uint8_t)
+TILED_ATOMIC_INTS(uint16, uint16_t)
+TILED_ATOMIC_INTS(uint32, uint32_t)
+TILED_ATOMIC_INTS(uint64, uint64_t)
+
+/* An IEEE value's bits (NaN excluded) as an unsigned key that sorts as the value does; both
+ * zeros map to one key. */
+#define TILED_FLOAT_KEY(U, bits, sign)                                       \
+  (((bits) & (U) ~(sign)) == 0 ? (U)(sign)                                   \
+                               : (bits) & (sign) ? (U) ~(bits) : (U)((bits) | (sign)))
+#define TILED_IS_NAN(U, bits, sign, inf) (((bits) & (U) ~(sign)) > (inf))
+#define TILED_ATOMIC_FLOAT(op, name, U, sign, inf, beats)                                   \
+  HIDDEN void tiled_atomic_##op##_##name(U* addr, U value) {                               \
+    if (TILED_IS_NAN(U, value, sign, inf)) return;                                        \
+    U key = TILED_FLOAT_KEY(U, value, sign);                                              \
+    U old = __atomic_load_n(addr, __ATOMIC_RELAXED);                                      \
+    while (!TILED_IS_NAN(U, old, sign, inf) && key beats TILED_FLOAT_KEY(U, old, sign) &&  \
+           !__atomic_compare_exchange_n(addr, &old, value, 1, __ATOMIC_RELAXED,           \
+                                        __ATOMIC_RELAXED)) {                              \
+    }                                                                                     \
+  }
+#define TILED_ATOMIC_FLOATS(name, U, sign, inf)            \
+  TILED_ATOMIC_FLOAT(max, name, U, sign, inf, >)           \
+  TILED_ATOMIC_FLOAT(min, name, U, sign, inf, <)
+TILED_ATOMIC_FLOATS(float16, uint16_t, (uint16_t)0x8000u, (uint16_t)0x7c00u)
+TILED_ATOMIC_FLOATS(bfloat16, uint16_t, (uint16_t)0x8000u, (uint16_t)0x7f80u)
+TILED_ATOMIC_FLOATS(float32, uint32_t, 0x80000000u, 0x7f800000u)
+TILED_ATOMIC_FLOATS(float64, uint64_t, 0x8000000000000000ull, 0x7ff0000000000000ull)
+
 /* ---- FFI services a tiled kernel never needs; they fail loudly instead of jumping to NULL ---- */
 
 HIDDEN int TVMFFIEnvModLookupFromImports(void* library_ctx, const char* func_name, void** out) {

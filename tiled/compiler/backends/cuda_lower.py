@@ -3,8 +3,11 @@
 Execution model: every thread of the block runs the statements outside T.Parallel (so they must
 be uniform: the same for all threads); a T.Parallel nest is split over the threads, following
 the layout of the fragment it writes (cuda_layout.py); tile ops are lowered to cooperative code
-or to calls into tiled_cuda.h. Shared memory is one dynamic pool; tiled places every shared
-tile in it (pipelined tiles get `num_stages` copies) and inserts the barriers itself.
+or to calls into tiled_cuda.h, one module per op family where it is more than a call:
+cuda_copy (copies with a fragment side), cuda_gemm, cuda_reduce, cuda_scan (T.cumsum).
+Shared memory is one dynamic pool; tiled places every shared tile in it (pipelined tiles get
+`num_stages` copies), then one scratch area that the ops moving fragments through shared
+memory share (one op at a time), and inserts the barriers itself.
 """
 
 from __future__ import annotations
@@ -16,21 +19,29 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler.backends.cuda_copy import (
+    copy_scratch_bytes,
+    copy_uses_scratch,
+    lower_fragment_copy,
+)
+from tiled.compiler.backends.cuda_gemm import lower_gemm, stage_bytes, staged_operands
 from tiled.compiler.backends.cuda_layout import (
+    ROWS_LAYOUTS,
     MmaLayout,
     ReplicatedLayout,
-    WgmmaRows,
     body_statements,
+    element_accesses,
+    expr_vars,
     infer_layouts,
     is_identity,
     parallel_nest,
     ravel,
     stores,
+    subexprs,
     unravel,
     walk,
 )
 from tiled.compiler.backends.cuda_plan import (
-    CTYPE,
     SharedTile,
     SyncTracker,
     align_up,
@@ -38,7 +49,10 @@ from tiled.compiler.backends.cuda_plan import (
     multiple_of,
     shared_effects,
     unravel_dyn,
+    vector_lanes_ok,
 )
+from tiled.compiler.backends.cuda_reduce import lower_reduce, reduce_scratch_bytes
+from tiled.compiler.backends.cuda_scan import lower_scan, scan_scratch_bytes, scan_uses_scratch
 from tiled.compiler.backends.cuda_sm90 import (
     PRODUCER_THREADS,
     find_ws_gemm,
@@ -54,17 +68,18 @@ from tiled.compiler.backends.cuda_sm90_attn import (
     store_attn_tile,
     tmap_params,
 )
-from tiled.compiler.tir import ExprLowering, declare_params, loc_of, tvm_dtype
+from tiled.compiler.tir import ExprLowering, declare_params, loc_of, source_name, tvm_dtype
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
 from tiled.v1 import tile_ir_pb2 as pb
 
-_IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
-             pb.REDUCE_MAX: lambda dt: tirx.min_value(dt),
-             pb.REDUCE_MIN: lambda dt: tirx.max_value(dt)}
-_COMBINE = {pb.REDUCE_SUM: lambda a, b: a + b, pb.REDUCE_MAX: tirx.Max, pb.REDUCE_MIN: tirx.Min}
 UNROLL_LIMIT = 256
+VECTOR_LIMIT = 16  # a T.vectorized loop that cannot take vector lanes unrolls up to this extent
+_ATOMIC = {pb.ATOMIC_ADD: "atomicAdd", pb.ATOMIC_MAX: "tiled::atomic_max",
+           pb.ATOMIC_MIN: "tiled::atomic_min"}
+# The element types CUDA's atomicAdd takes; other integer adds go to tiled_atomic.h.
+_NATIVE_ADD = {"int32", "uint32", "float32", "float64", "float16", "bfloat16"}
 
 
 class CudaLowering(ExprLowering):
@@ -88,6 +103,8 @@ class CudaLowering(ExprLowering):
             for bid, lay in self.layouts.items():  # fragments that followed the accumulator
                 if lay == mma:
                     self.layouts[bid] = self.ws.layout
+                elif lay is not None and lay == mma.rows():
+                    self.layouts[bid] = self.ws.layout.rows()
             self.launch_threads = self.threads + PRODUCER_THREADS
             self.ws_offset = 0
         if self.attn is not None:
@@ -98,6 +115,7 @@ class CudaLowering(ExprLowering):
         self.stage: dict[int, tirx.PrimExpr] = {}  # shared bid -> current stage index
         self.frag_bind: dict[int, tirx.PrimExpr] = {}  # fragment bid -> local slot in a nest
         self.frag_row = None  # (anchor layout, its slot) of the T.Parallel nest being lowered
+        self.replica = None  # in a nest over a rows layout: true in one lane of each quad
         self.nest_vars: list[int] = []
         self.sync = SyncTracker(None if self.ws is None and self.attn is None else
                                 f"tiled::sm90::consumer_sync<{self.threads}>")
@@ -189,15 +207,30 @@ class CudaLowering(ExprLowering):
             self.ws_offset, offset = offset, align_up(offset + self.attn.ring_bytes)
         self.scratch_offset = offset
         scratch = 0
-        for st in self.statements():
-            if st.WhichOneof("kind") == "reduce":
-                src = self.buffers[st.reduce.src]
-                dst = self.buffers[st.reduce.dst]
-                if not isinstance(self.layouts.get(src.id), ReplicatedLayout) and \
-                        not isinstance(self.layouts.get(dst.id), WgmmaRows):
-                    n = math.prod(d.size for d in src.shape) + math.prod(d.size for d in dst.shape)
-                    scratch = max(scratch, n * 4)
+        for st in self.statements():  # the scratch area: one region, used by one op at a time
+            kind = st.WhichOneof("kind")
+            need = {"reduce": reduce_scratch_bytes, "copy": copy_scratch_bytes,
+                    "gemm": stage_bytes, "scan": scan_scratch_bytes}.get(kind)
+            if need is not None:
+                scratch = max(scratch, need(self, getattr(st, kind)))
         self.pool_bytes = offset + align_up(scratch) if scratch else offset
+
+    def scratch(self, dtype: str, numel: int, offset: int = 0, shape=None):
+        """A view of the shared scratch area (`offset` bytes in) as `numel` elements, or as a
+        tile of `shape`. Its users go through the SyncTracker like any shared access."""
+        return T.decl_buffer(shape or (numel,), dtype, data=self.pool.data,
+                             elem_offset=(self.scratch_offset + offset) // dtypes.nbytes(dtype))
+
+    def uses_scratch(self, st: pb.Stmt) -> bool:
+        """Whether tile op `st` reads and writes the shared scratch area (beyond its operands)."""
+        kind = st.WhichOneof("kind")
+        if kind == "copy":
+            return copy_uses_scratch(self, st.copy)
+        if kind == "gemm":
+            return bool(staged_operands(self, st.gemm))
+        if kind == "scan":
+            return scan_uses_scratch(self, st.scan)
+        return False
 
     # -- buffers ---------------------------------------------------------------------------
     def shared_index(self, bid: int, indices: list) -> list:
@@ -216,7 +249,7 @@ class CudaLowering(ExprLowering):
             return self.frag_bind[bid]
         if isinstance(lay, ReplicatedLayout):
             return ravel(indices, list(lay.shape))
-        if isinstance(lay, WgmmaRows) and self.frag_row is not None and ir_indices is not None \
+        if isinstance(lay, ROWS_LAYOUTS) and self.frag_row is not None and ir_indices is not None \
                 and is_identity(ir_indices, self.nest_vars[:1]):
             anchor, idx = self.frag_row  # m[i] over the anchor's row i: same thread
             if anchor.rows() == lay:
@@ -277,7 +310,7 @@ class CudaLowering(ExprLowering):
         self.stmt(self.program.kernel.body)
 
     def effects(self, s: pb.Stmt) -> tuple[bool, bool]:
-        return shared_effects(s, self.buffers)
+        return shared_effects(s, self.buffers, self.uses_scratch)
 
     def stmt_seq(self, seq, _s):
         for st in seq.stmts:
@@ -302,6 +335,9 @@ class CudaLowering(ExprLowering):
             return lower_attn_loop(self, f)
         extent = self.expr(f.extent)
         kind = T.unroll if f.kind == pb.UNROLL and isinstance(extent, tirx.IntImm) else T.serial
+        if f.kind == pb.VECTORIZED and isinstance(extent, tirx.IntImm):
+            kind = T.vectorized if self.vectorizable(f, extent.value) else \
+                T.unroll if extent.value <= VECTOR_LIMIT else T.serial
         reads, writes = self.effects(f.body)
         with kind(0, extent) as v:
             self.vars[f.var] = v
@@ -312,6 +348,17 @@ class CudaLowering(ExprLowering):
             if writes:
                 self.sync.pending_read = self.sync.pending_write = False
             self.sync.pending_read |= reads
+
+    def vectorizable(self, f: pb.For, lanes: int) -> bool:
+        """Whether T.vectorized loop `f` becomes vector lanes (cuda_plan.vector_lanes_ok, and
+        the rows of the shared tiles it widens are whole vectors; no barrier inside)."""
+        if not vector_lanes_ok(f, lanes, self.buffers):
+            return False
+        if self.effects(f.body)[1] and not self.sync.suspended:
+            return False
+        return all(self.buffers[bid].scope != pb.SHARED or f.var not in expr_vars(idx)
+                   or self.shared[bid].stride % lanes == 0
+                   for bid, idx in element_accesses(f.body))
 
     def stmt_if_then_else(self, node, s):
         with T.If(self.expr(node.cond)):
@@ -328,29 +375,47 @@ class CudaLowering(ExprLowering):
 
     def stmt_store(self, st, s):
         self.uniform_stmt(s)
-        self.store(st.buffer, self.expr(st.value), [self.expr(i) for i in st.indices],
-                   list(st.indices))
+        scope = self.buffers[st.buffer].scope
+        # Outside T.Parallel every thread runs a statement. A shared element, or a global one
+        # the value reads back (`Out[bx] += v`), is then updated by one thread, as the
+        # program means: the threads of a read-modify-write would race. (A global element
+        # stored with a value that does not read it gets the same value from each thread.)
+        once = not self.nest_vars and not self.sync.suspended and (
+            scope == pb.SHARED or (scope == pb.GLOBAL and any(
+                e.WhichOneof("kind") == "load" and e.load.buffer == st.buffer
+                for e in subexprs(st.value))))
+        with self.single_thread() if once else contextlib.nullcontext():
+            self.store(st.buffer, self.expr(st.value), [self.expr(i) for i in st.indices],
+                       list(st.indices))
+        if once and scope == pb.GLOBAL:  # the other threads may read it next
+            self.sync.sync()
 
     def stmt_atomic_add(self, st, s):
         self.uniform_stmt(s)
-        # Outside T.Parallel every thread runs the statement: only one may add.
-        with self.single_thread():
+        dt = dtypes.canonical_name(self.buffers[st.buffer].dtype)
+        if dt == "bool" or dt.startswith("float8"):
+            raise CompileError(f"atomic {('add', 'max', 'min')[st.op]} of {dt} elements is "
+                               "not supported on cuda")
+        name = _ATOMIC[st.op] if st.op != pb.ATOMIC_ADD or dt in _NATIVE_ADD else \
+            "tiled::atomic_add"
+        with self.single_thread():  # outside T.Parallel every thread runs it: one may update
             addr = self.addr(st.buffer, [self.expr(i) for i in st.indices])
             value = self.expr(st.value)
-            T.evaluate(T.call_extern(str(value.ty), "atomicAdd", addr, value))
+            T.evaluate(T.call_extern(str(value.ty), name, addr, value))
 
     @contextlib.contextmanager
     def single_thread(self):
+        """Where one thread runs what follows: thread 0 outside T.Parallel; in a nest over a
+        rows layout, whose 4 lanes of a quad each run every row they hold, one of them."""
         if self.nest_vars:
-            yield
+            with self.maybe_if(self.replica):
+                yield
         else:
             with T.If(self.tx == 0), T.Then():
                 yield
 
     # -- T.Parallel ---------------------------------------------------------------------------
     def lower_parallel(self, s: pb.Stmt) -> None:
-        from tiled.compiler.backends.cuda_layout import element_accesses
-
         nest, body = parallel_nest(s)
         loop_vars = [f.var for f in nest]
         extents = [self.expr(f.extent) for f in nest]
@@ -375,9 +440,12 @@ class CudaLowering(ExprLowering):
                 self.frag_bind = {b: idx for b in ident}
                 self.nest_vars = loop_vars
                 self.frag_row = (anchor, idx) if hasattr(anchor, "row_slot") else None
+                self.replica = tirx.floormod(self.tx, 4) == 0 \
+                    if isinstance(anchor, ROWS_LAYOUTS) else None
                 with self.maybe_if(valid):
                     self.stmt(body)
                 self.frag_bind, self.nest_vars, self.frag_row = {}, outer_vars, None
+                self.replica = None
             return
         writes_replicated = any(
             self.buffers[b].scope in (pb.FRAGMENT, pb.LOCAL)
@@ -438,23 +506,8 @@ class CudaLowering(ExprLowering):
             T.evaluate(T.call_extern("void", "tiled::cp_async_commit"))
             T.evaluate(T.call_extern("void", "tiled::cp_async_wait<0>"))
             return
-        frag = c.src.buffer if src_b.scope == pb.FRAGMENT else \
-            c.dst.buffer if dst_b.scope == pb.FRAGMENT else None
-        if frag is not None:
-            region = c.src if frag == c.src.buffer else c.dst
-            shape = [d.size for d in self.buffers[frag].shape]
-            if list(region.extents) != shape or not all(
-                    o.WhichOneof("kind") == "int_value" and o.int_value == 0
-                    for o in region.offsets):
-                raise CompileError("T.copy of part of a fragment is not supported on cuda; "
-                                   "copy the whole fragment")
-            lay = self.layouts[frag]
-            with self.loop(lay.local_size) as idx:
-                coords, valid = lay.coords(self.tx, idx)
-                tile = [x for x, d in zip(coords, shape, strict=True) if d != 1]
-                with self.maybe_if(valid):
-                    self.copy_element(c, tile, frag, idx)
-            return
+        if pb.FRAGMENT in (src_b.scope, dst_b.scope):
+            return lower_fragment_copy(self, c)
         tile_shape = [e for e in c.src.extents if e != 1] or [1]
         numel = math.prod(tile_shape)
         n_iter = -(-numel // self.threads)
@@ -462,23 +515,17 @@ class CudaLowering(ExprLowering):
             flat = it * self.threads + self.tx
             tile = unravel(flat, tile_shape) if any(e != 1 for e in c.src.extents) else []
             with self.maybe_if(None if numel % self.threads == 0 else flat < numel):
-                self.copy_element(c, tile, None, None)
+                self.copy_element(c, tile)
 
-    def copy_element(self, c, tile, frag, slot):
+    def copy_element(self, c, tile):
         src_idx, src_conds = self.region_index(c.src, tile)
         dst_idx, dst_conds = self.region_index(c.dst, tile)
-        value = self.tir[frag][slot] if frag == c.src.buffer else \
-            self.load(c.src.buffer, src_idx)
+        value = self.load(c.src.buffer, src_idx)
         ok = and_all(src_conds)
         if ok is not None:
             value = tirx.if_then_else(ok, value, tirx.const(0, str(value.ty)))
-        dst_ok = and_all(dst_conds)
-        with self.maybe_if(dst_ok):
-            if frag == c.dst.buffer:
-                buf = self.tir[frag]
-                T.buffer_store(buf, tirx.Cast(buf.dtype, value), [slot])
-            else:
-                self.store(c.dst.buffer, value, dst_idx)
+        with self.maybe_if(and_all(dst_conds)):
+            self.store(c.dst.buffer, value, dst_idx)
 
     def issue_async_copy(self, c: pb.Copy, vec: int, pred=None) -> None:
         src = self.buffers[c.src.buffer]
@@ -527,111 +574,13 @@ class CudaLowering(ExprLowering):
                     self.store(b.id, value, idx)
 
     def stmt_gemm(self, g, s):
-        self.uniform_stmt(s)
-        a, b, c = (self.buffers[x] for x in (g.a, g.b, g.c))
-        if a.scope != pb.SHARED or b.scope != pb.SHARED:
-            raise CompileError("T.gemm on cuda takes A and B from shared memory (copy a "
-                               "fragment operand to a T.alloc_shared tile first)")
-        lay = self.layouts[g.c]
-        acc = self.tir[g.c]
-        if g.clear_accum:
-            with self.loop(lay.local_size) as idx:
-                T.buffer_store(acc, tirx.const(0, acc.dtype), [idx])
-        M, N = (d.size for d in c.shape)
-        K = a.shape[-2].size if g.transpose_a else a.shape[-1].size
-        ta, tb = str(g.transpose_a).lower(), str(g.transpose_b).lower()
-        lda, ldb = self.shared[g.a].stride, self.shared[g.b].stride
-        # A staged operand (A_s[s, :, :]) starts at its leading indices.
-        pa = self.addr(g.a, [self.expr(i) for i in g.a_index] + [tirx.const(0, "int32")] * 2)
-        pbuf = self.addr(g.b, [self.expr(i) for i in g.b_index] + [tirx.const(0, "int32")] * 2)
-        base = f", {self.tid_base}" if self.tid_base else ""
-        pc = T.address_of(acc[0])
-        if isinstance(lay, MmaLayout):
-            name = (f"tiled::gemm_ss<{CTYPE[dtypes.canonical_name(a.dtype)]}, {M}, {N}, {K}, "
-                    f"{lay.warp_m}, {lay.warp_n}, {ta}, {tb}, {lda}, {ldb}{base}>")
-        else:
-            ct = [CTYPE.get(dtypes.canonical_name(x.dtype)) for x in (a, b, c)]
-            if None in ct:
-                raise CompileError(f"T.gemm on cuda does not support dtypes "
-                                   f"{[dtypes.canonical_name(x.dtype) for x in (a, b, c)]}")
-            name = (f"tiled::gemm_ss_simt<{ct[0]}, {ct[1]}, {ct[2]}, {M}, {N}, {K}, "
-                    f"{self.threads}, {ta}, {tb}, {lda}, {ldb}{base}>")
-        T.evaluate(T.call_extern("void", name, pa, pbuf, pc))
+        lower_gemm(self, g, s)
 
-    def stmt_reduce(self, r, s):
-        src_b = self.buffers[r.src]
-        shape = [d.size for d in src_b.shape]
-        keep = [d for i, d in enumerate(shape) if i != r.dim]
-        n_out, depth = math.prod(keep), shape[r.dim]
-        dst = self.tir[r.dst]
-        acc_dt = dst.dtype
-        src_lay = self.layouts.get(r.src)
+    def stmt_reduce(self, r, _s):
+        lower_reduce(self, r)
 
-        if isinstance(self.layouts.get(r.dst), WgmmaRows):
-            return self.reduce_rows(r)
-
-        def src_index(o, k):
-            coords = unravel(o, keep) if keep else []
-            coords.insert(r.dim, k)
-            return coords
-
-        if (src_b.scope == pb.FRAGMENT and not isinstance(src_lay, ReplicatedLayout)) or \
-                src_b.scope == pb.SHARED:
-            self.sync.before(True, True)
-            scratch = T.decl_buffer((n_out * depth + n_out,), acc_dt, data=self.pool.data,
-                                    elem_offset=self.scratch_offset // dtypes.nbytes(acc_dt))
-            if src_b.scope == pb.FRAGMENT:
-                with self.loop(src_lay.local_size) as idx:
-                    coords, valid = src_lay.coords(self.tx, idx)
-                    with self.maybe_if(valid):
-                        T.buffer_store(scratch, tirx.Cast(acc_dt, self.tir[r.src][idx]),
-                                       [ravel(coords, shape)])
-                self.sync.sync()
-                read = lambda o, k: scratch[ravel(src_index(o, k), shape)]  # noqa: E731
-            else:
-                read = lambda o, k: tirx.Cast(acc_dt, self.load(r.src, src_index(o, k)))  # noqa: E731
-            with self.loop(-(-n_out // self.threads)) as it:
-                o = it * self.threads + self.tx
-                with self.maybe_if(None if n_out % self.threads == 0 else o < n_out):
-                    tmp = T.alloc_buffer((1,), acc_dt, scope="local")
-                    T.buffer_store(tmp, _IDENTITY[r.kind](acc_dt), [0])
-                    with T.serial(0, depth) as k:
-                        T.buffer_store(tmp, _COMBINE[r.kind](tmp[0], read(o, k)), [0])
-                    T.buffer_store(scratch, tmp[0], [n_out * depth + o])
-            self.sync.sync()
-            with self.loop(n_out) as o:
-                v = scratch[n_out * depth + o]
-                T.buffer_store(dst, v if r.clear else _COMBINE[r.kind](dst[o], v), [o])
-            self.sync.pending_read = True
-            return
-        # Replicated (or local) source: every thread reduces on its own copy.
-        with self.loop(n_out) as o:
-            tmp = T.alloc_buffer((1,), acc_dt, scope="local")
-            T.buffer_store(tmp, _IDENTITY[r.kind](acc_dt) if r.clear else dst[o], [0])
-            with T.serial(0, depth) as k:
-                v = self.tir[r.src][ravel(src_index(o, k), shape)]
-                T.buffer_store(tmp, _COMBINE[r.kind](tmp[0], tirx.Cast(acc_dt, v)), [0])
-            T.buffer_store(dst, tmp[0], [o])
-
-    def reduce_rows(self, r: pb.Reduce) -> None:
-        """A row reduction into a rows layout: each thread combines the elements of its rows
-        it holds (a balanced tree), then the quad holding each row exchanges partials."""
-        src, dst = self.tir[r.src], self.tir[r.dst]
-        lay, rows = self.layouts[r.src], self.layouts[r.dst]
-        combine, dt = _COMBINE[r.kind], dst.dtype
-        for slot in range(rows.local_size):
-            vals = [tirx.Cast(dt, src[i]) if src.dtype != dt else src[i]
-                    for i in lay.row_members(slot)]
-            while len(vals) > 1:
-                vals = [combine(vals[j], vals[j + 1]) if j + 1 < len(vals) else vals[j]
-                        for j in range(0, len(vals), 2)]
-            part = T.alloc_buffer((1,), dt, scope="local")
-            T.buffer_store(part, vals[0], [0])
-            for mask in rows.QUAD_MASKS:
-                other = T.call_extern(dt, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"),
-                                      part[0], mask)
-                T.buffer_store(part, combine(part[0], other), [0])
-            T.buffer_store(dst, part[0] if r.clear else combine(dst[slot], part[0]), [slot])
+    def stmt_scan(self, sc, _s):
+        lower_scan(self, sc)
 
     # -- T.Pipelined ----------------------------------------------------------------------
     def lower_pipeline(self, f: pb.For, s: pb.Stmt) -> None:
@@ -738,11 +687,11 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
                             data=low.pool.data,
                             elem_offset=tile.offset // dtypes.nbytes(b.dtype))
                     elif b.scope == pb.FRAGMENT:
-                        low.tir[b.id] = T.alloc_buffer((low.layouts[b.id].local_size,),
-                                                       tvm_dtype(b.dtype), scope="local")
+                        low.tir[b.id] = source_name(b, T.alloc_buffer(
+                            (low.layouts[b.id].local_size,), tvm_dtype(b.dtype), scope="local"))
                     elif b.scope == pb.LOCAL:
-                        low.tir[b.id] = T.alloc_buffer([d.size for d in b.shape],
-                                                       tvm_dtype(b.dtype), scope="local")
+                        low.tir[b.id] = source_name(b, T.alloc_buffer(
+                            [d.size for d in b.shape], tvm_dtype(b.dtype), scope="local"))
                 if low.attn is not None:
                     lower_attn_kernel(low, attn_maps, grid)
                 elif low.ws is None:

@@ -14,7 +14,8 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 # C types of the element types, as the generated CUDA names them.
 CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
-         "int8": "int8_t", "int32": "int", "int64": "int64_t", "uint8": "uint8_t"}
+         "int8": "int8_t", "int32": "int", "int64": "int64_t", "uint8": "uint8_t",
+         "float8_e4m3": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2"}
 
 POOL_ALIGN = 128
 
@@ -108,8 +109,10 @@ def unravel_dyn(flat, extents):
     return list(reversed(out))
 
 
-def shared_effects(s: pb.Stmt, buffers) -> tuple[bool, bool]:
-    """(reads shared memory, writes shared memory) for statement `s` and all inside it."""
+def shared_effects(s: pb.Stmt, buffers, scratch=None) -> tuple[bool, bool]:
+    """(reads shared memory, writes shared memory) for statement `s` and all inside it.
+    `scratch(st)`: whether tile op `st` also reads and writes the shared scratch area (a
+    fragment moved through it: cuda_copy, cuda_gemm, cuda_scan)."""
     from tiled.compiler.backends.cuda_layout import stmt_exprs, subexprs
 
     reads = writes = False
@@ -124,13 +127,73 @@ def shared_effects(s: pb.Stmt, buffers) -> tuple[bool, bool]:
             reads |= shared(st.gemm.a) or shared(st.gemm.b)
         elif kind == "fill":
             writes |= shared(st.fill.dst.buffer)
-        elif kind == "reduce":
+        elif kind in ("reduce", "scan"):
             reads = writes = True
         elif kind in ("store", "atomic_add"):
             writes |= shared(getattr(st, kind).buffer)
+        if scratch is not None and kind in ("copy", "gemm") and scratch(st):
+            reads = writes = True
         if kind in ("store", "atomic_add", "if_then_else", "for_", "copy", "fill"):
             for e in stmt_exprs(st):
                 for sub in subexprs(e):
                     if sub.WhichOneof("kind") == "load":
                         reads |= shared(sub.load.buffer)
     return reads, writes
+
+
+_VECTOR_DTYPES = {pb.FLOAT32, pb.FLOAT16, pb.INT32}
+
+
+def vector_lanes_ok(f: pb.For, lanes: int, buffers) -> bool:
+    """Whether T.vectorized loop `f` of `lanes` constant iterations can become TVM vector
+    lanes safely. TVM widens `buf[base + v]` into one vector access without proving it
+    aligned (a misaligned vector access faults), so every element access that depends on
+    the loop var must be `base + v` in its last dim with `base` a provable multiple of the
+    lanes and rows of a whole number of vectors (static shape, or a shared tile's padded
+    stride that keeps it: the lowering checks shared tiles), 4 to 16 bytes of a float32,
+    float16 or int32 buffer, and not a fragment spread over threads; the body holds element
+    stores (under conditions) only, each to an element of its own iteration, and reads a
+    buffer it stores to only at the element it stores (the loop is serial in the Tile IR:
+    lanes must not see each other's writes). Anything else runs as an unrolled loop."""
+    from tiled.compiler.backends.cuda_layout import element_accesses, expr_vars, stores
+
+    if lanes not in (2, 4, 8, 16):
+        return False
+    for st in walk(f.body):
+        kind = st.WhichOneof("kind")
+        if kind not in ("seq", "store", "if_then_else"):
+            return False
+    v = f.var
+    stored = {}
+    for bid, idx in stores(f.body):
+        if v not in expr_vars(idx) or stored.setdefault(bid, idx) != idx:
+            return False
+    for bid, idx in element_accesses(f.body):
+        if bid in stored and idx != stored[bid]:
+            return False
+        if not idx or v not in expr_vars(idx):
+            continue
+        b = buffers[bid]
+        if b.dtype not in _VECTOR_DTYPES or lanes * dtypes.nbytes(b.dtype) not in (4, 8, 16):
+            return False
+        if b.scope == pb.FRAGMENT or v in expr_vars(idx[:-1]):
+            return False
+        last = idx[-1]
+        if last.WhichOneof("kind") == "var" and last.var == v:
+            base = None
+        elif last.WhichOneof("kind") == "binary" and last.binary.op == pb.ADD:
+            a, c = last.binary.a, last.binary.b
+            if a.WhichOneof("kind") == "var" and a.var == v:
+                base = c
+            elif c.WhichOneof("kind") == "var" and c.var == v:
+                base = a
+            else:
+                return False
+            if v in expr_vars([base]) or not multiple_of(base, lanes):
+                return False
+        else:
+            return False
+        if b.scope != pb.SHARED and len(b.shape) > 1 and (
+                b.shape[-1].WhichOneof("kind") != "size" or b.shape[-1].size % lanes):
+            return False
+    return True

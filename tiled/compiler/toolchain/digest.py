@@ -36,7 +36,8 @@ IR_FILES = ("tiled/ir/canonical.py", "tiled/ir/verifier.py", "tiled/ir/verify_ar
             "tiled/ir/verify_limits.py", "tiled/ir/verify_params.py", "tiled/ir/verify_tiles.py",
             "tiled/ir/verify_ws.py", "tiled/ir/intervals.py", "tiled/ir/ops.py",
             "tiled/ir/dtypes.py")
-CUDA_TOOLKIT_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp")
+CUDA_TOOLKIT_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp",
+                        "cuda_fp8.h", "cuda_fp8.hpp")
 
 _memo: dict[tuple, tuple[dict[str, Any], str]] = {}
 

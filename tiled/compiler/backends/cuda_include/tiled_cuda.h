@@ -15,6 +15,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #ifdef __CUDACC_RTC__
 // NVRTC has no C library headers; libcu++ ships the fixed-width integer types.
 #include <cuda/std/cstdint>
@@ -331,6 +332,81 @@ __device__ __forceinline__ void gemm_ss(const T* A, const T* B, float* acc) {
 }
 
 // ---------------------------------------------------------------------------
+// 2b. Tensor-core GEMM with A in registers (mma.sync m16n8k16, B via ldmatrix)
+// ---------------------------------------------------------------------------
+//
+// A is a fragment in the accumulator layout of acc_coord<M, K, WARPS, 1> (one
+// warp column: warp w holds rows w*M/WARPS .. of all K columns), 16-bit.  In
+// that layout the 4 values of two adjacent n8 tiles (2ks, 2ks+1) of one m16
+// tile are exactly the m16k16 A operand of k step ks:
+//   a0 = A[g][2t..2t+1]     = tile 2ks,   r 0,1      a1 = A[g+8][2t..]   = tile 2ks,   r 2,3
+//   a2 = A[g][2t+8..2t+9]   = tile 2ks+1, r 0,1      a3 = A[g+8][2t+8..] = tile 2ks+1, r 2,3
+// so the cast copy of an accumulator (FlashAttention's P = softmax(S)) feeds
+// the next mma without a trip through shared memory.
+
+namespace detail {
+
+// Index into the A fragment of the low element of register j (0..3) of the
+// A operand for m tile mt, k step ks; the high element follows it.
+template <int K>
+__host__ __device__ __forceinline__ int gemm_rs_a_index(int mt, int ks, int j) {
+  return ((mt * (K / 8) + 2 * ks + (j >> 1)) * 4) + 2 * (j & 1);
+}
+
+__device__ __forceinline__ uint32_t pack2(half lo, half hi) {
+  return static_cast<uint32_t>(__half_as_ushort(lo)) |
+         (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
+}
+__device__ __forceinline__ uint32_t pack2(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+}
+
+}  // namespace detail
+
+// acc += A @ op(B), A (M x K) in registers as described above, B in shared
+// memory as for gemm_ss (!TRANS_B: B[k*LDB + n]; TRANS_B: B[n*LDB + k]);
+// acc in the layout acc_coord<M, N, WARPS, 1>.  Threads TID_BASE ..
+// TID_BASE + 32*WARPS - 1 call it together; no barrier inside.
+template <typename T, int M, int N, int K, int WARPS, bool TRANS_B, int LDB, int TID_BASE = 0>
+__device__ __forceinline__ void gemm_rs(const T* a, const T* B, float* acc) {
+  static_assert(detail::mma_dtype_ok<T>::value, "gemm_rs: T must be half or __nv_bfloat16");
+  static_assert(M % (16 * WARPS) == 0, "gemm_rs: M must be a multiple of 16*WARPS");
+  static_assert(N % 8 == 0 && K % 16 == 0, "gemm_rs: N must be a multiple of 8, K of 16");
+  static_assert(LDB % 8 == 0 && LDB >= (TRANS_B ? K : N), "gemm_rs: bad LDB");
+  constexpr int MT = M / WARPS / 16, NT = N / 8;
+  const int lane = (static_cast<int>(threadIdx.x) - TID_BASE) & 31;
+
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    uint32_t bf[NT][2];
+#pragma unroll
+    for (int nt = 0; nt + 1 < NT; nt += 2) {
+      detail::ldsm_x4<!TRANS_B>(bf[nt][0], bf[nt][1], bf[nt + 1][0], bf[nt + 1][1],
+                                B + detail::gemm_b_addr<N, K, 1, TRANS_B, LDB, true>(0, lane, ks, nt));
+    }
+    if constexpr (NT % 2 == 1) {
+      detail::ldsm_x2<!TRANS_B>(
+          bf[NT - 1][0], bf[NT - 1][1],
+          B + detail::gemm_b_addr<N, K, 1, TRANS_B, LDB, false>(0, lane, ks, NT - 1));
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      uint32_t af[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = detail::gemm_rs_a_index<K>(mt, ks, j);
+        af[j] = detail::pack2(a[i], a[i + 1]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        detail::mma_16816<T>(acc + (mt * NT + nt) * 4, af, bf[nt]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // 3. SIMT GEMM fallback (any dtypes, any shape)
 // ---------------------------------------------------------------------------
 
@@ -433,6 +509,18 @@ __device__ __forceinline__ void gemm_ss_simt(const TA* A, const TB* B, TC* acc) 
   }
 }
 
+// gemm_ss_simt over operands TVM passes as bytes: float8 tiles are `unsigned char` in the
+// code TVM writes for archs without float8 instructions (below sm_89), while TA / TB name the
+// float8 type the bytes hold (__nv_fp8_e4m3 / __nv_fp8_e5m2, whose conversions cuda_fp8.h
+// emulates there).
+template <typename TA, typename TB, typename TC, int M, int N, int K, int THREADS, bool TRANS_A,
+          bool TRANS_B, int LDA, int LDB, int TID_BASE = 0>
+__device__ __forceinline__ void gemm_ss_simt_bytes(const void* A, const void* B, TC* acc) {
+  static_assert(sizeof(TA) == 1 && sizeof(TB) == 1, "gemm_ss_simt_bytes: 8-bit operands only");
+  gemm_ss_simt<TA, TB, TC, M, N, K, THREADS, TRANS_A, TRANS_B, LDA, LDB, TID_BASE>(
+      static_cast<const TA*>(A), static_cast<const TB*>(B), acc);
+}
+
 // ---------------------------------------------------------------------------
 // 4. Warp helpers
 // ---------------------------------------------------------------------------
@@ -483,3 +571,5 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 }  // namespace tiled
+
+#include "tiled_atomic.h"

@@ -1,0 +1,152 @@
+"""T.copy with a fragment on one side or both, for the CUDA lowering (cuda_lower.py).
+
+A fragment's elements live in the threads its layout names (cuda_layout.py), so such a copy
+is a loop over each thread's slots of the fragment side, with the dtype cast of the
+destination:
+
+- fragment -> fragment of one layout, both whole (`T.copy(acc_s, acc_s_cast)`,
+  `T.copy(scores_max, scores_max_prev)`; layout inference gives them one layout): slot to
+  slot, in registers;
+- from a replicated fragment: every thread holds the source, so it reads it where it needs;
+- fragment -> fragment otherwise (other layouts, parts of tiles): the source's threads write
+  the elements to the shared scratch area, a barrier, the destination's threads read them;
+- fragment <-> shared / global / local: each thread moves the elements it holds, the
+  fragment's region (a part of the tile or all of it) selecting the slots. Global elements
+  past the tensor's end read as 0 and are not written, as for every T.copy.
+
+Functions take the lowering (`low`: a CudaLowering) and emit TIR through its IR builder.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from tiled.compiler.backends.cuda_layout import ReplicatedLayout, ravel, unravel, whole_region
+from tiled.compiler.backends.cuda_plan import and_all
+from tiled.ir import dtypes
+from tiled.v1 import tile_ir_pb2 as pb
+
+
+def tile_shape(region: pb.Region) -> list[int]:
+    """The squeezed shape of a copy region (its extents other than 1)."""
+    return [e for e in region.extents if e != 1] or [1]
+
+
+def _spread(low, bid: int) -> bool:
+    """Whether fragment `bid` is split over threads (not every thread holds all of it)."""
+    return not isinstance(low.layouts[bid], ReplicatedLayout)
+
+
+def copy_uses_scratch(low, c: pb.Copy) -> bool:
+    """Whether copy `c` moves its elements through the shared scratch area."""
+    src, dst = low.buffers[c.src.buffer], low.buffers[c.dst.buffer]
+    if src.scope != pb.FRAGMENT or dst.scope != pb.FRAGMENT or not _spread(low, src.id):
+        return False
+    return not same_slots(low, c)
+
+
+def copy_scratch_bytes(low, c: pb.Copy) -> int:
+    if not copy_uses_scratch(low, c):
+        return 0
+    src = low.buffers[c.src.buffer]
+    return math.prod(tile_shape(c.src)) * dtypes.nbytes(src.dtype)
+
+
+def same_slots(low, c: pb.Copy) -> bool:
+    """A copy between whole fragments of one layout: slot i of the source is slot i of the
+    destination in every thread."""
+    src, dst = low.buffers[c.src.buffer], low.buffers[c.dst.buffer]
+    return src.scope == dst.scope == pb.FRAGMENT and \
+        low.layouts[src.id] == low.layouts[dst.id] and \
+        whole_region(c.src, src) and whole_region(c.dst, dst)
+
+
+def for_fragment_slots(low, bid: int, region: pb.Region, body) -> None:
+    """Calls body(tile coords, slot) for each slot of the calling thread that holds an
+    element of `region` of fragment `bid` (tile coords: squeezed, relative to the region),
+    under the condition that the slot holds such an element."""
+    lay = low.layouts[bid]
+    shape = [d.size for d in low.buffers[bid].shape]
+    with low.loop(lay.local_size) as idx:
+        coords, valid = lay.coords(low.tx, idx)
+        conds, tile = [valid], []
+        for x, off, ext, dim in zip(coords, region.offsets, region.extents, shape, strict=True):
+            if ext == dim:  # the whole dim (an in-bounds region starts at 0 then)
+                t = x
+            else:
+                o = low.expr(off)
+                t = x - o
+                conds += [x >= o, x < o + ext]
+            if ext != 1:
+                tile.append(t)
+        with low.maybe_if(and_all(conds)):
+            body(tile, idx)
+
+
+def _store_slot(low, bid: int, idx, value) -> None:
+    buf = low.tir[bid]
+    T.buffer_store(buf, value if str(value.ty) == buf.dtype else tirx.Cast(buf.dtype, value),
+                   [idx])
+
+
+def _read(low, region: pb.Region, tile: list):
+    """The element of `region` at squeezed tile coords (0 past a global tensor's end)."""
+    idx, conds = low.region_index(region, tile)
+    value = low.load(region.buffer, idx)
+    ok = and_all(conds)
+    return value if ok is None else tirx.if_then_else(ok, value,
+                                                        tirx.const(0, str(value.ty)))
+
+
+def lower_fragment_copy(low, c: pb.Copy) -> None:
+    """A T.copy with a fragment on one side or both (module docstring)."""
+    src, dst = low.buffers[c.src.buffer], low.buffers[c.dst.buffer]
+    if dst.scope == pb.FRAGMENT:
+        if same_slots(low, c):
+            with low.loop(low.layouts[dst.id].local_size) as idx:
+                _store_slot(low, dst.id, idx, low.tir[src.id][idx])
+            return
+        if src.scope == pb.FRAGMENT and _spread(low, src.id):
+            return _through_scratch(low, c)
+        for_fragment_slots(low, dst.id, c.dst,
+                           lambda tile, idx: _store_slot(low, dst.id, idx, _read(low, c.src, tile)))
+        return
+    if _spread(low, src.id):
+        def put(tile, idx):
+            dst_idx, conds = low.region_index(c.dst, tile)
+            with low.maybe_if(and_all(conds)):
+                low.store(dst.id, low.tir[src.id][idx], dst_idx)
+
+        return for_fragment_slots(low, src.id, c.src, put)
+    # A replicated source: the threads share the elements out.
+    shape = tile_shape(c.src)
+    numel = math.prod(shape)
+    with low.loop(-(-numel // low.threads)) as it:
+        flat = it * low.threads + low.tx
+        tile = unravel(flat, shape) if any(e != 1 for e in c.src.extents) else []
+        with low.maybe_if(None if numel % low.threads == 0 else flat < numel):
+            dst_idx, conds = low.region_index(c.dst, tile)
+            with low.maybe_if(and_all(conds)):
+                low.store(dst.id, _read(low, c.src, tile), dst_idx)
+
+
+def _through_scratch(low, c: pb.Copy) -> None:
+    """Fragment to fragment of another layout: out to shared memory by the source's layout,
+    back in by the destination's."""
+    src = low.buffers[c.src.buffer]
+    shape = tile_shape(c.src)
+    scratch = low.scratch(dtypes.canonical_name(src.dtype), math.prod(shape))
+
+    def out(tile, idx):
+        T.buffer_store(scratch, low.tir[src.id][idx], [ravel(tile or [0], shape)])
+
+    def back(tile, idx):
+        _store_slot(low, c.dst.buffer, idx, scratch[ravel(tile or [0], shape)])
+
+    low.sync.before(False, True)
+    for_fragment_slots(low, src.id, c.src, out)
+    low.sync.before(True, False)
+    for_fragment_slots(low, c.dst.buffer, c.dst, back)

@@ -1,0 +1,122 @@
+"""T.reduce_* on the CUDA lowering (cuda_lower.py): sum, max, min and absmax (max of |x|,
+whose identity is 0) along one dim of a shared or fragment tile into a fragment.
+
+- Into a rows layout (cuda_layout.ROWS_LAYOUTS: the row reduction of an accumulator whose
+  rows each live in a quad of lanes): each thread combines the elements of its rows (a
+  balanced tree), then the quad exchanges partials with two xor shuffles; no shared memory.
+- From a replicated fragment (or a local tile): every thread reduces its own copy.
+- Otherwise through the shared scratch area: a spread fragment is written out by its layout,
+  one thread per output element combines along the dim, and every thread reads the results
+  (the destination is replicated).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from tiled.compiler.backends.cuda_layout import ROWS_LAYOUTS, ReplicatedLayout, ravel, unravel
+from tiled.compiler.tir import saturating_abs
+from tiled.ir import dtypes
+from tiled.v1 import tile_ir_pb2 as pb
+
+IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
+            pb.REDUCE_MAX: lambda dt: tirx.min_value(dt),
+            pb.REDUCE_MIN: lambda dt: tirx.max_value(dt),
+            pb.REDUCE_ABSMAX: lambda dt: tirx.const(0, dt)}
+COMBINE = {pb.REDUCE_SUM: lambda a, b: a + b, pb.REDUCE_MAX: tirx.Max, pb.REDUCE_MIN: tirx.Min,
+           pb.REDUCE_ABSMAX: tirx.Max}
+
+
+def _element(kind: int, v):
+    """What an element contributes: |x| for absmax, x itself otherwise."""
+    return saturating_abs(v) if kind == pb.REDUCE_ABSMAX else v
+
+
+def reduce_scratch_bytes(low, r: pb.Reduce) -> int:
+    """Shared scratch bytes reduction `r` needs (0 when it needs none)."""
+    src, dst = low.buffers[r.src], low.buffers[r.dst]
+    if isinstance(low.layouts.get(src.id), ReplicatedLayout) or \
+            isinstance(low.layouts.get(dst.id), ROWS_LAYOUTS):
+        return 0
+    n = math.prod(d.size for d in src.shape) + math.prod(d.size for d in dst.shape)
+    return n * max(4, dtypes.nbytes(dst.dtype))
+
+
+def lower_reduce(low, r: pb.Reduce) -> None:
+    src_b = low.buffers[r.src]
+    shape = [d.size for d in src_b.shape]
+    keep = [d for i, d in enumerate(shape) if i != r.dim]
+    n_out, depth = math.prod(keep), shape[r.dim]
+    dst = low.tir[r.dst]
+    acc_dt = dst.dtype
+    src_lay = low.layouts.get(r.src)
+    combine = COMBINE[r.kind]
+
+    if isinstance(low.layouts.get(r.dst), ROWS_LAYOUTS):
+        return reduce_rows(low, r)
+
+    def src_index(o, k):
+        coords = unravel(o, keep) if keep else []
+        coords.insert(r.dim, k)
+        return coords
+
+    if (src_b.scope == pb.FRAGMENT and not isinstance(src_lay, ReplicatedLayout)) or \
+            src_b.scope == pb.SHARED:
+        low.sync.before(True, True)
+        scratch = low.scratch(acc_dt, n_out * depth + n_out)
+        if src_b.scope == pb.FRAGMENT:
+            with low.loop(src_lay.local_size) as idx:
+                coords, valid = src_lay.coords(low.tx, idx)
+                with low.maybe_if(valid):
+                    T.buffer_store(scratch, tirx.Cast(acc_dt, low.tir[r.src][idx]),
+                                   [ravel(coords, shape)])
+            low.sync.sync()
+            read = lambda o, k: scratch[ravel(src_index(o, k), shape)]  # noqa: E731
+        else:
+            read = lambda o, k: tirx.Cast(acc_dt, low.load(r.src, src_index(o, k)))  # noqa: E731
+        with low.loop(-(-n_out // low.threads)) as it:
+            o = it * low.threads + low.tx
+            with low.maybe_if(None if n_out % low.threads == 0 else o < n_out):
+                tmp = T.alloc_buffer((1,), acc_dt, scope="local")
+                T.buffer_store(tmp, IDENTITY[r.kind](acc_dt), [0])
+                with T.serial(0, depth) as k:
+                    T.buffer_store(tmp, combine(tmp[0], _element(r.kind, read(o, k))), [0])
+                T.buffer_store(scratch, tmp[0], [n_out * depth + o])
+        low.sync.sync()
+        with low.loop(n_out) as o:
+            v = scratch[n_out * depth + o]
+            T.buffer_store(dst, v if r.clear else combine(dst[o], v), [o])
+        low.sync.pending_read = True
+        return
+    # Replicated (or local) source: every thread reduces on its own copy.
+    with low.loop(n_out) as o:
+        tmp = T.alloc_buffer((1,), acc_dt, scope="local")
+        T.buffer_store(tmp, IDENTITY[r.kind](acc_dt) if r.clear else dst[o], [0])
+        with T.serial(0, depth) as k:
+            v = low.tir[r.src][ravel(src_index(o, k), shape)]
+            T.buffer_store(tmp, combine(tmp[0], _element(r.kind, tirx.Cast(acc_dt, v))), [0])
+        T.buffer_store(dst, tmp[0], [o])
+
+
+def reduce_rows(low, r: pb.Reduce) -> None:
+    """A row reduction into a rows layout: each thread combines the elements of its rows
+    it holds (a balanced tree), then the quad holding each row exchanges partials."""
+    src, dst = low.tir[r.src], low.tir[r.dst]
+    lay, rows = low.layouts[r.src], low.layouts[r.dst]
+    combine, dt = COMBINE[r.kind], dst.dtype
+    for slot in range(rows.local_size):
+        vals = [_element(r.kind, tirx.Cast(dt, src[i]) if src.dtype != dt else src[i])
+                for i in lay.row_members(slot)]
+        while len(vals) > 1:
+            vals = [combine(vals[j], vals[j + 1]) if j + 1 < len(vals) else vals[j]
+                    for j in range(0, len(vals), 2)]
+        part = T.alloc_buffer((1,), dt, scope="local")
+        T.buffer_store(part, vals[0], [0])
+        for mask in rows.QUAD_MASKS:
+            other = T.call_extern(dt, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"),
+                                  part[0], mask)
+            T.buffer_store(part, combine(part[0], other), [0])
+        T.buffer_store(dst, part[0] if r.clear else combine(dst[slot], part[0]), [slot])

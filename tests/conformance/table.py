@@ -52,7 +52,11 @@ def _speed(name: str, row: dict | None) -> str:
         return "not timed"
     unit, rate = big["unit"], big["rate"]
     return (f"{big['ratio']:.2g}x {REFERENCE.get(name, 'torch')} "
-            f"({rate['tiled']:.0f} vs {rate['torch']:.0f} {unit})")
+            f"({_num(rate['tiled'])} vs {_num(rate['torch'])} {unit})")
+
+
+def _num(x: float) -> str:
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def table(run: dict) -> str:

@@ -2,15 +2,17 @@
 
 C is a fragment in the layout inference chose (cuda_layout.py): `MmaLayout` when A and B are
 16-bit and C float32 (mma.sync m16n8k16 through tiled_cuda.h), else the cyclic layout of the
-SIMT gemm (float8 operands among them, converted per element until issue 12's wgmma path).
-The operands:
+SIMT gemm. The operands:
 
 - shared tiles are read in place (`gemm_ss`: ldmatrix);
 - a fragment A in mma.sync's A-operand layout (`cuda_layout.a_operand_layout`: C's warps,
   one warp column; the layout of the cast copy of a previous accumulator with the same
   warps, FlashAttention's P) is read from registers (`gemm_rs`), no shared memory touched;
 - any other fragment operand is staged: its threads write it to the shared scratch area
-  (row-major, rows padded like a gemm tile), a barrier, and the gemm reads it from there.
+  (row-major, rows padded like a gemm tile), a barrier, and the gemm reads it from there;
+- float8 shared tiles (both operands float8, C float32) are converted to half into the
+  scratch area (exact), then read by the half mma.sync gemm: the generic path's float8 gemm,
+  until issue 12's wgmma one.
 """
 
 from __future__ import annotations
@@ -50,13 +52,56 @@ def _stage_stride(buf: pb.Buffer) -> int:
     return cols + 8 if dtypes.nbytes(buf.dtype) == 2 else cols  # as the pool pads gemm tiles
 
 
+def converted(low, g: pb.Gemm) -> list[str]:
+    """The roles of the float8 shared operands an mma.sync gemm reads converted to half (in
+    the scratch area); none for the SIMT gemm."""
+    if not isinstance(low.layouts.get(g.c), MmaLayout):
+        return []
+    return [role for role in ("a", "b")
+            if dtypes.canonical_name(low.buffers[getattr(g, role)].dtype).startswith("float8")]
+
+
+def _converted_shape(buf: pb.Buffer) -> tuple[int, int]:
+    """(rows, padded half stride) of a float8 operand's tile (its last two dims)."""
+    cols = buf.shape[-1].size
+    return buf.shape[-2].size, cols + 8
+
+
 def stage_bytes(low, g: pb.Gemm) -> int:
-    """Shared scratch bytes the gemm's staged operands take (0 when none is staged)."""
+    """Shared scratch bytes the gemm's staged and converted operands take (0 when none)."""
     total = 0
     for role in staged_operands(low, g):
         b = low.buffers[getattr(g, role)]
         total = align_up(total) + b.shape[0].size * _stage_stride(b) * dtypes.nbytes(b.dtype)
+    for role in converted(low, g):
+        rows, stride = _converted_shape(low.buffers[getattr(g, role)])
+        total = align_up(total) + rows * stride * 2
     return total
+
+
+def _convert(low, g: pb.Gemm, roles: list[str]) -> dict:
+    """Writes each float8 operand of `roles` as half into the scratch area; returns role ->
+    (pointer, leading dimension) of the half tile."""
+    low.sync.before(True, True)  # reads the float8 tiles (a copy's), writes the scratch area
+    out, offset = {}, 0
+    base = f", {low.tid_base}" if low.tid_base else ""
+    for role in roles:
+        bid = getattr(g, role)
+        buf = low.buffers[bid]
+        rows, stride = _converted_shape(buf)
+        offset = align_up(offset)
+        tile = low.scratch("float16", rows * stride, offset, shape=(rows, stride))
+        index = [low.expr(i) for i in (g.a_index if role == "a" else g.b_index)]
+        src = low.addr(bid, index + [tirx.const(0, "int32")] * 2)
+        fp8 = CTYPE[dtypes.canonical_name(buf.dtype)]
+        T.evaluate(T.call_extern(
+            "void", f"tiled::fp8_tile_to_half<{fp8}, {rows}, {buf.shape[-1].size}, "
+            f"{low.shared[bid].stride}, {stride}, {low.threads}{base}>",
+            src, T.address_of(tile[0, 0])))
+        out[role] = (T.address_of(tile[0, 0]), stride)
+        offset += rows * stride * 2
+    low.sync.before(True, False)  # the gemm reads the half tiles
+    return out
 
 
 def _stage(low, bid: int, offset: int):
@@ -99,6 +144,9 @@ def lower_gemm(low, g: pb.Gemm, s: pb.Stmt) -> None:
         low.sync.before(True, False)  # the gemm reads the staged tiles (and B)
     else:
         low.uniform_stmt(s)
+    halves = converted(low, g)
+    if halves:
+        operand.update(_convert(low, g, halves))
     lay = low.layouts[g.c]
     acc = low.tir[g.c]
     if g.clear_accum:
@@ -123,7 +171,8 @@ def lower_gemm(low, g: pb.Gemm, s: pb.Stmt) -> None:
         return
     (pa, lda), (pb_, ldb) = operand["a"], operand["b"]
     if isinstance(lay, MmaLayout):
-        name = (f"tiled::gemm_ss<{CTYPE[dtypes.canonical_name(a.dtype)]}, {M}, {N}, {K}, "
+        ct = "half" if halves else CTYPE[dtypes.canonical_name(a.dtype)]
+        name = (f"tiled::gemm_ss<{ct}, {M}, {N}, {K}, "
                 f"{lay.warp_m}, {lay.warp_n}, {ta}, {tb}, {lda}, {ldb}{base}>")
     else:
         ct = [CTYPE.get(dtypes.canonical_name(x.dtype)) for x in (a, b, c)]

@@ -218,9 +218,13 @@ def choose_warps(M: int, N: int, threads: int, policy: int = pb.POLICY_SQUARE
 
 def mma_eligible(a: pb.Buffer, b: pb.Buffer, c: pb.Buffer) -> bool:
     ab = {dtypes.canonical_name(a.dtype), dtypes.canonical_name(b.dtype)}
+    if dtypes.canonical_name(c.dtype) != "float32":
+        return False
+    # float8 tiles in shared memory are converted to half first (cuda_gemm.converted).
+    if ab <= {"float8_e4m3", "float8_e5m2"}:
+        return a.scope == b.scope == pb.SHARED
     # A fragment operand is read from registers or staged through shared memory (cuda_gemm).
     return (len(ab) == 1 and ab <= {"float16", "bfloat16"}
-            and dtypes.canonical_name(c.dtype) == "float32"
             and {a.scope, b.scope} <= {pb.SHARED, pb.FRAGMENT})
 
 

@@ -24,7 +24,12 @@ from tiled.compiler.backends.cuda_copy import (
     copy_uses_scratch,
     lower_fragment_copy,
 )
-from tiled.compiler.backends.cuda_gemm import lower_gemm, stage_bytes, staged_operands
+from tiled.compiler.backends.cuda_gemm import (
+    converted,
+    lower_gemm,
+    stage_bytes,
+    staged_operands,
+)
 from tiled.compiler.backends.cuda_layout import (
     ROWS_LAYOUTS,
     MmaLayout,
@@ -227,7 +232,7 @@ class CudaLowering(ExprLowering):
         if kind == "copy":
             return copy_uses_scratch(self, st.copy)
         if kind == "gemm":
-            return bool(staged_operands(self, st.gemm))
+            return bool(staged_operands(self, st.gemm) or converted(self, st.gemm))
         if kind == "scan":
             return scan_uses_scratch(self, st.scan)
         return False

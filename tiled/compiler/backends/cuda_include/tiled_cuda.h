@@ -469,6 +469,25 @@ __device__ __forceinline__ T op_min(T a, T b) { return b < a ? b : a; }
 
 }  // namespace detail
 
+// dst = src as half: a ROWS x COLS tile of 8-bit floats (FP8: __nv_fp8_e4m3 or
+// __nv_fp8_e5m2, passed as its bytes; row stride LDS) into half (row stride LDD), spread over
+// THREADS threads counted from TID_BASE. Exact: every e4m3 and e5m2 value is a half. How the
+// generic path feeds float8 tiles to gemm_ss (mma.sync has no float8 form before sm_89, and
+// wgmma's is issue 12's). No barrier inside.
+template <typename FP8, int ROWS, int COLS, int LDS, int LDD, int THREADS, int TID_BASE = 0>
+__device__ __forceinline__ void fp8_tile_to_half(const void* src, half* dst) {
+  static_assert(sizeof(FP8) == 1, "fp8_tile_to_half: FP8 must be an 8-bit float");
+  const unsigned char* s = static_cast<const unsigned char*>(src);
+  const int t = static_cast<int>(threadIdx.x) - TID_BASE;
+#pragma unroll 4
+  for (int e = t; e < ROWS * COLS; e += THREADS) {
+    const int r = e / COLS, c = e % COLS;
+    FP8 v;
+    v.__x = s[r * LDS + c];
+    dst[r * LDD + c] = __float2half(static_cast<float>(v));
+  }
+}
+
 // Number of accumulators per thread for gemm_ss_simt: ceil(M*N / THREADS).
 template <int M, int N, int THREADS>
 __host__ __device__ constexpr int simt_acc_size() {

@@ -5,12 +5,20 @@ from tiled.lang.annotations import (
     FragmentBuffer,
     LocalBuffer,
     SharedBuffer,
+    bfloat16,
+    bool_,
     dtype,
     dynamic,
     float8_e4m3,
     float8_e4m3fn,
     float8_e5m2,
+    float16,
+    float32,
+    float64,
+    int8,
     int16,
+    int32,
+    int64,
     symbolic,
     uint8,
     uint16,
@@ -85,15 +93,6 @@ from tiled.lang.tileops import (
     reduce_min,
     reduce_sum,
 )
-
-bool_ = Scalar("bool")
-int8 = Scalar("int8")
-int32 = Scalar("int32")
-int64 = Scalar("int64")
-float16 = Scalar("float16")
-bfloat16 = Scalar("bfloat16")
-float32 = Scalar("float32")
-float64 = Scalar("float64")
 
 __all__ = [
     "Else", "If", "Kernel", "KernelFunction", "Parallel", "Pipelined", "Scalar", "Tensor", "abs",

@@ -154,6 +154,14 @@ def dynamic(name: str, dtype="int32") -> Dim:
 symbolic = dynamic
 
 dtype = Scalar
+bool_ = Scalar("bool")
+int8 = Scalar("int8")
+int32 = Scalar("int32")
+int64 = Scalar("int64")
+float16 = Scalar("float16")
+bfloat16 = Scalar("bfloat16")
+float32 = Scalar("float32")
+float64 = Scalar("float64")
 uint8 = Scalar("uint8")
 uint16 = Scalar("uint16")
 uint32 = Scalar("uint32")

@@ -113,3 +113,17 @@ def test_python_operands_keep_their_short_circuit():
     g = rewrite_function(f)
     assert g(False) == f(False) and g(True) == f(True)
     assert calls == ["or", "else"] * 2 + ["and", "then"] * 2  # g, then f, each time
+
+
+def test_clamp_limits_to_the_range_on_cpu():
+    @tiled.kernel
+    def k(X: T.Tensor((64,), "float32"), Y: T.Tensor((64,), "float32")):
+        with T.Kernel(1, threads=64):
+            for i in T.Parallel(64):
+                Y[i] = T.clamp(X[i], -1.0, 0.5)
+
+    x = np.linspace(-3, 3, 64).astype(np.float32)
+    y = np.zeros(64, np.float32)
+    tiled.compile(k, "cpu")(x, y)
+    np.testing.assert_array_equal(y, np.clip(x, -1.0, 0.5))
+    assert T.clamp(7, 0, 5) == 5  # on Python numbers, Python's

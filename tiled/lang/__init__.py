@@ -56,6 +56,7 @@ from tiled.lang.math import (
     any_of,
     ceil,
     ceildiv,
+    clamp,
     cos,
     erf,
     exp,
@@ -105,8 +106,8 @@ __all__ = [
     "unroll", "ws",
     # layout hints, vectorized loops, absmax / cumsum / atomic max-min, dtype extremes
     "Fragment", "GemmWarpPolicy", "Layout", "Vectorized", "annotate_layout", "atomic_max",
-    "atomic_min", "cumsum", "make_swizzled_layout", "max_value", "min_value", "reduce_absmax",
-    "use_swizzle", "vectorized",
+    "atomic_min", "clamp", "cumsum", "make_swizzled_layout", "max_value", "min_value",
+    "reduce_absmax", "use_swizzle", "vectorized",
     # TileLang's surface: macros, tile annotations, variables, more dtypes
     "Buffer", "FragmentBuffer", "LocalBuffer", "Macro", "SharedBuffer", "alloc_var", "dtype",
     "dynamic", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "int16", "macro", "prim_func",

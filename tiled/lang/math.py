@@ -56,6 +56,14 @@ def min(a, b):
     return binary(pb.MIN, a, b)
 
 
+def clamp(x, lo, hi):
+    """x limited to [lo, hi]: min(max(x, lo), hi) (TileLang's T.clamp).
+
+    >>> y[i] = T.clamp(x[i], -448.0, 448.0)
+    """
+    return min(max(x, lo), hi)
+
+
 def ceildiv(a, b):
     """ceil(a / b) for non-negative ints; exact on Python ints. `T.ceildiv(M, 128)`"""
     if not _is_traced(a) and not _is_traced(b):
@@ -141,6 +149,6 @@ def any_of(*conds):
     return out
 
 
-__all__ = ["abs", "all_of", "any_of", "cast", "ceil", "ceildiv", "cos", "erf", "exp", "exp2",
-           "floor", "if_then_else", "infinity", "log", "log2", "max", "max_value", "min",
+__all__ = ["abs", "all_of", "any_of", "cast", "ceil", "ceildiv", "clamp", "cos", "erf", "exp",
+           "exp2", "floor", "if_then_else", "infinity", "log", "log2", "max", "max_value", "min",
            "min_value", "rsqrt", "sigmoid", "sin", "sqrt", "tanh"]

@@ -9,10 +9,10 @@ a kernel is compiled, not with this module: parsing a target or computing a key 
 
 from __future__ import annotations
 
-import re
 import time
 from typing import ClassVar
 
+from tiled.compiler.backends.cuda_tma import SIGNATURE, with_tensor_maps
 from tiled.compiler.registry import Artifact, Backend, Option, Target, option, register
 from tiled.compiler.toolchain.nvcc import compile_cubin
 from tiled.errors import CompileError
@@ -20,9 +20,6 @@ from tiled.ir.program import Program
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a")
 MAX_SMEM = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024}
-_SIGNATURE = re.compile(
-    r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(([^)]*)\)')
-_TMAP_PARAM = re.compile(r"void\* __restrict__ (tiled_tmap_\w+)")
 FALLBACK_SUFFIX = "_fallback"  # the variant without TMA, for launches its preconditions fail
 
 
@@ -68,29 +65,12 @@ def _register_pipeline() -> None:
     PIPELINE_MAP.setdefault("tiled_cuda", _tiled_pipeline)
 
 
-def with_tensor_maps(source: str, threads: int) -> str:
-    """The sm90 path's kernel source: each `tiled_tmap_*` handle parameter becomes a TMA
-    descriptor passed by value (`const __grid_constant__`), which the body uses through a
-    pointer of the same name; the launch bounds say one block per SM, which setmaxnreg needs.
-    Only the kernel that takes the descriptors is changed (a fallback variant beside it in the
-    source takes none and keeps its launch bounds, which count fewer threads)."""
-    source = source.replace(f"__launch_bounds__({threads})", f"__launch_bounds__({threads}, 1)")
-    names = sorted(set(_TMAP_PARAM.findall(source)))
-    body = next((m.end() + 2 for m in _SIGNATURE.finditer(source)  # the definition's brace
-                 if source.startswith(" {", m.end()) and "tiled_tmap_" in m.group(2)), None)
-    if body is None:  # no kernel reads a descriptor (TVM dropped unused parameters)
-        return source
-    pointers = "".join(f"\n  const void* {n} = &{n}_desc;" for n in names)
-    source = source[:body] + pointers + source[body:]
-    return _TMAP_PARAM.sub(r"const __grid_constant__ tiled::sm90::TensorMap \1_desc", source)
-
-
 def kernel_args(source: str, program: Program, tensor_maps: dict[str, dict] | None = None,
                 symbol: str | None = None) -> tuple[str, list[dict]]:
     """The kernel symbol and its C parameter list, mapped onto the program's parameters (and
     the TMA descriptors of the sm90 path, `tensor_maps`: parameter name -> recipe). `symbol`
     picks one kernel of a source that holds several (default: the first)."""
-    m = next((m for m in _SIGNATURE.finditer(source) if symbol in (None, m.group(1))), None)
+    m = next((m for m in SIGNATURE.finditer(source) if symbol in (None, m.group(1))), None)
     if not m:
         raise CompileError(f"generated CUDA source has no kernel signature"
                            f"{f' for {symbol}' if symbol else ''}")
@@ -156,9 +136,13 @@ class CudaBackend(Backend):
         is `low.fallback` (else None)."""
         import tvm  # here, not at import: describing the target must not load TVM
 
+        from tiled.compiler.backends.cuda_explicit import ExplicitLowering
         from tiled.compiler.backends.cuda_lower import lower_cuda
+        from tiled.ir.verify_ws import explicit_statement
 
-        mod, low = lower_cuda(program, arch, warp_specialize, cluster)
+        explicit = explicit_statement(program.proto) is not None
+        mod, low = lower_cuda(program, arch, warp_specialize, cluster,
+                              ExplicitLowering if explicit else None)
         _check_smem(low, arch)
         low.fallback = None
         if low.requires and not low.explicit:

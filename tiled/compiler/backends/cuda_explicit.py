@@ -1,6 +1,6 @@
 """The explicit sm_90a path: programs that schedule Hopper by hand with T.ws regions,
 mbarriers and TMA copies (tiled.lang.hopper), lowered by `ExplicitLowering`, a CudaLowering
-that lower_cuda picks when a program holds any of those statements (cuda:sm_90a only).
+that the cuda backend picks when a program holds any of those statements (cuda:sm_90a only).
 
 - Barriers live at the end of the dynamic shared pool (8 bytes each); thread 0 initializes
   them with their arrive counts before the body runs, then fence + __syncthreads.
@@ -34,7 +34,7 @@ from tiled.compiler.backends.cuda_layout import (
 )
 from tiled.compiler.backends.cuda_lower import CudaLowering
 from tiled.compiler.backends.cuda_plan import SyncTracker, align_up, shared_effects
-from tiled.compiler.backends.cuda_tma import tma_requirements
+from tiled.compiler.backends.cuda_tma import tma_requirements, with_tensor_maps
 from tiled.compiler.tir import loc_of
 from tiled.errors import CompileError
 from tiled.ir import dtypes
@@ -290,7 +290,5 @@ class ExplicitLowering(CudaLowering):
 def explicit_source(source: str, low: ExplicitLowering) -> str:
     """The kernel source with the explicit path's headers and its tensor-map parameters (passed
     by value, `const __grid_constant__`) and one block per SM in its launch bounds."""
-    from tiled.compiler.backends.cuda import with_tensor_maps
-
     return ('#include "tiled_cuda.h"\n#include "tiled_sm90.h"\n#include "tiled_sm90_explicit.h"\n'
             + with_tensor_maps(source, low.launch_threads))

@@ -626,18 +626,16 @@ class CudaLowering(ExprLowering):
 
 
 def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
-               cluster: int = 0) -> tuple[object, CudaLowering]:
+               cluster: int = 0, lowering: type | None = None) -> tuple[object, CudaLowering]:
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
     launch's thread count and the TMA descriptors the kernel takes (sm_90a path). `cluster`:
-    the sm_90a path's cluster size, 0 for the plan's choice (WsGemmPlan.with_cluster)."""
+    the sm_90a path's cluster size, 0 for the plan's choice (WsGemmPlan.with_cluster).
+    `lowering`: the CudaLowering class (the backend passes cuda_explicit's ExplicitLowering
+    for programs of the explicit Hopper path; this module does not import it)."""
     import tvm
 
-    from tiled.compiler.backends.cuda_explicit import ExplicitLowering
-    from tiled.ir.verify_ws import explicit_statement
-
     p = program.proto
-    cls = ExplicitLowering if explicit_statement(p) is not None else CudaLowering
-    low = cls(program, arch, warp_specialize)
+    low = (lowering or CudaLowering)(program, arch, warp_specialize)
     if low.ws is not None:
         low.ws = low.ws.with_cluster(cluster)
     low.plan()

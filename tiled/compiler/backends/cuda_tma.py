@@ -13,10 +13,17 @@ the launches that fail it (tiled.compiler.backends.cuda, the manifest's `fallbac
 from __future__ import annotations
 
 import math
+import re
 
 from tiled.compiler.manifest import dim_names
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
+
+# A kernel's definition in TVM's CUDA source (name, parameter list), and the sm90 path's
+# tensor-map handle parameters in it.
+SIGNATURE = re.compile(
+    r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(([^)]*)\)')
+_TMAP_PARAM = re.compile(r"void\* __restrict__ (tiled_tmap_\w+)")
 
 STRIDE_ALIGN = 16  # bytes: TMA's globalStrides granularity
 
@@ -50,3 +57,20 @@ def describe(requires: list) -> str:
     def text(e) -> str:
         return f"{e[0]}({text(e[1])}, {text(e[2])})" if isinstance(e, list) else str(e)
     return " and ".join(f"{text(r)} == 0" for r in requires)
+
+
+def with_tensor_maps(source: str, threads: int) -> str:
+    """The sm90 path's kernel source: each `tiled_tmap_*` handle parameter becomes a TMA
+    descriptor passed by value (`const __grid_constant__`), which the body uses through a
+    pointer of the same name; the launch bounds say one block per SM, which setmaxnreg needs.
+    Only the kernel that takes the descriptors is changed (a fallback variant beside it in the
+    source takes none and keeps its launch bounds, which count fewer threads)."""
+    source = source.replace(f"__launch_bounds__({threads})", f"__launch_bounds__({threads}, 1)")
+    names = sorted(set(_TMAP_PARAM.findall(source)))
+    body = next((m.end() + 2 for m in SIGNATURE.finditer(source)  # the definition's brace
+                 if source.startswith(" {", m.end()) and "tiled_tmap_" in m.group(2)), None)
+    if body is None:  # no kernel reads a descriptor (TVM dropped unused parameters)
+        return source
+    pointers = "".join(f"\n  const void* {n} = &{n}_desc;" for n in names)
+    source = source[:body] + pointers + source[body:]
+    return _TMAP_PARAM.sub(r"const __grid_constant__ tiled::sm90::TensorMap \1_desc", source)

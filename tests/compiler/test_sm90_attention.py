@@ -12,13 +12,9 @@ import pytest
 import tiled
 import tiled.lang as T
 from tests.compiler.test_sm90_path import sass
-from tiled.compiler.backends.cuda_layout import (
-    ReplicatedLayout,
-    WgmmaRows,
-    infer_layouts,
-    walk,
-)
+from tiled.compiler.backends.cuda_layout import ReplicatedLayout, WgmmaRows, infer_layouts
 from tiled.compiler.backends.cuda_sm90 import WgmmaLayout
+from tiled.compiler.irwalk import walk
 from tiled.ir.program import as_program
 from tiled.runtime.manifest import expr_names
 from tiled.v1 import tile_ir_pb2 as pb

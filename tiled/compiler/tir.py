@@ -56,7 +56,7 @@ _CALL: dict[int, Callable] = {
 
 
 _UNSIGNED = frozenset({pb.UINT8, pb.UINT16, pb.UINT32, pb.UINT64})
-_FP8 = frozenset(TVM_DTYPE.values())
+FP8_DTYPES = frozenset(TVM_DTYPE.values())
 _COMPARISONS = frozenset({pb.EQ, pb.NE, pb.LT, pb.LE, pb.GT, pb.GE})
 # Operators whose result is >= 0 when both operands are (FLOOR_MOD: the divisor is not 0).
 _SIGN_KEEPING = frozenset({pb.ADD, pb.MUL, pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD, pb.MIN, pb.MAX,
@@ -93,7 +93,7 @@ class ExprLowering:
         """The TIR dtype that holds values of Tile IR `dtype` (uint8 for float8 when
         `exact_fp8`)."""
         dt = tvm_dtype(dtype)
-        return "uint8" if self.exact_fp8 and dt in _FP8 else dt
+        return "uint8" if self.exact_fp8 and dt in FP8_DTYPES else dt
 
     def region_index(self, region: pb.Region, tile_coords: list) -> tuple[list, list]:
         """TIR indices of a region's element at squeezed tile coordinates (one per extent
@@ -135,7 +135,7 @@ class ExprLowering:
     def expr(self, e: pb.Expr) -> tirx.PrimExpr:
         kind = e.WhichOneof("kind")
         dt = tvm_dtype(e.dtype)
-        if kind in ("int_value", "float_value") and dt in _FP8 and self.exact_fp8:
+        if kind in ("int_value", "float_value") and dt in FP8_DTYPES and self.exact_fp8:
             return fp8.from_float32(tirx.const(float(getattr(e, kind)), "float32"), dt)
         if kind == "int_value":
             return tirx.const(bool(e.int_value) if dt == "bool" else e.int_value, dt)
@@ -147,7 +147,7 @@ class ExprLowering:
             return self.binary(e.binary, dt)
         if kind == "call":
             args = [self.expr(a) for a in e.call.args]
-            if dt in _FP8:  # fp8 has no arithmetic of its own: compute in float32
+            if dt in FP8_DTYPES:  # fp8 has no arithmetic of its own: compute in float32
                 f32 = [self.cast(a, "float32", tvm_dtype(x.dtype))
                        for a, x in zip(args, e.call.args, strict=True)]
                 return self.cast(_CALL[e.call.op](*f32), dt)
@@ -161,12 +161,11 @@ class ExprLowering:
             return self.load(e.load.buffer, [self.expr(i) for i in e.load.indices])
         raise CompileError(f"expression kind {kind} cannot be lowered")
 
-
     def cast(self, value: tirx.PrimExpr, dt: str, src: str | None = None) -> tirx.PrimExpr:
         """`value`, of TVM dtype `src` (default: its own), converted to `dt` (float8 exactly,
         as bits, when `exact_fp8`)."""
         src = src or str(value.ty)
-        if self.exact_fp8 and (dt in _FP8 or src in _FP8):
+        if self.exact_fp8 and (dt in FP8_DTYPES or src in FP8_DTYPES):
             return fp8.cast(value, dt, src)
         return value if src == dt else tirx.Cast(dt, value)
 
@@ -181,7 +180,7 @@ class ExprLowering:
         op = b.op
         a, y = self.expr(b.a), self.expr(b.b)
         operand = tvm_dtype(b.a.dtype)
-        if operand in _FP8:
+        if operand in FP8_DTYPES:
             a, y = self.cast(a, "float32", operand), self.cast(y, "float32", operand)
             if op in _COMPARISONS:
                 return _BINARY[op](a, y)
@@ -240,6 +239,13 @@ def declare_params(program: Program, lower: ExprLowering,
             # parameters (TVM wants those first).
             out[bid] = T.decl_buffer(arg.shape, "uint8", data=arg.data, align=align or 1)
     return out
+
+
+def scan_acc_dtype(dtype: int | str) -> str:
+    """The TVM dtype of T.cumsum's running sum over `dtype`, as every backend sums: float32 for
+    16- and 8-bit floats (each output rounded once), else the dtype itself."""
+    dt = tvm_dtype(dtype)
+    return "float32" if dt in ("float16", "bfloat16") or dt in FP8_DTYPES else dt
 
 
 def saturating_abs(x: tirx.PrimExpr) -> tirx.PrimExpr:

@@ -17,12 +17,14 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler.irwalk import lanes_independent, stmt_exprs, subexprs
 from tiled.compiler.tir import (
-    TVM_DTYPE,
+    FP8_DTYPES,
     ExprLowering,
     declare_params,
     loc_of,
     saturating_abs,
+    scan_acc_dtype,
     source_name,
     static_shape,
     tvm_dtype,
@@ -47,7 +49,6 @@ _ATOMIC_DTYPES = {
 }
 _ATOMIC_DTYPES[pb.ATOMIC_MIN] = _ATOMIC_DTYPES[pb.ATOMIC_MAX]
 _ATOMIC_NAME = {pb.ATOMIC_ADD: "add", pb.ATOMIC_MAX: "max", pb.ATOMIC_MIN: "min"}
-_FP8 = tuple(TVM_DTYPE.values())
 _VECTOR_LANES = 64  # the longest T.vectorized loop lowered as TVM vector lanes
 _EMULATED = (pb.BFLOAT16, pb.FLOAT8_E4M3, pb.FLOAT8_E5M2)  # floats TVM's LLVM path emulates
 
@@ -56,60 +57,12 @@ def _vectorizable(f: pb.For) -> bool:
     """Whether TVM's vectorizer may run a T.vectorized loop as vector lanes with the loop's
     serial results. TVM's vectorizer assumes no dependence between iterations, so this holds
     only for bodies of plain stores (no guards, atomics or loops; no fp8 or bfloat16, which
-    TVM legalizes per element, failing on vectors) where each store writes `buf[..., e + v]`
-    (v the loop var, e and the other indices free of it: one element per iteration), every
-    store to a buffer uses the same
-    indices, and a buffer the body stores is loaded only at those indices (an iteration reads
-    only what it writes itself). Anything else stays a serial loop."""
-    stores: dict[int, bytes] = {}
-    loads: list[pb.Load] = []
-    for st in f.body.seq.stmts if f.body.WhichOneof("kind") == "seq" else [f.body]:
-        if st.WhichOneof("kind") != "store" or _has_emulated_float(st):
-            return False
-        idx = st.store.indices
-        if not idx or not _unit_stride(idx[-1], f.var) or \
-                any(_mentions(i, f.var) for i in idx[:-1]):
-            return False
-        key = b"".join(i.SerializeToString(deterministic=True) for i in idx)
-        if stores.setdefault(st.store.buffer, key) != key:
-            return False
-        loads += _loads(st)
-    return all(ld.buffer not in stores or stores[ld.buffer] == b"".join(
-        i.SerializeToString(deterministic=True) for i in ld.indices) for ld in loads)
-
-
-def _unit_stride(e: pb.Expr, var: int) -> bool:
-    """Whether `e` is v, e' + v or v + e' (e' free of v)."""
-    if e.WhichOneof("kind") == "var":
-        return e.var == var
-    if e.WhichOneof("kind") != "binary" or e.binary.op != pb.ADD:
-        return False
-    a, b = e.binary.a, e.binary.b
-    return (a.WhichOneof("kind") == "var" and a.var == var and not _mentions(b, var)) or \
-        (b.WhichOneof("kind") == "var" and b.var == var and not _mentions(a, var))
-
-
-def _walk(msg):
-    stack = [msg]
-    while stack:
-        m = stack.pop()
-        yield m
-        for fd, value in m.ListFields():
-            if fd.message_type is not None:
-                stack.extend(value if fd.is_repeated else [value])
-
-
-def _mentions(e: pb.Expr, var: int) -> bool:
-    return any(isinstance(m, pb.Expr) and m.WhichOneof("kind") == "var" and m.var == var
-               for m in _walk(e))
-
-
-def _loads(msg) -> list:
-    return [m for m in _walk(msg) if isinstance(m, pb.Load)]
-
-
-def _has_emulated_float(msg) -> bool:
-    return any(isinstance(m, pb.Expr) and m.dtype in _EMULATED for m in _walk(msg))
+    TVM legalizes per element, failing on vectors) whose iterations touch disjoint elements
+    (irwalk.lanes_independent). Anything else stays a serial loop."""
+    body = f.body.seq.stmts if f.body.WhichOneof("kind") == "seq" else [f.body]
+    return all(st.WhichOneof("kind") == "store" and not any(
+        x.dtype in _EMULATED for e in stmt_exprs(st) for x in subexprs(e)) for st in body) \
+        and lanes_independent(f)
 
 
 @contextlib.contextmanager
@@ -270,7 +223,7 @@ class CpuLowering(ExprLowering):
         shape = static_shape(self.buffers[r.src])
         keep = [d for i, d in enumerate(shape) if i != r.dim]
         src_dt, dst_dt = self.ir_dtype(r.src), self.ir_dtype(r.dst)
-        acc = "float32" if dst_dt in _FP8 else dst_dt  # float8 reduces in float32
+        acc = "float32" if dst_dt in FP8_DTYPES else dst_dt  # float8 reduces in float32
         with loop_nest(keep or [1]) as outer:
             out_idx = outer if keep else [0]
             tmp = T.alloc_buffer((1,), acc)
@@ -284,15 +237,13 @@ class CpuLowering(ExprLowering):
                 T.buffer_store(tmp, _COMBINE[r.kind](tmp[0], self.cast(v, acc, dst_dt)), [0])
             T.buffer_store(dst, self.cast(tmp[0], dst_dt, acc), out_idx)
 
-
     def stmt_scan(self, sc, _s):
         src, dst = self.tir_buffers[sc.src], self.tir_buffers[sc.dst]
         shape = static_shape(self.buffers[sc.src])
         keep = [d for i, d in enumerate(shape) if i != sc.dim]
         n = shape[sc.dim]
         # 16- and 8-bit floats keep the running sum in float32 and round each output once.
-        dt = self.ir_dtype(sc.src)
-        acc = "float32" if dt in ("float16", "bfloat16", *_FP8) else dt
+        dt, acc = self.ir_dtype(sc.src), scan_acc_dtype(self.buffers[sc.src].dtype)
         with loop_nest(keep or [1]) as outer:
             run = T.alloc_buffer((1,), acc)
             T.buffer_store(run, tirx.const(0, acc), [0])

@@ -25,16 +25,11 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.backends.cuda_explicit_wgmma import find_wgmma, tma_panels, wgmma_gemm
-from tiled.compiler.backends.cuda_layout import (
-    infer_layouts,
-    stmt_exprs,
-    subexprs,
-    tile_op_buffers,
-    walk,
-)
+from tiled.compiler.backends.cuda_layout import infer_layouts, tile_op_buffers
 from tiled.compiler.backends.cuda_lower import CudaLowering
 from tiled.compiler.backends.cuda_plan import SyncTracker, align_up, shared_effects
 from tiled.compiler.backends.cuda_tma import tma_requirements, with_tensor_maps
+from tiled.compiler.irwalk import stmt_exprs, subexprs, walk
 from tiled.compiler.tir import loc_of
 from tiled.errors import CompileError
 from tiled.ir import dtypes

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import infer_layouts, ravel, stmt_exprs, subexprs, walk
+from tiled.compiler.backends.cuda_layout import infer_layouts, ravel
 from tiled.compiler.backends.cuda_plan import CTYPE
 from tiled.compiler.backends.cuda_sm90 import WgmmaLayout
+from tiled.compiler.irwalk import stmt_exprs, subexprs, walk
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
+from tiled.compiler.irwalk import element_accesses, stmt_exprs, stores, subexprs, walk
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
@@ -251,11 +252,6 @@ def tile_op_buffers(st: pb.Stmt) -> set[int]:
     return set()
 
 
-def expr_vars(exprs) -> set[int]:
-    """The ids of the variables `exprs` use."""
-    return {x.var for e in exprs for x in subexprs(e) if x.WhichOneof("kind") == "var"}
-
-
 _FOLD = {pb.ADD: lambda a, b: a + b, pb.SUB: lambda a, b: a - b, pb.MUL: lambda a, b: a * b,
          pb.FLOOR_DIV: lambda a, b: a // b if b else None,
          pb.FLOOR_MOD: lambda a, b: a % b if b else None, pb.MIN: min, pb.MAX: max}
@@ -274,60 +270,6 @@ def const_int(e: pb.Expr) -> int | None:
     return None
 
 
-def walk(s: pb.Stmt):
-    """`s` and every statement nested in it, in program order."""
-    yield s
-    kind = s.WhichOneof("kind")
-    if kind == "seq":
-        for x in s.seq.stmts:
-            yield from walk(x)
-    elif kind == "for_":
-        yield from walk(s.for_.body)
-    elif kind == "if_then_else":
-        yield from walk(s.if_then_else.then_body)
-        if s.if_then_else.HasField("else_body"):
-            yield from walk(s.if_then_else.else_body)
-
-
-def stmt_exprs(s: pb.Stmt):
-    """Expressions directly in statement `s` (not in nested statements)."""
-    kind = s.WhichOneof("kind")
-    node = getattr(s, kind)
-    if kind == "store" or kind == "atomic_add":
-        yield from node.indices
-        yield node.value
-    elif kind == "if_then_else":
-        yield node.cond
-    elif kind == "for_":
-        yield node.extent
-    elif kind in ("copy",):
-        yield from node.src.offsets
-        yield from node.dst.offsets
-    elif kind == "fill":
-        yield from node.dst.offsets
-        yield node.value
-
-
-def subexprs(e: pb.Expr):
-    yield e
-    kind = e.WhichOneof("kind")
-    if kind == "binary":
-        yield from subexprs(e.binary.a)
-        yield from subexprs(e.binary.b)
-    elif kind == "call":
-        for a in e.call.args:
-            yield from subexprs(a)
-    elif kind == "cast":
-        yield from subexprs(e.cast.value)
-    elif kind == "select":
-        yield from subexprs(e.select.cond)
-        yield from subexprs(e.select.true_value)
-        yield from subexprs(e.select.false_value)
-    elif kind == "load":
-        for i in e.load.indices:
-            yield from subexprs(i)
-
-
 def parallel_nest(s: pb.Stmt) -> tuple[list[pb.For], pb.Stmt]:
     """The maximal perfect nest of PARALLEL loops starting at `s`, and its innermost body."""
     nest = []
@@ -335,28 +277,6 @@ def parallel_nest(s: pb.Stmt) -> tuple[list[pb.For], pb.Stmt]:
         nest.append(s.for_)
         s = s.for_.body
     return nest, s
-
-
-def element_accesses(body: pb.Stmt):
-    """(buffer id, index exprs) of every element load / store / atomic in `body`."""
-    for st in walk(body):
-        kind = st.WhichOneof("kind")
-        if kind in ("store", "atomic_add"):
-            node = getattr(st, kind)
-            yield node.buffer, list(node.indices)
-        for e in stmt_exprs(st):
-            for sub in subexprs(e):
-                if sub.WhichOneof("kind") == "load":
-                    yield sub.load.buffer, list(sub.load.indices)
-
-
-def stores(body: pb.Stmt):
-    """(buffer id, index exprs) of every element store / atomic in `body`."""
-    for st in walk(body):
-        kind = st.WhichOneof("kind")
-        if kind in ("store", "atomic_add"):
-            node = getattr(st, kind)
-            yield node.buffer, list(node.indices)
 
 
 def is_identity(indices, loop_vars: list[int]) -> bool:

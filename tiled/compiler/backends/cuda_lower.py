@@ -35,16 +35,11 @@ from tiled.compiler.backends.cuda_layout import (
     MmaLayout,
     ReplicatedLayout,
     body_statements,
-    element_accesses,
-    expr_vars,
     infer_layouts,
     is_identity,
     parallel_nest,
     ravel,
-    stores,
-    subexprs,
     unravel,
-    walk,
 )
 from tiled.compiler.backends.cuda_plan import (
     SharedTile,
@@ -73,6 +68,7 @@ from tiled.compiler.backends.cuda_sm90_attn import (
     store_attn_tile,
     tmap_params,
 )
+from tiled.compiler.irwalk import element_accesses, expr_vars, stores, subexprs, walk
 from tiled.compiler.tir import ExprLowering, declare_params, loc_of, source_name, tvm_dtype
 from tiled.errors import CompileError
 from tiled.ir import dtypes

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import walk
+from tiled.compiler.irwalk import (
+    element_accesses,
+    expr_vars,
+    lanes_independent,
+    stmt_exprs,
+    subexprs,
+    walk,
+)
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -113,8 +120,6 @@ def shared_effects(s: pb.Stmt, buffers, scratch=None) -> tuple[bool, bool]:
     """(reads shared memory, writes shared memory) for statement `s` and all inside it.
     `scratch(st)`: whether tile op `st` also reads and writes the shared scratch area (a
     fragment moved through it: cuda_copy, cuda_gemm, cuda_scan)."""
-    from tiled.compiler.backends.cuda_layout import stmt_exprs, subexprs
-
     reads = writes = False
     for st in walk(s):
         kind = st.WhichOneof("kind")
@@ -155,22 +160,16 @@ def vector_lanes_ok(f: pb.For, lanes: int, buffers) -> bool:
     stores (under conditions) only, each to an element of its own iteration, and reads a
     buffer it stores to only at the element it stores (the loop is serial in the Tile IR:
     lanes must not see each other's writes). Anything else runs as an unrolled loop."""
-    from tiled.compiler.backends.cuda_layout import element_accesses, expr_vars, stores
-
     if lanes not in (2, 4, 8, 16):
         return False
     for st in walk(f.body):
         kind = st.WhichOneof("kind")
         if kind not in ("seq", "store", "if_then_else"):
             return False
+    if not lanes_independent(f):
+        return False
     v = f.var
-    stored = {}
-    for bid, idx in stores(f.body):
-        if v not in expr_vars(idx) or stored.setdefault(bid, idx) != idx:
-            return False
     for bid, idx in element_accesses(f.body):
-        if bid in stored and idx != stored[bid]:
-            return False
         if not idx or v not in expr_vars(idx):
             continue
         b = buffers[bid]

@@ -16,6 +16,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.backends.cuda_layout import ReplicatedLayout, ravel, unravel
+from tiled.compiler.tir import scan_acc_dtype
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -23,8 +24,7 @@ from tiled.v1 import tile_ir_pb2 as pb
 def _acc_dtype(low, sc: pb.Scan) -> str:
     """The running sum's dtype: float32 for 16- and 8-bit floats (each output rounded once),
     else the source's (as the cpu backend sums)."""
-    dt = dtypes.canonical_name(low.buffers[sc.src].dtype)
-    return "float32" if dt in ("float16", "bfloat16") or dt.startswith("float8") else dt
+    return scan_acc_dtype(low.buffers[sc.src].dtype)
 
 
 def _replicated(low, bid: int) -> bool:

@@ -40,13 +40,11 @@ from tiled.compiler.backends.cuda_layout import (
     MmaLayout,
     body_statements,
     const_int,
-    element_accesses,
-    expr_vars,
     tile_op_buffers,
-    walk,
 )
 from tiled.compiler.backends.cuda_plan import CTYPE
 from tiled.compiler.backends.cuda_tma import tma_requirements
+from tiled.compiler.irwalk import element_accesses, expr_vars, walk
 from tiled.compiler.tir import global_extent
 from tiled.errors import CompileError
 from tiled.ir import dtypes

@@ -39,14 +39,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import (
-    body_statements,
-    const_int,
-    element_accesses,
-    expr_vars,
-    tile_op_buffers,
-    walk,
-)
+from tiled.compiler.backends.cuda_layout import body_statements, const_int, tile_op_buffers
 from tiled.compiler.backends.cuda_plan import CTYPE
 from tiled.compiler.backends.cuda_sm90 import (
     WgmmaLayout,
@@ -55,6 +48,7 @@ from tiled.compiler.backends.cuda_sm90 import (
     tile_ops_on,
 )
 from tiled.compiler.backends.cuda_tma import tma_requirements
+from tiled.compiler.irwalk import element_accesses, expr_vars, walk
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from bundle_cli import compile_into, load_bundle, load_kernel, machine, main, smoke_in_child
 
 # name -> (block_M, block_N, num_stages, threads, cluster). BK is 64 (one 128-byte swizzle
-# row). cluster 2: CTA pairs sharing one operand through multicast TMA (cuda_sm90.py).
+# row). cluster 2: CTA pairs sharing one operand through multicast TMA (sm90_gemm.py).
 CONFIGS = {
     "128x256": (128, 256, 4, 256, 1),
     "256x128": (256, 128, 4, 256, 1),

@@ -9,8 +9,8 @@ import pytest
 
 import tiled
 import tiled.lang as T
-from tiled.compiler.backends.cpu_lower import lower_cpu
 from tiled.compiler.passes.guards import guard_program
+from tiled.compiler.targets.cpu.lower import lower_cpu
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-INCLUDE = REPO / "tiled" / "compiler" / "backends" / "cuda_include"
+INCLUDE = REPO / "tiled" / "compiler" / "targets" / "cuda" / "include"
 SELFTEST = REPO / "tests" / "gpu" / "header_selftest.cu"
 NVCC = shutil.which("nvcc")
 

@@ -50,7 +50,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-INCLUDE = REPO / "tiled" / "compiler" / "backends" / "cuda_include"
+INCLUDE = REPO / "tiled" / "compiler" / "targets" / "cuda" / "include"
 HEADER = INCLUDE / "tiled_cuda.h"
 
 SHAPES = [  # (M, N, K, WARP_M, WARP_N)

@@ -31,20 +31,14 @@ import pytest
 
 from tests.compiler import test_cuda_tileops_gpu as cases
 from tests.compiler.test_cuda_header_emulation import LANES, ldmatrix, mma_m16n8k16
-from tiled.compiler.backends.cuda import CudaBackend
-from tiled.compiler.backends.cuda_layout import (
-    CyclicLayout,
-    MmaLayout,
-    MmaRows,
-    ReplicatedLayout,
-    choose_warps,
-    infer_layouts,
-)
+from tiled.compiler.passes.layout import CyclicLayout, ReplicatedLayout
+from tiled.compiler.targets.cuda.backend import CudaBackend
+from tiled.compiler.targets.cuda.layouts import MmaLayout, MmaRows, choose_warps, infer_layouts
 from tiled.ir.program import as_program
 from tiled.v1 import tile_ir_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
-INCLUDE = REPO / "tiled" / "compiler" / "backends" / "cuda_include"
+INCLUDE = REPO / "tiled" / "compiler" / "targets" / "cuda" / "include"
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 ROW, SQUARE, COL = pb.POLICY_FULL_ROW, pb.POLICY_SQUARE, pb.POLICY_FULL_COL
@@ -220,7 +214,7 @@ def test_a_nest_writing_a_replicated_fragment_replicates_its_fragments():
 def test_copies_between_fragments():
     lay = layouts_by_name(cases.fragment_copies(ROW).kernel)
     assert lay["acc"] == lay["acc_h"] == MmaLayout(64, 64, 4, 1)
-    assert lay["part"] == CyclicLayout((32, 64), 128)  # a part: another layout
+    assert lay["part"] == CyclicLayout((32, 64), 128, 8)  # a part: another layout
     body = kernel_body(source(cases.fragment_copies(ROW).kernel)[0])
     # acc -> acc_h is 32 per-thread casts, with no barrier between the gemm and O1's stores.
     gemm_at = body.index("tiled::gemm_ss")
@@ -280,7 +274,7 @@ def test_scan_of_a_replicated_vector_stays_in_each_thread():
     lay = layouts_by_name(k)
     assert lay["r"] == lay["r_scan"] == ReplicatedLayout((64,))
     assert lay["acc_scan"] == lay["acc"] == MmaLayout(64, 32, 4, 1)  # moved whole: one layout
-    assert lay["F"] == lay["G"] == CyclicLayout((64, 32), 128)
+    assert lay["F"] == lay["G"] == CyclicLayout((64, 32), 128, 8)
     assert lay["racc"] == MmaRows(64, 4)  # scanned where it lies, through shared memory
 
 

@@ -1,4 +1,4 @@
-"""Kernels of the CUDA tile-op lowering (cuda_copy, cuda_gemm, cuda_reduce, cuda_scan, atomics,
+"""Kernels of the CUDA tile-op lowering (copy, gemm, reduce, scan, atomics,
 T.vectorized, GemmWarpPolicy) with numpy references: compiled with nvcc for sm_80 and sm_90a
 here (the tests below), run on the H200 from a bundle (sm_90a: the generic path, i.e. sm_80's
 instructions; sm_80 cubins do not load on Hopper):

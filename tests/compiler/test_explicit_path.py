@@ -1,4 +1,4 @@
-"""The explicit sm_90a path (cuda_explicit.py): the hand-scheduled GEMM example compiles to a
+"""The explicit sm_90a path (sm90_explicit.py): the hand-scheduled GEMM example compiles to a
 cubin that really uses mbarriers, TMA, setmaxnreg and wgmma on 128B-swizzled panel tiles (SASS
 read with cuobjdump; no GPU needed); gemms whose tiles do not fit wgmma keep mma.sync over
 dense tiles, decided per tile; cpu and sm_80 refuse its statements, naming them and where they

@@ -81,7 +81,7 @@ def test_safe_access_is_a_keyed_option():
 
 
 def test_cuda_source_carries_the_guard_unless_safe_access_is_off():
-    from tiled.compiler.backends.cuda import CudaBackend
+    from tiled.compiler.targets.cuda.backend import CudaBackend
 
     double = safety_kernels.double()
     safe, _, _ = CudaBackend().generate_source(guard_program(double.ir), "sm_80")

@@ -1,4 +1,4 @@
-"""The sm_90a attention path (cuda_sm90_attn.py): which programs take it, what their
+"""The sm_90a attention path (sm90_attn.py): which programs take it, what their
 manifests and cubins hold (SASS read with cuobjdump; no GPU needed), and the rows layout its
 softmax runs on. Numerics are checked on the H200 by benchmarks/gpu/flash_attention.py."""
 
@@ -12,9 +12,10 @@ import pytest
 import tiled
 import tiled.lang as T
 from tests.compiler.test_sm90_path import sass
-from tiled.compiler.backends.cuda_layout import ReplicatedLayout, WgmmaRows, infer_layouts
-from tiled.compiler.backends.cuda_sm90 import WgmmaLayout
 from tiled.compiler.irwalk import walk
+from tiled.compiler.passes.layout import ReplicatedLayout
+from tiled.compiler.targets.cuda.layouts import WgmmaRows, infer_layouts
+from tiled.compiler.targets.cuda.sm90_gemm import WgmmaLayout
 from tiled.ir.program import as_program
 from tiled.runtime.manifest import expr_names
 from tiled.v1 import tile_ir_pb2 as pb

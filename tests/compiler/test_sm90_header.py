@@ -24,7 +24,7 @@ import pytest
 from tests.compiler.test_cuda_header import _find_tool
 
 REPO = Path(__file__).resolve().parents[2]
-INCLUDE = REPO / "tiled" / "compiler" / "backends" / "cuda_include"
+INCLUDE = REPO / "tiled" / "compiler" / "targets" / "cuda" / "include"
 WS_GEMM = REPO / "benchmarks" / "gpu" / "sm90" / "ws_gemm.cu"
 NVCC = shutil.which("nvcc") or (
     "/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK) else None

@@ -1,4 +1,4 @@
-"""The automatic sm_90a path (cuda_sm90.py): which GEMMs take it, and that their cubins really
+"""The automatic sm_90a path (sm90_gemm.py): which GEMMs take it, and that their cubins really
 use wgmma, TMA and mbarriers (SASS read with cuobjdump; no GPU needed)."""
 
 import subprocess
@@ -115,8 +115,8 @@ def test_variants_take_the_path_too():
 
 
 def _plan(kernel):
-    from tiled.compiler.backends.cuda_layout import infer_layouts
-    from tiled.compiler.backends.cuda_sm90 import find_ws_gemm
+    from tiled.compiler.targets.cuda.layouts import infer_layouts
+    from tiled.compiler.targets.cuda.sm90_gemm import find_ws_gemm
 
     p = kernel.ir.proto
     return find_ws_gemm(p, infer_layouts(p))

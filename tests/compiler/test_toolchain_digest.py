@@ -115,13 +115,13 @@ def test_source_digest_follows_every_compiler_file(tmp_path, fake_tvm):
         assert d not in seen
         seen.add(d)
 
-    backend = tree / "tiled" / "compiler" / "backends" / "cpu.py"
+    backend = tree / "tiled" / "compiler" / "targets" / "cpu" / "backend.py"
     backend.write_text(backend.read_text() + "\n# a comment is an edit too\n")
     changed()
-    header = tree / "tiled" / "compiler" / "backends" / "cuda_include" / "tiled_cuda.h"
+    header = tree / "tiled" / "compiler" / "targets" / "cuda" / "include" / "tiled_cuda.h"
     header.write_bytes(header.read_bytes().replace(b"\n", b"\r\n", 1))
     changed()
-    (tree / "tiled" / "compiler" / "backends" / "new_shim.c").write_text("int x;\n")
+    (tree / "tiled" / "compiler" / "targets" / "cpu" / "new_shim.c").write_text("int x;\n")
     changed()
     (tree / "tiled" / "compiler" / "registry.py").rename(tree / "tiled" / "compiler" / "reg.py")
     changed()

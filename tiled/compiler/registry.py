@@ -1,4 +1,4 @@
-"""Targets and the backend registry. A backend is one module under tiled/compiler/backends/
+"""Targets and the backend registry. A backend is a package under tiled/compiler/targets/
 that subclasses `Backend` and registers itself; adding one edits no other backend."""
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def register(cls: type[Backend]) -> type[Backend]:
 
 def get_backend(name: str) -> Backend:
     if name not in _BACKENDS and name in _BUILTIN:
-        importlib.import_module(f"tiled.compiler.backends.{name}")
+        importlib.import_module(f"tiled.compiler.targets.{name}.backend")
     if name not in _BACKENDS:
         raise UnsupportedTarget(f"no backend named {name!r}; available: {', '.join(_BUILTIN)}")
     return _BACKENDS[name]

@@ -286,3 +286,20 @@ def grid_exprs(program: Program, lower: ExprLowering) -> list[tirx.PrimExpr]:
 
 def build_module(func: tirx.PrimFunc, name: str) -> tvm.IRModule:
     return tvm.IRModule({name: func})
+
+
+def and_all(conds):
+    out = None
+    for c in conds:
+        if c is None:
+            continue
+        out = c if out is None else tirx.And(out, c)
+    return out
+
+
+def unravel_dyn(flat, extents):
+    out = []
+    for e in reversed(extents):
+        out.append(tirx.floormod(flat, e))
+        flat = tirx.floordiv(flat, e)
+    return list(reversed(out))

@@ -16,8 +16,8 @@ def _load() -> None:
 
     # tiled.server.worker: the worker's main loop (tiled.server.worker.serve), which makes each
     # forked worker the leader of its own process group before it runs anything.
-    for module in ("tiled.server.worker", "tvm", "tiled.compiler.backends.cpu_lower",
-                   "tiled.compiler.backends.cuda_lower"):
+    for module in ("tiled.server.worker", "tvm", "tiled.compiler.targets.cpu.lower",
+                   "tiled.compiler.targets.cuda.lower"):
         try:
             importlib.import_module(module)
         except Exception:  # reported by the compile that needs this backend

@@ -1,5 +1,5 @@
 """The C compiler driver for CPU kernels: links a TVM LLVM object and the runtime shim
-(tiled/compiler/backends/cpu_shim.c) into a self-contained shared library that
+(tiled/compiler/targets/cpu/shim.c) into a self-contained shared library that
 `tiled.runtime.cpu` loads without TVM.
 
 The shim object is compiled once per (shim source, compiler, flags) and cached under
@@ -21,7 +21,7 @@ from pathlib import Path
 from tiled import config
 from tiled.errors import ToolchainError
 
-SHIM_SOURCE = Path(__file__).resolve().parent.parent / "backends" / "cpu_shim.c"
+SHIM_SOURCE = Path(__file__).resolve().parent.parent / "targets" / "cpu" / "shim.c"
 SHIM_FLAGS = ("-std=gnu11", "-O2", "-fPIC", "-pthread", "-fvisibility=hidden")
 # -Bsymbolic: the kernel's references to its own exported symbols bind inside the library.
 LINK_FLAGS = ("-shared", "-fPIC", "-O2", "-pthread", "-Wl,-Bsymbolic")

@@ -164,7 +164,7 @@ def _cuda_home() -> Path | None:
 
 
 def _headers_digest(root: Path) -> str:
-    inc = root / "tiled" / "compiler" / "backends" / "cuda_include"
+    inc = root / "tiled" / "compiler" / "targets" / "cuda" / "include"
     files = {f"tiled/{p.name}": p for p in inc.glob("*.h")}
     home = _cuda_home()
     for name in CUDA_TOOLKIT_HEADERS if home else ():

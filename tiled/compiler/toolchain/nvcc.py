@@ -11,7 +11,7 @@ from pathlib import Path
 from tiled import config
 from tiled.errors import ToolchainError
 
-INCLUDE_DIR = Path(__file__).resolve().parent.parent / "backends" / "cuda_include"
+INCLUDE_DIR = Path(__file__).resolve().parent.parent / "targets" / "cuda" / "include"
 
 
 def _gencode(arch: str) -> str:

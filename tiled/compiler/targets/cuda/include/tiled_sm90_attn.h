@@ -1,5 +1,5 @@
 // tiled_sm90_attn.h -- the sm_90a warp-specialized attention pipeline that
-// cuda_sm90_attn.py emits for FlashAttention-shaped programs.
+// sm90_attn.py emits for FlashAttention-shaped programs.
 //
 // Built on tiled_sm90.h's primitives (mbarrier, TMA, wgmma descriptors); written from
 // the PTX ISA. Everything is compiled only for sm_90a device passes.

@@ -1,4 +1,4 @@
-"""The `cpu` backend: TVM's LLVM codegen (lowering in cpu_lower.py) linked into a
+"""The `cpu` backend: TVM's LLVM codegen (lowering in lower.py) linked into a
 self-contained shared library. This module only describes the target; TVM is imported when a
 kernel is compiled, so parsing targets and computing keys never loads it.
 """
@@ -28,7 +28,7 @@ class CpuBackend(Backend):
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         import tvm
 
-        from tiled.compiler.backends.cpu_lower import lower_cpu
+        from tiled.compiler.targets.cpu.lower import lower_cpu
         from tiled.compiler.toolchain.cc import link_cpu_library
 
         mod = lower_cpu(program)

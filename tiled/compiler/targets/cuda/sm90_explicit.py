@@ -16,7 +16,7 @@ that the cuda backend picks when a program holds any of those statements (cuda:s
   and waits by every thread that runs them (tiled_sm90_explicit.h).
 - A T.gemm whose tiles only TMA writes and only such gemms read runs on wgmma over 128B-
   swizzled panel tiles, their TMA copies one swizzled box per 64-wide panel
-  (cuda_explicit_wgmma.py); every other gemm on mma.sync over dense tiles.
+  (sm90_wgmma.py); every other gemm on mma.sync over dense tiles.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_explicit_wgmma import find_wgmma, tma_panels, wgmma_gemm
-from tiled.compiler.backends.cuda_layout import infer_layouts, tile_op_buffers
-from tiled.compiler.backends.cuda_lower import CudaLowering
-from tiled.compiler.backends.cuda_plan import SyncTracker, align_up, shared_effects
-from tiled.compiler.backends.cuda_tma import tma_requirements, with_tensor_maps
 from tiled.compiler.irwalk import stmt_exprs, subexprs, walk
+from tiled.compiler.passes.barriers import SyncTracker, shared_effects
+from tiled.compiler.passes.layout import tile_op_buffers
+from tiled.compiler.passes.resources import align_up
+from tiled.compiler.targets.cuda.layouts import infer_layouts
+from tiled.compiler.targets.cuda.lower import CudaLowering
+from tiled.compiler.targets.cuda.sm90_wgmma import find_wgmma, tma_panels, wgmma_gemm
+from tiled.compiler.targets.cuda.tma import tma_requirements, with_tensor_maps
 from tiled.compiler.tir import loc_of
 from tiled.errors import CompileError
 from tiled.ir import dtypes

@@ -7,7 +7,7 @@ shapes the compiler decides: a path that would describe the tensor by TMA is not
 stride is not a multiple of 16 bytes (a K = 777 fp16 GEMM's A rows are 1554 bytes). A stride
 that depends on a symbolic dim becomes a launch precondition: a manifest expression over the
 dims that must evaluate to 0 (`requires`); the backend then ships a variant without TMA for
-the launches that fail it (tiled.compiler.backends.cuda, the manifest's `fallback`).
+the launches that fail it (tiled.compiler.targets.cuda.backend, the manifest's `fallback`).
 """
 
 from __future__ import annotations

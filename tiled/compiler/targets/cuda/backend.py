@@ -1,8 +1,8 @@
-"""The `cuda` backend: Tile IR -> TIR (cuda_lower.py) -> TVM's CUDA C++ codegen -> cubin.
+"""The `cuda` backend: Tile IR -> TIR (lower.py) -> TVM's CUDA C++ codegen -> cubin.
 
 Targets `cuda:sm_80` and `cuda:sm_90a`. Tensor-core gemm and async copies are calls into
-cuda_include/tiled_cuda.h, which is prepended to TVM's source. The sm_90a warp-specialized
-TMA / wgmma path slots in here as another lowering of the same tile ops (cuda_lower.py picks
+include/tiled_cuda.h, which is prepended to TVM's source. The sm_90a warp-specialized
+TMA / wgmma path slots in here as another lowering of the same tile ops (lower.py picks
 per op); today sm_90a uses the sm_80 instruction set, which Hopper runs. TVM is imported when
 a kernel is compiled, not with this module: parsing a target or computing a key never loads it.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import ClassVar
 
-from tiled.compiler.backends.cuda_tma import SIGNATURE, with_tensor_maps
 from tiled.compiler.registry import Artifact, Backend, Option, Target, option, register
+from tiled.compiler.targets.cuda.tma import SIGNATURE, with_tensor_maps
 from tiled.compiler.toolchain.nvcc import compile_cubin
 from tiled.errors import CompileError
 from tiled.ir.program import Program
@@ -136,8 +136,8 @@ class CudaBackend(Backend):
         is `low.fallback` (else None)."""
         import tvm  # here, not at import: describing the target must not load TVM
 
-        from tiled.compiler.backends.cuda_explicit import ExplicitLowering
-        from tiled.compiler.backends.cuda_lower import lower_cuda
+        from tiled.compiler.targets.cuda.lower import lower_cuda
+        from tiled.compiler.targets.cuda.sm90_explicit import ExplicitLowering
         from tiled.ir.verify_ws import explicit_statement
 
         explicit = explicit_statement(program.proto) is not None
@@ -157,7 +157,7 @@ class CudaBackend(Backend):
         ex = tvm.compile(mod, target=target, tir_pipeline="tiled_cuda")
         src = ex.mod.imports[0].inspect_source()
         if low.explicit:
-            from tiled.compiler.backends.cuda_explicit import explicit_source
+            from tiled.compiler.targets.cuda.sm90_explicit import explicit_source
 
             return explicit_source(src, low), low.pool_bytes, low
         if low.attn is not None:

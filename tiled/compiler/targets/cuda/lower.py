@@ -2,9 +2,9 @@
 
 Execution model: every thread of the block runs the statements outside T.Parallel (so they must
 be uniform: the same for all threads); a T.Parallel nest is split over the threads, following
-the layout of the fragment it writes (cuda_layout.py); tile ops are lowered to cooperative code
+the layout of the fragment it writes (passes/layout.py); tile ops are lowered to cooperative code
 or to calls into tiled_cuda.h, one module per op family where it is more than a call:
-cuda_copy (copies with a fragment side), cuda_gemm, cuda_reduce, cuda_scan (T.cumsum).
+copy (copies with a fragment side), gemm, reduce, scan (T.cumsum).
 Shared memory is one dynamic pool; tiled places every shared tile in it (pipelined tiles get
 `num_stages` copies), then one scratch area that the ops moving fragments through shared
 memory share (one op at a time), and inserts the barriers itself.
@@ -19,48 +19,33 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_copy import (
+from tiled.compiler.irwalk import element_accesses, expr_vars, subexprs, walk
+from tiled.compiler.passes.barriers import SyncTracker, shared_effects
+from tiled.compiler.passes.layout import (
+    ReplicatedLayout,
+    body_statements,
+    is_identity,
+    ravel,
+    unravel,
+)
+from tiled.compiler.passes.resources import SharedTile, align_up
+from tiled.compiler.passes.vectorize import multiple_of, vector_lanes_ok
+from tiled.compiler.targets.cuda.copy import (
     copy_scratch_bytes,
     copy_uses_scratch,
     lower_fragment_copy,
 )
-from tiled.compiler.backends.cuda_gemm import (
+from tiled.compiler.targets.cuda.gemm import (
     converted,
     lower_gemm,
     stage_bytes,
     staged_operands,
 )
-from tiled.compiler.backends.cuda_layout import (
-    ROWS_LAYOUTS,
-    MmaLayout,
-    ReplicatedLayout,
-    body_statements,
-    infer_layouts,
-    is_identity,
-    parallel_nest,
-    ravel,
-    unravel,
-)
-from tiled.compiler.backends.cuda_plan import (
-    SharedTile,
-    SyncTracker,
-    align_up,
-    and_all,
-    multiple_of,
-    shared_effects,
-    unravel_dyn,
-    vector_lanes_ok,
-)
-from tiled.compiler.backends.cuda_reduce import lower_reduce, reduce_scratch_bytes
-from tiled.compiler.backends.cuda_scan import lower_scan, scan_scratch_bytes, scan_uses_scratch
-from tiled.compiler.backends.cuda_sm90 import (
-    PRODUCER_THREADS,
-    find_ws_gemm,
-    lower_ws_consumer,
-    lower_ws_kernel,
-    store_ws_tile,
-)
-from tiled.compiler.backends.cuda_sm90_attn import (
+from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS, MmaLayout, infer_layouts
+from tiled.compiler.targets.cuda.parallel import lower_parallel
+from tiled.compiler.targets.cuda.reduce import lower_reduce, reduce_scratch_bytes
+from tiled.compiler.targets.cuda.scan import lower_scan, scan_scratch_bytes, scan_uses_scratch
+from tiled.compiler.targets.cuda.sm90_attn import (
     find_ws_attention,
     lower_attn_kernel,
     lower_attn_loop,
@@ -68,8 +53,21 @@ from tiled.compiler.backends.cuda_sm90_attn import (
     store_attn_tile,
     tmap_params,
 )
-from tiled.compiler.irwalk import element_accesses, expr_vars, stores, subexprs, walk
-from tiled.compiler.tir import ExprLowering, declare_params, loc_of, source_name, tvm_dtype
+from tiled.compiler.targets.cuda.sm90_gemm import (
+    PRODUCER_THREADS,
+    find_ws_gemm,
+    lower_ws_consumer,
+    lower_ws_kernel,
+    store_ws_tile,
+)
+from tiled.compiler.tir import (
+    ExprLowering,
+    and_all,
+    declare_params,
+    loc_of,
+    source_name,
+    tvm_dtype,
+)
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
@@ -84,7 +82,7 @@ _NATIVE_ADD = {"int32", "uint32", "float32", "float64", "float16", "bfloat16"}
 
 
 class CudaLowering(ExprLowering):
-    explicit = False  # the explicit sm_90a path (cuda_explicit.ExplicitLowering)
+    explicit = False  # the explicit sm_90a path (sm90_explicit.ExplicitLowering)
     tid_base = 0  # the first thread running the current statement (a T.ws region's)
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True):
@@ -130,7 +128,7 @@ class CudaLowering(ExprLowering):
     @property
     def requires(self) -> list:
         """Launch preconditions (manifest expressions that must evaluate to 0) of the TMA
-        descriptors the kernel takes (cuda_tma)."""
+        descriptors the kernel takes (tma)."""
         plan = self.ws or self.attn
         return list(plan.requires) if plan is not None else []
 
@@ -243,6 +241,10 @@ class CudaLowering(ExprLowering):
             row = row + stage * tile.rows
         return [row, indices[-1]]
 
+    def shared_stride(self, bid: int) -> int:
+        """Elements from one row of shared tile `bid` to the next (rows are padded)."""
+        return self.shared[bid].stride
+
     def frag_slot(self, bid: int, indices: list, ir_indices=None):
         lay = self.layouts[bid]
         if bid in self.frag_bind and ir_indices is not None and \
@@ -325,7 +327,7 @@ class CudaLowering(ExprLowering):
             self.uniform_stmt(s)
             self.sync.suspended += 1
             try:
-                return self.lower_parallel(s)
+                return lower_parallel(self, s)
             finally:
                 self.sync.suspended -= 1
         if f.var in self.pipelines:
@@ -351,7 +353,7 @@ class CudaLowering(ExprLowering):
             self.sync.pending_read |= reads
 
     def vectorizable(self, f: pb.For, lanes: int) -> bool:
-        """Whether T.vectorized loop `f` becomes vector lanes (cuda_plan.vector_lanes_ok, and
+        """Whether T.vectorized loop `f` becomes vector lanes (passes.vectorize.vector_lanes_ok, and
         the rows of the shared tiles it widens are whole vectors; no barrier inside)."""
         if not vector_lanes_ok(f, lanes, self.buffers):
             return False
@@ -414,63 +416,6 @@ class CudaLowering(ExprLowering):
         else:
             with T.If(self.tx == 0), T.Then():
                 yield
-
-    # -- T.Parallel ---------------------------------------------------------------------------
-    def lower_parallel(self, s: pb.Stmt) -> None:
-        nest, body = parallel_nest(s)
-        loop_vars = [f.var for f in nest]
-        extents = [self.expr(f.extent) for f in nest]
-        if any(isinstance(e, tirx.IntImm) and e.value <= 0 for e in extents):
-            return  # a nest that never runs (its extent folds to 0)
-        static = [f.extent.int_value if f.extent.WhichOneof("kind") == "int_value" else None
-                  for f in nest]
-        anchor = None
-        ident = []
-        for bid, idx in element_accesses(body):
-            if self.buffers[bid].scope == pb.FRAGMENT and is_identity(idx, loop_vars) and \
-                    not isinstance(self.layouts[bid], ReplicatedLayout):
-                anchor = anchor or self.layouts[bid]
-                if bid not in ident:
-                    ident.append(bid)
-        outer_vars = self.nest_vars
-        if anchor is not None:
-            with self.loop(anchor.local_size) as idx:
-                coords, valid = anchor.coords(self.tx, idx)
-                for v, c in zip(loop_vars, coords, strict=True):
-                    self.vars[v] = c
-                self.frag_bind = {b: idx for b in ident}
-                self.nest_vars = loop_vars
-                self.frag_row = (anchor, idx) if hasattr(anchor, "row_slot") else None
-                self.replica = tirx.floormod(self.tx, 4) == 0 \
-                    if isinstance(anchor, ROWS_LAYOUTS) else None
-                with self.maybe_if(valid):
-                    self.stmt(body)
-                self.frag_bind, self.nest_vars, self.frag_row = {}, outer_vars, None
-                self.replica = None
-            return
-        writes_replicated = any(
-            self.buffers[b].scope in (pb.FRAGMENT, pb.LOCAL)
-            for b, _ in stores(body))
-        if writes_replicated:
-            # Every thread needs the values (replicated tiles): each runs the whole nest.
-            with contextlib.ExitStack() as stack:
-                for v, e in zip(loop_vars, extents, strict=True):
-                    self.vars[v] = stack.enter_context(T.serial(0, e))
-                self.stmt(body)
-            return
-        total = extents[0]
-        for e in extents[1:]:
-            total = total * e
-        n_iter = tirx.floordiv(total + self.threads - 1, self.threads)
-        exact = all(x is not None for x in static) and math.prod(static) % self.threads == 0
-        with self.loop(n_iter) as it:
-            flat = it * self.threads + self.tx
-            for v, c in zip(loop_vars, unravel_dyn(flat, extents), strict=True):
-                self.vars[v] = c
-            self.nest_vars = loop_vars
-            with self.maybe_if(None if exact else flat < total):
-                self.stmt(body)
-            self.nest_vars = outer_vars
 
     @contextlib.contextmanager
     def loop(self, extent):
@@ -626,7 +571,7 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
     launch's thread count and the TMA descriptors the kernel takes (sm_90a path). `cluster`:
     the sm_90a path's cluster size, 0 for the plan's choice (WsGemmPlan.with_cluster).
-    `lowering`: the CudaLowering class (the backend passes cuda_explicit's ExplicitLowering
+    `lowering`: the CudaLowering class (the backend passes sm90_explicit's ExplicitLowering
     for programs of the explicit Hopper path; this module does not import it)."""
     import tvm
 

@@ -1,6 +1,6 @@
-"""T.copy with a fragment on one side or both, for the CUDA lowering (cuda_lower.py).
+"""T.copy with a fragment on one side or both, for the CUDA lowering (lower.py).
 
-A fragment's elements live in the threads its layout names (cuda_layout.py), so such a copy
+A fragment's elements live in the threads its layout names (passes/layout.py), so such a copy
 is a loop over each thread's slots of the fragment side, with the dtype cast of the
 destination:
 
@@ -19,13 +19,21 @@ Functions take the lowering (`low`: a CudaLowering) and emit TIR through its IR 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import ReplicatedLayout, ravel, unravel, whole_region
-from tiled.compiler.backends.cuda_plan import and_all
+from tiled.compiler.passes.layout import (
+    CyclicLayout,
+    ReplicatedLayout,
+    ravel,
+    unravel,
+    whole_region,
+)
+from tiled.compiler.passes.vectorize import multiple_of
+from tiled.compiler.tir import and_all
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -64,13 +72,16 @@ def same_slots(low, c: pb.Copy) -> bool:
         whole_region(c.src, src) and whole_region(c.dst, dst)
 
 
-def for_fragment_slots(low, bid: int, region: pb.Region, body) -> None:
+def for_fragment_slots(low, bid: int, region: pb.Region, body, other: pb.Region | None = None
+                       ) -> None:
     """Calls body(tile coords, slot) for each slot of the calling thread that holds an
     element of `region` of fragment `bid` (tile coords: squeezed, relative to the region),
-    under the condition that the slot holds such an element."""
+    under the condition that the slot holds such an element. `other`: the region on the
+    copy's other side; where the fragment's runs are contiguous and aligned there too, each
+    run is a vectorized loop (16-byte accesses)."""
     lay = low.layouts[bid]
     shape = [d.size for d in low.buffers[bid].shape]
-    with low.loop(lay.local_size) as idx:
+    with _fragment_slots(low, bid, region, other) as idx:
         coords, valid = lay.coords(low.tx, idx)
         conds, tile = [valid], []
         for x, off, ext, dim in zip(coords, region.offsets, region.extents, shape, strict=True):
@@ -112,7 +123,8 @@ def lower_fragment_copy(low, c: pb.Copy) -> None:
         if src.scope == pb.FRAGMENT and _spread(low, src.id):
             return _through_scratch(low, c)
         for_fragment_slots(low, dst.id, c.dst,
-                           lambda tile, idx: _store_slot(low, dst.id, idx, _read(low, c.src, tile)))
+                           lambda tile, idx: _store_slot(low, dst.id, idx, _read(low, c.src, tile)),
+                           c.src)
         return
     if _spread(low, src.id):
         def put(tile, idx):
@@ -120,7 +132,7 @@ def lower_fragment_copy(low, c: pb.Copy) -> None:
             with low.maybe_if(and_all(conds)):
                 low.store(dst.id, low.tir[src.id][idx], dst_idx)
 
-        return for_fragment_slots(low, src.id, c.src, put)
+        return for_fragment_slots(low, src.id, c.src, put, c.dst)
     # A replicated source: the threads share the elements out.
     shape = tile_shape(c.src)
     numel = math.prod(shape)
@@ -150,3 +162,38 @@ def _through_scratch(low, c: pb.Copy) -> None:
     for_fragment_slots(low, src.id, c.src, out)
     low.sync.before(True, False)
     for_fragment_slots(low, c.dst.buffer, c.dst, back)
+
+
+def run_lanes_of_copy(low, bid: int, region: pb.Region, other: pb.Region | None) -> int:
+    """Vector lanes for the slots of fragment `bid` in a copy between `region` (all of it) and
+    `other`: the fragment is cyclic with whole runs, the regions agree on the last dim, and
+    the other side's rows and offset keep runs aligned; else 1."""
+    lay, frag = low.layouts[bid], low.buffers[bid]
+    if other is None or not isinstance(lay, CyclicLayout) or lay.vec < 2 or \
+            lay.numel % (lay.threads * lay.vec) or not whole_region(region, frag):
+        return 1
+    buf = low.buffers[other.buffer]
+    vec = lay.vec
+    if other.extents[-1] != frag.shape[-1].size or not multiple_of(other.offsets[-1], vec):
+        return 1
+    if buf.scope == pb.SHARED:
+        if low.shared_stride(buf.id) % vec:
+            return 1
+    elif buf.scope != pb.GLOBAL or (len(buf.shape) > 1 and (
+            buf.shape[-1].WhichOneof("kind") != "size" or buf.shape[-1].size % vec)):
+        return 1
+    widest = max(dtypes.nbytes(frag.dtype), dtypes.nbytes(buf.dtype))
+    lanes = min(vec, 16 // widest)
+    return lanes if lanes >= 2 else 1
+
+
+@contextlib.contextmanager
+def _fragment_slots(low, bid: int, region: pb.Region, other: pb.Region | None):
+    lanes = run_lanes_of_copy(low, bid, region, other)
+    size = low.layouts[bid].local_size
+    if lanes < 2:
+        with low.loop(size) as idx:
+            yield idx
+        return
+    with low.loop(size // lanes) as run, T.vectorized(0, lanes) as lane:
+        yield run * lanes + lane

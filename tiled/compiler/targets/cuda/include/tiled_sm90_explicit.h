@@ -1,5 +1,5 @@
 // tiled_sm90_explicit.h -- device functions of the explicit Hopper path (T.ws, T.mbarrier_*,
-// T.tma_copy, T.fence_proxy_async; tiled/compiler/backends/cuda_explicit.py).
+// T.tma_copy, T.fence_proxy_async; tiled/compiler/targets/cuda/sm90_explicit.py).
 //
 // Thin wrappers over tiled_sm90.h's primitives, with the signatures the generated code calls:
 // barriers and shared tiles arrive as untyped pointers into the dynamic pool (TVM spells
@@ -37,7 +37,7 @@ __device__ __forceinline__ void bar_expect_tx(void* bar, uint32_t tx_bytes) {
                : "memory");
 }
 
-// -- panel tiles: T.gemm on wgmma (cuda_explicit_wgmma.py) ---------------------------------
+// -- panel tiles: T.gemm on wgmma (sm90_wgmma.py) ---------------------------------
 // Panel tiles live in one region of the pool that starts at the first 1024-byte boundary
 // at or after `region` (the compiler reserves 1024 bytes of slack): the 128-byte swizzle
 // repeats every 8 rows of 128 bytes, and TMA and the wgmma descriptors both assume a tile

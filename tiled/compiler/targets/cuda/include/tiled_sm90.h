@@ -577,7 +577,7 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
 }
 
 // ---------------------------------------------------------------------------
-// 6. The warp-specialized GEMM pipeline the compiler emits (cuda_sm90.py)
+// 6. The warp-specialized GEMM pipeline the compiler emits (sm90_gemm.py)
 // ---------------------------------------------------------------------------
 // A T.Pipelined loop of "TMA-load an A tile and a B tile, T.gemm them" becomes:
 // one producer warpgroup (the block's last 128 threads) whose first thread

@@ -1,4 +1,4 @@
-"""wgmma for T.gemm in the explicit sm_90a path (cuda_explicit.py): which gemms take it, where
+"""wgmma for T.gemm in the explicit sm_90a path (sm90_explicit.py): which gemms take it, where
 their shared tiles live, and the calls that load and multiply them (tiled_sm90_explicit.h).
 
 A T.gemm takes wgmma when the kernel's regions run one warpgroup (128 threads; every T.ws
@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import infer_layouts, ravel
-from tiled.compiler.backends.cuda_plan import CTYPE
-from tiled.compiler.backends.cuda_sm90 import WgmmaLayout
 from tiled.compiler.irwalk import stmt_exprs, subexprs, walk
+from tiled.compiler.passes.layout import ravel
+from tiled.compiler.targets.cuda.cnames import CTYPE
+from tiled.compiler.targets.cuda.layouts import infer_layouts
+from tiled.compiler.targets.cuda.sm90_gemm import WgmmaLayout
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
@@ -100,7 +101,7 @@ def _uses(st: pb.Stmt) -> tuple[set[int], set[int]]:
 def find_wgmma(view: pb.Program, buffers: dict[int, pb.Buffer]
                ) -> tuple[WgmmaPlan, dict[int, object] | None]:
     """The panel tiles and wgmma accumulators of `view` (the program as one warpgroup sees
-    it, cuda_explicit.warpgroup_view), and the fragment layouts with those accumulators (None
+    it, sm90_explicit.warpgroup_view), and the fragment layouts with those accumulators (None
     when nothing takes wgmma, or when the wgmma layout would clash with another fragment's
     in a T.Parallel nest: then nothing does). Never raises for a program that does not fit."""
     plan = WgmmaPlan()
@@ -151,7 +152,7 @@ def _tile_bytes(b: pb.Buffer) -> int:
     return n * _stage_bytes(b)
 
 
-# -- lowering (called by cuda_explicit.ExplicitLowering, `low`) ------------------------------
+# -- lowering (called by sm90_explicit.ExplicitLowering, `low`) ------------------------------
 
 def region(low):
     return T.address_of(low.pool[low.wgmma.region_offset])

@@ -1,4 +1,4 @@
-"""Tile IR -> TIR for the `cpu` backend (tiled.compiler.backends.cpu).
+"""Tile IR -> TIR for the `cpu` backend (tiled.compiler.targets.cpu.backend).
 
 Semantics on a CPU: the grid becomes one parallel loop over all blocks (TVM's parallel launch,
 served by tiled's shim); within a block there is one thread, so every tile is a plain array,

@@ -1,10 +1,16 @@
-"""T.reduce_* on the CUDA lowering (cuda_lower.py): sum, max, min and absmax (max of |x|,
+"""T.reduce_* on the CUDA lowering (lower.py): sum, max, min and absmax (max of |x|,
 whose identity is 0) along one dim of a shared or fragment tile into a fragment.
 
-- Into a rows layout (cuda_layout.ROWS_LAYOUTS: the row reduction of an accumulator whose
+- Into a rows layout (layouts.ROWS_LAYOUTS: the row reduction of an accumulator whose
   rows each live in a quad of lanes): each thread combines the elements of its rows (a
   balanced tree), then the quad exchanges partials with two xor shuffles; no shared memory.
 - From a replicated fragment (or a local tile): every thread reduces its own copy.
+- Along the last dim of a cyclic fragment whose rows each span whole rounds of the block
+  (the last dim a multiple of threads x run length, as a row-per-block norm or softmax has):
+  which slots hold which row is the same in every thread, so each thread combines its slots
+  of each row, a warp combines with five xor shuffles, and the warps' partials meet in the
+  scratch area, where every thread combines them in the same order (the destination is
+  replicated).
 - Otherwise through the shared scratch area: a spread fragment is written out by its layout,
   one thread per output element combines along the dim, and every thread reads the results
   (the destination is replicated).
@@ -17,7 +23,8 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import ROWS_LAYOUTS, ReplicatedLayout, ravel, unravel
+from tiled.compiler.passes.layout import CyclicLayout, ReplicatedLayout, ravel, unravel
+from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS
 from tiled.compiler.tir import saturating_abs
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
@@ -41,8 +48,22 @@ def reduce_scratch_bytes(low, r: pb.Reduce) -> int:
     if isinstance(low.layouts.get(src.id), ReplicatedLayout) or \
             isinstance(low.layouts.get(dst.id), ROWS_LAYOUTS):
         return 0
+    if _whole_rounds(low, r):
+        return low.threads // 32 * math.prod(d.size for d in dst.shape) * \
+            max(4, dtypes.nbytes(dst.dtype))
     n = math.prod(d.size for d in src.shape) + math.prod(d.size for d in dst.shape)
     return n * max(4, dtypes.nbytes(dst.dtype))
+
+
+def _whole_rounds(low, r: pb.Reduce) -> bool:
+    """Whether `r` reduces the last dim of a cyclic fragment whose rows span whole rounds of
+    the block (module docstring), on a block of whole warps."""
+    src = low.buffers[r.src]
+    lay = low.layouts.get(r.src)
+    last = len(src.shape) - 1
+    return (src.scope == pb.FRAGMENT and isinstance(lay, CyclicLayout) and
+            r.dim in (last, -1) and low.threads % 32 == 0 and
+            src.shape[-1].size % (low.threads * lay.vec) == 0)
 
 
 def lower_reduce(low, r: pb.Reduce) -> None:
@@ -57,6 +78,8 @@ def lower_reduce(low, r: pb.Reduce) -> None:
 
     if isinstance(low.layouts.get(r.dst), ROWS_LAYOUTS):
         return reduce_rows(low, r)
+    if _whole_rounds(low, r):
+        return reduce_rounds(low, r)
 
     def src_index(o, k):
         coords = unravel(o, keep) if keep else []
@@ -120,3 +143,48 @@ def reduce_rows(low, r: pb.Reduce) -> None:
                                   part[0], mask)
             T.buffer_store(part, combine(part[0], other), [0])
         T.buffer_store(dst, part[0] if r.clear else combine(dst[slot], part[0]), [slot])
+
+
+def _tree(combine, vals):
+    while len(vals) > 1:
+        vals = [combine(vals[j], vals[j + 1]) if j + 1 < len(vals) else vals[j]
+                for j in range(0, len(vals), 2)]
+    return vals[0]
+
+
+def reduce_rounds(low, r: pb.Reduce) -> None:
+    """A last-dim reduction of a cyclic fragment whose rows span whole rounds (module
+    docstring): per thread, per warp by shuffles, across warps through the scratch area."""
+    src, dst = low.tir[r.src], low.tir[r.dst]
+    lay = low.layouts[r.src]
+    combine, dt = COMBINE[r.kind], dst.dtype
+    n = low.buffers[r.src].shape[-1].size
+    rows = lay.numel // n
+    per_row = lay.local_size // rows  # this thread's slots of each row, consecutive
+    warps = low.threads // 32
+    parts = []
+    for row in range(rows):
+        vals = [_element(r.kind, tirx.Cast(dt, src[i]) if src.dtype != dt else src[i])
+                for i in range(row * per_row, (row + 1) * per_row)]
+        part = T.alloc_buffer((1,), dt, scope="local")
+        T.buffer_store(part, _tree(combine, vals), [0])
+        for mask in (16, 8, 4, 2, 1):
+            other = T.call_extern(dt, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"),
+                                  part[0], mask)
+            T.buffer_store(part, combine(part[0], other), [0])
+        parts.append(part)
+    if warps == 1:
+        totals = [p[0] for p in parts]
+    else:
+        low.sync.before(True, True)
+        scratch = low.scratch(dt, warps * rows)
+        warp, lane = tirx.floordiv(low.tx, 32), tirx.floormod(low.tx, 32)
+        with T.If(lane == 0), T.Then():
+            for row, part in enumerate(parts):
+                T.buffer_store(scratch, part[0], [warp * rows + row])
+        low.sync.sync()
+        totals = [_tree(combine, [scratch[w * rows + row] for w in range(warps)])
+                  for row in range(rows)]
+        low.sync.pending_read = True
+    for row, v in enumerate(totals):
+        T.buffer_store(dst, v if r.clear else combine(dst[row], v), [row])

@@ -15,7 +15,7 @@ the K / V tile has BN of 64 or 128 rows; threads are 128 or 256, one consumer wa
   before V lands);
 - the consumers run the program: `S = Q @ K^T` is wgmma with both operands in shared memory;
   the fragment code between the gemms runs on the wgmma accumulator layout, its row
-  reductions on the rows layout (cuda_layout.WgmmaRows: a register combine and two quad
+  reductions on the rows layout (layouts.WgmmaRows: a register combine and two quad
   shuffles); the copy of S's probabilities to P becomes a conversion to 16-bit registers in
   wgmma's A-operand layout (which is the accumulator layout of S), and `acc += P @ V` is
   wgmma with A in registers and V as an MN-major shared operand; the stage is released then;
@@ -39,16 +39,16 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import body_statements, const_int, tile_op_buffers
-from tiled.compiler.backends.cuda_plan import CTYPE
-from tiled.compiler.backends.cuda_sm90 import (
+from tiled.compiler.irwalk import element_accesses, expr_vars, walk
+from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
+from tiled.compiler.targets.cuda.cnames import CTYPE
+from tiled.compiler.targets.cuda.sm90_gemm import (
     WgmmaLayout,
     persistent_walk,
     store_acc_tile,
     tile_ops_on,
 )
-from tiled.compiler.backends.cuda_tma import tma_requirements
-from tiled.compiler.irwalk import element_accesses, expr_vars, walk
+from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -78,7 +78,7 @@ class AttnPlan:
     nwg: int
     clear_s: int  # index in the loop body of a `T.clear(S)` just before S = Q K^T, or -1
     persistent: bool  # every program block runs the same number of iterations
-    requires: tuple = ()  # launch preconditions of the TMA descriptors (cuda_tma)
+    requires: tuple = ()  # launch preconditions of the TMA descriptors (tma)
 
     @property
     def ring_tiles(self) -> set[int]:
@@ -234,7 +234,7 @@ def _touches(st: pb.Stmt, bid: int) -> bool:
         any(bid in tile_op_buffers(x) for x in walk(st))
 
 
-# -- lowering (called by cuda_lower.CudaLowering, `low`) ------------------------------------
+# -- lowering (called by lower.CudaLowering, `low`) ------------------------------------
 
 def _call(low, name: str, *args, ret: str = "void"):
     return T.call_extern(ret, f"{low.attn.template()}::{name}", *args)

@@ -1,11 +1,11 @@
 """T.gemm on the CUDA lowering's generic path (sm_80 instructions; sm_90a's generic path too).
 
-C is a fragment in the layout inference chose (cuda_layout.py): `MmaLayout` when A and B are
+C is a fragment in the layout inference chose (passes/layout.py): `MmaLayout` when A and B are
 16-bit and C float32 (mma.sync m16n8k16 through tiled_cuda.h), else the cyclic layout of the
 SIMT gemm. The operands:
 
 - shared tiles are read in place (`gemm_ss`: ldmatrix);
-- a fragment A in mma.sync's A-operand layout (`cuda_layout.a_operand_layout`: C's warps,
+- a fragment A in mma.sync's A-operand layout (`layouts.a_operand_layout`: C's warps,
   one warp column; the layout of the cast copy of a previous accumulator with the same
   warps, FlashAttention's P) is read from registers (`gemm_rs`), no shared memory touched;
 - any other fragment operand is staged: its threads write it to the shared scratch area
@@ -20,13 +20,10 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import (
-    MmaLayout,
-    ReplicatedLayout,
-    a_operand_layout,
-    unravel,
-)
-from tiled.compiler.backends.cuda_plan import CTYPE, align_up
+from tiled.compiler.passes.layout import ReplicatedLayout, unravel
+from tiled.compiler.passes.resources import align_up
+from tiled.compiler.targets.cuda.cnames import CTYPE
+from tiled.compiler.targets.cuda.layouts import MmaLayout, a_operand_layout
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb

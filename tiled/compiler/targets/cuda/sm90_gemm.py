@@ -5,7 +5,7 @@ whose body is exactly "copy an A tile and a B tile from global to shared, T.gemm
 float32 fragment", with 16-bit A and B, A not transposed, a 64-wide K tile, tiles the wgmma
 shapes fit, and 128 or 256 threads; the two shared tiles may be used by nothing else; A's and
 B's rows are a multiple of 16 bytes apart, or (symbolic dims) that is a launch precondition
-and the kernel ships with a variant for the launches that fail it (cuda_tma). A 32-wide
+and the kernel ships with a variant for the launches that fail it (tma). A 32-wide
 K tile is run two iterations per 64-wide stage when that provably changes nothing (`_merge`).
 Then:
 
@@ -36,15 +36,11 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.backends.cuda_layout import (
-    MmaLayout,
-    body_statements,
-    const_int,
-    tile_op_buffers,
-)
-from tiled.compiler.backends.cuda_plan import CTYPE
-from tiled.compiler.backends.cuda_tma import tma_requirements
 from tiled.compiler.irwalk import element_accesses, expr_vars, walk
+from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
+from tiled.compiler.targets.cuda.cnames import CTYPE
+from tiled.compiler.targets.cuda.layouts import MmaLayout
+from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.tir import global_extent
 from tiled.errors import CompileError
 from tiled.ir import dtypes
@@ -83,7 +79,7 @@ class WgmmaLayout:
         return [row, col], None
 
     def rows(self):
-        from tiled.compiler.backends.cuda_layout import WgmmaRows
+        from tiled.compiler.targets.cuda.layouts import WgmmaRows
 
         return WgmmaRows(self.M, self.nwg)
 
@@ -116,7 +112,7 @@ class WsGemmPlan:
     # (grid axis whose adjacent blocks pair up, the operand they share: 1 A, 2 B), or None
     pairing: tuple[int, int] | None = None
     cluster: int = 1  # CTAs per cluster: 2 runs the pairs with multicast loads
-    requires: tuple = ()  # launch preconditions of the TMA descriptors (cuda_tma)
+    requires: tuple = ()  # launch preconditions of the TMA descriptors (tma)
 
     @property
     def loop_var(self) -> int:
@@ -300,7 +296,7 @@ def _merge_is_exact(p: pb.Program, f: pb.For, copy_a: pb.Copy, copy_b: pb.Copy,
     return proves(ka, kb) and proves(extent, tirx.floordiv(ka + 31, 32))
 
 
-# -- lowering (called by cuda_lower.CudaLowering, `low`) ------------------------------------
+# -- lowering (called by lower.CudaLowering, `low`) ------------------------------------
 
 def ring(low):
     return T.address_of(low.pool[low.ws_offset])

@@ -1,47 +1,54 @@
-"""Fragment layout inference for the CUDA backend.
+"""Fragment layout inference, shared by every target.
 
 A FRAGMENT tile belongs to the block but lives in its threads' registers; its layout says
-which thread holds which element. Three layouts exist:
+which thread holds which element. Two layouts are target-independent:
 
-- `MmaLayout`: the accumulator layout of mma.sync m16n8k16 over a grid of warps (the layout
-  tiled_cuda.h's gemm_ss writes). Chosen for the C operand of a tensor-core T.gemm, with the
-  warp grid its GemmWarpPolicy asks for (`choose_warps`). With one warp column (warp_n 1) the
-  layout of two adjacent n8 tiles is the m16k16 A-operand layout of mma.sync, so a 16-bit
-  fragment in it (`T.copy(acc_s, acc_s_cast)`) is the A operand of a gemm from registers.
 - `CyclicLayout`: element e (row-major) lives in thread e % threads, slot e // threads.
 - `ReplicatedLayout`: every thread holds the whole tile. Chosen for reduction results and for
   tiles indexed other than by the loop variables of a T.Parallel nest (e.g. `m[i]` inside a
   loop over (i, j)), since any thread may then need any element.
-- A rows layout (`WgmmaRows`, `MmaRows`): a vector over the rows of a 2-D layout whose rows
-  each live in one quad of lanes (the wgmma accumulator's, an mma accumulator's with one warp
-  column): thread t holds the rows it holds in the 2-D tile, replicated across its quad.
-  Chosen for the row reductions (dim 1) of such a tile, so a reduction is a per-thread
-  combine and two quad shuffles, and `m[i]` inside a loop over (i, j) over that tile is a
-  register read.
 
-Inference: gemm accumulators first; an mma layout spreads to fragments of the same shape that
-are indexed exactly by the same T.Parallel nest as an mma fragment, or copied whole to or
-from one (T.copy between fragments, T.cumsum): a copy between fragments of one layout is a
-per-thread move; the row reductions of a tile with rows get its rows layout, which spreads
-the same way through 1-D nests, and survives only where every `m[i]` read in an (i, j) nest
-is over a tile with the same rows; other reduce outputs and non-identity-indexed or
-scalar-accessed fragments become replicated, and so does every fragment of a nest that
+A target brings its instruction layouts through `Anchors`: the layout of a gemm accumulator
+(an mma or wgmma fragment on CUDA), the layout in which a fragment is a gemm's A operand in
+registers, and its rows layouts (a vector over the rows of a 2-D layout whose rows each live
+in a few lanes, so a row reduction is a per-thread combine and a few shuffles).
+
+Inference: gemm accumulators first; an accumulator layout spreads to fragments of the same
+shape that are indexed exactly by the same T.Parallel nest as such a fragment, or copied
+whole to or from one (T.copy between fragments, T.cumsum): a copy between fragments of one
+layout is a per-thread move; the row reductions of a tile with rows get its rows layout,
+which spreads the same way through 1-D nests, and survives only where every `m[i]` read in an
+(i, j) nest is over a tile with the same rows; other reduce outputs and non-identity-indexed
+or scalar-accessed fragments become replicated, and so does every fragment of a nest that
 writes a replicated one (each thread must then run the whole nest) and a fragment placed by
-nothing else that is moved to or from a replicated one; a 16-bit gemm A operand
-left without a layout takes the A-operand layout of its gemm (above); the rest are cyclic.
+nothing else that is moved to or from a replicated one; a gemm A operand left without a
+layout takes the target's A-operand layout where it has one; the rest are cyclic.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from tvm import tirx
 
 from tiled.compiler.irwalk import element_accesses, stmt_exprs, stores, subexprs, walk
 from tiled.errors import CompileError
-from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
+
+
+class Anchors(Protocol):
+    """What a target tells layout inference about its instructions."""
+
+    rows_layouts: tuple[type, ...]  # layouts replicated over a few lanes (row vectors)
+    max_vector: int  # the longest run of elements a thread of a cyclic layout holds
+
+    def accumulator(self, g: pb.Gemm, buffers, threads: int):
+        """The layout of gemm `g`'s accumulator C (a cyclic one where no instruction fits)."""
+
+    def a_operand(self, g: pb.Gemm, buffers, c_layout):
+        """The layout in which fragment A of `g` is read from registers, or None."""
 
 
 def unravel(flat, shape: list[int]) -> list:
@@ -60,53 +67,15 @@ def ravel(indices, shape: list[int]):
 
 
 @dataclass(frozen=True)
-class MmaLayout:
-    M: int
-    N: int
-    warp_m: int
-    warp_n: int
-
-    @property
-    def local_size(self) -> int:
-        return (self.M // self.warp_m // 16) * (self.N // self.warp_n // 8) * 4
-
-    def coords(self, tx, idx):
-        wm_, wn_ = self.M // self.warp_m, self.N // self.warp_n
-        nt_count = wn_ // 8
-        warp, lane = tirx.floordiv(tx, 32), tirx.floormod(tx, 32)
-        wm, wn = tirx.floordiv(warp, self.warp_n), tirx.floormod(warp, self.warp_n)
-        r = tirx.floormod(idx, 4)
-        tile = tirx.floordiv(idx, 4)
-        mt, nt = tirx.floordiv(tile, nt_count), tirx.floormod(tile, nt_count)
-        row = wm * wm_ + mt * 16 + tirx.floordiv(lane, 4) + 8 * tirx.floordiv(r, 2)
-        col = wn * wn_ + nt * 8 + tirx.floormod(lane, 4) * 2 + tirx.floormod(r, 2)
-        return [row, col], None
-
-    def template_args(self) -> str:
-        return f"{self.warp_m}, {self.warp_n}"
-
-    def rows(self):
-        """The rows layout (MmaRows), or None when a row is spread over several warps."""
-        return MmaRows(self.M, self.warp_m) if self.warp_n == 1 else None
-
-    def row_slot(self, idx):
-        """The MmaRows slot of the row that slot `idx` of this layout lies in."""
-        nt_count = self.N // 8
-        return tirx.floordiv(tirx.floordiv(idx, 4), nt_count) * 2 + \
-            tirx.floordiv(tirx.floormod(idx, 4), 2)
-
-    def row_members(self, slot: int) -> list[int]:
-        """This layout's slots (in one thread) whose elements lie in row slot `slot`."""
-        mt, half = divmod(slot, 2)
-        nt_count = self.N // 8
-        return [(mt * nt_count + nt) * 4 + 2 * half + c for nt in range(nt_count)
-                for c in (0, 1)]
-
-
-@dataclass(frozen=True)
 class CyclicLayout:
+    """Runs of `vec` consecutive elements dealt round-robin over the threads: element e
+    (row-major) lives in thread (e / vec) % threads, slot (e / (vec * threads)) * vec + e % vec.
+    With `vec` dividing the last dim, a thread's run is contiguous in memory wherever the tile
+    is (the run of a global row, a shared row), so its accesses can be vectors."""
+
     shape: tuple[int, ...]
     threads: int
+    vec: int = 1
 
     @property
     def numel(self) -> int:
@@ -114,12 +83,26 @@ class CyclicLayout:
 
     @property
     def local_size(self) -> int:
-        return -(-self.numel // self.threads)
+        return -(-self.numel // (self.threads * self.vec)) * self.vec
 
     def coords(self, tx, idx):
-        e = idx * self.threads + tx
-        valid = None if self.numel % self.threads == 0 else e < self.numel
+        if self.vec == 1:
+            e = idx * self.threads + tx
+        else:
+            e = (tirx.floordiv(idx, self.vec) * (self.threads * self.vec) + tx * self.vec
+                 + tirx.floormod(idx, self.vec))
+        valid = None if self.numel % (self.threads * self.vec) == 0 else e < self.numel
         return unravel(e, list(self.shape)), valid
+
+
+def cyclic_vector(shape: tuple[int, ...], threads: int, max_vec: int) -> int:
+    """The run length of a cyclic layout: the longest (up to `max_vec`) that divides the
+    last dim and deals whole runs to every thread."""
+    numel = math.prod(shape)
+    vec = max_vec
+    while vec > 1 and (shape[-1] % vec or numel % (threads * vec)):
+        vec //= 2
+    return vec
 
 
 @dataclass(frozen=True)
@@ -134,99 +117,11 @@ class ReplicatedLayout:
         return unravel(idx, list(self.shape)), None
 
 
-@dataclass(frozen=True)
-class WgmmaRows:
-    """The rows of `WgmmaLayout(M, *, nwg)`: warpgroup w holds rows [w * M / nwg, ...), in
-    M / nwg / 64 blocks of 64; thread t of a warpgroup holds rows 16 * (t / 32) + (t % 32) / 4
-    and 8 more of each block (slots 2h and 2h + 1), as do the other 3 lanes of its quad."""
-
-    M: int
-    nwg: int
-
-    QUAD_MASKS = (1, 2)  # lane xor masks that reach the other holders of a row
-
-    @property
-    def local_size(self) -> int:
-        return self.M // self.nwg // 64 * 2
-
-    def coords(self, tx, slot):
-        wg, t = tirx.floordiv(tx, 128), tirx.floormod(tx, 128)
-        row = (wg * (self.M // self.nwg) + tirx.floordiv(slot, 2) * 64
-               + 16 * tirx.floordiv(t, 32) + tirx.floordiv(tirx.floormod(t, 32), 4)
-               + 8 * tirx.floormod(slot, 2))
-        return [row], None
-
-
-@dataclass(frozen=True)
-class MmaRows:
-    """The rows of `MmaLayout(M, *, warps, 1)`: warp w holds rows [w * M / warps, ...), in
-    M / warps / 16 blocks of 16; lane l holds rows l / 4 and l / 4 + 8 of each block (slots
-    2 mt and 2 mt + 1), as do the other 3 lanes of its quad."""
-
-    M: int
-    warps: int
-
-    QUAD_MASKS = (1, 2)
-
-    @property
-    def local_size(self) -> int:
-        return self.M // self.warps // 8
-
-    def coords(self, tx, slot):
-        warp, lane = tirx.floordiv(tx, 32), tirx.floormod(tx, 32)
-        row = (warp * (self.M // self.warps) + tirx.floordiv(slot, 2) * 16
-               + tirx.floordiv(lane, 4) + 8 * tirx.floormod(slot, 2))
-        return [row], None
-
-
-ROWS_LAYOUTS = (WgmmaRows, MmaRows)  # layouts replicated over the lanes of a quad
-
-
 def rows_of(layout):
     """The rows layout of a 2-D fragment layout, or None when its rows are spread wider than a
     quad of lanes (then row vectors over it stay replicated)."""
     rows = getattr(layout, "rows", None)
     return rows() if rows is not None else None
-
-
-def choose_warps(M: int, N: int, threads: int, policy: int = pb.POLICY_SQUARE
-                 ) -> tuple[int, int] | None:
-    """The warp grid (warp_m, warp_n) for an mma.sync tile of M x N, or None when none fits.
-    `policy` (a GemmWarpPolicy): POLICY_SQUARE makes the warps' tiles as square as the warp
-    count allows, POLICY_FULL_ROW puts as many warps along M as fit (each warp then holds
-    whole rows: row reductions stay in a quad of lanes), POLICY_FULL_COL as many along N."""
-    if threads % 32:
-        return None
-    warps = threads // 32
-    fits = []
-    for wm in range(1, warps + 1):
-        if warps % wm:
-            continue
-        wn = warps // wm
-        if M % (16 * wm) or N % (8 * wn):
-            continue
-        if (M // wm // 16) * (N // wn // 8) * 4 > 256:
-            continue
-        fits.append((wm, wn))
-    if not fits:
-        return None
-    if policy == pb.POLICY_FULL_ROW:
-        return max(fits)
-    if policy == pb.POLICY_FULL_COL:
-        return min(fits)
-    return min(fits, key=lambda w: abs(M / w[0] - N / w[1]))  # ties: fewer warps along M
-
-
-def mma_eligible(a: pb.Buffer, b: pb.Buffer, c: pb.Buffer) -> bool:
-    ab = {dtypes.canonical_name(a.dtype), dtypes.canonical_name(b.dtype)}
-    if dtypes.canonical_name(c.dtype) != "float32":
-        return False
-    # float8 tiles in shared memory are converted to half first (cuda_gemm.converted).
-    if ab <= {"float8_e4m3", "float8_e5m2"}:
-        return a.scope == b.scope == pb.SHARED
-    # A fragment operand is read from registers or staged through shared memory (cuda_gemm).
-    return (len(ab) == 1 and ab <= {"float16", "bfloat16"}
-            and {a.scope, b.scope} <= {pb.SHARED, pb.FRAGMENT})
 
 
 def body_statements(s: pb.Stmt) -> list[pb.Stmt]:
@@ -285,13 +180,14 @@ def is_identity(indices, loop_vars: list[int]) -> bool:
                                                                       strict=True))
 
 
-def infer_layouts(program: pb.Program, accumulators: dict[int, object] | None = None
-                  ) -> dict[int, object]:
-    """Every fragment's layout. `accumulators` fixes the layouts of gemm accumulators (the
-    sm_90a paths use the wgmma layout); others are chosen here."""
+def infer_layouts(program: pb.Program, anchors: Anchors,
+                  accumulators: dict[int, object] | None = None) -> dict[int, object]:
+    """Every fragment's layout. `anchors`: the target's instruction layouts; `accumulators`
+    fixes the layouts of some gemm accumulators (a path that issues other instructions);
+    others are chosen here."""
     forced: set[int] = set()
     while True:  # a row vector read over a tile with other rows falls back to replicated
-        layouts, misfits = _infer(program, accumulators or {}, forced)
+        layouts, misfits = _infer(program, anchors, accumulators or {}, forced)
         if not misfits:
             return layouts
         forced |= misfits
@@ -326,23 +222,8 @@ def fragment_pair(st: pb.Stmt, buffers) -> tuple[int, int] | None:
     return a.id, b.id
 
 
-def a_operand_layout(g: pb.Gemm, buffers, c_layout) -> MmaLayout | None:
-    """The layout in which fragment A of gemm `g` is mma.sync's A operand in registers: the
-    accumulator layout of C's warps over (M, K) with one warp column, since two adjacent n8
-    accumulator tiles hold an m16k16 A tile. None when no such layout serves (a transposed
-    A, C not an mma accumulator with one warp column, K not a multiple of 16)."""
-    a = buffers[g.a]
-    if a.scope != pb.FRAGMENT or g.transpose_a or g.a_index or len(a.shape) != 2 or \
-            not isinstance(c_layout, MmaLayout) or c_layout.warp_n != 1:
-        return None
-    M, K = (d.size for d in a.shape)
-    if M != c_layout.M or K % 16:
-        return None
-    return MmaLayout(M, K, c_layout.warp_m, 1)
-
-
-def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int]
-           ) -> tuple[dict[int, object], set[int]]:
+def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object],
+           forced: set[int]) -> tuple[dict[int, object], set[int]]:
     threads = program.kernel.threads
     buffers = {b.id: b for b in program.buffers}
     frags = {b.id for b in program.buffers if b.scope == pb.FRAGMENT}
@@ -356,14 +237,9 @@ def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int
         if st.WhichOneof("kind") == "gemm":
             g = st.gemm
             gemms.append(g)
-            a, b, c = buffers[g.a], buffers[g.b], buffers[g.c]
-            M, N = c.shape[0].size, c.shape[1].size
-            if g.c in accumulators:
-                lay = accumulators[g.c]
-            else:
-                warps = choose_warps(M, N, threads, g.policy) if mma_eligible(a, b, c) \
-                    else None
-                lay = MmaLayout(M, N, *warps) if warps else CyclicLayout((M, N), threads)
+            c = buffers[g.c]
+            lay = accumulators[g.c] if g.c in accumulators else \
+                anchors.accumulator(g, buffers, threads)
             if g.c in layouts and layouts[g.c] != lay:
                 raise CompileError(f"fragment {c.name or g.c} is the accumulator of gemms with "
                                    "different layouts")
@@ -429,12 +305,11 @@ def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int
             changed = _spread(nests, moves, reduces, layouts, replicated, buffers)
 
     propagate()
-    # A 16-bit A operand nothing else placed is laid out as mma.sync's A operand (registers).
+    # An A operand nothing else placed takes the layout its gemm reads from registers.
     placed = False
     for g in gemms:
-        lay = a_operand_layout(g, buffers, layouts.get(g.c))
-        if lay is not None and g.a not in layouts and g.a not in replicated and \
-                dtypes.nbytes(buffers[g.a].dtype) == 2:
+        lay = anchors.a_operand(g, buffers, layouts.get(g.c))
+        if lay is not None and g.a not in layouts and g.a not in replicated:
             layouts[g.a] = lay
             placed = True
     if placed:
@@ -442,10 +317,10 @@ def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int
 
     misfits = set()
     for bid, nest in row_reads:
-        anchors = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
+        held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
         lay = layouts.get(bid)
-        if bid not in replicated and not (lay is not None and len(anchors) == 1 and
-                                          rows_of(anchors.pop()) == lay):
+        if bid not in replicated and not (lay is not None and len(held) == 1 and
+                                          rows_of(held.pop()) == lay):
             misfits.add(bid)
     if misfits:
         return layouts, misfits
@@ -467,7 +342,7 @@ def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int
 
     for bid in frags:
         if bid in replicated:
-            if bid in layouts and not isinstance(layouts[bid], ROWS_LAYOUTS):
+            if bid in layouts and not isinstance(layouts[bid], anchors.rows_layouts):
                 b = buffers[bid]
                 raise CompileError(
                     f"fragment {b.name} is a gemm accumulator but is also read "
@@ -476,7 +351,9 @@ def _infer(program: pb.Program, accumulators: dict[int, object], forced: set[int
                     f"{b.loc.file}:{b.loc.line}" if b.HasField("loc") and b.loc.file else "")
             layouts[bid] = ReplicatedLayout(tuple(d.size for d in buffers[bid].shape))
         elif bid not in layouts:
-            layouts[bid] = CyclicLayout(tuple(d.size for d in buffers[bid].shape), threads)
+            shape = tuple(d.size for d in buffers[bid].shape)
+            layouts[bid] = CyclicLayout(shape, threads,
+                                        cyclic_vector(shape, threads, anchors.max_vector))
     return layouts, set()
 
 

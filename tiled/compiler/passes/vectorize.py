@@ -1,0 +1,118 @@
+"""Vectorization of element loops: which T.vectorized loops may become vector lanes, with the
+alignment proofs they need."""
+
+from __future__ import annotations
+
+from tiled.compiler.irwalk import element_accesses, expr_vars, lanes_independent, walk
+from tiled.ir import dtypes
+from tiled.v1 import tile_ir_pb2 as pb
+
+
+def multiple_of(e: pb.Expr, m: int) -> bool:
+    """True when `e` is provably a multiple of m (constants, products, sums)."""
+    kind = e.WhichOneof("kind")
+    if kind == "int_value":
+        return e.int_value % m == 0
+    if kind == "binary":
+        a, b = e.binary.a, e.binary.b
+        if e.binary.op == pb.MUL:
+            return multiple_of(a, m) or multiple_of(b, m)
+        if e.binary.op in (pb.ADD, pb.SUB):
+            return multiple_of(a, m) and multiple_of(b, m)
+    if kind == "cast":
+        return multiple_of(e.cast.value, m)
+    return False
+
+
+_VECTOR_DTYPES = {pb.FLOAT32, pb.FLOAT16, pb.INT32}
+
+
+def vector_lanes_ok(f: pb.For, lanes: int, buffers) -> bool:
+    """Whether T.vectorized loop `f` of `lanes` constant iterations can become TVM vector
+    lanes safely. TVM widens `buf[base + v]` into one vector access without proving it
+    aligned (a misaligned vector access faults), so every element access that depends on
+    the loop var must be `base + v` in its last dim with `base` a provable multiple of the
+    lanes and rows of a whole number of vectors (static shape, or a shared tile's padded
+    stride that keeps it: the lowering checks shared tiles), 4 to 16 bytes of a float32,
+    float16 or int32 buffer, and not a fragment spread over threads; the body holds element
+    stores (under conditions) only, each to an element of its own iteration, and reads a
+    buffer it stores to only at the element it stores (the loop is serial in the Tile IR:
+    lanes must not see each other's writes). Anything else runs as an unrolled loop."""
+    if lanes not in (2, 4, 8, 16):
+        return False
+    for st in walk(f.body):
+        kind = st.WhichOneof("kind")
+        if kind not in ("seq", "store", "if_then_else"):
+            return False
+    if not lanes_independent(f):
+        return False
+    v = f.var
+    for bid, idx in element_accesses(f.body):
+        if not idx or v not in expr_vars(idx):
+            continue
+        b = buffers[bid]
+        if b.dtype not in _VECTOR_DTYPES or lanes * dtypes.nbytes(b.dtype) not in (4, 8, 16):
+            return False
+        if b.scope == pb.FRAGMENT or v in expr_vars(idx[:-1]):
+            return False
+        last = idx[-1]
+        if last.WhichOneof("kind") == "var" and last.var == v:
+            base = None
+        elif last.WhichOneof("kind") == "binary" and last.binary.op == pb.ADD:
+            a, c = last.binary.a, last.binary.b
+            if a.WhichOneof("kind") == "var" and a.var == v:
+                base = c
+            elif c.WhichOneof("kind") == "var" and c.var == v:
+                base = a
+            else:
+                return False
+            if v in expr_vars([base]) or not multiple_of(base, lanes):
+                return False
+        else:
+            return False
+        if b.scope != pb.SHARED and len(b.shape) > 1 and (
+                b.shape[-1].WhichOneof("kind") != "size" or b.shape[-1].size % lanes):
+            return False
+    return True
+
+
+def run_lanes(body: pb.Stmt, var: int, vec: int, buffers, shared_stride=None) -> int:
+    """How many consecutive iterations of `var` (the innermost variable of a T.Parallel nest
+    over a cyclic layout whose runs are `vec` long) the body can run as vector lanes: `vec`,
+    or a divisor of it, or 1 (no vectors). Every access that moves with `var` must be `var`
+    or `var + base` in its last dim, `base` a provable multiple of `vec`, on rows of whole
+    runs (a static last dim, or a shared tile whose padded `shared_stride(bid)` keeps them);
+    fragments are indexed by the nest (their slots are the run). Lanes are capped so no
+    vector is wider than 16 bytes; the body must hold element stores only. (Lanes need not
+    be proven independent: the iterations of a T.Parallel nest are, by its definition.)"""
+    if vec < 2:
+        return 1
+    for st in walk(body):
+        if st.WhichOneof("kind") not in ("seq", "store"):
+            return 1
+    lanes = vec
+    for bid, idx in element_accesses(body):
+        b = buffers[bid]
+        lanes = min(lanes, max(1, 16 // dtypes.nbytes(b.dtype)))
+        if not idx or var not in expr_vars(idx) or b.scope == pb.FRAGMENT:
+            continue
+        if var in expr_vars(idx[:-1]) or not _run_index(idx[-1], var, vec):
+            return 1
+        if b.scope == pb.SHARED:
+            if shared_stride is None or shared_stride(bid) % vec:
+                return 1
+        elif len(b.shape) > 1 and (b.shape[-1].WhichOneof("kind") != "size"
+                                   or b.shape[-1].size % vec):
+            return 1
+    return lanes if lanes >= 2 else 1
+
+
+def _run_index(last: pb.Expr, var: int, vec: int) -> bool:
+    if last.WhichOneof("kind") == "var":
+        return last.var == var
+    if last.WhichOneof("kind") == "binary" and last.binary.op == pb.ADD:
+        a, c = last.binary.a, last.binary.b
+        for x, base in ((a, c), (c, a)):
+            if x.WhichOneof("kind") == "var" and x.var == var:
+                return var not in expr_vars([base]) and multiple_of(base, vec)
+    return False

@@ -1,0 +1,202 @@
+"""The CUDA target's fragment layouts, the anchors of layout inference (passes/layout.py):
+
+- `MmaLayout`: the accumulator layout of mma.sync m16n8k16 over a grid of warps (the layout
+  tiled_cuda.h's gemm_ss writes). Chosen for the C operand of a tensor-core T.gemm, with the
+  warp grid its GemmWarpPolicy asks for (`choose_warps`). With one warp column (warp_n 1) the
+  layout of two adjacent n8 tiles is the m16k16 A-operand layout of mma.sync, so a 16-bit
+  fragment in it (`T.copy(acc_s, acc_s_cast)`) is the A operand of a gemm from registers.
+- A rows layout (`WgmmaRows`, `MmaRows`): a vector over the rows of a 2-D layout whose rows
+  each live in one quad of lanes (the wgmma accumulator's, an mma accumulator's with one warp
+  column): thread t holds the rows it holds in the 2-D tile, replicated across its quad.
+  Chosen for the row reductions (dim 1) of such a tile, so a reduction is a per-thread
+  combine and two quad shuffles, and `m[i]` inside a loop over (i, j) over that tile is a
+  register read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+
+from tiled.compiler.passes import layout as generic
+from tiled.compiler.passes.layout import CyclicLayout
+from tiled.ir import dtypes
+from tiled.v1 import tile_ir_pb2 as pb
+
+
+@dataclass(frozen=True)
+class MmaLayout:
+    M: int
+    N: int
+    warp_m: int
+    warp_n: int
+
+    @property
+    def local_size(self) -> int:
+        return (self.M // self.warp_m // 16) * (self.N // self.warp_n // 8) * 4
+
+    def coords(self, tx, idx):
+        wm_, wn_ = self.M // self.warp_m, self.N // self.warp_n
+        nt_count = wn_ // 8
+        warp, lane = tirx.floordiv(tx, 32), tirx.floormod(tx, 32)
+        wm, wn = tirx.floordiv(warp, self.warp_n), tirx.floormod(warp, self.warp_n)
+        r = tirx.floormod(idx, 4)
+        tile = tirx.floordiv(idx, 4)
+        mt, nt = tirx.floordiv(tile, nt_count), tirx.floormod(tile, nt_count)
+        row = wm * wm_ + mt * 16 + tirx.floordiv(lane, 4) + 8 * tirx.floordiv(r, 2)
+        col = wn * wn_ + nt * 8 + tirx.floormod(lane, 4) * 2 + tirx.floormod(r, 2)
+        return [row, col], None
+
+    def template_args(self) -> str:
+        return f"{self.warp_m}, {self.warp_n}"
+
+    def rows(self):
+        """The rows layout (MmaRows), or None when a row is spread over several warps."""
+        return MmaRows(self.M, self.warp_m) if self.warp_n == 1 else None
+
+    def row_slot(self, idx):
+        """The MmaRows slot of the row that slot `idx` of this layout lies in."""
+        nt_count = self.N // 8
+        return tirx.floordiv(tirx.floordiv(idx, 4), nt_count) * 2 + \
+            tirx.floordiv(tirx.floormod(idx, 4), 2)
+
+    def row_members(self, slot: int) -> list[int]:
+        """This layout's slots (in one thread) whose elements lie in row slot `slot`."""
+        mt, half = divmod(slot, 2)
+        nt_count = self.N // 8
+        return [(mt * nt_count + nt) * 4 + 2 * half + c for nt in range(nt_count)
+                for c in (0, 1)]
+
+
+@dataclass(frozen=True)
+class WgmmaRows:
+    """The rows of `WgmmaLayout(M, *, nwg)`: warpgroup w holds rows [w * M / nwg, ...), in
+    M / nwg / 64 blocks of 64; thread t of a warpgroup holds rows 16 * (t / 32) + (t % 32) / 4
+    and 8 more of each block (slots 2h and 2h + 1), as do the other 3 lanes of its quad."""
+
+    M: int
+    nwg: int
+
+    QUAD_MASKS = (1, 2)  # lane xor masks that reach the other holders of a row
+
+    @property
+    def local_size(self) -> int:
+        return self.M // self.nwg // 64 * 2
+
+    def coords(self, tx, slot):
+        wg, t = tirx.floordiv(tx, 128), tirx.floormod(tx, 128)
+        row = (wg * (self.M // self.nwg) + tirx.floordiv(slot, 2) * 64
+               + 16 * tirx.floordiv(t, 32) + tirx.floordiv(tirx.floormod(t, 32), 4)
+               + 8 * tirx.floormod(slot, 2))
+        return [row], None
+
+
+@dataclass(frozen=True)
+class MmaRows:
+    """The rows of `MmaLayout(M, *, warps, 1)`: warp w holds rows [w * M / warps, ...), in
+    M / warps / 16 blocks of 16; lane l holds rows l / 4 and l / 4 + 8 of each block (slots
+    2 mt and 2 mt + 1), as do the other 3 lanes of its quad."""
+
+    M: int
+    warps: int
+
+    QUAD_MASKS = (1, 2)
+
+    @property
+    def local_size(self) -> int:
+        return self.M // self.warps // 8
+
+    def coords(self, tx, slot):
+        warp, lane = tirx.floordiv(tx, 32), tirx.floormod(tx, 32)
+        row = (warp * (self.M // self.warps) + tirx.floordiv(slot, 2) * 16
+               + tirx.floordiv(lane, 4) + 8 * tirx.floormod(slot, 2))
+        return [row], None
+
+
+ROWS_LAYOUTS = (WgmmaRows, MmaRows)  # layouts replicated over the lanes of a quad
+
+
+def choose_warps(M: int, N: int, threads: int, policy: int = pb.POLICY_SQUARE
+                 ) -> tuple[int, int] | None:
+    """The warp grid (warp_m, warp_n) for an mma.sync tile of M x N, or None when none fits.
+    `policy` (a GemmWarpPolicy): POLICY_SQUARE makes the warps' tiles as square as the warp
+    count allows, POLICY_FULL_ROW puts as many warps along M as fit (each warp then holds
+    whole rows: row reductions stay in a quad of lanes), POLICY_FULL_COL as many along N."""
+    if threads % 32:
+        return None
+    warps = threads // 32
+    fits = []
+    for wm in range(1, warps + 1):
+        if warps % wm:
+            continue
+        wn = warps // wm
+        if M % (16 * wm) or N % (8 * wn):
+            continue
+        if (M // wm // 16) * (N // wn // 8) * 4 > 256:
+            continue
+        fits.append((wm, wn))
+    if not fits:
+        return None
+    if policy == pb.POLICY_FULL_ROW:
+        return max(fits)
+    if policy == pb.POLICY_FULL_COL:
+        return min(fits)
+    return min(fits, key=lambda w: abs(M / w[0] - N / w[1]))  # ties: fewer warps along M
+
+
+def mma_eligible(a: pb.Buffer, b: pb.Buffer, c: pb.Buffer) -> bool:
+    ab = {dtypes.canonical_name(a.dtype), dtypes.canonical_name(b.dtype)}
+    if dtypes.canonical_name(c.dtype) != "float32":
+        return False
+    # float8 tiles in shared memory are converted to half first (gemm.converted).
+    if ab <= {"float8_e4m3", "float8_e5m2"}:
+        return a.scope == b.scope == pb.SHARED
+    # A fragment operand is read from registers or staged through shared memory (gemm).
+    return (len(ab) == 1 and ab <= {"float16", "bfloat16"}
+            and {a.scope, b.scope} <= {pb.SHARED, pb.FRAGMENT})
+
+
+def a_operand_layout(g: pb.Gemm, buffers, c_layout) -> MmaLayout | None:
+    """The layout in which fragment A of gemm `g` is mma.sync's A operand in registers: the
+    accumulator layout of C's warps over (M, K) with one warp column, since two adjacent n8
+    accumulator tiles hold an m16k16 A tile. None when no such layout serves (a transposed
+    A, C not an mma accumulator with one warp column, K not a multiple of 16)."""
+    a = buffers[g.a]
+    if a.scope != pb.FRAGMENT or g.transpose_a or g.a_index or len(a.shape) != 2 or \
+            not isinstance(c_layout, MmaLayout) or c_layout.warp_n != 1:
+        return None
+    M, K = (d.size for d in a.shape)
+    if M != c_layout.M or K % 16:
+        return None
+    return MmaLayout(M, K, c_layout.warp_m, 1)
+
+
+
+
+class CudaAnchors:
+    """The CUDA instruction layouts layout inference starts from."""
+
+    rows_layouts = ROWS_LAYOUTS
+    max_vector = 8  # 16 bytes of a 16-bit tile per access
+
+    @staticmethod
+    def accumulator(g: pb.Gemm, buffers, threads: int):
+        a, b, c = buffers[g.a], buffers[g.b], buffers[g.c]
+        M, N = c.shape[0].size, c.shape[1].size
+        warps = choose_warps(M, N, threads, g.policy) if mma_eligible(a, b, c) else None
+        return MmaLayout(M, N, *warps) if warps else CyclicLayout((M, N), threads)
+
+    @staticmethod
+    def a_operand(g: pb.Gemm, buffers, c_layout):
+        """mma.sync reads a 16-bit A from registers (a_operand_layout)."""
+        if dtypes.nbytes(buffers[g.a].dtype) != 2:
+            return None
+        return a_operand_layout(g, buffers, c_layout)
+
+
+def infer_layouts(program: pb.Program, accumulators: dict[int, object] | None = None
+                  ) -> dict[int, object]:
+    """Every fragment's layout on CUDA; `accumulators` fixes some gemm accumulators' layouts
+    (the sm_90a paths use the wgmma layout)."""
+    return generic.infer_layouts(program, CudaAnchors, accumulators)

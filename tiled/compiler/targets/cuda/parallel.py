@@ -1,0 +1,96 @@
+"""T.Parallel nests on the CUDA lowering: a nest is split over the threads by the layout of
+the fragment it indexes by its loop variables (its anchor); without one, flat over the threads
+(or whole in every thread when it writes a replicated tile).
+
+Over a cyclic layout with runs (passes/layout.CyclicLayout.vec), each thread's slots come in
+runs of consecutive elements of the last dim; the run is one vectorized TIR loop where every
+access that moves with it is contiguous and aligned (passes/vectorize.run_lanes), so loads and
+stores of global and shared tiles are up to 16 bytes wide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from tiled.compiler.irwalk import element_accesses, stores
+from tiled.compiler.passes.layout import CyclicLayout, ReplicatedLayout, is_identity, parallel_nest
+from tiled.compiler.passes.vectorize import run_lanes
+from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS
+from tiled.compiler.tir import unravel_dyn
+from tiled.v1 import tile_ir_pb2 as pb
+
+
+def lower_parallel(low, s: pb.Stmt) -> None:
+    nest, body = parallel_nest(s)
+    loop_vars = [f.var for f in nest]
+    extents = [low.expr(f.extent) for f in nest]
+    if any(isinstance(e, tirx.IntImm) and e.value <= 0 for e in extents):
+        return  # a nest that never runs (its extent folds to 0)
+    static = [f.extent.int_value if f.extent.WhichOneof("kind") == "int_value" else None
+              for f in nest]
+    anchor = None
+    ident = []
+    for bid, idx in element_accesses(body):
+        if low.buffers[bid].scope == pb.FRAGMENT and is_identity(idx, loop_vars) and \
+                not isinstance(low.layouts[bid], ReplicatedLayout):
+            anchor = anchor or low.layouts[bid]
+            if bid not in ident:
+                ident.append(bid)
+    outer_vars = low.nest_vars
+    if anchor is not None:
+        with _slots(low, anchor, body, loop_vars[-1]) as idx:
+            coords, valid = anchor.coords(low.tx, idx)
+            for v, c in zip(loop_vars, coords, strict=True):
+                low.vars[v] = c
+            low.frag_bind = {b: idx for b in ident}
+            low.nest_vars = loop_vars
+            low.frag_row = (anchor, idx) if hasattr(anchor, "row_slot") else None
+            low.replica = tirx.floormod(low.tx, 4) == 0 \
+                if isinstance(anchor, ROWS_LAYOUTS) else None
+            with low.maybe_if(valid):
+                low.stmt(body)
+            low.frag_bind, low.nest_vars, low.frag_row = {}, outer_vars, None
+            low.replica = None
+        return
+    writes_replicated = any(
+        low.buffers[b].scope in (pb.FRAGMENT, pb.LOCAL)
+        for b, _ in stores(body))
+    if writes_replicated:
+        # Every thread needs the values (replicated tiles): each runs the whole nest.
+        with contextlib.ExitStack() as stack:
+            for v, e in zip(loop_vars, extents, strict=True):
+                low.vars[v] = stack.enter_context(T.serial(0, e))
+            low.stmt(body)
+        return
+    total = extents[0]
+    for e in extents[1:]:
+        total = total * e
+    n_iter = tirx.floordiv(total + low.threads - 1, low.threads)
+    exact = all(x is not None for x in static) and math.prod(static) % low.threads == 0
+    with low.loop(n_iter) as it:
+        flat = it * low.threads + low.tx
+        for v, c in zip(loop_vars, unravel_dyn(flat, extents), strict=True):
+            low.vars[v] = c
+        low.nest_vars = loop_vars
+        with low.maybe_if(None if exact else flat < total):
+            low.stmt(body)
+        low.nest_vars = outer_vars
+
+
+@contextlib.contextmanager
+def _slots(low, anchor, body: pb.Stmt, inner: int):
+    """A loop over the calling thread's slots of `anchor`: over runs, each a vectorized loop of
+    its lanes, where the anchor is a cyclic layout with runs and the body's accesses allow."""
+    lanes = run_lanes(body, inner, anchor.vec, low.buffers, low.shared_stride) \
+        if isinstance(anchor, CyclicLayout) and anchor.numel % (anchor.threads * anchor.vec) == 0 \
+        else 1
+    if lanes < 2:
+        with low.loop(anchor.local_size) as idx:
+            yield idx
+        return
+    with low.loop(anchor.local_size // lanes) as run, T.vectorized(0, lanes) as lane:
+        yield run * lanes + lane

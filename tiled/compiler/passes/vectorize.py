@@ -3,7 +3,14 @@ alignment proofs they need."""
 
 from __future__ import annotations
 
-from tiled.compiler.irwalk import element_accesses, expr_vars, lanes_independent, walk
+from tiled.compiler.irwalk import (
+    element_accesses,
+    expr_vars,
+    lanes_independent,
+    stmt_exprs,
+    subexprs,
+    walk,
+)
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -76,6 +83,9 @@ def vector_lanes_ok(f: pb.For, lanes: int, buffers) -> bool:
     return True
 
 
+_FP8 = {"float8_e4m3", "float8_e5m2"}
+
+
 def run_lanes(body: pb.Stmt, var: int, vec: int, buffers, shared_stride=None) -> int:
     """How many consecutive iterations of `var` (the innermost variable of a T.Parallel nest
     over a cyclic layout whose runs are `vec` long) the body can run as vector lanes: `vec`,
@@ -83,16 +93,21 @@ def run_lanes(body: pb.Stmt, var: int, vec: int, buffers, shared_stride=None) ->
     or `var + base` in its last dim, `base` a provable multiple of `vec`, on rows of whole
     runs (a static last dim, or a shared tile whose padded `shared_stride(bid)` keeps them);
     fragments are indexed by the nest (their slots are the run). Lanes are capped so no
-    vector is wider than 16 bytes; the body must hold element stores only. (Lanes need not
+    vector is wider than 16 bytes; the body must hold element stores only, under conditions
+    the same for every lane (a guard on the row). (Lanes need not
     be proven independent: the iterations of a T.Parallel nest are, by its definition.)"""
     if vec < 2:
         return 1
     for st in walk(body):
-        if st.WhichOneof("kind") not in ("seq", "store"):
+        kind = st.WhichOneof("kind")
+        if kind not in ("seq", "store", "if_then_else") or (
+                kind == "if_then_else" and var in expr_vars([st.if_then_else.cond])):
             return 1
     lanes = vec
     for bid, idx in element_accesses(body):
         b = buffers[bid]
+        if dtypes.canonical_name(b.dtype) in _FP8:
+            return 1
         lanes = min(lanes, max(1, 16 // dtypes.nbytes(b.dtype)))
         if not idx or var not in expr_vars(idx) or b.scope == pb.FRAGMENT:
             continue
@@ -104,15 +119,32 @@ def run_lanes(body: pb.Stmt, var: int, vec: int, buffers, shared_stride=None) ->
         elif len(b.shape) > 1 and (b.shape[-1].WhichOneof("kind") != "size"
                                    or b.shape[-1].size % vec):
             return 1
+    # TVM's CUDA vectors of 8 float32 lanes mis-broadcast scalars: no vector wider than 16
+    # bytes, intermediate values included.
+    # Selects whose condition differs by lane, and float8 values (converted by integer code
+    # with selects where the target has no conversion), stay scalar.
+    for st in walk(body):
+        for e in stmt_exprs(st):
+            for sub in subexprs(e):
+                if sub.dtype:
+                    if dtypes.canonical_name(sub.dtype) in _FP8:
+                        return 1
+                    lanes = min(lanes, max(1, 16 // dtypes.nbytes(sub.dtype)))
+                if sub.WhichOneof("kind") == "select" and var in expr_vars([sub.select.cond]):
+                    return 1
     return lanes if lanes >= 2 else 1
 
 
 def _run_index(last: pb.Expr, var: int, vec: int) -> bool:
-    if last.WhichOneof("kind") == "var":
+    """Whether `last` is var plus terms free of var that are multiples of `vec` (a sum in any
+    order and nesting)."""
+    kind = last.WhichOneof("kind")
+    if kind == "var":
         return last.var == var
-    if last.WhichOneof("kind") == "binary" and last.binary.op == pb.ADD:
+    if kind == "binary" and last.binary.op == pb.ADD:
         a, c = last.binary.a, last.binary.b
         for x, base in ((a, c), (c, a)):
-            if x.WhichOneof("kind") == "var" and x.var == var:
-                return var not in expr_vars([base]) and multiple_of(base, vec)
+            if var in expr_vars([x]):
+                return var not in expr_vars([base]) and multiple_of(base, vec) and \
+                    _run_index(x, var, vec)
     return False

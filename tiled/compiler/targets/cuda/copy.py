@@ -182,6 +182,9 @@ def run_lanes_of_copy(low, bid: int, region: pb.Region, other: pb.Region | None)
     elif buf.scope != pb.GLOBAL or (len(buf.shape) > 1 and (
             buf.shape[-1].WhichOneof("kind") != "size" or buf.shape[-1].size % vec)):
         return 1
+    if {dtypes.canonical_name(frag.dtype), dtypes.canonical_name(buf.dtype)} & \
+            {"float8_e4m3", "float8_e5m2"}:
+        return 1  # converted by integer code with selects where the target has no cvt
     widest = max(dtypes.nbytes(frag.dtype), dtypes.nbytes(buf.dtype))
     lanes = min(vec, 16 // widest)
     return lanes if lanes >= 2 else 1

@@ -69,10 +69,11 @@ def lower_parallel(low, s: pb.Stmt) -> None:
     total = extents[0]
     for e in extents[1:]:
         total = total * e
-    n_iter = tirx.floordiv(total + low.threads - 1, low.threads)
-    exact = all(x is not None for x in static) and math.prod(static) % low.threads == 0
-    with low.loop(n_iter) as it:
-        flat = it * low.threads + low.tx
+    lanes = _flat_lanes(low, body, loop_vars[-1], static)
+    n_iter = tirx.floordiv(total + low.threads * lanes - 1, low.threads * lanes)
+    exact = all(x is not None for x in static) and \
+        math.prod(static) % (low.threads * lanes) == 0
+    with _flat(low, n_iter, lanes) as flat:
         for v, c in zip(loop_vars, unravel_dyn(flat, extents), strict=True):
             low.vars[v] = c
         low.nest_vars = loop_vars
@@ -94,3 +95,25 @@ def _slots(low, anchor, body: pb.Stmt, inner: int):
         return
     with low.loop(anchor.local_size // lanes) as run, T.vectorized(0, lanes) as lane:
         yield run * lanes + lane
+
+
+def _flat_lanes(low, body: pb.Stmt, inner: int, static: list) -> int:
+    """Vector lanes for a nest dealt flat over the threads: runs of consecutive iterations of
+    the innermost loop, where its extent and the nest's size allow whole runs per thread."""
+    if any(x is None for x in static):
+        return 1
+    vec = 8
+    while vec > 1 and (static[-1] % vec or math.prod(static) % (low.threads * vec)):
+        vec //= 2
+    return run_lanes(body, inner, vec, low.buffers, low.shared_stride) if vec > 1 else 1
+
+
+@contextlib.contextmanager
+def _flat(low, n_iter, lanes: int):
+    """The flat element index of each of the calling thread's iterations."""
+    with low.loop(n_iter) as it:
+        if lanes < 2:
+            yield it * low.threads + low.tx
+            return
+        with T.vectorized(0, lanes) as lane:
+            yield (it * low.threads + low.tx) * lanes + lane

@@ -123,9 +123,8 @@ def test_flash_attention_square_layouts():
         assert isinstance(lay[v], ReplicatedLayout), v
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_flash_attention_fullrow_keeps_p_in_registers(arch):
-    src, pool, low = source(cases.flash_attention(1, 2, 256, 64, False), arch)
+def test_flash_attention_fullrow_keeps_p_in_registers():
+    src, pool, low = source(cases.flash_attention(1, 2, 256, 64, False), "sm_80")
     body = kernel_body(src)
     assert "tiled::gemm_ss<half, 64, 64, 64, 4, 1, false, true, 72, 72>" in body  # S = Q K^T
     assert "tiled::gemm_rs<half, 64, 64, 64, 4, false, 72>" in body  # O += P V, P in registers
@@ -133,6 +132,22 @@ def test_flash_attention_fullrow_keeps_p_in_registers(arch):
     assert low.attn is None and low.ws is None  # A in registers: not the sm90 attention path
     # Q, K, V padded gemm tiles and O's staging tile; no scratch area.
     assert pool == 3 * 64 * 72 * 2 + 64 * 64 * 2
+
+
+def test_flash_attention_on_sm90a_takes_wgmma_per_op():
+    """The same kernel on sm_90a: S = Q K^T on wgmma from shared memory (SS), O += P V on
+    wgmma with P in registers (RS: the cast copy of S lies in the wgmma A-operand layout),
+    Q, K, V as swizzled panel tiles (no padding), row statistics on wgmma's rows layout."""
+    src, pool, low = source(cases.flash_attention(1, 2, 256, 64, False), "sm_90a")
+    body = kernel_body(src)
+    assert "tiled::sm90::wgmma_rows<half, 64, 64, 64, 64, true>" in body
+    assert "tiled::sm90::wgmma_rows_rs<half, 64, 64, 64, false>" in body
+    assert "gemm_ss" not in body and "gemm_rs" not in body
+    assert body.count("__shfl_xor_sync") == 2 * 2 * 2
+    assert low.attn is None and low.ws is None and low.wgmma_ops
+    names = {bid: b.name for bid, b in low.buffers.items()}
+    assert {names[b] for b in low.wgmma_ops.panels} == {"Q_shared", "K_shared", "V_shared"}
+    assert pool == 3 * 64 * 64 * 2 + 64 * 64 * 2
 
 
 def test_flash_attention_square_stages_p_through_shared_memory():
@@ -155,9 +170,14 @@ def test_flash_attention_compiles(tmp_path, arch, policy, causal):
     assert m.block == (128, 1, 1)
     if _cuobjdump():
         text = sass(art.data, tmp_path)
-        assert "HMMA.16816.F32" in text and "LDSM" in text
-        if policy == ROW:  # Square's replicated row vectors are indexed by thread: local memory
-            assert "LDL" not in text and "STL" not in text
+        if arch == "sm_80":
+            assert "HMMA.16816.F32" in text and "LDSM" in text
+        else:  # wgmma per op: SS for S = Q K^T, RS (a register A operand) for O += P V
+            assert re.search(r"HGMMA\.64x64x16\.F32 R\d+, gdesc", text)
+            assert re.search(r"HGMMA\.64x64x16\.F32 R\d+, R\d+, gdesc", text)
+            assert "HMMA" not in text
+        if policy == ROW or arch == "sm_90a":  # Square's replicated row vectors (mma.sync)
+            assert "LDL" not in text and "STL" not in text  # are indexed by thread: local
 
 
 def _cuobjdump() -> bool:

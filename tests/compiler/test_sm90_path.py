@@ -1,6 +1,7 @@
 """The automatic sm_90a path (sm90_gemm.py): which GEMMs take it, and that their cubins really
 use wgmma, TMA and mbarriers (SASS read with cuobjdump; no GPU needed)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,8 +54,8 @@ def test_example_gemm_is_warp_specialized_on_sm90a(tmp_path, dtype, bm, bn, thre
     fb = m.fallback_manifest()
     assert fb.block[0] == threads and SM_COUNT_DIM not in expr_names(fb.grid[0]) and \
         not [a for a in fb.kernel_args if a.kind == "tensor_map"]
-    fb_text = sass(c.artifact, tmp_path, fb.symbol)
-    assert "HMMA" in fb_text and "HGMMA" not in fb_text and "UTMALDG" not in fb_text
+    fb_text = sass(c.artifact, tmp_path, fb.symbol)  # cp.async, and wgmma per op
+    assert "HGMMA" in fb_text and "HMMA" not in fb_text and "UTMALDG" not in fb_text
 
 
 def test_tma_strides_decide_the_path_at_compile_time(tmp_path):
@@ -66,7 +67,8 @@ def test_tma_strides_decide_the_path_at_compile_time(tmp_path):
     m = ragged.manifest
     assert m.block[0] == 128 and not m.requires and m.fallback is None
     assert not [a for a in m.kernel_args if a.kind == "tensor_map"]
-    assert "HMMA" in sass(ragged.artifact, tmp_path)
+    ragged_text = sass(ragged.artifact, tmp_path)  # cp.async into panel tiles, wgmma per op
+    assert "HGMMA" in ragged_text and "UTMALDG" not in ragged_text
     serving = tiled.compile(gemm.matmul(T.dyn("M"), 4096, 4096, 128, 128, 64, 3, "float16",
                                         threads=128), target="cuda:sm_90a", cache=False)
     m = serving.manifest
@@ -88,18 +90,22 @@ def test_explicit_tma_copies_need_launchable_strides():
 
 
 def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
+    """No warp specialization: sm_80 (mma.sync); sm_90a kernels the whole-kernel path does
+    not take, where the per-op lowering issues wgmma when the tiles fit it (64-wide K
+    panels) and mma.sync otherwise (32-wide K tiles)."""
     k = gemm.matmul(256, 256, 256, 128, 128, 64, 3, "float16", threads=128)
-    for target, kernel, options in [
-            ("cuda:sm_80", k, {}),
-            ("cuda:sm_90a", _split_k_gemm(3, 0), {}),  # 32-wide K tiles that cannot pair
-            ("cuda:sm_90a", k, {"warp_specialize": False})]:
+    for target, kernel, options, instr in [
+            ("cuda:sm_80", k, {}, "HMMA"),
+            ("cuda:sm_90a", _split_k_gemm(3, 0), {}, "HMMA"),  # 32-wide K tiles
+            ("cuda:sm_90a", k, {"warp_specialize": False}, "HGMMA")]:
         from tiled.compiler import compile_program
 
         c = compile_program(kernel, target, **options)
         assert c.manifest.block[0] == 128
         assert not [a for a in c.manifest.kernel_args if a.kind == "tensor_map"]
         text = sass(c.artifact, tmp_path)
-        assert "HMMA" in text and "HGMMA" not in text and "UTMALDG" not in text
+        assert set(re.findall(r"\b(HG?MMA)\.", text)) == {instr}
+        assert "UTMALDG" not in text
 
 
 def test_variants_take_the_path_too():

@@ -160,14 +160,18 @@ class CudaBackend(Backend):
             from tiled.compiler.targets.cuda.sm90_explicit import explicit_source
 
             return explicit_source(src, low), low.pool_bytes, low
+        # wgmma_rows (gemm_sm90.py), for the kernel or its fallback variant.
+        wgmma = low.wgmma_ops or (low.fallback is not None and low.fallback.wgmma_ops)
+        extra = '#include "tiled_sm90_explicit.h"\n' if wgmma else ""
         if low.attn is not None:
             src = with_tensor_maps(src, low.launch_threads)
-            return ('#include "tiled_cuda.h"\n#include "tiled_sm90_attn.h"\n' + src,
+            return ('#include "tiled_cuda.h"\n#include "tiled_sm90_attn.h"\n' + extra + src,
                     low.pool_bytes, low)
         if low.ws is None:
-            return '#include "tiled_cuda.h"\n' + src, low.pool_bytes, low
+            return '#include "tiled_cuda.h"\n' + extra + src, low.pool_bytes, low
         src = with_tensor_maps(src, low.launch_threads)
-        return '#include "tiled_cuda.h"\n#include "tiled_sm90.h"\n' + src, low.pool_bytes, low
+        return ('#include "tiled_cuda.h"\n#include "tiled_sm90.h"\n' + extra + src,
+                low.pool_bytes, low)
 
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         t0 = time.perf_counter()

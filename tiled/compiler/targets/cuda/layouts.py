@@ -93,6 +93,42 @@ class WgmmaRows:
 
 
 @dataclass(frozen=True)
+class WgmmaLayout:
+    """wgmma's accumulator over `nwg` warpgroups: warpgroup w holds rows [w * M / nwg, ...)
+    as M / nwg / 64 blocks of m64 x N, each N / 2 floats per thread in wgmma's order."""
+
+    M: int
+    N: int
+    nwg: int
+
+    @property
+    def local_size(self) -> int:
+        return self.M // self.nwg // 64 * (self.N // 2)
+
+    def coords(self, tx, idx):
+        half = self.N // 2
+        wg, t = tirx.floordiv(tx, 128), tirx.floormod(tx, 128)
+        h, i = tirx.floordiv(idx, half), tirx.floormod(idx, half)
+        row = (wg * (self.M // self.nwg) + h * 64 + 16 * tirx.floordiv(t, 32)
+               + tirx.floordiv(tirx.floormod(t, 32), 4) + 8 * tirx.floormod(tirx.floordiv(i, 2), 2))
+        col = 8 * tirx.floordiv(i, 4) + 2 * tirx.floormod(t, 4) + tirx.floormod(i, 2)
+        return [row, col], None
+
+    def rows(self):
+        return WgmmaRows(self.M, self.nwg)
+
+    def row_slot(self, idx):
+        """The WgmmaRows slot of the row that slot `idx` of this layout lies in."""
+        half = self.N // 2
+        return tirx.floordiv(idx, half) * 2 + tirx.floormod(tirx.floordiv(idx, 2), 2)
+
+    def row_members(self, slot: int) -> list[int]:
+        """This layout's slots (in one thread) whose elements lie in row slot `slot`."""
+        h, which = divmod(slot, 2)
+        return [h * (self.N // 2) + i for i in range(self.N // 2) if (i // 2) % 2 == which]
+
+
+@dataclass(frozen=True)
 class MmaRows:
     """The rows of `MmaLayout(M, *, warps, 1)`: warp w holds rows [w * M / warps, ...), in
     M / warps / 16 blocks of 16; lane l holds rows l / 4 and l / 4 + 8 of each block (slots
@@ -189,9 +225,17 @@ class CudaAnchors:
 
     @staticmethod
     def a_operand(g: pb.Gemm, buffers, c_layout):
-        """mma.sync reads a 16-bit A from registers (a_operand_layout)."""
-        if dtypes.nbytes(buffers[g.a].dtype) != 2:
+        """mma.sync reads a 16-bit A from registers in a_operand_layout; wgmma (RS) in the
+        wgmma accumulator layout of an M x K tile over C's warpgroups."""
+        a = buffers[g.a]
+        if dtypes.nbytes(a.dtype) != 2:
             return None
+        if isinstance(c_layout, WgmmaLayout):
+            if a.scope != pb.FRAGMENT or g.transpose_a or g.a_index or len(a.shape) != 2:
+                return None
+            M, K = (d.size for d in a.shape)
+            return WgmmaLayout(M, K, c_layout.nwg) if M == c_layout.M and K % 16 == 0 \
+                else None
         return a_operand_layout(g, buffers, c_layout)
 
 

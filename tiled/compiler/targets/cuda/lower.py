@@ -41,6 +41,13 @@ from tiled.compiler.targets.cuda.gemm import (
     stage_bytes,
     staged_operands,
 )
+from tiled.compiler.targets.cuda.gemm_sm90 import (
+    PANEL_ALIGN,
+    WgmmaOps,
+    lower_wgmma,
+    panel_index,
+    plan_wgmma,
+)
 from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS, MmaLayout, infer_layouts
 from tiled.compiler.targets.cuda.parallel import lower_parallel
 from tiled.compiler.targets.cuda.reduce import lower_reduce, reduce_scratch_bytes
@@ -93,6 +100,11 @@ class CudaLowering(ExprLowering):
         self.attn = find_ws_attention(p) if hopper else None
         self.layouts = infer_layouts(p, self.attn.accumulators() if self.attn else None)
         self.ws = find_ws_gemm(p, self.layouts) if hopper and not self.attn else None
+        self.wgmma_ops = WgmmaOps()
+        if arch == "sm_90a" and self.ws is None and self.attn is None and not self.explicit:
+            ops, layouts = plan_wgmma(p, infer_layouts)
+            if ops:
+                self.layouts, self.wgmma_ops = layouts, ops
         self.launch_threads = self.threads
         self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe
         self.param_of = {prm.buffer: i for i, prm in enumerate(p.params)  # tensor -> param #
@@ -193,9 +205,12 @@ class CudaLowering(ExprLowering):
             shape = [d.size for d in b.shape]
             cols = shape[-1]
             rows = math.prod(shape[:-1])
-            # TMA writes dense rows (no swizzle on the explicit path): its tiles get no pad.
+            # TMA writes dense rows (no swizzle on the explicit path): its tiles get no pad;
+            # panel tiles (wgmma's) are swizzled instead, on the swizzle's period.
             pad = 8 if b.id in gemm_operands and dtypes.nbytes(b.dtype) == 2 and \
                 len(shape) >= 2 and b.id not in tma_tiles else 0
+            if b.id in self.wgmma_ops.panels:
+                pad, offset = 0, align_up(offset, PANEL_ALIGN)
             tile = SharedTile(rows, cols, cols + pad, stages.get(b.id, 1), offset,
                               dtypes.canonical_name(b.dtype))
             self.shared[b.id] = tile
@@ -210,6 +225,8 @@ class CudaLowering(ExprLowering):
             kind = st.WhichOneof("kind")
             need = {"reduce": reduce_scratch_bytes, "copy": copy_scratch_bytes,
                     "gemm": stage_bytes, "scan": scan_scratch_bytes}.get(kind)
+            if kind == "gemm" and st.gemm.c in self.wgmma_ops.accumulators:
+                continue  # wgmma reads its operands where they lie
             if need is not None:
                 scratch = max(scratch, need(self, getattr(st, kind)))
         self.pool_bytes = offset + align_up(scratch) if scratch else offset
@@ -226,13 +243,16 @@ class CudaLowering(ExprLowering):
         if kind == "copy":
             return copy_uses_scratch(self, st.copy)
         if kind == "gemm":
-            return bool(staged_operands(self, st.gemm) or converted(self, st.gemm))
+            return st.gemm.c not in self.wgmma_ops.accumulators and \
+                bool(staged_operands(self, st.gemm) or converted(self, st.gemm))
         if kind == "scan":
             return scan_uses_scratch(self, st.scan)
         return False
 
     # -- buffers ---------------------------------------------------------------------------
     def shared_index(self, bid: int, indices: list) -> list:
+        if bid in self.wgmma_ops.panels:
+            return [panel_index(self, bid, indices)]
         tile = self.shared[bid]
         shape = [d.size for d in self.buffers[bid].shape]
         row = ravel(indices[:-1], shape[:-1]) if len(shape) > 1 else tirx.const(0, "int32")
@@ -242,8 +262,9 @@ class CudaLowering(ExprLowering):
         return [row, indices[-1]]
 
     def shared_stride(self, bid: int) -> int:
-        """Elements from one row of shared tile `bid` to the next (rows are padded)."""
-        return self.shared[bid].stride
+        """Elements from one row of shared tile `bid` to the next (rows are padded); 1 for
+        a panel tile, whose rows are swizzled (no vectors across its chunks)."""
+        return 1 if bid in self.wgmma_ops.panels else self.shared[bid].stride
 
     def frag_slot(self, bid: int, indices: list, ir_indices=None):
         lay = self.layouts[bid]
@@ -520,6 +541,8 @@ class CudaLowering(ExprLowering):
                     self.store(b.id, value, idx)
 
     def stmt_gemm(self, g, s):
+        if g.c in self.wgmma_ops.accumulators:
+            return lower_wgmma(self, g, s)
         lower_gemm(self, g, s)
 
     def stmt_reduce(self, r, _s):
@@ -552,6 +575,8 @@ class CudaLowering(ExprLowering):
                 self.issue_async_copy(ps.copy, self.copy_vector(ps.copy), pred=ahead < n)
             T.evaluate(T.call_extern("void", "tiled::cp_async_commit"))
             T.evaluate(T.call_extern("void", f"tiled::cp_async_wait<{stages - 1}>"))
+            if set(producers) & self.wgmma_ops.panels:  # wgmma reads them: async proxy
+                T.evaluate(T.call_extern("void", "tiled::sm90::fence_proxy_async_shared"))
             self.sync.sync()
             self.vars[f.var] = k
             for bid in producers:
@@ -624,7 +649,13 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
                 for b in p.buffers:
                     if b.scope == pb.SHARED and b.id not in low.shared:
                         continue  # a ring tile of the sm90 path: only TMA and wgmma see it
-                    if b.scope == pb.SHARED:
+                    if b.id in low.wgmma_ops.panels:
+                        tile = low.shared[b.id]
+                        low.tir[b.id] = T.decl_buffer(
+                            (tile.stages * tile.rows * tile.stride,), tvm_dtype(b.dtype),
+                            data=low.pool.data,
+                            elem_offset=tile.offset // dtypes.nbytes(b.dtype))
+                    elif b.scope == pb.SHARED:
                         tile = low.shared[b.id]
                         low.tir[b.id] = T.decl_buffer(
                             (tile.stages * tile.rows, tile.stride), tvm_dtype(b.dtype),
@@ -636,6 +667,9 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
                     elif b.scope == pb.LOCAL:
                         low.tir[b.id] = source_name(b, T.alloc_buffer(
                             [d.size for d in b.shape], tvm_dtype(b.dtype), scope="local"))
+                if low.wgmma_ops:
+                    T.evaluate(T.call_extern("void", "tiled::sm90::check_panel_pool",
+                                             T.address_of(low.pool[0])))
                 if low.attn is not None:
                     lower_attn_kernel(low, attn_maps, grid)
                 elif low.ws is None:

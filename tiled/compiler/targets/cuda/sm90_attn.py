@@ -42,8 +42,8 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.irwalk import element_accesses, expr_vars, walk
 from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
 from tiled.compiler.targets.cuda.cnames import CTYPE
+from tiled.compiler.targets.cuda.layouts import WgmmaLayout
 from tiled.compiler.targets.cuda.sm90_gemm import (
-    WgmmaLayout,
     persistent_walk,
     store_acc_tile,
     tile_ops_on,

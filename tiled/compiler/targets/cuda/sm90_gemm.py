@@ -39,7 +39,7 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.irwalk import element_accesses, expr_vars, walk
 from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
 from tiled.compiler.targets.cuda.cnames import CTYPE
-from tiled.compiler.targets.cuda.layouts import MmaLayout
+from tiled.compiler.targets.cuda.layouts import MmaLayout, WgmmaLayout
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.tir import global_extent
 from tiled.errors import CompileError
@@ -54,44 +54,6 @@ RING_SLACK = 1024  # the ring is aligned to 1024 bytes inside the dynamic pool
 # kernel is correct but slower so far (fp16 4096^3: 650 vs 681 TFLOP/s at 128x256;
 # benchmarks/results/hopper_gemm_h200_cluster.json), so clusters are opt-in (cluster=2).
 DEFAULT_CLUSTER = 1
-
-
-@dataclass(frozen=True)
-class WgmmaLayout:
-    """The accumulator of `WsGemm`: consumer warpgroup w holds rows [w * M / nwg, ...) as
-    M / nwg / 64 blocks of m64 x N, each N / 2 floats per thread in wgmma's order."""
-
-    M: int
-    N: int
-    nwg: int
-
-    @property
-    def local_size(self) -> int:
-        return self.M // self.nwg // 64 * (self.N // 2)
-
-    def coords(self, tx, idx):
-        half = self.N // 2
-        wg, t = tirx.floordiv(tx, 128), tirx.floormod(tx, 128)
-        h, i = tirx.floordiv(idx, half), tirx.floormod(idx, half)
-        row = (wg * (self.M // self.nwg) + h * 64 + 16 * tirx.floordiv(t, 32)
-               + tirx.floordiv(tirx.floormod(t, 32), 4) + 8 * tirx.floormod(tirx.floordiv(i, 2), 2))
-        col = 8 * tirx.floordiv(i, 4) + 2 * tirx.floormod(t, 4) + tirx.floormod(i, 2)
-        return [row, col], None
-
-    def rows(self):
-        from tiled.compiler.targets.cuda.layouts import WgmmaRows
-
-        return WgmmaRows(self.M, self.nwg)
-
-    def row_slot(self, idx):
-        """The WgmmaRows slot of the row that slot `idx` of this layout lies in."""
-        half = self.N // 2
-        return tirx.floordiv(idx, half) * 2 + tirx.floormod(tirx.floordiv(idx, 2), 2)
-
-    def row_members(self, slot: int) -> list[int]:
-        """This layout's slots (in one thread) whose elements lie in row slot `slot`."""
-        h, which = divmod(slot, 2)
-        return [h * (self.N // 2) + i for i in range(self.N // 2) if (i // 2) % 2 == which]
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,7 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.irwalk import stmt_exprs, subexprs, walk
 from tiled.compiler.passes.layout import ravel
 from tiled.compiler.targets.cuda.cnames import CTYPE
-from tiled.compiler.targets.cuda.layouts import infer_layouts
-from tiled.compiler.targets.cuda.sm90_gemm import WgmmaLayout
+from tiled.compiler.targets.cuda.layouts import WgmmaLayout, infer_layouts
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb

@@ -19,32 +19,7 @@ namespace tiled {
 namespace sm90 {
 namespace attn {
 
-// D[64 x N] (+)= A[64 x 16] * B[16 x N] for one warpgroup, A from registers: a[0..3]
-// hold the thread's 8 16-bit elements of A in the accumulator layout of an m64n16 tile
-// (acc_coord), two per word, B in shared memory (TRANS_B: 1 = MN-major).
-template <typename T, int N, int TRANS_B>
-struct WgmmaRS;
-
-// One WgmmaRS specialization: NREG = N / 2 accumulator registers (tiled_sm90.h's shared
-// operand lists), then a[0..3] (%NREG..), desc_b, scale_d, TRANS_B; PRED: scale_d's
-// placeholder, TAIL: the rest of the operand text.
-#define TILED_WGMMA_RS(T, TY, N, NREG, PRED, TAIL)                                              \
-template <int TRANS_B>                                                                          \
-struct WgmmaRS<T, N, TRANS_B> {                                                                 \
-  __device__ __forceinline__ static void run(float (&d)[NREG], const uint32_t* a,               \
-                                             uint64_t desc_b, uint32_t scale_d) {               \
-    asm volatile(                                                                               \
-        TILED_WGMMA_TEXT(TY, N, NREG, PRED, TAIL)                                               \
-        : TILED_WGMMA_D_##NREG(d)                                                               \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),                \
-          "n"(TRANS_B));                                                                        \
-  }                                                                                             \
-};
-TILED_WGMMA_RS(half, "f16", 64, 32, "%37", "{%32,%33,%34,%35}, %36, p, 1, 1, %38")
-TILED_WGMMA_RS(__nv_bfloat16, "bf16", 64, 32, "%37", "{%32,%33,%34,%35}, %36, p, 1, 1, %38")
-TILED_WGMMA_RS(half, "f16", 128, 64, "%69", "{%64,%65,%66,%67}, %68, p, 1, 1, %70")
-TILED_WGMMA_RS(__nv_bfloat16, "bf16", 128, 64, "%69", "{%64,%65,%66,%67}, %68, p, 1, 1, %70")
-#undef TILED_WGMMA_RS
+// WgmmaRS (A from registers) is tiled_sm90.h's.
 
 // Ties the registers of d to this point: reads after it see the values a wgmma wrote
 // once its group was waited for.

@@ -103,6 +103,71 @@ __device__ __forceinline__ void wgmma_tile(void* region, int32_t a_off, int32_t 
   wgmma_wait_group<0>();
 }
 
+// -- T.gemm on wgmma in the generic path (gemm_sm90.py) -------------------------------------
+// acc[WM x BN] += A[WM x K] @ B for the calling warpgroup: `a` points at its first row of a
+// panel tile of BM rows (K / 64 panels of [BM][64], 128-byte swizzled, BM * 128 bytes
+// apart), `b` at a panel tile as wgmma_cols reads it; acc in the wgmma layout (WM / 64 blocks
+// of BN / 2 floats). Fenced before, retired before return (wait_group 0), like wgmma_tile.
+template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR>
+__device__ __forceinline__ void wgmma_rows(const void* a, const void* b, float* acc) {
+  static_assert(WM % 64 == 0 && BM % WM == 0 && BN % 64 == 0 && K % 64 == 0,
+                "wgmma_rows shape");
+  const unsigned char* sa = static_cast<const unsigned char*>(a);
+  const unsigned char* sb = static_cast<const unsigned char*>(b);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+    for (int h = 0; h < WM / 64; ++h) {
+      const uint64_t da = desc_kmajor_sw128(sa + (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
+      wgmma_cols<T, BN, K, B_KMAJOR>(acc + h * (BN / 2), da, sb, kk);
+    }
+  }
+  wgmma_commit_group();
+  wgmma_wait_group<0>();
+}
+
+// wgmma_cols with A from registers: `a` the 4 words (8 16-bit elements) of the k16 slice.
+template <typename T, int BN, int K, bool B_KMAJOR, int COL = 0>
+__device__ __forceinline__ void wgmma_cols_rs(float* acc, const uint32_t* a,
+                                              const unsigned char* sb, int kk) {
+  constexpr int kRest = BN - COL;
+  constexpr int kW = kRest >= 256 ? 256 : kRest >= 128 ? 128 : 64;
+  const uint64_t db =
+      B_KMAJOR ? desc_kmajor_sw128(sb + (kk / 4) * BN * 128 + COL * 128 + 32 * (kk % 4))
+               : make_smem_desc(sb + (COL / 64) * K * 128 + 2048 * kk, K * 128, 1024);
+  WgmmaRS<T, kW, B_KMAJOR ? 0 : 1>::run(*reinterpret_cast<float(*)[kW / 2]>(acc + COL / 2), a,
+                                        db, 1u);
+  if constexpr (COL + kW < BN) wgmma_cols_rs<T, BN, K, B_KMAJOR, COL + kW>(acc, a, sb, kk);
+}
+
+// acc[WM x BN] += A[WM x K] @ B for the calling warpgroup, A from registers: `a` the
+// thread's 16-bit elements of A in the wgmma accumulator layout of a WM x K tile (WM / 64
+// blocks of K / 2 elements; two per 32-bit word, which is wgmma's A-operand layout per k16
+// slice), B a panel tile as wgmma_cols reads it. Fenced before, retired before return.
+template <typename T, int WM, int BN, int K, bool B_KMAJOR>
+__device__ __forceinline__ void wgmma_rows_rs(const void* a, const void* b, float* acc) {
+  static_assert(WM % 64 == 0 && BN % 64 == 0 && K % 16 == 0, "wgmma_rows_rs shape");
+  const uint32_t* wa = static_cast<const uint32_t*>(a);
+  const unsigned char* sb = static_cast<const unsigned char*>(b);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+    for (int h = 0; h < WM / 64; ++h)
+      wgmma_cols_rs<T, BN, K, B_KMAJOR>(acc + h * (BN / 2), wa + h * (K / 4) + 4 * kk, sb, kk);
+  }
+  wgmma_commit_group();
+  wgmma_wait_group<0>();
+}
+
+// Panel tiles assume the dynamic pool starts on a 1024-byte boundary of the shared window
+// (the swizzle's period); it does on sm_90, and a kernel whose pool did not would compute
+// garbage, so it stops instead.
+__device__ __forceinline__ void check_panel_pool(const void* pool) {
+  if (smem_addr(pool) & 1023) __trap();
+}
+
 // A barrier among the 128 threads of one warpgroup (named barrier ID, 1..15); the other
 // warpgroups never join it, so a warpgroup region can synchronize its own shared accesses.
 template <int ID>

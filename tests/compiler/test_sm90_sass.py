@@ -1,0 +1,64 @@
+"""What the per-op sm_90a lowering issues, read from the SASS of kernels written in several
+styles (the conformance suite's TileLang-style kernels, not only the repo's examples): wgmma
+for every gemm that fits it (HGMMA; the RS form, a register A operand, for FlashAttention's
+P), nothing on the sm_80 instructions, no local memory; memory-bound kernels with vector
+accesses and warp shuffles. Compiled here, no GPU needed (numerics and speed: the H200 runs
+of benchmarks/gpu/conformance.py and membound.py)."""
+
+import re
+
+import pytest
+
+from tests.compiler.test_sm90_path import sass
+from tests.conformance.cases import load_all
+
+SS = re.compile(r"HGMMA\.64x\d+x16\.F32(\.BF16)? R\d+, gdesc")
+RS = re.compile(r"HGMMA\.64x\d+x16\.F32(\.BF16)? R\d+, R\d+, gdesc")
+
+
+def _sass(tmp_path, name: str, **shape) -> str:
+    import tiled
+
+    case = load_all()[name]
+    k = case.factory(**{**case.cpu, **shape}).kernel
+    c = tiled.compile(k, target="cuda:sm_90a", cache=False)
+    return sass(c.artifact, tmp_path)
+
+
+def _no_local(text: str) -> None:
+    assert not re.search(r"\b(LDL|STL)\b", text), "local memory"
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("gemm_nt", {"M": 256, "N": 256, "K": 256, "block_M": 128, "block_N": 256,
+                 "block_K": 64, "threads": 256}),  # B as N x K, two consumer warpgroups
+    ("gemm_splitk", {"M": 256, "N": 256, "K": 1024, "block_M": 128, "block_N": 128,
+                     "block_K": 64}),  # an atomic-add epilogue
+    ("gemm_streamk", {"M": 256, "N": 256, "K": 512, "units": 8, "block_M": 128,
+                      "block_N": 128, "block_K": 64}),  # stream-K tiles of a loop
+    ("dequant_gemm_int4", {}),  # B dequantized by T.Parallel into the panel tile
+])
+def test_gemms_in_other_styles_take_wgmma(tmp_path, name, shape):
+    text = _sass(tmp_path, name, **shape)
+    assert SS.search(text) and "HMMA" not in text
+    _no_local(text)
+
+
+@pytest.mark.parametrize("name", ["mha_fwd_bshd", "mha_fwd_bshd_causal", "gqa_fwd_bshd",
+                                  "mha_fwd_bhsd_wgmma_pipelined"])
+def test_attention_takes_wgmma_ss_and_rs(tmp_path, name):
+    text = _sass(tmp_path, name)
+    assert SS.search(text) and RS.search(text) and "HMMA" not in text
+    _no_local(text)
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("rms_norm", {"M": 64, "N": 4096, "blk_m": 1}),
+    ("softmax", {"M": 64, "N": 4096, "blk_m": 1}),
+])
+def test_row_kernels_vectorize_and_shuffle(tmp_path, name, shape):
+    text = _sass(tmp_path, name, **shape)
+    assert re.search(r"\b(LDG|LDS)\.E?\.?(64|128)\b|\bLDS\.(64|128)\b", text)
+    assert re.search(r"\bSTG\.E\.(64|128)\b", text)
+    assert "SHFL.BFLY" in text
+    _no_local(text)

@@ -1,0 +1,162 @@
+"""T.gemm on wgmma in the generic sm_90a lowering, decided per op (not per kernel shape).
+
+A gemm takes wgmma when A and B are 16-bit shared tiles of one dtype (fp16 / bf16), A not
+transposed, C a float32 fragment [BM, BN] with BN a multiple of 64 and BM a multiple of 64
+per warpgroup (the block's threads are whole warpgroups, which split M), K a multiple of 64,
+at most 128 accumulator floats per thread; its A and B tiles are written by anything but TMA
+(cp.async copies, element stores) and read by no gemm that does not take wgmma; its C is
+the accumulator of no other kind of gemm. Decided together (`plan_wgmma`, a fixed point).
+
+Such tiles are *panel tiles*: a tile [rows][cols] (per stage) is stored as cols / 64 panels
+of [rows][64], each row 128 bytes in the 128-byte swizzle (16-byte chunk c of row r at chunk
+c ^ (r % 8)), stages and the tile 1024-byte aligned: what wgmma's descriptors read (the
+explicit path's panel tiles, sm90_wgmma.py, written there by TMA). Every access goes through
+`panel_index`, so copies, cp.async (16-byte chunks stay whole) and element accesses all see
+the logical tile. The accumulator takes the wgmma layout (`WgmmaLayout(BM, BN, nwg)`), which
+layout inference spreads through T.Parallel nests, copies and row reductions as usual.
+
+Each wgmma gemm is preceded by a proxy fence of the threads' own shared writes and a barrier
+(writes by ordinary instructions and cp.async are not visible to wgmma's async proxy without
+it), issued by every warpgroup for its rows, and retired (wait_group 0) before the next
+statement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from tiled.compiler.irwalk import walk
+from tiled.compiler.passes.layout import ravel
+from tiled.compiler.targets.cuda.cnames import CTYPE
+from tiled.compiler.targets.cuda.layouts import WgmmaLayout
+from tiled.errors import CompileError
+from tiled.ir import dtypes
+from tiled.v1 import tile_ir_pb2 as pb
+
+PANEL = 64  # 16-bit elements per swizzled row: 128 bytes
+PANEL_ALIGN = 1024  # the 128-byte swizzle's period: 8 rows of 128 bytes
+MAX_ACC = 128  # accumulator floats per thread
+
+
+@dataclass
+class WgmmaOps:
+    accumulators: dict[int, WgmmaLayout] = field(default_factory=dict)
+    panels: set[int] = field(default_factory=set)  # shared tiles in the panel layout
+
+    def __bool__(self) -> bool:
+        return bool(self.accumulators)
+
+
+def _shape(b: pb.Buffer) -> list[int]:
+    return [d.size for d in b.shape]
+
+
+def _fits(g: pb.Gemm, buffers, threads: int) -> bool:
+    """Whether gemm `g` fits wgmma by dtypes and shapes (SS, or RS with A a fragment)."""
+    a, b, c = buffers[g.a], buffers[g.b], buffers[g.c]
+    dt = {dtypes.canonical_name(a.dtype), dtypes.canonical_name(b.dtype)}
+    if a.scope not in (pb.SHARED, pb.FRAGMENT) or b.scope != pb.SHARED or \
+            c.scope != pb.FRAGMENT or len(dt) != 1 or not dt <= {"float16", "bfloat16"} or \
+            g.transpose_a or dtypes.canonical_name(c.dtype) != "float32" or \
+            len(c.shape) != 2 or len(a.shape) < 2 or len(b.shape) < 2 or threads % 128 or \
+            (a.scope == pb.FRAGMENT and (len(a.shape) != 2 or g.a_index)):
+        return False
+    nwg = threads // 128
+    BM, BN = _shape(c)
+    am, ak = _shape(a)[-2:]
+    bk, bn = _shape(b)[-2:][::-1] if g.transpose_b else _shape(b)[-2:]
+    # K: whole 64-wide panels where a panel tile holds it, whole k16 slices otherwise.
+    k_unit = PANEL if a.scope == pb.SHARED or g.transpose_b else 16
+    return (am == BM and bn == BN and ak == bk and ak % k_unit == 0 and bk % 8 == 0
+            and BM % (64 * nwg) == 0 and BN % 64 == 0 and BN <= 256
+            and BM // nwg // 64 * BN // 2 <= MAX_ACC)
+
+
+def plan_wgmma(program: pb.Program, infer) -> tuple[WgmmaOps, dict | None]:
+    """The gemms of `program` that take wgmma (module docstring), as their accumulators'
+    layouts and the panel tiles they read, and the fragment layouts with them (`infer`:
+    layout inference given accumulator layouts); (empty, None) when none does. An RS gemm
+    keeps wgmma only where inference puts its A in the wgmma A-operand layout (the layout
+    of an accumulator of the same warpgroups, as FlashAttention's P is)."""
+    buffers = {b.id: b for b in program.buffers}
+    threads = program.kernel.threads
+    gemms, tma = [], set()
+    for st in walk(program.kernel.body):
+        kind = st.WhichOneof("kind")
+        if kind == "gemm":
+            gemms.append(st.gemm)
+        elif kind == "copy" and st.copy.HasField("tma"):
+            tma.add(st.copy.dst.buffer)
+    nwg = threads // 128
+    ok = [g for g in gemms if _fits(g, buffers, threads) and not {g.a, g.b} & tma]
+    while True:
+        others = {x for g in gemms if g not in ok for x in (g.a, g.b, g.c)}
+        keep = [g for g in ok if not {g.a, g.b, g.c} & others]
+        if len(keep) != len(ok):
+            ok = keep
+            continue
+        if not ok:
+            return WgmmaOps(), None
+        accs = {g.c: WgmmaLayout(*_shape(buffers[g.c]), nwg) for g in ok}
+        try:
+            layouts = infer(program, accs)
+        except CompileError:  # a wgmma layout clashes with another fragment's: none
+            return WgmmaOps(), None
+        bad = [g for g in ok if buffers[g.a].scope == pb.FRAGMENT and
+               layouts.get(g.a) != WgmmaLayout(*_shape(buffers[g.a]), nwg)]
+        if not bad:
+            panels = {x for g in ok for x in (g.a, g.b) if buffers[x].scope == pb.SHARED}
+            return WgmmaOps(accs, panels), layouts
+        ok = [g for g in ok if g not in bad]
+
+
+def panel_index(low, bid: int, indices: list):
+    """The flat element index of logical element `indices` of panel tile `bid` (its leading
+    indices and the current pipeline stage select a stage)."""
+    tile = low.shared[bid]  # rows: all leading dims flattened (one pipeline stage)
+    shape = _shape(low.buffers[bid])
+    rows, cols = shape[-2], shape[-1]
+    lead = ravel(indices[:-2], shape[:-2]) * (rows * cols) if len(shape) > 2 else \
+        tirx.const(0, "int32")
+    stage = low.stage.get(bid)
+    if stage is not None:
+        lead = lead + stage * (tile.rows * cols)
+    r, c = indices[-2], indices[-1]
+    chunk = tirx.bitwise_xor(tirx.floordiv(tirx.floormod(c, PANEL), 8), tirx.floormod(r, 8))
+    return (lead + tirx.floordiv(c, PANEL) * (rows * PANEL) + r * PANEL
+            + chunk * 8 + tirx.floormod(c, 8))
+
+
+def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
+    """acc (+)= A @ B on wgmma (module docstring)."""
+    if low.sync.pending_write:
+        T.evaluate(T.call_extern("void", "tiled::sm90::fence_proxy_async_shared"))
+        low.sync.sync()
+    low.uniform_stmt(s)
+    a, c = low.buffers[g.a], low.buffers[g.c]
+    lay = low.layouts[g.c]
+    BM, BN = _shape(c)
+    K = _shape(a)[-1]
+    WM = BM // lay.nwg
+    acc = low.tir[g.c]
+    if g.clear_accum:
+        with low.loop(lay.local_size) as idx:
+            T.buffer_store(acc, tirx.const(0, acc.dtype), [idx])
+    zero = tirx.const(0, "int32")
+    wg = tirx.floordiv(low.tx - low.tid_base, 128) if low.tid_base else \
+        tirx.floordiv(low.tx, 128)
+    b_idx = [low.expr(i) for i in g.b_index] + [zero, zero]
+    pb_ = T.address_of(low.tir[g.b][panel_index(low, g.b, b_idx)])
+    ct = CTYPE[dtypes.canonical_name(a.dtype)]
+    kmajor = str(g.transpose_b).lower()
+    if a.scope == pb.FRAGMENT:  # RS: A's words from registers, in the wgmma layout
+        pa = T.address_of(low.tir[g.a][0])
+        name = f"tiled::sm90::wgmma_rows_rs<{ct}, {WM}, {BN}, {K}, {kmajor}>"
+    else:
+        a_idx = [low.expr(i) for i in g.a_index] + [wg * WM, zero]
+        pa = T.address_of(low.tir[g.a][panel_index(low, g.a, a_idx)])
+        name = f"tiled::sm90::wgmma_rows<{ct}, {WM}, {BM}, {BN}, {K}, {kmajor}>"
+    T.evaluate(T.call_extern("void", name, pa, pb_, T.address_of(acc[0])))

@@ -12,7 +12,7 @@ import pytest
 from tests.compiler.test_sm90_path import sass
 from tests.conformance.cases import load_all
 
-SS = re.compile(r"HGMMA\.64x\d+x16\.F32(\.BF16)? R\d+, gdesc")
+SS = re.compile(r"[HQ]GMMA\.64x\d+x(16|32|8)\.F32(\.[A-Z0-9]+)* R\d+, gdesc")
 RS = re.compile(r"HGMMA\.64x\d+x16\.F32(\.BF16)? R\d+, R\d+, gdesc")
 
 
@@ -41,6 +41,14 @@ def _no_local(text: str) -> None:
 def test_gemms_in_other_styles_take_wgmma(tmp_path, name, shape):
     text = _sass(tmp_path, name, **shape)
     assert SS.search(text) and "HMMA" not in text
+    _no_local(text)
+
+
+@pytest.mark.parametrize("name,instr", [("gemm_fp8_e4m3", "QGMMA.64x64x32.F32.E4M3.E4M3"),
+                                        ("gemm_nt_tf32", "HGMMA.64x64x8.F32.TF32")])
+def test_float8_and_tf32_gemms_take_their_wgmma(tmp_path, name, instr):
+    text = _sass(tmp_path, name)
+    assert instr in text and SS.search(text) and "HMMA" not in text
     _no_local(text)
 
 

@@ -162,7 +162,7 @@ class CudaBackend(Backend):
             return explicit_source(src, low), low.pool_bytes, low
         # wgmma_rows (gemm_sm90.py), for the kernel or its fallback variant.
         wgmma = low.wgmma_ops or (low.fallback is not None and low.fallback.wgmma_ops)
-        extra = '#include "tiled_sm90_explicit.h"\n' if wgmma else ""
+        extra = '#include "tiled_sm90_ops.h"\n' if wgmma else ""
         if low.attn is not None:
             src = with_tensor_maps(src, low.launch_threads)
             return ('#include "tiled_cuda.h"\n#include "tiled_sm90_attn.h"\n' + extra + src,

@@ -1,14 +1,16 @@
 """T.gemm on wgmma in the generic sm_90a lowering, decided per op (not per kernel shape).
 
-A gemm takes wgmma when A and B are 16-bit shared tiles of one dtype (fp16 / bf16), A not
-transposed, C a float32 fragment [BM, BN] with BN a multiple of 64 and BM a multiple of 64
-per warpgroup (the block's threads are whole warpgroups, which split M), K a multiple of 64,
-at most 128 accumulator floats per thread; its A and B tiles are written by anything but TMA
-(cp.async copies, element stores) and read by no gemm that does not take wgmma; its C is
-the accumulator of no other kind of gemm. Decided together (`plan_wgmma`, a fixed point).
+A gemm takes wgmma when A and B are shared tiles of one dtype (fp16 / bf16; float8 e4m3 /
+e5m2 and float32, as tf32, with B given N x K, the only form wgmma has for them) or A a
+16-bit fragment (RS), A not transposed, C a float32 fragment [BM, BN] with BN a multiple of
+64 and BM a multiple of 64 per warpgroup (the block's threads are whole warpgroups, which
+split M), K a whole number of 128-byte panel rows, at most 128 accumulator floats per
+thread; its A and B tiles are written by anything but TMA (cp.async copies, element
+stores) and read by no gemm that does not take wgmma; its C is the accumulator of no other
+kind of gemm. Decided together (`plan_wgmma`, a fixed point).
 
-Such tiles are *panel tiles*: a tile [rows][cols] (per stage) is stored as cols / 64 panels
-of [rows][64], each row 128 bytes in the 128-byte swizzle (16-byte chunk c of row r at chunk
+Such tiles are *panel tiles*: a tile [rows][cols] (per stage) is stored as panels of
+[rows][128 bytes], each row in the 128-byte swizzle (16-byte chunk c of row r at chunk
 c ^ (r % 8)), stages and the tile 1024-byte aligned: what wgmma's descriptors read (the
 explicit path's panel tiles, sm90_wgmma.py, written there by TMA). Every access goes through
 `panel_index`, so copies, cp.async (16-byte chunks stay whole) and element accesses all see
@@ -36,7 +38,10 @@ from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
-PANEL = 64  # 16-bit elements per swizzled row: 128 bytes
+PANEL_BYTES = 128  # one swizzled row
+CHUNK_BYTES = 16  # the swizzle permutes 16-byte chunks
+# The operand dtypes wgmma takes here (float32 as tf32), all with float32 accumulation.
+WGMMA_DTYPES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2", "float32")
 PANEL_ALIGN = 1024  # the 128-byte swizzle's period: 8 rows of 128 bytes
 MAX_ACC = 128  # accumulator floats per thread
 
@@ -50,6 +55,11 @@ class WgmmaOps:
         return bool(self.accumulators)
 
 
+def panel_elems(dtype) -> int:
+    """Elements per 128-byte panel row."""
+    return PANEL_BYTES // dtypes.nbytes(dtype)
+
+
 def _shape(b: pb.Buffer) -> list[int]:
     return [d.size for d in b.shape]
 
@@ -59,17 +69,19 @@ def _fits(g: pb.Gemm, buffers, threads: int) -> bool:
     a, b, c = buffers[g.a], buffers[g.b], buffers[g.c]
     dt = {dtypes.canonical_name(a.dtype), dtypes.canonical_name(b.dtype)}
     if a.scope not in (pb.SHARED, pb.FRAGMENT) or b.scope != pb.SHARED or \
-            c.scope != pb.FRAGMENT or len(dt) != 1 or not dt <= {"float16", "bfloat16"} or \
+            c.scope != pb.FRAGMENT or len(dt) != 1 or not dt <= set(WGMMA_DTYPES) or \
             g.transpose_a or dtypes.canonical_name(c.dtype) != "float32" or \
             len(c.shape) != 2 or len(a.shape) < 2 or len(b.shape) < 2 or threads % 128 or \
             (a.scope == pb.FRAGMENT and (len(a.shape) != 2 or g.a_index)):
         return False
+    if dtypes.nbytes(a.dtype) != 2 and (a.scope != pb.SHARED or not g.transpose_b):
+        return False  # float8 and tf32 wgmma: A and B from shared memory, both K-major
     nwg = threads // 128
     BM, BN = _shape(c)
     am, ak = _shape(a)[-2:]
     bk, bn = _shape(b)[-2:][::-1] if g.transpose_b else _shape(b)[-2:]
     # K: whole 64-wide panels where a panel tile holds it, whole k16 slices otherwise.
-    k_unit = PANEL if a.scope == pb.SHARED or g.transpose_b else 16
+    k_unit = panel_elems(a.dtype) if a.scope == pb.SHARED or g.transpose_b else 16
     return (am == BM and bn == BN and ak == bk and ak % k_unit == 0 and bk % 8 == 0
             and BM % (64 * nwg) == 0 and BN % 64 == 0 and BN <= 256
             and BM // nwg // 64 * BN // 2 <= MAX_ACC)
@@ -125,9 +137,11 @@ def panel_index(low, bid: int, indices: list):
     if stage is not None:
         lead = lead + stage * (tile.rows * cols)
     r, c = indices[-2], indices[-1]
-    chunk = tirx.bitwise_xor(tirx.floordiv(tirx.floormod(c, PANEL), 8), tirx.floormod(r, 8))
-    return (lead + tirx.floordiv(c, PANEL) * (rows * PANEL) + r * PANEL
-            + chunk * 8 + tirx.floormod(c, 8))
+    row = panel_elems(low.buffers[bid].dtype)
+    unit = CHUNK_BYTES // dtypes.nbytes(low.buffers[bid].dtype)
+    chunk = tirx.bitwise_xor(tirx.floordiv(tirx.floormod(c, row), unit), tirx.floormod(r, 8))
+    return (lead + tirx.floordiv(c, row) * (rows * row) + r * row
+            + chunk * unit + tirx.floormod(c, unit))
 
 
 def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:

@@ -60,22 +60,68 @@ __device__ __forceinline__ void tma_load_panels(void* region, int32_t offset, co
   for (int p = 0; p < PANELS; ++p) tma_load_2d(dst + p * PANEL_BYTES, m, b, c0 + 64 * p, c1);
 }
 
-// One k16 step of the m64 block whose A descriptor is `da`, over columns [COL, BN) of B in
-// wgmma widths of 256 / 128 / 64. B K-major ([BN][64] per K panel): rows COL.. start at
-// COL * 128 bytes of the panel, k16 slice kk at 32 * (kk % 4). B MN-major (BN / 64 panels of
-// [K][64]): column panel COL / 64 at COL / 64 * K * 128 bytes, panels K * 128 apart (LBO),
-// k16 slice kk at 2048 * kk.
+// float8 (e4m3, e5m2) and tf32 wgmma: both operands K-major (the only form PTX has for them).
+template <typename T, int N>
+struct WgmmaSSK;
+
+#define TILED_WGMMA_SSK(T, TY, N, K, NREG, TAIL)                                                \
+template <>                                                                                     \
+struct WgmmaSSK<T, N> {                                                                         \
+  __device__ __forceinline__ static void run(float (&d)[NREG], uint64_t desc_a,                 \
+                                             uint64_t desc_b) {                                 \
+    asm volatile(                                                                               \
+        "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." TY "." TY " {"                    \
+        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n"                                                \
+        : TILED_WGMMA_D_##NREG(d)                                                               \
+        : "l"(desc_a), "l"(desc_b));                                                            \
+  }                                                                                             \
+};
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 64, 32, 32, "%32, %33, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 128, 32, 64, "%64, %65, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 256, 32, 128, "%128, %129, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 64, 32, 32, "%32, %33, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 128, 32, 64, "%64, %65, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 256, 32, 128, "%128, %129, 1, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 64, 8, 32, "%32, %33, 1, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 128, 8, 64, "%64, %65, 1, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 256, 8, 128, "%128, %129, 1, 1, 1")
+#undef TILED_WGMMA_SSK
+
+// One m64nNk(32 bytes) wgmma from shared memory, accumulating.
+template <typename T, int N, bool B_KMAJOR>
+__device__ __forceinline__ void wgmma_any(float* acc, uint64_t da, uint64_t db) {
+  float(&d)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(acc);
+  if constexpr (sizeof(T) == 2) {
+    wgmma_ss<T, N, 0, B_KMAJOR ? 0 : 1>(d, da, db, 1u);
+  } else {
+    static_assert(B_KMAJOR, "float8 and tf32 wgmma read B K-major only");
+    WgmmaSSK<T, N>::run(d, da, db);
+  }
+}
+
+// One K slice (32 bytes of each row) of the m64 block whose A descriptor is `da`, over
+// columns [COL, BN) of B in wgmma widths of 256 / 128 / 64. B K-major ([BN] rows per K
+// panel): rows COL.. at COL * 128 bytes of panel kk / 4, the slice at 32 * (kk % 4). B
+// MN-major (16-bit only; BN / 64 panels of [K][64]): column panel COL / 64 at
+// COL / 64 * K * 128 bytes, panels K * 128 apart (LBO), slice kk at 2048 * kk.
+template <int BN, int K, bool B_KMAJOR, int COL>
+__device__ __forceinline__ uint64_t b_desc(const unsigned char* sb, int kk) {
+  return B_KMAJOR ? desc_kmajor_sw128(sb + (kk / 4) * BN * 128 + COL * 128 + 32 * (kk % 4))
+                  : make_smem_desc(sb + (COL / 64) * K * 128 + 2048 * kk, K * 128, 1024);
+}
+
+// The wgmma width for columns [COL, BN): 256, 128 or 64.
+template <int BN, int COL>
+__host__ __device__ constexpr int cols_width() {
+  return BN - COL >= 256 ? 256 : BN - COL >= 128 ? 128 : 64;
+}
+
 template <typename T, int BN, int K, bool B_KMAJOR, int COL = 0>
-__device__ __forceinline__ void wgmma_cols(float* acc, uint64_t da, const unsigned char* sb,
-                                           int kk) {
-  constexpr int kRest = BN - COL;
-  constexpr int kW = kRest >= 256 ? 256 : kRest >= 128 ? 128 : 64;
-  const uint64_t db =
-      B_KMAJOR ? desc_kmajor_sw128(sb + (kk / 4) * BN * 128 + COL * 128 + 32 * (kk % 4))
-               : make_smem_desc(sb + (COL / 64) * K * 128 + 2048 * kk, K * 128, 1024);
-  wgmma_ss<T, kW, 0, B_KMAJOR ? 0 : 1>(*reinterpret_cast<float(*)[kW / 2]>(acc + COL / 2), da,
-                                       db, 1u);
-  if constexpr (COL + kW < BN) wgmma_cols<T, BN, K, B_KMAJOR, COL + kW>(acc, da, sb, kk);
+__device__ __forceinline__ void wgmma_cols_any(float* acc, uint64_t da, const unsigned char* sb,
+                                               int kk) {
+  constexpr int kW = cols_width<BN, COL>();
+  wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da, b_desc<BN, K, B_KMAJOR, COL>(sb, kk));
+  if constexpr (COL + kW < BN) wgmma_cols_any<T, BN, K, B_KMAJOR, COL + kW>(acc, da, sb, kk);
 }
 
 // acc[BM x BN] += A[BM x K] @ B for one warpgroup, A and B panel tiles at byte offsets
@@ -96,7 +142,7 @@ __device__ __forceinline__ void wgmma_tile(void* region, int32_t a_off, int32_t 
 #pragma unroll
     for (int h = 0; h < BM / 64; ++h) {
       const uint64_t da = desc_kmajor_sw128(sa + (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
-      wgmma_cols<T, BN, K, B_KMAJOR>(acc + h * (BN / 2), da, sb, kk);
+      wgmma_cols_any<T, BN, K, B_KMAJOR>(acc + h * (BN / 2), da, sb, kk);
     }
   }
   wgmma_commit_group();

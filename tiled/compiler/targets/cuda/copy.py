@@ -200,3 +200,61 @@ def _fragment_slots(low, bid: int, region: pb.Region, other: pb.Region | None):
         return
     with low.loop(size // lanes) as run, T.vectorized(0, lanes) as lane:
         yield run * lanes + lane
+
+
+# -- global <-> shared, element by element or by cp.async ------------------------------
+
+def async_vector(low, c: pb.Copy) -> int:
+    """Elements per 16/8/4-byte async copy for a global->shared copy, or 0 when the copy
+    cannot be done with aligned vectors (then it is an element-wise synchronous copy)."""
+    src, dst = low.buffers[c.src.buffer], low.buffers[c.dst.buffer]
+    if src.scope != pb.GLOBAL or dst.scope != pb.SHARED or src.dtype != dst.dtype:
+        return 0
+    if c.src.extents[-1] == 1 or c.dst.extents[-1] == 1:
+        return 0
+    if any(d.WhichOneof("kind") == "var" for d in list(src.shape)[1:]):
+        return 0
+    esize = dtypes.nbytes(src.dtype)
+    for nbytes in (16, 8, 4):
+        vec = nbytes // esize
+        if vec < 1 or nbytes % esize:
+            continue
+        if (c.src.extents[-1] % vec == 0 and src.shape[-1].size % vec == 0
+                and multiple_of(c.src.offsets[-1], vec)
+                and multiple_of(c.dst.offsets[-1], vec)):
+            return vec
+    return 0
+
+
+def copy_element(low, c: pb.Copy, tile) -> None:
+    """One element of copy `c` at squeezed tile coords (0 read past a global tensor's end)."""
+    src_idx, src_conds = low.region_index(c.src, tile)
+    dst_idx, dst_conds = low.region_index(c.dst, tile)
+    value = low.load(c.src.buffer, src_idx)
+    ok = and_all(src_conds)
+    if ok is not None:
+        value = tirx.if_then_else(ok, value, tirx.const(0, str(value.ty)))
+    with low.maybe_if(and_all(dst_conds)):
+        low.store(c.dst.buffer, value, dst_idx)
+
+
+def issue_async_copy(low, c: pb.Copy, vec: int, pred=None) -> None:
+    """The calling thread's cp.async vectors of global -> shared copy `c` (`vec` elements
+    each), under `pred` where given (a pipeline stage past the loop's end)."""
+    src = low.buffers[c.src.buffer]
+    nbytes = vec * dtypes.nbytes(src.dtype)
+    tile_shape = [e for e in c.src.extents if e != 1]
+    numel = math.prod(tile_shape)
+    nvec = numel // vec
+    n_iter = -(-nvec // low.threads)
+    with low.loop(n_iter) as it:
+        v = it * low.threads + low.tx
+        with low.maybe_if(None if nvec % low.threads == 0 else v < nvec):
+            tile = unravel(v * vec, tile_shape)
+            src_idx, conds = low.region_index(c.src, tile)
+            dst_idx, _ = low.region_index(c.dst, tile)
+            ok = and_all(conds + ([pred] if pred is not None else []))
+            T.evaluate(T.call_extern(
+                "void", f"tiled::cp_async<{nbytes}>", low.addr(c.dst.buffer, dst_idx),
+                T.address_of(low.tir[c.src.buffer][tuple(src_idx)]),
+                ok if ok is not None else tirx.const(True, "bool")))

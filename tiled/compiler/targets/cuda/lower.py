@@ -2,9 +2,10 @@
 
 Execution model: every thread of the block runs the statements outside T.Parallel (so they must
 be uniform: the same for all threads); a T.Parallel nest is split over the threads, following
-the layout of the fragment it writes (passes/layout.py); tile ops are lowered to cooperative code
-or to calls into tiled_cuda.h, one module per op family where it is more than a call:
-copy (copies with a fragment side), gemm, reduce, scan (T.cumsum).
+the layout of the fragment it writes (passes/layout.py); tile ops are lowered to cooperative
+code or to calls into the headers of include/, one module per op family: parallel (nests,
+T.fill), copy, gemm (mma.sync) and gemm_sm90 (wgmma), reduce, scan (T.cumsum), pipeline
+(T.Pipelined as a cp.async multi-stage pipeline).
 Shared memory is one dynamic pool; tiled places every shared tile in it (pipelined tiles get
 `num_stages` copies), then one scratch area that the ops moving fragments through shared
 memory share (one op at a time), and inserts the barriers itself.
@@ -29,10 +30,13 @@ from tiled.compiler.passes.layout import (
     unravel,
 )
 from tiled.compiler.passes.resources import SharedTile, align_up
-from tiled.compiler.passes.vectorize import multiple_of, vector_lanes_ok
+from tiled.compiler.passes.vectorize import vector_lanes_ok
 from tiled.compiler.targets.cuda.copy import (
+    async_vector,
+    copy_element,
     copy_scratch_bytes,
     copy_uses_scratch,
+    issue_async_copy,
     lower_fragment_copy,
 )
 from tiled.compiler.targets.cuda.gemm import (
@@ -49,7 +53,8 @@ from tiled.compiler.targets.cuda.gemm_sm90 import (
     plan_wgmma,
 )
 from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS, MmaLayout, infer_layouts
-from tiled.compiler.targets.cuda.parallel import lower_parallel
+from tiled.compiler.targets.cuda.parallel import lower_fill, lower_parallel
+from tiled.compiler.targets.cuda.pipeline import lower_pipeline
 from tiled.compiler.targets.cuda.reduce import lower_reduce, reduce_scratch_bytes
 from tiled.compiler.targets.cuda.scan import lower_scan, scan_scratch_bytes, scan_uses_scratch
 from tiled.compiler.targets.cuda.sm90_attn import (
@@ -69,7 +74,6 @@ from tiled.compiler.targets.cuda.sm90_gemm import (
 )
 from tiled.compiler.tir import (
     ExprLowering,
-    and_all,
     declare_params,
     loc_of,
     source_name,
@@ -146,25 +150,7 @@ class CudaLowering(ExprLowering):
 
     # -- planning ------------------------------------------------------------------------------
     def copy_vector(self, c: pb.Copy) -> int:
-        """Elements per 16/8/4-byte async copy for a global->shared copy, or 0 when the copy
-        cannot be done with aligned vectors (then it is an element-wise synchronous copy)."""
-        src, dst = self.buffers[c.src.buffer], self.buffers[c.dst.buffer]
-        if src.scope != pb.GLOBAL or dst.scope != pb.SHARED or src.dtype != dst.dtype:
-            return 0
-        if c.src.extents[-1] == 1 or c.dst.extents[-1] == 1:
-            return 0
-        if any(d.WhichOneof("kind") == "var" for d in list(src.shape)[1:]):
-            return 0
-        esize = dtypes.nbytes(src.dtype)
-        for nbytes in (16, 8, 4):
-            vec = nbytes // esize
-            if vec < 1 or nbytes % esize:
-                continue
-            if (c.src.extents[-1] % vec == 0 and src.shape[-1].size % vec == 0
-                    and multiple_of(c.src.offsets[-1], vec)
-                    and multiple_of(c.dst.offsets[-1], vec)):
-                return vec
-        return 0
+        return async_vector(self, c)
 
     def statements(self):
         """Every statement of the kernel body, in program order."""
@@ -352,7 +338,7 @@ class CudaLowering(ExprLowering):
             finally:
                 self.sync.suspended -= 1
         if f.var in self.pipelines:
-            return self.lower_pipeline(f, s)
+            return lower_pipeline(self, f, s)
         if self.ws is not None and f.var == self.ws.loop_var:
             return lower_ws_consumer(self, f)
         if self.attn is not None and f.var == self.attn.loop.var:
@@ -469,7 +455,7 @@ class CudaLowering(ExprLowering):
             return
         vec = self.copy_vector(c)
         if vec:
-            self.issue_async_copy(c, vec)
+            issue_async_copy(self, c, vec)
             T.evaluate(T.call_extern("void", "tiled::cp_async_commit"))
             T.evaluate(T.call_extern("void", "tiled::cp_async_wait<0>"))
             return
@@ -482,63 +468,10 @@ class CudaLowering(ExprLowering):
             flat = it * self.threads + self.tx
             tile = unravel(flat, tile_shape) if any(e != 1 for e in c.src.extents) else []
             with self.maybe_if(None if numel % self.threads == 0 else flat < numel):
-                self.copy_element(c, tile)
-
-    def copy_element(self, c, tile):
-        src_idx, src_conds = self.region_index(c.src, tile)
-        dst_idx, dst_conds = self.region_index(c.dst, tile)
-        value = self.load(c.src.buffer, src_idx)
-        ok = and_all(src_conds)
-        if ok is not None:
-            value = tirx.if_then_else(ok, value, tirx.const(0, str(value.ty)))
-        with self.maybe_if(and_all(dst_conds)):
-            self.store(c.dst.buffer, value, dst_idx)
-
-    def issue_async_copy(self, c: pb.Copy, vec: int, pred=None) -> None:
-        src = self.buffers[c.src.buffer]
-        nbytes = vec * dtypes.nbytes(src.dtype)
-        tile_shape = [e for e in c.src.extents if e != 1]
-        numel = math.prod(tile_shape)
-        nvec = numel // vec
-        n_iter = -(-nvec // self.threads)
-        with self.loop(n_iter) as it:
-            v = it * self.threads + self.tx
-            with self.maybe_if(None if nvec % self.threads == 0 else v < nvec):
-                tile = unravel(v * vec, tile_shape)
-                src_idx, conds = self.region_index(c.src, tile)
-                dst_idx, _ = self.region_index(c.dst, tile)
-                ok = and_all(conds + ([pred] if pred is not None else []))
-                T.evaluate(T.call_extern(
-                    "void", f"tiled::cp_async<{nbytes}>", self.addr(c.dst.buffer, dst_idx),
-                    T.address_of(self.tir[c.src.buffer][tuple(src_idx)]),
-                    ok if ok is not None else tirx.const(True, "bool")))
+                copy_element(self, c, tile)
 
     def stmt_fill(self, f, s):
-        self.uniform_stmt(s)
-        b = self.buffers[f.dst.buffer]
-        value = self.expr(f.value)
-        if b.scope == pb.FRAGMENT:
-            buf = self.tir[b.id]
-            with self.loop(self.layouts[b.id].local_size) as idx:
-                T.buffer_store(buf, value, [idx])
-            return
-        if b.scope == pb.LOCAL:
-            shape = [e for e in f.dst.extents if e != 1] or [1]
-            with contextlib.ExitStack() as stack:
-                vs = [stack.enter_context(T.serial(0, e)) for e in shape]
-                vs = vs if any(e != 1 for e in f.dst.extents) else []
-                idx, _ = self.region_index(f.dst, vs)
-                self.store(b.id, value, idx)
-            return
-        shape = [e for e in f.dst.extents if e != 1] or [1]
-        numel = math.prod(shape)
-        with self.loop(-(-numel // self.threads)) as it:
-            flat = it * self.threads + self.tx
-            with self.maybe_if(None if numel % self.threads == 0 else flat < numel):
-                tile = unravel(flat, shape) if any(e != 1 for e in f.dst.extents) else []
-                idx, conds = self.region_index(f.dst, tile)
-                with self.maybe_if(and_all(conds)):
-                    self.store(b.id, value, idx)
+        lower_fill(self, f, s)
 
     def stmt_gemm(self, g, s):
         if g.c in self.wgmma_ops.accumulators:
@@ -552,43 +485,6 @@ class CudaLowering(ExprLowering):
         lower_scan(self, sc)
 
     # -- T.Pipelined ----------------------------------------------------------------------
-    def lower_pipeline(self, f: pb.For, s: pb.Stmt) -> None:
-        stages, producers = self.pipelines[f.var]
-        body = body_statements(f.body)
-        prod_stmts, rest = body[:len(producers)], body[len(producers):]
-        n = self.expr(f.extent)
-        # The first stages are in flight before the loop starts.
-        self.sync.before(False, True)
-        with T.unroll(0, stages - 1) as st:
-            self.vars[f.var] = st
-            for bid in producers:
-                self.stage[bid] = st
-            for ps in prod_stmts:
-                self.issue_async_copy(ps.copy, self.copy_vector(ps.copy), pred=st < n)
-            T.evaluate(T.call_extern("void", "tiled::cp_async_commit"))
-        with T.serial(0, n) as k:
-            ahead = k + (stages - 1)
-            self.vars[f.var] = ahead
-            for bid in producers:
-                self.stage[bid] = tirx.floormod(ahead, stages)
-            for ps in prod_stmts:
-                self.issue_async_copy(ps.copy, self.copy_vector(ps.copy), pred=ahead < n)
-            T.evaluate(T.call_extern("void", "tiled::cp_async_commit"))
-            T.evaluate(T.call_extern("void", f"tiled::cp_async_wait<{stages - 1}>"))
-            if set(producers) & self.wgmma_ops.panels:  # wgmma reads them: async proxy
-                T.evaluate(T.call_extern("void", "tiled::sm90::fence_proxy_async_shared"))
-            self.sync.sync()
-            self.vars[f.var] = k
-            for bid in producers:
-                self.stage[bid] = tirx.floormod(k, stages)
-            for st_ in rest:
-                self.stmt(st_)
-            # The next iteration overwrites the stage read here.
-            self.sync.sync()
-        for bid in producers:
-            self.stage.pop(bid, None)
-        T.evaluate(T.call_extern("void", "tiled::cp_async_wait<0>"))
-        self.sync.pending_read = self.sync.pending_write = False
 
 
 def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,

@@ -1,6 +1,6 @@
-"""T.Parallel nests on the CUDA lowering: a nest is split over the threads by the layout of
-the fragment it indexes by its loop variables (its anchor); without one, flat over the threads
-(or whole in every thread when it writes a replicated tile).
+"""T.Parallel nests and T.fill on the CUDA lowering: a nest is split over the threads by the
+layout of the fragment it indexes by its loop variables (its anchor); without one, flat over
+the threads (or whole in every thread when it writes a replicated tile).
 
 Over a cyclic layout with runs (passes/layout.CyclicLayout.vec), each thread's slots come in
 runs of consecutive elements of the last dim; the run is one vectorized TIR loop where every
@@ -17,10 +17,16 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.irwalk import element_accesses, stores
-from tiled.compiler.passes.layout import CyclicLayout, ReplicatedLayout, is_identity, parallel_nest
+from tiled.compiler.passes.layout import (
+    CyclicLayout,
+    ReplicatedLayout,
+    is_identity,
+    parallel_nest,
+    unravel,
+)
 from tiled.compiler.passes.vectorize import run_lanes
 from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS
-from tiled.compiler.tir import unravel_dyn
+from tiled.compiler.tir import and_all, unravel_dyn
 from tiled.v1 import tile_ir_pb2 as pb
 
 
@@ -117,3 +123,32 @@ def _flat(low, n_iter, lanes: int):
             return
         with T.vectorized(0, lanes) as lane:
             yield (it * low.threads + low.tx) * lanes + lane
+
+
+def lower_fill(low, f: pb.Fill, s: pb.Stmt) -> None:
+    """T.fill / T.clear: a fragment slot by slot, a local tile whole, else over threads."""
+    low.uniform_stmt(s)
+    b = low.buffers[f.dst.buffer]
+    value = low.expr(f.value)
+    if b.scope == pb.FRAGMENT:
+        buf = low.tir[b.id]
+        with low.loop(low.layouts[b.id].local_size) as idx:
+            T.buffer_store(buf, value, [idx])
+        return
+    if b.scope == pb.LOCAL:
+        shape = [e for e in f.dst.extents if e != 1] or [1]
+        with contextlib.ExitStack() as stack:
+            vs = [stack.enter_context(T.serial(0, e)) for e in shape]
+            vs = vs if any(e != 1 for e in f.dst.extents) else []
+            idx, _ = low.region_index(f.dst, vs)
+            low.store(b.id, value, idx)
+        return
+    shape = [e for e in f.dst.extents if e != 1] or [1]
+    numel = math.prod(shape)
+    with low.loop(-(-numel // low.threads)) as it:
+        flat = it * low.threads + low.tx
+        with low.maybe_if(None if numel % low.threads == 0 else flat < numel):
+            tile = unravel(flat, shape) if any(e != 1 for e in f.dst.extents) else []
+            idx, conds = low.region_index(f.dst, tile)
+            with low.maybe_if(and_all(conds)):
+                low.store(b.id, value, idx)

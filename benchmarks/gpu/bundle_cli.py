@@ -46,6 +46,20 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
+def write_results(out: Path, script: str, bundle: Path, build: dict, **fields) -> None:
+    """A GPU run's JSON: the command that made it, the build's index, the device, versions,
+    the date, then `fields` (the rows)."""
+    import torch
+    import triton
+
+    out.write_text(json.dumps({
+        "command": f"python3 benchmarks/gpu/{script} run --bundle {bundle} --out {out}",
+        "build": build, "device": torch.cuda.get_device_name(),
+        "versions": {"torch": torch.__version__, "triton": triton.__version__,
+                     "cuda": torch.version.cuda},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields}, indent=1))
+
+
 def smoke_in_child(script: str, bundle: Path, timeout_s: float) -> None:
     """Runs `script smoke --bundle BUNDLE` in a child; exits when it fails or hangs."""
     child = subprocess.run([sys.executable, script, "smoke", "--bundle", str(bundle)],

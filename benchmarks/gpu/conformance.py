@@ -19,7 +19,6 @@ There (device tool, carry=[".gpu"]; thin runtime only, no TVM):
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child
+from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child, write_results
 
 TARGET = "cuda:sm_90a"
 ROUNDS = 3
@@ -150,7 +149,6 @@ def smoke(bundle: Path) -> None:
 
 def run(bundle: Path, out: Path) -> None:
     import torch
-    import triton
     from triton.testing import do_bench
 
     smoke_in_child(__file__, bundle, 300)
@@ -169,12 +167,7 @@ def run(bundle: Path, out: Path) -> None:
         rows[name] = row
         print(f"{name}: small {row.get('small')}, big {row.get('big')}"
               f"{', ' + row['error'] if 'error' in row else ''}", flush=True)
-    out.write_text(json.dumps({
-        "command": f"python3 benchmarks/gpu/conformance.py run --bundle {bundle} --out {out}",
-        "build": index, "device": torch.cuda.get_device_name(),
-        "versions": {"torch": torch.__version__, "triton": triton.__version__,
-                     "cuda": torch.version.cuda},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": rows}, indent=1))
+    write_results(out, "conformance.py", bundle, index, cases=rows)
 
 
 if __name__ == "__main__":

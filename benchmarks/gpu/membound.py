@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child
+from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child, write_results
 
 TARGET = "cuda:sm_90a"
 ROUNDS = 3
@@ -197,7 +197,6 @@ def smoke(bundle: Path) -> None:
 
 def run(bundle: Path, out: Path) -> None:
     import torch
-    import triton
     from triton.testing import do_bench
 
     smoke_in_child(__file__, bundle, 300)
@@ -242,13 +241,7 @@ def run(bundle: Path, out: Path) -> None:
                    "of_device_copy_bw": gbs["tiled"] / copy_bw["best"]}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out.write_text(json.dumps({
-        "command": f"python3 benchmarks/gpu/membound.py run --bundle {bundle} --out {out}",
-        "build": index, "device": torch.cuda.get_device_name(),
-        "device_copy_GBps": copy_bw,
-        "versions": {"torch": torch.__version__, "triton": triton.__version__,
-                     "cuda": torch.version.cuda},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, indent=1))
+    write_results(out, "membound.py", bundle, index, device_copy_GBps=copy_bw, rows=rows)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ over ROUNDS rounds (do_bench, medians), since the H200's clock falls as it heats
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child
+from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child, write_results
 
 TARGET = "cuda:sm_90a"
 ROUNDS = 5
@@ -75,7 +74,6 @@ def smoke(bundle: Path) -> None:
 
 def run(bundle: Path, out: Path) -> None:
     import torch
-    import triton
     from triton.testing import do_bench
 
     smoke_in_child(__file__, bundle, 300)
@@ -105,12 +103,7 @@ def run(bundle: Path, out: Path) -> None:
                "ratio_to_cublas": tflops["tiled"] / tflops["cublas"]}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out.write_text(json.dumps({
-        "command": f"python3 benchmarks/gpu/seed_gemm.py run --bundle {bundle} --out {out}",
-        "build": index, "device": torch.cuda.get_device_name(),
-        "versions": {"torch": torch.__version__, "triton": triton.__version__,
-                     "cuda": torch.version.cuda},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, indent=1))
+    write_results(out, "seed_gemm.py", bundle, index, rows=rows)
 
 
 if __name__ == "__main__":

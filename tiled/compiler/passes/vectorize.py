@@ -11,6 +11,7 @@ from tiled.compiler.irwalk import (
     subexprs,
     walk,
 )
+from tiled.compiler.tir import FP8_DTYPES, tvm_dtype
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -83,7 +84,25 @@ def vector_lanes_ok(f: pb.For, lanes: int, buffers) -> bool:
     return True
 
 
-_FP8 = {"float8_e4m3", "float8_e5m2"}
+VECTOR_BYTES = 16  # the widest vector: TVM's CUDA vectors of 8 float32 lanes mis-broadcast
+
+
+def lane_cap(dtype) -> int:
+    """The most vector lanes of `dtype`: none past VECTOR_BYTES, and one for float8 (converted
+    by integer code full of selects where the target has no conversion)."""
+    if tvm_dtype(dtype) in FP8_DTYPES:
+        return 1
+    return max(1, VECTOR_BYTES // dtypes.nbytes(dtype))
+
+
+def rows_keep_runs(b: pb.Buffer, vec: int, shared_stride=None) -> bool:
+    """Whether every row of `b` starts on a whole number of `vec`-element runs: a 1-D or
+    static last dim that `vec` divides, or a shared tile whose padded `shared_stride(bid)`
+    `vec` divides."""
+    if b.scope == pb.SHARED:
+        return shared_stride is not None and shared_stride(b.id) % vec == 0
+    return len(b.shape) == 1 or (b.shape[-1].WhichOneof("kind") == "size"
+                                 and b.shape[-1].size % vec == 0)
 
 
 def run_lanes(body: pb.Stmt, var: int, vec: int, buffers, shared_stride=None) -> int:
@@ -98,40 +117,27 @@ def run_lanes(body: pb.Stmt, var: int, vec: int, buffers, shared_stride=None) ->
     be proven independent: the iterations of a T.Parallel nest are, by its definition.)"""
     if vec < 2:
         return 1
+    lanes = vec
     for st in walk(body):
         kind = st.WhichOneof("kind")
         if kind not in ("seq", "store", "if_then_else") or (
                 kind == "if_then_else" and var in expr_vars([st.if_then_else.cond])):
             return 1
-    lanes = vec
-    for bid, idx in element_accesses(body):
-        b = buffers[bid]
-        if dtypes.canonical_name(b.dtype) in _FP8:
-            return 1
-        lanes = min(lanes, max(1, 16 // dtypes.nbytes(b.dtype)))
-        if not idx or var not in expr_vars(idx) or b.scope == pb.FRAGMENT:
-            continue
-        if var in expr_vars(idx[:-1]) or not _run_index(idx[-1], var, vec):
-            return 1
-        if b.scope == pb.SHARED:
-            if shared_stride is None or shared_stride(bid) % vec:
-                return 1
-        elif len(b.shape) > 1 and (b.shape[-1].WhichOneof("kind") != "size"
-                                   or b.shape[-1].size % vec):
-            return 1
-    # TVM's CUDA vectors of 8 float32 lanes mis-broadcast scalars: no vector wider than 16
-    # bytes, intermediate values included.
-    # Selects whose condition differs by lane, and float8 values (converted by integer code
-    # with selects where the target has no conversion), stay scalar.
-    for st in walk(body):
+        # Intermediate values count too; a select whose condition differs by lane stays scalar.
         for e in stmt_exprs(st):
             for sub in subexprs(e):
                 if sub.dtype:
-                    if dtypes.canonical_name(sub.dtype) in _FP8:
-                        return 1
-                    lanes = min(lanes, max(1, 16 // dtypes.nbytes(sub.dtype)))
+                    lanes = min(lanes, lane_cap(sub.dtype))
                 if sub.WhichOneof("kind") == "select" and var in expr_vars([sub.select.cond]):
                     return 1
+    for bid, idx in element_accesses(body):
+        b = buffers[bid]
+        lanes = min(lanes, lane_cap(b.dtype))
+        if not idx or var not in expr_vars(idx) or b.scope == pb.FRAGMENT:
+            continue
+        if var in expr_vars(idx[:-1]) or not _run_index(idx[-1], var, vec) or \
+                not rows_keep_runs(b, vec, shared_stride):
+            return 1
     return lanes if lanes >= 2 else 1
 
 

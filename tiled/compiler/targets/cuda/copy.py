@@ -19,7 +19,6 @@ Functions take the lowering (`low`: a CudaLowering) and emit TIR through its IR 
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 from tvm import tirx
@@ -32,7 +31,8 @@ from tiled.compiler.passes.layout import (
     unravel,
     whole_region,
 )
-from tiled.compiler.passes.vectorize import multiple_of
+from tiled.compiler.passes.vectorize import lane_cap, multiple_of, rows_keep_runs
+from tiled.compiler.targets.cuda.parallel import slot_runs
 from tiled.compiler.tir import and_all
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
@@ -81,7 +81,7 @@ def for_fragment_slots(low, bid: int, region: pb.Region, body, other: pb.Region 
     run is a vectorized loop (16-byte accesses)."""
     lay = low.layouts[bid]
     shape = [d.size for d in low.buffers[bid].shape]
-    with _fragment_slots(low, bid, region, other) as idx:
+    with slot_runs(low, lay.local_size, run_lanes_of_copy(low, bid, region, other)) as idx:
         coords, valid = lay.coords(low.tx, idx)
         conds, tile = [valid], []
         for x, off, ext, dim in zip(coords, region.offsets, region.extents, shape, strict=True):
@@ -176,30 +176,11 @@ def run_lanes_of_copy(low, bid: int, region: pb.Region, other: pb.Region | None)
     vec = lay.vec
     if other.extents[-1] != frag.shape[-1].size or not multiple_of(other.offsets[-1], vec):
         return 1
-    if buf.scope == pb.SHARED:
-        if low.shared_stride(buf.id) % vec:
-            return 1
-    elif buf.scope != pb.GLOBAL or (len(buf.shape) > 1 and (
-            buf.shape[-1].WhichOneof("kind") != "size" or buf.shape[-1].size % vec)):
+    if buf.scope not in (pb.SHARED, pb.GLOBAL) or \
+            not rows_keep_runs(buf, vec, low.shared_stride):
         return 1
-    if {dtypes.canonical_name(frag.dtype), dtypes.canonical_name(buf.dtype)} & \
-            {"float8_e4m3", "float8_e5m2"}:
-        return 1  # converted by integer code with selects where the target has no cvt
-    widest = max(dtypes.nbytes(frag.dtype), dtypes.nbytes(buf.dtype))
-    lanes = min(vec, 16 // widest)
+    lanes = min(vec, lane_cap(frag.dtype), lane_cap(buf.dtype))
     return lanes if lanes >= 2 else 1
-
-
-@contextlib.contextmanager
-def _fragment_slots(low, bid: int, region: pb.Region, other: pb.Region | None):
-    lanes = run_lanes_of_copy(low, bid, region, other)
-    size = low.layouts[bid].local_size
-    if lanes < 2:
-        with low.loop(size) as idx:
-            yield idx
-        return
-    with low.loop(size // lanes) as run, T.vectorized(0, lanes) as lane:
-        yield run * lanes + lane
 
 
 # -- global <-> shared, element by element or by cp.async ------------------------------

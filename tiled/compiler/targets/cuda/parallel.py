@@ -20,12 +20,13 @@ from tiled.compiler.irwalk import element_accesses, stores
 from tiled.compiler.passes.layout import (
     CyclicLayout,
     ReplicatedLayout,
+    cyclic_vector,
     is_identity,
     parallel_nest,
     unravel,
 )
 from tiled.compiler.passes.vectorize import run_lanes
-from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS
+from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS, CudaAnchors
 from tiled.compiler.tir import and_all, unravel_dyn
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -95,11 +96,19 @@ def _slots(low, anchor, body: pb.Stmt, inner: int):
     lanes = run_lanes(body, inner, anchor.vec, low.buffers, low.shared_stride) \
         if isinstance(anchor, CyclicLayout) and anchor.numel % (anchor.threads * anchor.vec) == 0 \
         else 1
+    with slot_runs(low, anchor.local_size, lanes) as idx:
+        yield idx
+
+
+@contextlib.contextmanager
+def slot_runs(low, size: int, lanes: int):
+    """A loop over the calling thread's `size` fragment slots; with `lanes` >= 2, runs of
+    that many consecutive slots, each a vectorized loop."""
     if lanes < 2:
-        with low.loop(anchor.local_size) as idx:
+        with low.loop(size) as idx:
             yield idx
         return
-    with low.loop(anchor.local_size // lanes) as run, T.vectorized(0, lanes) as lane:
+    with low.loop(size // lanes) as run, T.vectorized(0, lanes) as lane:
         yield run * lanes + lane
 
 
@@ -108,10 +117,8 @@ def _flat_lanes(low, body: pb.Stmt, inner: int, static: list) -> int:
     the innermost loop, where its extent and the nest's size allow whole runs per thread."""
     if any(x is None for x in static):
         return 1
-    vec = 8
-    while vec > 1 and (static[-1] % vec or math.prod(static) % (low.threads * vec)):
-        vec //= 2
-    return run_lanes(body, inner, vec, low.buffers, low.shared_stride) if vec > 1 else 1
+    vec = cyclic_vector(tuple(static), low.threads, CudaAnchors.max_vector)
+    return run_lanes(body, inner, vec, low.buffers, low.shared_stride)
 
 
 @contextlib.contextmanager

@@ -133,11 +133,8 @@ def reduce_rows(low, r: pb.Reduce) -> None:
     for slot in range(rows.local_size):
         vals = [_element(r.kind, tirx.Cast(dt, src[i]) if src.dtype != dt else src[i])
                 for i in lay.row_members(slot)]
-        while len(vals) > 1:
-            vals = [combine(vals[j], vals[j + 1]) if j + 1 < len(vals) else vals[j]
-                    for j in range(0, len(vals), 2)]
         part = T.alloc_buffer((1,), dt, scope="local")
-        T.buffer_store(part, vals[0], [0])
+        T.buffer_store(part, _tree(combine, vals), [0])
         for mask in rows.QUAD_MASKS:
             other = T.call_extern(dt, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"),
                                   part[0], mask)

@@ -137,17 +137,26 @@ def test_flash_attention_fullrow_keeps_p_in_registers():
 def test_flash_attention_on_sm90a_takes_wgmma_per_op():
     """The same kernel on sm_90a: S = Q K^T on wgmma from shared memory (SS), O += P V on
     wgmma with P in registers (RS: the cast copy of S lies in the wgmma A-operand layout),
-    Q, K, V as swizzled panel tiles (no padding), row statistics on wgmma's rows layout."""
+    Q, K, V as swizzled panel tiles (no padding), row statistics on wgmma's rows layout; the
+    loop's K and V copies run ahead on a TMA producer warp (ws_loop.py): a 4-stage ring
+    each, a full and an empty barrier per stage, two blocks per SM."""
     src, pool, low = source(cases.flash_attention(1, 2, 256, 64, False), "sm_90a")
     body = kernel_body(src)
-    assert "tiled::sm90::wgmma_rows<half, 64, 64, 64, 64, true>" in body
-    assert "tiled::sm90::wgmma_rows_rs<half, 64, 64, 64, false>" in body
+    # Issued and left in flight in the TMA-fed loop (wgmma_waits.py)
+    assert "tiled::sm90::wgmma_rows_issue<half, 64, 64, 64, 64, true>" in body
+    assert "tiled::sm90::wgmma_rows_rs_issue<half, 64, 64, 64, false>" in body
     assert "gemm_ss" not in body and "gemm_rs" not in body
     assert body.count("__shfl_xor_sync") == 2 * 2 * 2
     assert low.attn is None and low.ws is None and low.wgmma_ops
     names = {bid: b.name for bid, b in low.buffers.items()}
     assert {names[b] for b in low.wgmma_ops.panels} == {"Q_shared", "K_shared", "V_shared"}
-    assert pool == 3 * 64 * 64 * 2 + 64 * 64 * 2
+    w = low.wsloop
+    assert {names[b] for b in w.tiles} == {"K_shared", "V_shared"} and w.stages == 4
+    assert low.launch_threads == 128 + 32 and w.min_blocks == 2  # a producer warp
+    assert [rc.box for rc in w.copies] == [[64, 1, 64, 1]] * 2  # BSHD: a 4-D box per panel
+    assert body.count("tiled::sm90::tma_load(") == 2 and "cp_async_wait<1>" not in body
+    tile = 64 * 64 * 2
+    assert pool == tile * (1 + 4 + 4 + 1) + 128  # Q, the rings, O's staging, 16 barriers
 
 
 def test_flash_attention_square_stages_p_through_shared_memory():
@@ -167,7 +176,8 @@ def test_flash_attention_compiles(tmp_path, arch, policy, causal):
 
     art, m = cases.compile_case(cases.flash_attention(2, 4, 200, 64, causal, policy=policy),
                                 f"cuda:{arch}")
-    assert m.block == (128, 1, 1)
+    ws = arch == "sm_90a"  # wgmma per op either way, K and V from a TMA producer
+    assert m.block == ((128 + 32 if ws else 128), 1, 1)
     if _cuobjdump():
         text = sass(art.data, tmp_path)
         if arch == "sm_80":
@@ -176,6 +186,7 @@ def test_flash_attention_compiles(tmp_path, arch, policy, causal):
             assert re.search(r"HGMMA\.64x64x16\.F32 R\d+, gdesc", text)
             assert re.search(r"HGMMA\.64x64x16\.F32 R\d+, R\d+, gdesc", text)
             assert "HMMA" not in text
+            assert ("UTMALDG" in text) == ws
         if policy == ROW or arch == "sm_90a":  # Square's replicated row vectors (mma.sync)
             assert "LDL" not in text and "STL" not in text  # are indexed by thread: local
 

@@ -29,6 +29,11 @@ def _no_local(text: str) -> None:
     assert not re.search(r"\b(LDL|STL)\b", text), "local memory"
 
 
+def _tma_fed(text: str) -> None:
+    """A TMA producer (UTMALDG) and mbarrier waits (SYNCS) feed the loop (ws_loop.py)."""
+    assert "UTMALDG" in text and re.search(r"\bSYNCS\.", text), "no TMA producer"
+
+
 @pytest.mark.parametrize("name,shape", [
     ("gemm_nt", {"M": 256, "N": 256, "K": 256, "block_M": 128, "block_N": 256,
                  "block_K": 64, "threads": 256}),  # B as N x K, two consumer warpgroups
@@ -41,6 +46,8 @@ def _no_local(text: str) -> None:
 def test_gemms_in_other_styles_take_wgmma(tmp_path, name, shape):
     text = _sass(tmp_path, name, **shape)
     assert SS.search(text) and "HMMA" not in text
+    if name in ("gemm_nt", "gemm_splitk"):  # stream-K: the loop sits in its tile loop;
+        _tma_fed(text)  # int4: the loop dequantizes from global memory itself
     _no_local(text)
 
 
@@ -49,6 +56,7 @@ def test_gemms_in_other_styles_take_wgmma(tmp_path, name, shape):
 def test_float8_and_tf32_gemms_take_their_wgmma(tmp_path, name, instr):
     text = _sass(tmp_path, name)
     assert instr in text and SS.search(text) and "HMMA" not in text
+    _tma_fed(text)
     _no_local(text)
 
 
@@ -57,6 +65,18 @@ def test_float8_and_tf32_gemms_take_their_wgmma(tmp_path, name, instr):
 def test_attention_takes_wgmma_ss_and_rs(tmp_path, name):
     text = _sass(tmp_path, name)
     assert SS.search(text) and RS.search(text) and "HMMA" not in text
+    _tma_fed(text)
+    _no_local(text)
+
+
+@pytest.mark.parametrize("name", ["mha_fwd_bshd", "mha_fwd_bshd_causal", "gemm_nt"])
+def test_big_tiles_fed_by_a_producer_warpgroup(tmp_path, name):
+    """The H200 shapes (128-row tiles, two consumer warpgroups and a producer warpgroup):
+    the registers the consumers get by setmaxnreg hold them without local memory."""
+    case = load_all()[name]
+    text = _sass(tmp_path, name, **case.gpu)
+    assert SS.search(text) and "USETMAXREG" in text
+    _tma_fed(text)
     _no_local(text)
 
 

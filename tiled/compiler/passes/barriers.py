@@ -43,7 +43,8 @@ class SyncTracker:
 def shared_effects(s: pb.Stmt, buffers, scratch=None) -> tuple[bool, bool]:
     """(reads shared memory, writes shared memory) for statement `s` and all inside it.
     `scratch(st)`: whether tile op `st` also reads and writes the shared scratch area (a
-    fragment moved through it: copy, gemm, scan)."""
+    fragment moved through it: copy, gemm, reduce, scan); without it a reduction or scan
+    counts as reading and writing shared memory."""
     reads = writes = False
     for st in walk(s):
         kind = st.WhichOneof("kind")
@@ -57,10 +58,14 @@ def shared_effects(s: pb.Stmt, buffers, scratch=None) -> tuple[bool, bool]:
         elif kind == "fill":
             writes |= shared(st.fill.dst.buffer)
         elif kind in ("reduce", "scan"):
-            reads = writes = True
+            node = getattr(st, kind)
+            if scratch is None:  # where it may go through shared memory is not known
+                reads = writes = True
+            reads |= shared(node.src)
+            writes |= shared(node.dst)
         elif kind in ("store", "atomic_add"):
             writes |= shared(getattr(st, kind).buffer)
-        if scratch is not None and kind in ("copy", "gemm") and scratch(st):
+        if scratch is not None and kind in ("copy", "gemm", "reduce", "scan") and scratch(st):
             reads = writes = True
         if kind in ("store", "atomic_add", "if_then_else", "for_", "copy", "fill"):
             for e in stmt_exprs(st):

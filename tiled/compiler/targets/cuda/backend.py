@@ -13,13 +13,12 @@ import time
 from typing import ClassVar
 
 from tiled.compiler.registry import Artifact, Backend, Option, Target, option, register
+from tiled.compiler.targets.cuda.limits import ARCHS, MAX_SMEM
 from tiled.compiler.targets.cuda.tma import SIGNATURE, with_tensor_maps
 from tiled.compiler.toolchain.nvcc import compile_cubin
 from tiled.errors import CompileError
 from tiled.ir.program import Program
 
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a")
-MAX_SMEM = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024}
 FALLBACK_SUFFIX = "_fallback"  # the variant without TMA, for launches its preconditions fail
 
 
@@ -111,6 +110,12 @@ class CudaBackend(Backend):
                                   "paths where a kernel fits them"),
         "cluster": Option(int, 0, "sm_90a GEMM path: CTAs per cluster, 0 the plan's choice",
                           choices=(0, 1, 2)),
+        "pingpong": Option(bool, False, "sm_90a T.Pipelined loops fed by a TMA producer, "
+                           "with two consumer warpgroups and two or more gemms per step: "
+                           "the warpgroups take turns issuing their gemms"),
+        "wgmma_in_flight": Option(bool, True, "sm_90a T.Pipelined loops fed by a TMA "
+                                  "producer: a wgmma gemm runs on until a statement needs "
+                                  "it, across the loop's back edge too"),
         "cuda_compiler": Option(str, None, "CUDA C++ to cubin: nvcc or nvrtc (default "
                                 "TILED_CUDA_COMPILER)", choices=("nvcc", "nvrtc", "auto")),
     }
@@ -128,7 +133,8 @@ class CudaBackend(Backend):
         return arch
 
     def generate_source(self, program: Program, arch: str, warp_specialize: bool = True,
-                        cluster: int = 0):
+                        cluster: int = 0, pingpong: bool = False,
+                        wgmma_in_flight: bool = True):
         """(CUDA source, dynamic shared memory bytes, the lowering). When the automatic sm_90a
         path's TMA descriptors have launch preconditions (`low.requires`: strides that
         depend on a symbolic dim), the source also holds the program lowered without warp
@@ -142,7 +148,8 @@ class CudaBackend(Backend):
 
         explicit = explicit_statement(program.proto) is not None
         mod, low = lower_cuda(program, arch, warp_specialize, cluster,
-                              ExplicitLowering if explicit else None)
+                              ExplicitLowering if explicit else None, pingpong,
+                              wgmma_in_flight)
         _check_smem(low, arch)
         low.fallback = None
         if low.requires and not low.explicit:
@@ -167,6 +174,10 @@ class CudaBackend(Backend):
             src = with_tensor_maps(src, low.launch_threads)
             return ('#include "tiled_cuda.h"\n#include "tiled_sm90_attn.h"\n' + extra + src,
                     low.pool_bytes, low)
+        if low.wsloop is not None:  # the T.Pipelined ring (ws_loop.py)
+            src = with_tensor_maps(src, low.launch_threads, low.wsloop.min_blocks)
+            return ('#include "tiled_cuda.h"\n#include "tiled_sm90.h"\n'
+                    '#include "tiled_sm90_ops.h"\n' + src, low.pool_bytes, low)
         if low.ws is None:
             return '#include "tiled_cuda.h"\n' + extra + src, low.pool_bytes, low
         src = with_tensor_maps(src, low.launch_threads)
@@ -177,7 +188,9 @@ class CudaBackend(Backend):
         t0 = time.perf_counter()
         source, smem, low = self.generate_source(program, target.arch,
                                                  option(options, "warp_specialize", self),
-                                                 option(options, "cluster", self))
+                                                 option(options, "cluster", self),
+                                                 option(options, "pingpong", self),
+                                                 option(options, "wgmma_in_flight", self))
         t1 = time.perf_counter()
         cubin = compile_cubin(source, target.arch, options.get("cuda_compiler"))
         t2 = time.perf_counter()

@@ -20,7 +20,7 @@ layout inference spreads through T.Parallel nests, copies and row reductions as 
 Each wgmma gemm is preceded by a proxy fence of the threads' own shared writes and a barrier
 (writes by ordinary instructions and cp.async are not visible to wgmma's async proxy without
 it), issued by every warpgroup for its rows, and retired (wait_group 0) before the next
-statement.
+statement, except in a loop fed by a TMA producer, where wgmma_waits.py lets it run on.
 """
 
 from __future__ import annotations
@@ -166,11 +166,13 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     pb_ = T.address_of(low.tir[g.b][panel_index(low, g.b, b_idx)])
     ct = CTYPE[dtypes.canonical_name(a.dtype)]
     kmajor = str(g.transpose_b).lower()
+    turn = ", true" if low.turn else ""  # issued on its warpgroup's turn (ws_loop.py)
+    issue = "_issue" if low.in_flight else ""  # left in flight, retired by wgmma_waits.py
     if a.scope == pb.FRAGMENT:  # RS: A's words from registers, in the wgmma layout
         pa = T.address_of(low.tir[g.a][0])
-        name = f"tiled::sm90::wgmma_rows_rs<{ct}, {WM}, {BN}, {K}, {kmajor}>"
+        name = f"tiled::sm90::wgmma_rows_rs{issue}<{ct}, {WM}, {BN}, {K}, {kmajor}{turn}>"
     else:
         a_idx = [low.expr(i) for i in g.a_index] + [wg * WM, zero]
         pa = T.address_of(low.tir[g.a][panel_index(low, g.a, a_idx)])
-        name = f"tiled::sm90::wgmma_rows<{ct}, {WM}, {BM}, {BN}, {K}, {kmajor}>"
+        name = f"tiled::sm90::wgmma_rows{issue}<{ct}, {WM}, {BM}, {BN}, {K}, {kmajor}{turn}>"
     T.evaluate(T.call_extern("void", name, pa, pb_, T.address_of(acc[0])))

@@ -53,6 +53,7 @@ from tiled.compiler.targets.cuda.gemm_sm90 import (
     plan_wgmma,
 )
 from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS, MmaLayout, infer_layouts
+from tiled.compiler.targets.cuda.limits import MAX_SMEM
 from tiled.compiler.targets.cuda.parallel import lower_fill, lower_parallel
 from tiled.compiler.targets.cuda.pipeline import lower_pipeline
 from tiled.compiler.targets.cuda.reduce import lower_reduce, reduce_scratch_bytes
@@ -72,6 +73,14 @@ from tiled.compiler.targets.cuda.sm90_gemm import (
     lower_ws_kernel,
     store_ws_tile,
 )
+from tiled.compiler.targets.cuda.ws_loop import (
+    declare_ring_maps,
+    grow_stages,
+    longest_first,
+    lower_ring_consumer,
+    lower_ws_body,
+    plan_ws_loop,
+)
 from tiled.compiler.tir import (
     ExprLowering,
     declare_params,
@@ -85,6 +94,7 @@ from tiled.ir.program import Program
 from tiled.v1 import tile_ir_pb2 as pb
 
 UNROLL_LIMIT = 256
+RING_ALIGN = 128  # bytes: a TMA destination's alignment
 VECTOR_LIMIT = 16  # a T.vectorized loop that cannot take vector lanes unrolls up to this extent
 _ATOMIC = {pb.ATOMIC_ADD: "atomicAdd", pb.ATOMIC_MAX: "tiled::atomic_max",
            pb.ATOMIC_MIN: "tiled::atomic_min"}
@@ -95,10 +105,13 @@ _NATIVE_ADD = {"int32", "uint32", "float32", "float64", "float16", "bfloat16"}
 class CudaLowering(ExprLowering):
     explicit = False  # the explicit sm_90a path (sm90_explicit.ExplicitLowering)
     tid_base = 0  # the first thread running the current statement (a T.ws region's)
+    turn = False  # a wgmma gemm issued on its warpgroup's turn (ws_loop.py, pingpong)
+    in_flight = False  # a wgmma gemm left in flight (wgmma_waits.py)
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True):
         super().__init__(program)
         p = self.program
+        self.arch = arch
         self.threads = p.kernel.threads  # the program's threads (consumers on the sm90 path)
         hopper = arch == "sm_90a" and warp_specialize
         self.attn = find_ws_attention(p) if hopper else None
@@ -109,7 +122,11 @@ class CudaLowering(ExprLowering):
             ops, layouts = plan_wgmma(p, infer_layouts)
             if ops:
                 self.layouts, self.wgmma_ops = layouts, ops
-        self.launch_threads = self.threads
+        self.wsloop = None  # the T.Pipelined loop fed by a TMA producer (ws_loop.py)
+        if hopper and self.ws is None and self.attn is None and not self.explicit:
+            self.wsloop = plan_ws_loop(self)
+        self.launch_threads = self.threads + (self.wsloop.producer_threads if self.wsloop
+                                              else 0)
         self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe
         self.param_of = {prm.buffer: i for i, prm in enumerate(p.params)  # tensor -> param #
                          if prm.WhichOneof("kind") == "buffer"}
@@ -132,7 +149,8 @@ class CudaLowering(ExprLowering):
         self.frag_row = None  # (anchor layout, its slot) of the T.Parallel nest being lowered
         self.replica = None  # in a nest over a rows layout: true in one lane of each quad
         self.nest_vars: list[int] = []
-        self.sync = SyncTracker(None if self.ws is None and self.attn is None else
+        self.sync = SyncTracker(None if self.ws is None and self.attn is None and
+                                self.wsloop is None else
                                 f"tiled::sm90::consumer_sync<{self.threads}>")
         self.tx = None
         self.pool = None
@@ -145,7 +163,7 @@ class CudaLowering(ExprLowering):
     def requires(self) -> list:
         """Launch preconditions (manifest expressions that must evaluate to 0) of the TMA
         descriptors the kernel takes (tma)."""
-        plan = self.ws or self.attn
+        plan = self.ws or self.attn or self.wsloop
         return list(plan.requires) if plan is not None else []
 
     # -- planning ------------------------------------------------------------------------------
@@ -157,7 +175,6 @@ class CudaLowering(ExprLowering):
         return walk(self.program.kernel.body)
 
     def plan(self) -> None:
-        p = self.program
         gemm_operands, tma_tiles = set(), set()
         for st in self.statements():
             kind = st.WhichOneof("kind")
@@ -167,7 +184,8 @@ class CudaLowering(ExprLowering):
                 tma_tiles.add(st.copy.dst.buffer)
             if kind == "for_" and st.for_.kind == pb.PIPELINED and st.for_.num_stages >= 2 \
                     and not (self.ws and st.for_.var == self.ws.loop_var) \
-                    and not (self.attn and st.for_.var == self.attn.loop.var):
+                    and not (self.attn and st.for_.var == self.attn.loop.var) \
+                    and not (self.wsloop and st.for_.var == self.wsloop.loop.var):
                 body = st.for_.body
                 stmts = body_statements(body)
                 producers = []
@@ -182,6 +200,26 @@ class CudaLowering(ExprLowering):
         for s_count, producers in self.pipelines.values():
             for bid in producers:
                 stages[bid] = max(stages.get(bid, 1), s_count)
+        self.place(stages, gemm_operands, tma_tiles)
+        if self.wsloop is not None and self.pool_bytes > MAX_SMEM[self.arch]:
+            # Two ring stages do not fit where the program's own stages did: no producer.
+            self.wsloop, self.launch_threads = None, self.threads
+            self.sync = SyncTracker(None if self.ws is None and self.attn is None else
+                                    f"tiled::sm90::consumer_sync<{self.threads}>")
+            return self.plan()
+        while self.wsloop is not None and \
+                grow_stages(self.wsloop, self.pool_bytes, MAX_SMEM[self.arch]):
+            self.place(stages, gemm_operands, tma_tiles)
+        if self.wsloop is not None:
+            self.wsloop.fit_blocks(self.pool_bytes)
+
+    def place(self, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
+        """Places the shared tiles (`stages`: pipelined tile -> its stage count), the sm90
+        paths' rings and barriers and the scratch area in the pool."""
+        p = self.program
+        ring = self.wsloop.tiles if self.wsloop else set()
+        if self.wsloop is not None:
+            stages = {**stages, **{bid: self.wsloop.stages for bid in ring}}
         offset = 0
         ring_tiles = {self.ws.a, self.ws.b} if self.ws else \
             self.attn.ring_tiles if self.attn else set()
@@ -194,7 +232,9 @@ class CudaLowering(ExprLowering):
             # TMA writes dense rows (no swizzle on the explicit path): its tiles get no pad;
             # panel tiles (wgmma's) are swizzled instead, on the swizzle's period.
             pad = 8 if b.id in gemm_operands and dtypes.nbytes(b.dtype) == 2 and \
-                len(shape) >= 2 and b.id not in tma_tiles else 0
+                len(shape) >= 2 and b.id not in tma_tiles | ring else 0
+            if b.id in ring:  # a TMA destination (a panel tile is aligned further below)
+                offset = align_up(offset, RING_ALIGN)
             if b.id in self.wgmma_ops.panels:
                 pad, offset = 0, align_up(offset, PANEL_ALIGN)
             tile = SharedTile(rows, cols, cols + pad, stages.get(b.id, 1), offset,
@@ -205,6 +245,9 @@ class CudaLowering(ExprLowering):
             self.ws_offset, offset = offset, align_up(offset + self.ws.ring_bytes)
         if self.attn is not None:
             self.ws_offset, offset = offset, align_up(offset + self.attn.ring_bytes)
+        if self.wsloop is not None:
+            self.wsloop.bar_offset, offset = offset, align_up(offset +
+                                                              self.wsloop.barrier_bytes)
         self.scratch_offset = offset
         scratch = 0
         for st in self.statements():  # the scratch area: one region, used by one op at a time
@@ -233,6 +276,8 @@ class CudaLowering(ExprLowering):
                 bool(staged_operands(self, st.gemm) or converted(self, st.gemm))
         if kind == "scan":
             return scan_uses_scratch(self, st.scan)
+        if kind == "reduce":
+            return reduce_scratch_bytes(self, st.reduce) > 0
         return False
 
     # -- buffers ---------------------------------------------------------------------------
@@ -314,10 +359,15 @@ class CudaLowering(ExprLowering):
         return set()
 
     def declare_tensor_maps(self) -> None:
-        """Declares kernel parameters beyond the program's (the explicit path's TMA maps)."""
+        """Declares kernel parameters beyond the program's: the TMA descriptors of the
+        T.Pipelined ring (ws_loop.py; the explicit path declares its own)."""
+        if self.wsloop is not None:
+            declare_ring_maps(self)
 
     def lower_body(self) -> None:
-        self.stmt(self.program.kernel.body)
+        if self.wsloop is not None:
+            return lower_ws_body(self)
+        return self.stmt(self.program.kernel.body)
 
     def effects(self, s: pb.Stmt) -> tuple[bool, bool]:
         return shared_effects(s, self.buffers, self.uses_scratch)
@@ -339,6 +389,8 @@ class CudaLowering(ExprLowering):
                 self.sync.suspended -= 1
         if f.var in self.pipelines:
             return lower_pipeline(self, f, s)
+        if self.wsloop is not None and f.var == self.wsloop.loop.var:
+            return lower_ring_consumer(self, f)
         if self.ws is not None and f.var == self.ws.loop_var:
             return lower_ws_consumer(self, f)
         if self.attn is not None and f.var == self.attn.loop.var:
@@ -488,18 +540,26 @@ class CudaLowering(ExprLowering):
 
 
 def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
-               cluster: int = 0, lowering: type | None = None) -> tuple[object, CudaLowering]:
+               cluster: int = 0, lowering: type | None = None,
+               pingpong: bool = False,
+               wgmma_in_flight: bool = True) -> tuple[object, CudaLowering]:
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
     launch's thread count and the TMA descriptors the kernel takes (sm_90a path). `cluster`:
     the sm_90a path's cluster size, 0 for the plan's choice (WsGemmPlan.with_cluster).
     `lowering`: the CudaLowering class (the backend passes sm90_explicit's ExplicitLowering
-    for programs of the explicit Hopper path; this module does not import it)."""
+    for programs of the explicit Hopper path; this module does not import it). `pingpong`:
+    whether a T.Pipelined ring's two consumer warpgroups may take turns (ws_loop.py);
+    `wgmma_in_flight`: whether its wgmma gemms may run past their statement
+    (wgmma_waits.py)."""
     import tvm
 
     p = program.proto
     low = (lowering or CudaLowering)(program, arch, warp_specialize)
     if low.ws is not None:
         low.ws = low.ws.with_cluster(cluster)
+    if low.wsloop is not None:
+        low.wsloop.pingpong &= pingpong
+        low.wsloop.in_flight = wgmma_in_flight
     low.plan()
     with IRBuilder() as ib:
         with T.prim_func():
@@ -527,10 +587,11 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
             frames = contextlib.ExitStack()
             with frames:
                 if low.ws is None and not (low.attn and low.attn.persistent):
+                    backwards = longest_first(low, grid) if low.wsloop else None
                     for i, (g, vid) in enumerate(zip(grid, p.kernel.block_vars, strict=True)):
                         bv = T.env_thread(("blockIdx.x", "blockIdx.y", "blockIdx.z")[i])
                         frames.enter_context(T.launch_thread(bv, g))
-                        low.vars[vid] = bv
+                        low.vars[vid] = g - 1 - bv if i == backwards else bv
                 else:  # persistent: one block per SM at most, walking the program's blocks
                     bv = T.env_thread("blockIdx.x")
                     # The real count, min(blocks, SMs), is known only at launch (the runtime

@@ -59,13 +59,15 @@ def describe(requires: list) -> str:
     return " and ".join(f"{text(r)} == 0" for r in requires)
 
 
-def with_tensor_maps(source: str, threads: int) -> str:
+def with_tensor_maps(source: str, threads: int, min_blocks: int = 1) -> str:
     """The sm90 path's kernel source: each `tiled_tmap_*` handle parameter becomes a TMA
     descriptor passed by value (`const __grid_constant__`), which the body uses through a
-    pointer of the same name; the launch bounds say one block per SM, which setmaxnreg needs.
+    pointer of the same name; the launch bounds say `min_blocks` blocks per SM (1, which
+    setmaxnreg needs, unless the lowering says otherwise).
     Only the kernel that takes the descriptors is changed (a fallback variant beside it in the
     source takes none and keeps its launch bounds, which count fewer threads)."""
-    source = source.replace(f"__launch_bounds__({threads})", f"__launch_bounds__({threads}, 1)")
+    source = source.replace(f"__launch_bounds__({threads})",
+                            f"__launch_bounds__({threads}, {min_blocks})")
     names = sorted(set(_TMAP_PARAM.findall(source)))
     body = next((m.end() + 2 for m in SIGNATURE.finditer(source)  # the definition's brace
                  if source.startswith(" {", m.end()) and "tiled_tmap_" in m.group(2)), None)

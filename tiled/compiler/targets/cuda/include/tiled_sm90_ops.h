@@ -16,17 +16,38 @@
 namespace tiled {
 namespace sm90 {
 
+// Two consumer warpgroups (threads 0..255) taking turns to issue their gemms (ws_loop.py):
+// warpgroup w waits on named barrier 2 + w, which the other one arrives on once it has
+// issued its own (256 threads per barrier: 128 waiting, 128 arriving). Warpgroup 1 lets
+// warpgroup 0 go first (turn_first, before the loop) and warpgroup 0 takes the last turn
+// warpgroup 1 passes it (turn_last, after the loop), so every arrival meets a wait.
+__device__ __forceinline__ uint32_t consumer_warpgroup() { return threadIdx.x >> 7; }
+__device__ __forceinline__ void turn_wait() {
+  asm volatile("bar.sync %0, 256;" ::"r"(2 + consumer_warpgroup()) : "memory");
+}
+__device__ __forceinline__ void turn_pass() {
+  asm volatile("bar.arrive %0, 256;" ::"r"(3 - consumer_warpgroup()) : "memory");
+}
+__device__ __forceinline__ void turn_first() {
+  if (consumer_warpgroup() == 1) asm volatile("bar.arrive 2, 256;" ::: "memory");
+}
+__device__ __forceinline__ void turn_last() {
+  if (consumer_warpgroup() == 0) asm volatile("bar.sync 2, 256;" ::: "memory");
+}
+
 // acc[WM x BN] += A[WM x K] @ B for the calling warpgroup: `a` points at its first row of a
 // panel tile of BM rows (panels BM * 128 bytes apart), `b` at a panel tile as wgmma_cols_any
-// reads it; acc in the wgmma layout (WM / 64 blocks of BN / 2 floats). Fenced before,
-// retired before return (wait_group 0).
-template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR>
-__device__ __forceinline__ void wgmma_rows(const void* a, const void* b, float* acc) {
+// reads it; acc in the wgmma layout (WM / 64 blocks of BN / 2 floats). Fenced before;
+// wgmma_rows retires it before return (wait_group 0), wgmma_rows_issue leaves it in flight;
+// with TURN, issued on this warpgroup's turn.
+template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false>
+__device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, float* acc) {
   constexpr int kSlice = 32 / sizeof(T);  // K elements of one wgmma
   static_assert(WM % 64 == 0 && BM % WM == 0 && BN % 64 == 0 && K % (4 * kSlice) == 0,
                 "wgmma_rows shape");
   const unsigned char* sa = static_cast<const unsigned char*>(a);
   const unsigned char* sb = static_cast<const unsigned char*>(b);
+  if constexpr (TURN) turn_wait();
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < K / kSlice; ++kk) {
@@ -37,6 +58,11 @@ __device__ __forceinline__ void wgmma_rows(const void* a, const void* b, float* 
     }
   }
   wgmma_commit_group();
+  if constexpr (TURN) turn_pass();
+}
+template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false>
+__device__ __forceinline__ void wgmma_rows(const void* a, const void* b, float* acc) {
+  wgmma_rows_issue<T, WM, BM, BN, K, B_KMAJOR, TURN>(a, b, acc);
   wgmma_wait_group<0>();
 }
 
@@ -53,12 +79,13 @@ __device__ __forceinline__ void wgmma_cols_rs(float* acc, const uint32_t* a,
 // acc[WM x BN] += A[WM x K] @ B for the calling warpgroup, A from registers: `a` the
 // thread's 16-bit elements of A in the wgmma accumulator layout of a WM x K tile (WM / 64
 // blocks of K / 2 elements; two per 32-bit word, which is wgmma's A-operand layout per k16
-// slice), B a panel tile as wgmma_cols_any reads it. Fenced before, retired before return.
-template <typename T, int WM, int BN, int K, bool B_KMAJOR>
-__device__ __forceinline__ void wgmma_rows_rs(const void* a, const void* b, float* acc) {
+// slice), B a panel tile as wgmma_cols_any reads it. As wgmma_rows (and _issue).
+template <typename T, int WM, int BN, int K, bool B_KMAJOR, bool TURN = false>
+__device__ __forceinline__ void wgmma_rows_rs_issue(const void* a, const void* b, float* acc) {
   static_assert(WM % 64 == 0 && BN % 64 == 0 && K % 16 == 0, "wgmma_rows_rs shape");
   const uint32_t* wa = static_cast<const uint32_t*>(a);
   const unsigned char* sb = static_cast<const unsigned char*>(b);
+  if constexpr (TURN) turn_wait();
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
@@ -67,7 +94,31 @@ __device__ __forceinline__ void wgmma_rows_rs(const void* a, const void* b, floa
       wgmma_cols_rs<T, BN, K, B_KMAJOR>(acc + h * (BN / 2), wa + h * (K / 4) + 4 * kk, sb, kk);
   }
   wgmma_commit_group();
+  if constexpr (TURN) turn_pass();
+}
+template <typename T, int WM, int BN, int K, bool B_KMAJOR, bool TURN = false>
+__device__ __forceinline__ void wgmma_rows_rs(const void* a, const void* b, float* acc) {
+  wgmma_rows_rs_issue<T, WM, BN, K, B_KMAJOR, TURN>(a, b, acc);
   wgmma_wait_group<0>();
+}
+
+// -- wgmma left in flight (wgmma_waits.py) ------------------------------------------
+// The *_issue forms above return with the group in flight. `retire<N>` waits until at most
+// N groups are; then `hold_*` ties the registers of each retired group (its accumulator,
+// its register A operand) to that point, so that the compiler neither reads an
+// accumulator nor reuses an operand's registers while the hardware still owns them.
+template <int N>
+__device__ __forceinline__ void retire() { wgmma_wait_group<N>(); }
+template <int N>
+__device__ __forceinline__ void hold_f32(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void hold_words(void* p) {
+  uint32_t* w = static_cast<uint32_t*>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(w[i])::"memory");
 }
 
 // Panel tiles assume the dynamic pool starts on a 1024-byte boundary of the shared window
@@ -75,6 +126,20 @@ __device__ __forceinline__ void wgmma_rows_rs(const void* a, const void* b, floa
 // garbage, so it stops instead.
 __device__ __forceinline__ void check_panel_pool(const void* pool) {
   if (smem_addr(pool) & 1023) __trap();
+}
+
+// -- the T.Pipelined ring of the generic lowering (ws_loop.py) -----------------------
+// One producer thread fills a stage: it arrives on the stage's full barrier and expects the
+// bytes its TMA boxes bring (the phase completes when they land).
+__device__ __forceinline__ void ring_fill(void* bar, uint32_t tx_bytes) {
+  mbarrier_arrive_expect_tx(static_cast<uint64_t*>(bar), tx_bytes);
+}
+
+// A consumer warp is done with a stage: once all its lanes are here, lane 0 arrives on the
+// stage's empty barrier (its arrive count is the consumer warps).
+__device__ __forceinline__ void ring_release(void* bar) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) mbarrier_arrive(static_cast<uint64_t*>(bar));
 }
 
 }  // namespace sm90

@@ -1,0 +1,212 @@
+"""Automatic warp specialization of T.Pipelined loops on sm_90a (passes/pipeline.py decides
+which copies may run ahead; targets/cuda/ws_loop.py feeds them from a TMA producer
+warpgroup). Generated code and plans only: no GPU needed (numerics: the H200 runs of
+benchmarks/gpu/conformance.py and tl_attention.py)."""
+
+import pytest
+
+import tiled
+import tiled.lang as T
+from tiled.compiler.passes.pipeline import run_ahead
+from tiled.compiler.targets.cuda.backend import CudaBackend
+from tiled.ir.program import as_program
+
+
+def _lower(kernel, **options):
+    return CudaBackend().generate_source(as_program(kernel), "sm_90a", **options)
+
+
+def _gemm(copy_b_first=False, b_from_table=False, read_before=False, write_a=False,
+          scale_in_loop=False, k_tile=64, m=256, n=256, k=512, threads=256, stages=3):
+    """A GEMM loop with the knobs that decide whether its copies may run ahead."""
+    @tiled.kernel
+    def gemm(A: T.Tensor((m, k), "float16"), B: T.Tensor((k, n), "float16"),
+             Table: T.Tensor((64,), "int32"), C: T.Tensor((m, n), "float16")):
+        with T.Kernel(n // 128, m // 128, threads=threads) as (bx, by):
+            A_s = T.alloc_shared((128, k_tile), "float16")
+            B_s = T.alloc_shared((k_tile, 128), "float16")
+            acc = T.alloc_fragment((128, 128), "float32")
+            T.clear(acc)
+            for kk in T.Pipelined(k // k_tile, num_stages=stages):
+                if read_before:
+                    A_s[0, 0] = A_s[0, 1]
+                if copy_b_first:
+                    T.copy(B[kk * k_tile, bx * 128], B_s)
+                    T.copy(A[by * 128, kk * k_tile], A_s)
+                elif b_from_table:
+                    T.copy(A[by * 128, kk * k_tile], A_s)
+                    T.copy(B[Table[kk] * k_tile, bx * 128], B_s)
+                else:
+                    T.copy(A[by * 128, kk * k_tile], A_s)
+                    T.copy(B[kk * k_tile, bx * 128], B_s)
+                T.gemm(A_s, B_s, acc)
+                if scale_in_loop:  # not the whole-kernel GEMM path's loop shape
+                    for i, j in T.Parallel(128, 128):
+                        acc[i, j] = acc[i, j] * 0.5
+            if write_a:
+                A[by * 128, bx] = T.cast(acc[0, 0], "float16")
+            T.copy(acc, C[by * 128, bx * 128])
+
+    return gemm
+
+
+def test_copies_run_ahead_only_when_nothing_can_observe_it():
+    p = as_program(_gemm()).proto
+    ra = run_ahead(p)
+    assert ra is not None and ra.copies == (0, 1) and ra.release == (2, 2)
+    assert run_ahead(as_program(_gemm(copy_b_first=True)).proto).copies == (0, 1)
+    # An offset read from memory (a block table) is not known to another thread early.
+    assert run_ahead(as_program(_gemm(b_from_table=True)).proto).copies == (0,)
+    # The tile is read before the copy in the body: it would see the next tile.
+    ra = run_ahead(as_program(_gemm(read_before=True)).proto)
+    assert ra.copies == (2,)  # B only (A_s is also written by the store)
+    # The kernel writes A: its tiles must be read when the program reads them.
+    assert run_ahead(as_program(_gemm(write_a=True)).proto).copies == (1,)
+
+
+def test_attention_loads_k_and_v_from_the_producer():
+    """TileLang's FlashAttention: K's copy opens the loop, V's sits before the second gemm;
+    each gets its own full and empty barriers, released after its gemm."""
+    from tests.conformance.cases import load_all
+
+    case = load_all()["mha_fwd_bshd"]
+    src, pool, low = _lower(case.factory(**case.gpu).kernel)
+    w = low.wsloop
+    assert [(rc.pos, rc.release) for rc in w.copies] == [(0, 2), (12, 13)]
+    assert w.stages == 2 and low.launch_threads == 256 + 128  # d = 128: two stages fit
+    body = src[src.index("attention_kernel(half* __restrict__ Out_ptr"):]
+    assert "setmaxnreg_inc<232>" in body and "setmaxnreg_dec<40>" in body
+    assert body.count("tiled::sm90::tma_load(") == 4  # two 64-wide panels each
+    assert body.count("tiled::sm90::ring_release(") == 2
+    loop = body[body.index("for (int v_1"):body.index("tiled::sm90::consumer_sync", body.index(
+        "for (int v_1"))]
+    assert "consumer_sync" not in loop and "__syncthreads" not in loop  # no barrier per step
+    assert pool <= 227 * 1024
+
+
+def test_a_dense_ring_tile_takes_one_box_and_mma_tiles_keep_cp_async():
+    # 32-wide K tiles: mma.sync (padded rows), so the loop stays a cp.async pipeline.
+    src, _, low = _lower(_gemm(k_tile=32, scale_in_loop=True))
+    assert low.ws is None and low.wsloop is None and low.launch_threads == 256
+    assert "cp_async_wait<2>" in src
+    _, _, low = _lower(_gemm(scale_in_loop=True))  # 64-wide: wgmma panels, fed by TMA
+    assert low.ws is None and low.wsloop.stages == 4 and low.launch_threads == 256 + 128
+
+    @tiled.kernel
+    def scale_rows(X: T.Tensor((4096, 256), "float32"), Y: T.Tensor((4096, 256), "float32")):
+        with T.Kernel(32, threads=128) as bx:
+            tile = T.alloc_shared((32, 256), "float32")
+            for k in T.Pipelined(4, num_stages=2):
+                T.copy(X[bx * 128 + k * 32, 0], tile)
+                for i, j in T.Parallel(32, 256):
+                    Y[bx * 128 + k * 32 + i, j] = tile[i, j] * 2.0
+
+    _, pool, low = _lower(scale_rows)
+    (rc,) = low.wsloop.copies
+    assert rc.swizzle == 0 and rc.box == [256, 32] and rc.boxes == 1
+    assert low.tensor_maps["tiled_tmap_r0"]["box"] == [256, 32]
+    # One consumer warpgroup: a producer warp, and a ring two blocks per SM hold (3 stages).
+    w = low.wsloop
+    assert low.launch_threads == 128 + 32 and w.stages == 3 and w.min_blocks == 2
+    assert pool <= 113 * 1024
+
+
+def test_a_ring_that_does_not_fit_leaves_the_loop_unpipelined():
+    """num_stages=1 over a 128 KiB tile fits once; a two-stage ring would not."""
+    @tiled.kernel
+    def big(X: T.Tensor((4096, 256), "float32"), Y: T.Tensor((4096, 256), "float32")):
+        with T.Kernel(32, threads=256) as bx:
+            tile = T.alloc_shared((128, 256), "float32")
+            for k in T.Pipelined(1, num_stages=1):
+                T.copy(X[bx * 128 + k, 0], tile)
+                for i, j in T.Parallel(128, 256):
+                    Y[bx * 128 + i, j] = tile[i, j] * 2.0
+
+    src, pool, low = _lower(big)
+    assert low.wsloop is None and low.launch_threads == 256 and pool == 128 * 256 * 4
+    assert "consumer_sync" not in src
+
+
+def test_strides_tma_cannot_take_keep_the_cp_async_pipeline():
+    _, _, low = _lower(_gemm(k=520, k_tile=64))  # A's rows: 1040 bytes
+    assert low.wsloop is None
+    src, _, low = _lower(_gemm(), warp_specialize=False)
+    assert low.wsloop is None and "cp_async_wait<2>" in src
+
+
+@pytest.mark.parametrize("threads,regs", [(128, None), (256, 232), (384, 152)])
+def test_register_split(threads, regs):
+    from tiled.compiler.targets.cuda.ws_loop import consumer_regs
+
+    assert consumer_regs(threads) == regs
+
+
+def test_causal_blocks_launch_longest_first():
+    """The causal kernel's trip count grows with bx: blocks launch from the last bx down;
+    the other kernels keep the grid's order."""
+    from tests.conformance.cases import load_all
+
+    cases = load_all()
+    for name, backwards in (("mha_fwd_bshd_causal", True), ("mha_fwd_bshd", False)):
+        case = cases[name]
+        src, _, _ = _lower(case.factory(**case.gpu).kernel)
+        assert ("(32 - ((int)blockIdx.x))" in src or "(31 - ((int)blockIdx.x))" in src) \
+            == backwards, name
+
+
+def test_consumers_that_gather_keep_more_blocks_per_sm():
+    """TileLang's implicit-GEMM convolution gathers its data tile by index arithmetic in the
+    loop: the filter copy alone would run ahead, so the loop gets no producer."""
+    from tests.conformance.cases import load_all
+
+    case = load_all()["conv2d_nhwc"]
+    _, _, low = _lower(case.factory(**case.gpu).kernel)
+    assert low.wsloop is None and low.launch_threads == case.gpu.get("threads", 128)
+
+
+def test_pingpong_is_an_option():
+    from tests.conformance.cases import load_all
+
+    case = load_all()["mha_fwd_bshd"]
+    kernel = case.factory(**case.gpu).kernel
+    plain, _, low = _lower(kernel)
+    assert "turn_" not in plain and not low.wsloop.pingpong
+    turns, _, low = _lower(kernel, pingpong=True)
+    assert low.wsloop.pingpong
+    assert turns.count("tiled::sm90::turn_first()") == turns.count("tiled::sm90::turn_last()") \
+        == 1
+    assert "wgmma_rows_issue<half, 64, 128, 128, 128, true, true>" in turns  # S = Q K^T
+    assert "wgmma_rows_rs_issue<half, 64, 128, 128, false, true>" in turns  # O += P V
+
+
+def _loop_text(src: str) -> str:
+    start = src.index("for (int v_1")
+    return src[start:src.index("\n    }\n", start)]
+
+
+def test_gemms_stay_in_flight_until_something_needs_them():
+    """A GEMM main loop keeps one wgmma in flight and frees the previous iteration's stages
+    behind it; its `if k == 0: T.clear(acc)` runs once before the loop. FlashAttention: S is
+    retired just before the row max reads it (which frees K's stage); its mask writes S, so
+    nothing is carried over the back edge and P V is retired at the end of the step."""
+    from tests.conformance.cases import load_all
+
+    cases = load_all()
+    case = cases["gemm_nt"]
+    src, _, _ = _lower(case.factory(**case.gpu).kernel)
+    loop = _loop_text(src)
+    assert loop.count("retire<1>") == 1 and "retire<0>" not in loop
+    assert loop.index("wgmma_rows_issue<") < loop.index("retire<1>")
+    assert loop.count("if (0 < v_1)") == 2  # A's and B's previous stages
+    assert "C_local_ptr[0] = 0x0p+0f" not in loop and "C_local_ptr[0] = 0x0p+0f" in src
+    assert "retire<0>();\n    tiled::sm90::hold_f32<128>" in src  # after the loop
+
+    case = cases["mha_fwd_bshd"]
+    src, _, _ = _lower(case.factory(**case.gpu).kernel)
+    loop = _loop_text(src)
+    s_issue = loop.index("wgmma_rows_issue<")
+    assert s_issue < loop.index("retire<0>") < loop.index("max(")
+    assert "if (0 < v_1)" not in loop and "retire<1>" not in loop
+    pv = loop.index("wgmma_rows_rs_issue<")
+    assert loop.index("retire<0>", pv) < loop.index("hold_words<32>(", pv) < \
+        loop.index("ring_release", pv)

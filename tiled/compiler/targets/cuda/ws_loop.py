@@ -1,0 +1,391 @@
+"""T.Pipelined on sm_90a: a TMA producer warpgroup feeding the program's threads through an
+mbarrier ring (automatic warp specialization of the generic lowering).
+
+When every copy of the loop that may run ahead (passes/pipeline.run_ahead) is one TMA can
+do (a whole 2-D tile of a global tensor of rank <= 5, its row the tensor's last dim;
+strides multiples of 16 bytes, or that as a launch precondition with a variant without TMA
+beside it; a tile no mma.sync gemm reads, whose padded rows TMA does not write), and the
+loop's other statements move no global data into shared memory themselves (an im2col
+gather: its latency is better hidden by more blocks per SM than by a producer), they
+become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py):
+
+- the block gets a producer after the program's threads: one more warpgroup when the
+  program has two or more (it gives its registers to them, setmaxnreg; one block per SM),
+  one more warp when it has one warpgroup (registers are allocated per launch, so a
+  producer warpgroup would halve the blocks an SM holds: the ring is then kept small
+  enough for two blocks per SM where it can be, MIN_BLOCKS). Its first thread walks
+  the loop's iterations and, per ring copy, waits until the copy's stage k % stages is free
+  (its empty barrier), arrives on its full barrier expecting the tile's bytes, and issues
+  the TMA boxes: one 128B-swizzled box per 128-byte panel for a panel tile (the layout
+  wgmma reads, gemm_sm90.py), one dense box of the tile otherwise;
+- the program's threads (the consumers) run the kernel body as written; in the loop a ring
+  copy becomes a wait on its full barrier, every statement after it reads its stage, and
+  after the last statement that touches the tile each consumer warp releases the stage
+  (empty barrier, one arrival per warp);
+- barriers among the consumers are a named barrier the producer never joins;
+- with two consumer warpgroups and two or more wgmma gemms in the loop's body (attention:
+  S = Q K^T, then O += P V), the compile option `pingpong` makes the warpgroups take turns
+  issuing the gemms (so that one's softmax meets the other's gemm). Off by default: on the
+  H200 it changed TileLang-style attention by -1.6..+0.4% (benchmarks/results/
+  tl_attention_h200.json, the `_pingpong` rows);
+- when the loop's trip count grows with a block index (a causal mask), blocks are launched
+  longest first along that axis (`longest_first`): the hardware hands blocks out in
+  launch order, and the short ones then fill the tail instead of the long ones.
+
+The ring has the loop's num_stages stages, at least 2, and up to MIN_RING where shared
+memory holds them (half of it for a one-warpgroup program); where two stages do not fit,
+the loop is not pipelined (the lowering plans again without the producer). The tiles'
+elements outside the tensor read as zeros (TMA's fill), as T.copy's do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from tiled.compiler.irwalk import walk
+from tiled.compiler.passes.layout import body_statements
+from tiled.compiler.passes.pipeline import RunAhead, gathers, run_ahead
+from tiled.compiler.targets.cuda.gemm_sm90 import panel_elems
+from tiled.compiler.targets.cuda.sm90_gemm import MIN_RING, PRODUCER_REGS, PRODUCER_THREADS
+from tiled.compiler.targets.cuda.tma import tma_requirements
+from tiled.compiler.targets.cuda.wgmma_waits import (
+    first_step_fills,
+    plan_waits,
+    retire,
+    retire_after_loop,
+)
+from tiled.ir import dtypes
+from tiled.v1 import tile_ir_pb2 as pb
+
+MAX_BOX = 256  # TMA's boxDim limit, elements per dim
+MAX_RANK = 5
+MAX_REGS = 240  # consumers' setmaxnreg ceiling here
+REGISTER_FILE = 65536
+SM_SMEM = 228 * 1024  # shared memory per SM; each resident block reserves 1 KiB of it
+PRODUCER_WARP = 32
+MIN_BLOCKS = 2  # blocks per SM a one-warpgroup program keeps (its latency hiding)
+
+
+@dataclass
+class RingCopy:
+    pos: int  # position in the loop body
+    copy: pb.Copy
+    release: int  # the body position after which its stage is free
+    box: list[int]  # TMA box, innermost dim first
+    swizzle: int  # bytes: 128 for a panel tile, 0 for a dense one
+    boxes: int  # boxes per stage (panels of a panel tile)
+    box_cols: int  # tile columns per box
+    nbytes: int  # bytes per stage
+
+    @property
+    def tile(self) -> int:
+        return self.copy.dst.buffer
+
+
+@dataclass
+class WsLoop:
+    run: RunAhead
+    copies: list[RingCopy]
+    requires: tuple
+    consumer_threads: int
+    stages: int = 2
+    bar_offset: int = 0
+    maps: dict = field(default_factory=dict)  # copy index -> tensor map parameter
+    min_blocks: int = 1  # the launch bounds' blocks per SM
+    pingpong: bool = False  # the consumer warpgroups take turns issuing their gemms
+    in_flight: bool = True  # gemms may stay in flight past their statement (wgmma_waits.py)
+
+    @property
+    def producer_threads(self) -> int:
+        return PRODUCER_THREADS if self.consumer_threads >= 256 else PRODUCER_WARP
+
+    @property
+    def block_budget(self) -> int:
+        """Shared memory bytes a block may take and keep the blocks per SM aimed at."""
+        return (SM_SMEM // MIN_BLOCKS - 1024) if self.consumer_threads < 256 else \
+            SM_SMEM - 1024
+
+    def fit_blocks(self, pool_bytes: int) -> None:
+        """The launch bounds' blocks per SM for a pool of `pool_bytes`."""
+        self.min_blocks = MIN_BLOCKS if self.consumer_threads < 256 and \
+            pool_bytes <= self.block_budget else 1
+
+    @property
+    def loop(self) -> pb.For:
+        return self.run.loop
+
+    @property
+    def tiles(self) -> set[int]:
+        return {rc.tile for rc in self.copies}
+
+    @property
+    def barrier_bytes(self) -> int:
+        return 16 * len(self.copies) * self.stages
+
+    def full(self, i: int, stage):
+        return i * self.stages + stage
+
+    def empty(self, i: int, stage):
+        return (len(self.copies) + i) * self.stages + stage
+
+
+def _ring_copy(p: pb.Program, buffers, panels: set[int], pos: int, release: int,
+               c: pb.Copy) -> tuple[RingCopy, list] | None:
+    """The ring copy for copy `c` with its launch preconditions, or None when TMA cannot do
+    it (module docstring)."""
+    src, dst = buffers[c.src.buffer], buffers[c.dst.buffer]
+    ext = list(c.src.extents)
+    if len(dst.shape) != 2 or len(ext) > MAX_RANK or len(ext) < 2 or \
+            dtypes.canonical_name(src.dtype) != dtypes.canonical_name(dst.dtype):
+        return None
+    rows, cols = (d.size for d in dst.shape)
+    nonunit = [j for j, e in enumerate(ext) if e != 1]
+    if rows == 1 or cols == 1 or len(nonunit) != 2 or nonunit[1] != len(ext) - 1 or \
+            rows > MAX_BOX:
+        return None
+    req = tma_requirements(p, src)
+    if req is None:
+        return None
+    size = dtypes.nbytes(dst.dtype)
+    if dst.id in panels:
+        box_cols = panel_elems(dst.dtype)
+        if cols % box_cols or rows % 8:
+            return None
+        swizzle = 128
+    else:
+        box_cols = cols
+        if cols > MAX_BOX or (cols * size) % 16 or (rows * cols * size) % 128:
+            return None
+        swizzle = 0
+    box = [box_cols if d == len(ext) - 1 else rows if d == nonunit[0] else 1
+           for d in reversed(range(len(ext)))]
+    return RingCopy(pos, c, release, box, swizzle, cols // box_cols, box_cols,
+                    rows * cols * size), req
+
+
+def plan_ws_loop(low) -> WsLoop | None:
+    """The warp-specialized plan of the kernel's T.Pipelined loop (module docstring), or
+    None when it has no ring copy."""
+    p = low.program
+    if low.threads % 128 or low.threads > 512:
+        return None
+    run = run_ahead(p)
+    if run is None:
+        return None
+    buffers = low.buffers
+    body = body_statements(run.loop.body)
+    copies, requires = [], []
+    ring = set(run.copies)
+    if any(gathers(st, buffers) for i, st in enumerate(body) if i not in ring):
+        return None  # the consumers load tiles themselves: more blocks per SM hide that
+    mma_operands = {x for st in walk(p.kernel.body) if st.WhichOneof("kind") == "gemm"
+                    and st.gemm.c not in low.wgmma_ops.accumulators
+                    for x in (st.gemm.a, st.gemm.b)}
+    for pos, release in zip(run.copies, run.release, strict=True):
+        if body[pos].copy.dst.buffer in mma_operands:
+            return None  # mma.sync reads padded rows, which TMA does not write
+        found = _ring_copy(p, buffers, low.wgmma_ops.panels, pos, release, body[pos].copy)
+        if found is None:
+            return None  # the cp.async pipeline runs every copy ahead, not only some
+        copies.append(found[0])
+        requires += [r for r in found[1] if r not in requires]
+    gemms = [st for st in body if st.WhichOneof("kind") == "gemm"
+             and st.gemm.c in low.wgmma_ops.accumulators]
+    return WsLoop(run, copies, tuple(requires), low.threads,
+                  stages=max(2, run.loop.num_stages),
+                  pingpong=low.threads == 256 and len(gemms) >= 2)
+
+
+def grow_stages(w: WsLoop, pool_bytes: int, budget: int) -> bool:
+    """Deepens the ring by one stage when it has fewer than MIN_RING and the pool (of
+    `pool_bytes` now) still fits `budget` and the block budget; whether it did."""
+    more = sum(rc.nbytes for rc in w.copies) + 16 * len(w.copies)
+    if w.stages >= MIN_RING or pool_bytes + more > min(budget, w.block_budget):
+        return False
+    w.stages += 1
+    return True
+
+
+def longest_first(low, grid: list) -> int | None:
+    """The grid axis to walk backwards, or None: the one whose block index the loop's trip
+    count grows with, judged at the axis' first and last block (static grid and extent;
+    the other block indices at 0). Launch order is not observable (blocks are independent),
+    so this is a schedule, not a change of meaning."""
+    from tvm.sym import Analyzer
+
+    block_vars = list(low.program.kernel.block_vars)
+    ana = Analyzer()
+
+    def extent_at(axis: int, index: int):
+        saved = {v: low.vars.get(v) for v in block_vars}
+        try:
+            for a, v in enumerate(block_vars):
+                low.vars[v] = tirx.const(index if a == axis else 0, "int32")
+            return ana.simplify(low.expr(low.wsloop.loop.extent))
+        finally:
+            for v, old in saved.items():
+                if old is None:
+                    low.vars.pop(v, None)
+                else:
+                    low.vars[v] = old
+
+    for axis, g in enumerate(grid):
+        if not isinstance(g, tirx.IntImm) or g.value < 2:
+            continue
+        first, last = extent_at(axis, 0), extent_at(axis, g.value - 1)
+        if isinstance(first, tirx.IntImm) and isinstance(last, tirx.IntImm) and \
+                last.value > first.value:
+            return axis
+    return None
+
+
+def consumer_regs(threads: int) -> int | None:
+    """Registers per consumer thread after setmaxnreg, None below two consumer warpgroups
+    (the launch's own budget is then already the ceiling)."""
+    if threads < 256:
+        return None
+    return min(MAX_REGS, (REGISTER_FILE - PRODUCER_THREADS * PRODUCER_REGS) // threads // 8 * 8)
+
+
+# -- lowering (called by lower.CudaLowering, `low`) ------------------------------------
+
+def _call(fn: str, *args) -> None:
+    T.evaluate(T.call_extern("void", f"tiled::sm90::{fn}", *args))
+
+
+def declare_ring_maps(low) -> None:
+    """One TMA descriptor parameter per (tensor, box, swizzle) the ring copies use."""
+    w = low.wsloop
+    by_key: dict = {}
+    for i, rc in enumerate(w.copies):
+        param = low.param_of[rc.copy.src.buffer]
+        key = (param, tuple(rc.box), rc.swizzle)
+        if key not in by_key:
+            name = f"tiled_tmap_r{len(by_key)}"
+            by_key[key] = T.arg(name, T.handle())
+            low.tensor_maps[name] = {"kind": "tensor_map", "param": param, "box": rc.box,
+                                     "swizzle": rc.swizzle}
+        w.maps[i] = by_key[key]
+
+
+def _bar(low, index):
+    return T.address_of(low.ring_bars[index])
+
+
+def _stage_phase(w: WsLoop, k):
+    stage = tirx.floormod(k, w.stages)
+    return stage, tirx.Cast("uint32", tirx.floormod(tirx.floordiv(k, w.stages), 2))
+
+
+def lower_ws_body(low) -> None:
+    """The kernel body with the producer warpgroup beside the program's threads."""
+    w = low.wsloop
+    n = 2 * len(w.copies) * w.stages
+    low.ring_bars = T.decl_buffer((n,), "uint64", data=low.pool.data,
+                                  elem_offset=w.bar_offset // 8)
+    warps = low.threads // 32
+    with T.If(low.tx == 0), T.Then():
+        with T.serial(0, len(w.copies) * w.stages) as i:
+            _call("bar_init", _bar(low, i), tirx.const(1, "uint32"))
+            _call("bar_init", _bar(low, i + len(w.copies) * w.stages),
+                  tirx.const(warps, "uint32"))
+        _call("fence_barrier_init")
+    T.evaluate(T.tvm_storage_sync("shared"))
+    regs = consumer_regs(low.threads)
+    with T.If(low.tx < low.threads):
+        with T.Then():
+            if regs:
+                _call(f"setmaxnreg_inc<{regs}>")
+            low.stmt(low.program.kernel.body)
+        with T.Else():
+            if regs:
+                _call(f"setmaxnreg_dec<{PRODUCER_REGS}>")
+            with T.If(low.tx == low.threads), T.Then():
+                _lower_producer(low)
+
+
+def _lower_producer(low) -> None:
+    w = low.wsloop
+    f = w.loop
+    with T.serial(0, low.expr(f.extent)) as k:
+        low.vars[f.var] = k
+        stage, phase = _stage_phase(w, k)
+        for i, rc in enumerate(w.copies):
+            low.stage[rc.tile] = stage
+            _call("bar_wait", _bar(low, w.empty(i, stage)), tirx.const(1, "uint32") - phase)
+            full = _bar(low, w.full(i, stage))
+            _call("ring_fill", full, tirx.const(rc.nbytes, "uint32"))
+            coords = [low.expr(o) for o in rc.copy.src.offsets][::-1]  # innermost first
+            zero = tirx.const(0, "int32")
+            for b in range(rc.boxes):
+                col = b * rc.box_cols
+                dst = low.addr(rc.tile, [zero, tirx.const(col, "int32")])
+                _call("tma_load", dst, w.maps[i], full, coords[0] + col, *coords[1:])
+    for rc in w.copies:
+        low.stage.pop(rc.tile, None)
+
+
+def lower_ring_consumer(low, f: pb.For) -> None:
+    """The loop on the consumers' side (module docstring)."""
+    w = low.wsloop
+    body = body_statements(f.body)
+    ring = {rc.pos: i for i, rc in enumerate(w.copies)}
+    if low.sync.pending_write:  # shared writes before the loop, made visible once
+        _call("fence_proxy_async_shared")
+        low.sync.sync()
+    reads = writes = False
+    for i, st in enumerate(body):
+        if i not in ring:
+            r, wr = low.effects(st)
+            reads, writes = reads or r, writes or wr
+    if w.pingpong:
+        _call("turn_first")
+    peeled = first_step_fills(body, f.var, low.buffers) if w.in_flight else set()
+    n = low.expr(f.extent)
+    if peeled:  # `if k == 0: T.clear(acc)`, run once before the loop
+        with T.If(n > 0), T.Then():
+            for i in sorted(peeled):
+                low.stmt(body[i].if_then_else.then_body)
+    waits = plan_waits(low, body, peeled) if w.in_flight else None
+    with T.serial(0, n) as k:
+        low.vars[f.var] = k
+        stage, phase = _stage_phase(w, k)
+        for rc in w.copies:
+            low.stage[rc.tile] = stage
+
+        def release(j, at):
+            _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
+
+        for i, st in enumerate(body):
+            if waits is not None and i in waits.before:
+                retire(low, waits, body, waits.before[i], k, release)
+            if i in ring:
+                _call("bar_wait", _bar(low, w.full(ring[i], stage)), phase)
+            elif i in peeled:
+                pass
+            else:
+                low.turn = w.pingpong and st.WhichOneof("kind") == "gemm" and \
+                    st.gemm.c in low.wgmma_ops.accumulators
+                low.in_flight = waits is not None and i in waits.in_flight
+                low.stmt(st)
+                low.turn = low.in_flight = False
+            if waits is not None and i in waits.after:
+                retire(low, waits, body, waits.after[i], k, release)
+            freed = waits.releases.get(i, []) if waits is not None else \
+                [j for j, rc in enumerate(w.copies) if rc.release == i]
+            for j in freed:
+                release(j, k)
+        if writes:
+            low.sync.sync()
+    if waits is not None:
+        retire_after_loop(low, waits, body)
+    if w.pingpong:
+        _call("turn_last")
+    for rc in w.copies:
+        low.stage.pop(rc.tile, None)
+    if writes:
+        low.sync.pending_read = low.sync.pending_write = False
+    low.sync.pending_read |= reads

@@ -11,11 +11,13 @@ There (device tool, carry=[".gpu"]; thin runtime only, no TVM):
 d = 128, S = 4096 (batch 8) and 16384 (batch 2), 16 heads, bf16 and fp16, causal and not;
 128 x 128 tiles, 256 threads. Each config is built as compiled by default and with the
 compile options of VARIANTS (pingpong=True: the consumer warpgroups take turns issuing
-their gemms; wgmma_in_flight=False: every gemm is waited for at its statement), all timed in
-the same rounds. The reference is the faster of SDPA's flash and cuDNN backends,
-each given the same BSHD tensors as transposed views (what a BSHD caller writes) and as
-contiguous BHSD copies made before timing; the row keeps all four. Kernels are timed in
-interleaved rounds (triton.testing.do_bench, median of ROUNDS). TFLOP/s counts
+their gemms; persistent=1 / 2: one block per program block / min(blocks, SMs) blocks walking
+the grid, one of which is the default's choice), all timed in the same rounds.
+(benchmarks/results/tl_attention_h200.json was made at commit a610722, whose variants were
+pingpong=True and wgmma_in_flight=False.) The reference is the faster of SDPA's flash and
+cuDNN backends, each given the same BSHD tensors as transposed views (what a BSHD caller
+writes) and as contiguous BHSD copies made before timing; the row keeps all four. Kernels are
+timed in interleaved rounds (triton.testing.do_bench, median of ROUNDS). TFLOP/s counts
 4 * B * H * S^2 * D, halved when causal.
 """
 
@@ -31,7 +33,8 @@ from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child,
 
 HEADS, DIM = 16, 128
 ROUNDS = 3
-VARIANTS = {"_pingpong": {"pingpong": True}, "_waited": {"wgmma_in_flight": False}}
+VARIANTS = {"_pingpong": {"pingpong": True}, "_persistent_off": {"persistent": 1},
+            "_persistent_on": {"persistent": 2}}
 CONFIGS = {f"{dt}_s{s}{'_causal' if c else ''}": (b, s, c, dt)
            for dt in ("bfloat16", "float16") for s, b in ((4096, 8), (16384, 2))
            for c in (False, True)}

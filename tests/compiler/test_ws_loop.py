@@ -193,7 +193,7 @@ def test_gemms_stay_in_flight_until_something_needs_them():
 
     cases = load_all()
     case = cases["gemm_nt"]
-    src, _, _ = _lower(case.factory(**case.gpu).kernel)
+    src, _, _ = _lower(case.factory(**case.gpu).kernel, persistent=1)
     loop = _loop_text(src)
     assert loop.count("retire<1>") == 1 and "retire<0>" not in loop
     assert loop.index("wgmma_rows_issue<") < loop.index("retire<1>")
@@ -202,7 +202,7 @@ def test_gemms_stay_in_flight_until_something_needs_them():
     assert "retire<0>();\n    tiled::sm90::hold_f32<128>" in src  # after the loop
 
     case = cases["mha_fwd_bshd"]
-    src, _, _ = _lower(case.factory(**case.gpu).kernel)
+    src, _, _ = _lower(case.factory(**case.gpu).kernel, persistent=1)
     loop = _loop_text(src)
     s_issue = loop.index("wgmma_rows_issue<")
     assert s_issue < loop.index("retire<0>") < loop.index("max(")
@@ -210,3 +210,28 @@ def test_gemms_stay_in_flight_until_something_needs_them():
     pv = loop.index("wgmma_rows_rs_issue<")
     assert loop.index("retire<0>", pv) < loop.index("hold_words<32>(", pv) < \
         loop.index("ring_release", pv)
+
+
+def test_blocks_walk_the_grid_when_they_run_alike():
+    """With the option persistent=2, min(blocks, SMs) blocks walk the program's blocks (the
+    ring's stages and phases carry on from block to block, so the producer loads the next
+    block's tiles while the consumers finish this one). Off by default until it has run on
+    the H200 (ws_loop.PERSISTENT_BY_DEFAULT)."""
+    from tests.conformance.cases import load_all
+    from tiled.compiler.targets.cuda import ws_loop
+
+    cases = load_all()
+    on = ws_loop.PERSISTENT_BY_DEFAULT
+    for name, options, persistent in (("mha_fwd_bshd", {}, on),
+                                      ("mha_fwd_bshd_causal", {}, False),
+                                      ("mha_fwd_bshd_causal", {"persistent": 2}, True),
+                                      ("mha_fwd_bshd", {"persistent": 2}, True),
+                                      ("mha_fwd_bshd", {"persistent": 1}, False),
+                                      ("gemm_nt", {"persistent": 2}, True)):
+        case = cases[name]
+        src, _, low = _lower(case.factory(**case.gpu).kernel, **options)
+        assert low.wsloop.persistent == persistent, (name, options)
+        assert ("tiled::sm90::grid_dim_x()" in src) == persistent, (name, options)
+    c = tiled.compile(cases["mha_fwd_bshd"].factory(**cases["mha_fwd_bshd"].gpu).kernel,
+                      target="cuda:sm_90a", cache=False, persistent=2)
+    assert c.manifest.grid[0] == ("min", ("mul", ("mul", 32, 16), 8), "tiled_sm_count")

@@ -116,6 +116,10 @@ class CudaBackend(Backend):
         "wgmma_in_flight": Option(bool, True, "sm_90a T.Pipelined loops fed by a TMA "
                                   "producer: a wgmma gemm runs on until a statement needs "
                                   "it, across the loop's back edge too"),
+        "persistent": Option(int, 0, "sm_90a T.Pipelined loops fed by a TMA producer: "
+                             "min(blocks, SMs) blocks walk the grid; 0 the plan's choice "
+                             "(off for now: not yet run on the H200), 1 off, 2 on",
+                             choices=(0, 1, 2)),
         "cuda_compiler": Option(str, None, "CUDA C++ to cubin: nvcc or nvrtc (default "
                                 "TILED_CUDA_COMPILER)", choices=("nvcc", "nvrtc", "auto")),
     }
@@ -134,7 +138,7 @@ class CudaBackend(Backend):
 
     def generate_source(self, program: Program, arch: str, warp_specialize: bool = True,
                         cluster: int = 0, pingpong: bool = False,
-                        wgmma_in_flight: bool = True):
+                        wgmma_in_flight: bool = True, persistent: int = 0):
         """(CUDA source, dynamic shared memory bytes, the lowering). When the automatic sm_90a
         path's TMA descriptors have launch preconditions (`low.requires`: strides that
         depend on a symbolic dim), the source also holds the program lowered without warp
@@ -149,7 +153,7 @@ class CudaBackend(Backend):
         explicit = explicit_statement(program.proto) is not None
         mod, low = lower_cuda(program, arch, warp_specialize, cluster,
                               ExplicitLowering if explicit else None, pingpong,
-                              wgmma_in_flight)
+                              wgmma_in_flight, persistent)
         _check_smem(low, arch)
         low.fallback = None
         if low.requires and not low.explicit:
@@ -190,7 +194,8 @@ class CudaBackend(Backend):
                                                  option(options, "warp_specialize", self),
                                                  option(options, "cluster", self),
                                                  option(options, "pingpong", self),
-                                                 option(options, "wgmma_in_flight", self))
+                                                 option(options, "wgmma_in_flight", self),
+                                                 option(options, "persistent", self))
         t1 = time.perf_counter()
         cubin = compile_cubin(source, target.arch, options.get("cuda_compiler"))
         t2 = time.perf_counter()
@@ -206,7 +211,8 @@ class CudaBackend(Backend):
         return Artifact(data=cubin, symbol=symbol, kernel_args=args, dynamic_smem_bytes=smem,
                         block=(low.launch_threads, 1, 1), source=source,
                         persistent=low.ws is not None or bool(low.attn and
-                                                              low.attn.persistent),
+                                                              low.attn.persistent) or
+                        bool(low.wsloop and low.wsloop.persistent),
                         cluster=(low.ws.cluster if low.ws else 1, 1, 1),
                         paired_axis=low.ws.pair_axis if low.ws else -1,
                         requires=low.requires, fallback=fallback,

@@ -79,6 +79,7 @@ from tiled.compiler.targets.cuda.ws_loop import (
     longest_first,
     lower_ring_consumer,
     lower_ws_body,
+    persistent_choice,
     plan_ws_loop,
 )
 from tiled.compiler.tir import (
@@ -366,7 +367,7 @@ class CudaLowering(ExprLowering):
 
     def lower_body(self) -> None:
         if self.wsloop is not None:
-            return lower_ws_body(self)
+            return lower_ws_body(self, [self.expr(g) for g in self.program.kernel.grid])
         return self.stmt(self.program.kernel.body)
 
     def effects(self, s: pb.Stmt) -> tuple[bool, bool]:
@@ -541,8 +542,8 @@ class CudaLowering(ExprLowering):
 
 def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                cluster: int = 0, lowering: type | None = None,
-               pingpong: bool = False,
-               wgmma_in_flight: bool = True) -> tuple[object, CudaLowering]:
+               pingpong: bool = False, wgmma_in_flight: bool = True,
+               persistent: int = 0) -> tuple[object, CudaLowering]:
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
     launch's thread count and the TMA descriptors the kernel takes (sm_90a path). `cluster`:
     the sm_90a path's cluster size, 0 for the plan's choice (WsGemmPlan.with_cluster).
@@ -550,7 +551,8 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     for programs of the explicit Hopper path; this module does not import it). `pingpong`:
     whether a T.Pipelined ring's two consumer warpgroups may take turns (ws_loop.py);
     `wgmma_in_flight`: whether its wgmma gemms may run past their statement
-    (wgmma_waits.py)."""
+    (wgmma_waits.py); `persistent`: whether its blocks walk the grid (0 the plan's choice,
+    1 off, 2 on; ws_loop.persistent_choice)."""
     import tvm
 
     p = program.proto
@@ -560,6 +562,7 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     if low.wsloop is not None:
         low.wsloop.pingpong &= pingpong
         low.wsloop.in_flight = wgmma_in_flight
+        low.wsloop.persistent = persistent_choice(low, persistent)
     low.plan()
     with IRBuilder() as ib:
         with T.prim_func():
@@ -586,7 +589,8 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
             grid = [low.expr(g) for g in p.kernel.grid]
             frames = contextlib.ExitStack()
             with frames:
-                if low.ws is None and not (low.attn and low.attn.persistent):
+                if low.ws is None and not (low.attn and low.attn.persistent) and \
+                        not (low.wsloop and low.wsloop.persistent):
                     backwards = longest_first(low, grid) if low.wsloop else None
                     for i, (g, vid) in enumerate(zip(grid, p.kernel.block_vars, strict=True)):
                         bv = T.env_thread(("blockIdx.x", "blockIdx.y", "blockIdx.z")[i])

@@ -196,7 +196,8 @@ def hold(low, g: pb.Gemm, live: set[int] = frozenset()) -> None:
 
 def retire(low, plan: WaitPlan, body: list, action, k, release) -> None:
     """Emits retire<N> for `action` = (N, groups), holds their registers and frees the ring
-    stages they held; `release(j, stage_of_k)` frees copy j's stage of iteration k."""
+    stages they held; `release(j, back)` frees copy j's stage of this iteration (back=0) or
+    of the one before (1); `k`: the loop variable."""
     n, groups = action
     _call(f"retire<{n}>")
     live = {body[p].gemm.c for p in action_live(plan, action)}
@@ -206,9 +207,9 @@ def retire(low, plan: WaitPlan, body: list, action, k, release) -> None:
         for j in plan.held.get(g.pos, []):
             if g.carried:  # the previous iteration's stage; there is none before k = 0
                 with T.If(k > 0), T.Then():
-                    release(j, k - 1)
+                    release(j, 1)
             else:
-                release(j, k)
+                release(j)
 
 
 def action_live(plan: WaitPlan, action) -> list[int]:

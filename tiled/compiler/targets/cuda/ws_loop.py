@@ -40,16 +40,23 @@ elements outside the tensor read as zeros (TMA's fill), as T.copy's do.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import walk
+from tiled.compiler.irwalk import expr_vars, walk
 from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import RunAhead, gathers, run_ahead
 from tiled.compiler.targets.cuda.gemm_sm90 import panel_elems
-from tiled.compiler.targets.cuda.sm90_gemm import MIN_RING, PRODUCER_REGS, PRODUCER_THREADS
+from tiled.compiler.targets.cuda.sm90_gemm import (
+    MIN_RING,
+    PRODUCER_REGS,
+    PRODUCER_THREADS,
+    bind_block,
+    persistent_walk,
+)
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.targets.cuda.wgmma_waits import (
     first_step_fills,
@@ -97,6 +104,7 @@ class WsLoop:
     min_blocks: int = 1  # the launch bounds' blocks per SM
     pingpong: bool = False  # the consumer warpgroups take turns issuing their gemms
     in_flight: bool = True  # gemms may stay in flight past their statement (wgmma_waits.py)
+    persistent: bool = False  # min(blocks, SMs) blocks walk the program's blocks
 
     @property
     def producer_threads(self) -> int:
@@ -280,7 +288,58 @@ def _stage_phase(w: WsLoop, k):
     return stage, tirx.Cast("uint32", tirx.floormod(tirx.floordiv(k, w.stages), 2))
 
 
-def lower_ws_body(low) -> None:
+# The plan's choice of persistent walks (the compile option `persistent` = 0). Off: the
+# walk is compiled and its code checked here (tests/compiler/test_ws_loop.py) but has not
+# run on the H200 yet, so it is opt-in (persistent=2) until a measured run says otherwise.
+PERSISTENT_BY_DEFAULT = False
+
+
+def persistent_choice(low, option: int) -> bool:
+    """Whether the kernel walks its blocks persistently: the compile option `persistent`
+    (1 off, 2 on), or for 0 the plan's choice: PERSISTENT_BY_DEFAULT where every block
+    runs the loop the same number of times (a causal loop's blocks differ, and the
+    hardware's block scheduler, longest first, balances them better than a fixed walk)."""
+    if option:
+        return option == 2
+    block_vars = set(low.program.kernel.block_vars)
+    return PERSISTENT_BY_DEFAULT and not expr_vars([low.wsloop.loop.extent]) & block_vars
+
+
+@contextlib.contextmanager
+def _blocks(low, grid: list):
+    """The program blocks this block runs: itself, or (persistent) blockIdx.x, +
+    gridDim.x, ... with the block vars bound for each (a 2-D grid walked in groups of 8
+    rows, as the GEMM path does; x fastest otherwise); `low.ring_k` counts the ring's
+    steps across them, so that stages and phases continue from block to block."""
+    if not low.wsloop.persistent:
+        low.ring_k = None
+        yield
+        return
+    low.ring_k = T.alloc_buffer((1,), "int32", scope="local")
+    T.buffer_store(low.ring_k, tirx.const(0, "int32"), [0])
+    blocks = grid[0]
+    for g in grid[1:]:
+        blocks = blocks * g
+    with persistent_walk(low, blocks) as (_, linear):
+        if len(grid) == 2:
+            bind_block(low, linear, grid)
+        else:
+            for v, g in zip(low.program.kernel.block_vars, grid, strict=True):
+                low.vars[v] = tirx.truncmod(linear, g)
+                linear = tirx.truncdiv(linear, g)
+        yield
+
+
+def _ring_base(low):
+    return low.ring_k[0] if low.ring_k is not None else tirx.const(0, "int32")
+
+
+def _ring_advance(low, n) -> None:
+    if low.ring_k is not None:
+        T.buffer_store(low.ring_k, low.ring_k[0] + n, [0])
+
+
+def lower_ws_body(low, grid: list) -> None:
     """The kernel body with the producer warpgroup beside the program's threads."""
     w = low.wsloop
     n = 2 * len(w.copies) * w.stages
@@ -299,20 +358,26 @@ def lower_ws_body(low) -> None:
         with T.Then():
             if regs:
                 _call(f"setmaxnreg_inc<{regs}>")
-            low.stmt(low.program.kernel.body)
+            with _blocks(low, grid):
+                low.stmt(low.program.kernel.body)
+                if w.persistent:  # the next block's writes wait for this one's reads
+                    low.sync.sync()
+                    low.sync.pending_read = low.sync.pending_write = False
         with T.Else():
             if regs:
                 _call(f"setmaxnreg_dec<{PRODUCER_REGS}>")
-            with T.If(low.tx == low.threads), T.Then():
+            with T.If(low.tx == low.threads), T.Then(), _blocks(low, grid):
                 _lower_producer(low)
 
 
 def _lower_producer(low) -> None:
     w = low.wsloop
     f = w.loop
-    with T.serial(0, low.expr(f.extent)) as k:
+    n = low.expr(f.extent)
+    base = _ring_base(low)
+    with T.serial(0, n) as k:
         low.vars[f.var] = k
-        stage, phase = _stage_phase(w, k)
+        stage, phase = _stage_phase(w, base + k)
         for i, rc in enumerate(w.copies):
             low.stage[rc.tile] = stage
             _call("bar_wait", _bar(low, w.empty(i, stage)), tirx.const(1, "uint32") - phase)
@@ -324,6 +389,7 @@ def _lower_producer(low) -> None:
                 col = b * rc.box_cols
                 dst = low.addr(rc.tile, [zero, tirx.const(col, "int32")])
                 _call("tma_load", dst, w.maps[i], full, coords[0] + col, *coords[1:])
+    _ring_advance(low, n)
     for rc in w.copies:
         low.stage.pop(rc.tile, None)
 
@@ -350,13 +416,15 @@ def lower_ring_consumer(low, f: pb.For) -> None:
             for i in sorted(peeled):
                 low.stmt(body[i].if_then_else.then_body)
     waits = plan_waits(low, body, peeled) if w.in_flight else None
+    base = _ring_base(low)
     with T.serial(0, n) as k:
         low.vars[f.var] = k
-        stage, phase = _stage_phase(w, k)
+        stage, phase = _stage_phase(w, base + k)
         for rc in w.copies:
             low.stage[rc.tile] = stage
 
-        def release(j, at):
+        def release(j, back=0):  # copy j's stage of this step (back=1: of the one before)
+            at = base + k - back
             _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
 
         for i, st in enumerate(body):
@@ -377,9 +445,10 @@ def lower_ring_consumer(low, f: pb.For) -> None:
             freed = waits.releases.get(i, []) if waits is not None else \
                 [j for j, rc in enumerate(w.copies) if rc.release == i]
             for j in freed:
-                release(j, k)
+                release(j)
         if writes:
             low.sync.sync()
+    _ring_advance(low, n)
     if waits is not None:
         retire_after_loop(low, waits, body)
     if w.pingpong:

@@ -90,3 +90,32 @@ def test_row_kernels_vectorize_and_shuffle(tmp_path, name, shape):
     assert re.search(r"\bSTG\.E\.(64|128)\b", text)
     assert "SHFL.BFLY" in text
     _no_local(text)
+
+
+def test_int8_gemm_takes_integer_wgmma(tmp_path):
+    """int8 x int8 -> int32 (B given N x K, as wgmma reads int8): IGMMA from TMA-fed panel
+    tiles. Compiled and read here; not yet run on the H200 (no conformance case)."""
+    import tiled
+    import tiled.lang as T
+
+    M = N = K = 512
+
+    @tiled.kernel
+    def gemm_i8(A: T.Tensor((M, K), "int8"), B: T.Tensor((N, K), "int8"),
+                C: T.Tensor((M, N), "int32")):
+        with T.Kernel(N // 128, M // 128, threads=256) as (bx, by):
+            A_s = T.alloc_shared((128, 128), "int8")
+            B_s = T.alloc_shared((128, 128), "int8")
+            C_l = T.alloc_fragment((128, 128), "int32")
+            T.clear(C_l)
+            for k in T.Pipelined(K // 128, num_stages=3):
+                T.copy(A[by * 128, k * 128], A_s)
+                T.copy(B[bx * 128, k * 128], B_s)
+                T.gemm(A_s, B_s, C_l, transpose_B=True)
+            T.copy(C_l, C[by * 128, bx * 128])
+
+    c = tiled.compile(gemm_i8, target="cuda:sm_90a", cache=False)
+    text = sass(c.artifact, tmp_path)
+    assert "IGMMA.64x128x32.S8.S8" in text and "HMMA" not in text and "IMMA" not in text
+    _tma_fed(text)
+    _no_local(text)

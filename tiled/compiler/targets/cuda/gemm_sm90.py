@@ -1,8 +1,9 @@
 """T.gemm on wgmma in the generic sm_90a lowering, decided per op (not per kernel shape).
 
 A gemm takes wgmma when A and B are shared tiles of one dtype (fp16 / bf16; float8 e4m3 /
-e5m2 and float32, as tf32, with B given N x K, the only form wgmma has for them) or A a
-16-bit fragment (RS), A not transposed, C a float32 fragment [BM, BN] with BN a multiple of
+e5m2 and float32, as tf32, and int8 into an int32 C, with B given N x K, the only form
+wgmma has for them) or A a 16-bit fragment (RS), A not transposed, C a float32 fragment
+(int32 for int8) [BM, BN] with BN a multiple of
 64 and BM a multiple of 64 per warpgroup (the block's threads are whole warpgroups, which
 split M), K a whole number of 128-byte panel rows, at most 128 accumulator floats per
 thread; its A and B tiles are written by anything but TMA (cp.async copies, element
@@ -40,8 +41,13 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 PANEL_BYTES = 128  # one swizzled row
 CHUNK_BYTES = 16  # the swizzle permutes 16-byte chunks
-# The operand dtypes wgmma takes here (float32 as tf32), all with float32 accumulation.
-WGMMA_DTYPES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2", "float32")
+# The operand dtypes wgmma takes here (float32 as tf32), with float32 accumulation, and
+# int8 with int32 accumulation.
+WGMMA_DTYPES = ("float16", "bfloat16", "float8_e4m3", "float8_e5m2", "float32", "int8")
+
+
+def accumulator_dtype(operand: str) -> str:
+    return "int32" if operand == "int8" else "float32"
 PANEL_ALIGN = 1024  # the 128-byte swizzle's period: 8 rows of 128 bytes
 MAX_ACC = 128  # accumulator floats per thread
 
@@ -70,12 +76,12 @@ def _fits(g: pb.Gemm, buffers, threads: int) -> bool:
     dt = {dtypes.canonical_name(a.dtype), dtypes.canonical_name(b.dtype)}
     if a.scope not in (pb.SHARED, pb.FRAGMENT) or b.scope != pb.SHARED or \
             c.scope != pb.FRAGMENT or len(dt) != 1 or not dt <= set(WGMMA_DTYPES) or \
-            g.transpose_a or dtypes.canonical_name(c.dtype) != "float32" or \
+            g.transpose_a or dtypes.canonical_name(c.dtype) != accumulator_dtype(min(dt)) or \
             len(c.shape) != 2 or len(a.shape) < 2 or len(b.shape) < 2 or threads % 128 or \
             (a.scope == pb.FRAGMENT and (len(a.shape) != 2 or g.a_index)):
         return False
     if dtypes.nbytes(a.dtype) != 2 and (a.scope != pb.SHARED or not g.transpose_b):
-        return False  # float8 and tf32 wgmma: A and B from shared memory, both K-major
+        return False  # float8, tf32, int8 wgmma: A and B from shared memory, both K-major
     nwg = threads // 128
     BM, BN = _shape(c)
     am, ak = _shape(a)[-2:]

@@ -87,11 +87,53 @@ TILED_WGMMA_SSK(float, "tf32", 128, 8, 64, "%64, %65, 1, 1, 1")
 TILED_WGMMA_SSK(float, "tf32", 256, 8, 128, "%128, %129, 1, 1, 1")
 #undef TILED_WGMMA_SSK
 
-// One m64nNk(32 bytes) wgmma from shared memory, accumulating.
-template <typename T, int N, bool B_KMAJOR>
-__device__ __forceinline__ void wgmma_any(float* acc, uint64_t da, uint64_t db) {
-  float(&d)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(acc);
-  if constexpr (sizeof(T) == 2) {
+// int8 x int8 -> int32 wgmma (m64nNk32, both operands K-major): int32 accumulators, so
+// the registers are "r" operands where the float forms have "f".
+#define TILED_WGMMA_I8(d, i)                                                                    \
+  "+r"(d[(i) + 0]), "+r"(d[(i) + 1]), "+r"(d[(i) + 2]), "+r"(d[(i) + 3]),                       \
+  "+r"(d[(i) + 4]), "+r"(d[(i) + 5]), "+r"(d[(i) + 6]), "+r"(d[(i) + 7])
+#define TILED_WGMMA_I32(d, i)                                                                   \
+  TILED_WGMMA_I8(d, (i) + 0), TILED_WGMMA_I8(d, (i) + 8), TILED_WGMMA_I8(d, (i) + 16),          \
+  TILED_WGMMA_I8(d, (i) + 24)
+#define TILED_WGMMA_I_32(d) TILED_WGMMA_I32(d, 0)
+#define TILED_WGMMA_I_64(d) TILED_WGMMA_I32(d, 0), TILED_WGMMA_I32(d, 32)
+#define TILED_WGMMA_I_128(d)                                                                    \
+  TILED_WGMMA_I32(d, 0), TILED_WGMMA_I32(d, 32), TILED_WGMMA_I32(d, 64), TILED_WGMMA_I32(d, 96)
+template <typename T>
+struct IsS8 {
+  static constexpr bool value = false;
+};
+template <>
+struct IsS8<int8_t> {
+  static constexpr bool value = true;
+};
+template <int N>
+struct WgmmaS8;
+#define TILED_WGMMA_S8(N, NREG, TAIL)                                                           \
+template <>                                                                                     \
+struct WgmmaS8<N> {                                                                             \
+  __device__ __forceinline__ static void run(int32_t (&d)[NREG], uint64_t desc_a,               \
+                                             uint64_t desc_b) {                                 \
+    asm volatile(                                                                               \
+        "wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 {"                                \
+        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n"                                                \
+        : TILED_WGMMA_I_##NREG(d)                                                               \
+        : "l"(desc_a), "l"(desc_b));                                                            \
+  }                                                                                             \
+};
+TILED_WGMMA_S8(64, 32, "%32, %33, 1")
+TILED_WGMMA_S8(128, 64, "%64, %65, 1")
+TILED_WGMMA_S8(256, 128, "%128, %129, 1")
+#undef TILED_WGMMA_S8
+
+// One m64nNk(32 bytes) wgmma from shared memory, accumulating (float, or int32 for int8).
+template <typename T, int N, bool B_KMAJOR, typename Acc>
+__device__ __forceinline__ void wgmma_any(Acc* acc, uint64_t da, uint64_t db) {
+  Acc(&d)[N / 2] = *reinterpret_cast<Acc(*)[N / 2]>(acc);
+  if constexpr (IsS8<T>::value) {
+    static_assert(B_KMAJOR, "int8 wgmma reads B K-major only");
+    WgmmaS8<N>::run(d, da, db);
+  } else if constexpr (sizeof(T) == 2) {
     wgmma_ss<T, N, 0, B_KMAJOR ? 0 : 1>(d, da, db, 1u);
   } else {
     static_assert(B_KMAJOR, "float8 and tf32 wgmma read B K-major only");
@@ -116,8 +158,8 @@ __host__ __device__ constexpr int cols_width() {
   return BN - COL >= 256 ? 256 : BN - COL >= 128 ? 128 : 64;
 }
 
-template <typename T, int BN, int K, bool B_KMAJOR, int COL = 0>
-__device__ __forceinline__ void wgmma_cols_any(float* acc, uint64_t da, const unsigned char* sb,
+template <typename T, int BN, int K, bool B_KMAJOR, int COL = 0, typename Acc>
+__device__ __forceinline__ void wgmma_cols_any(Acc* acc, uint64_t da, const unsigned char* sb,
                                                int kk) {
   constexpr int kW = cols_width<BN, COL>();
   wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da, b_desc<BN, K, B_KMAJOR, COL>(sb, kk));

@@ -40,8 +40,9 @@ __device__ __forceinline__ void turn_last() {
 // reads it; acc in the wgmma layout (WM / 64 blocks of BN / 2 floats). Fenced before;
 // wgmma_rows retires it before return (wait_group 0), wgmma_rows_issue leaves it in flight;
 // with TURN, issued on this warpgroup's turn.
-template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false>
-__device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, float* acc) {
+template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false,
+          typename Acc>
+__device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, Acc* acc) {
   constexpr int kSlice = 32 / sizeof(T);  // K elements of one wgmma
   static_assert(WM % 64 == 0 && BM % WM == 0 && BN % 64 == 0 && K % (4 * kSlice) == 0,
                 "wgmma_rows shape");
@@ -60,8 +61,9 @@ __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, f
   wgmma_commit_group();
   if constexpr (TURN) turn_pass();
 }
-template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false>
-__device__ __forceinline__ void wgmma_rows(const void* a, const void* b, float* acc) {
+template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false,
+          typename Acc>
+__device__ __forceinline__ void wgmma_rows(const void* a, const void* b, Acc* acc) {
   wgmma_rows_issue<T, WM, BM, BN, K, B_KMAJOR, TURN>(a, b, acc);
   wgmma_wait_group<0>();
 }
@@ -113,6 +115,11 @@ template <int N>
 __device__ __forceinline__ void hold_f32(float* d) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void hold_f32(int32_t* d) {  // an int8 gemm's int32 accumulator
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 template <int N>
 __device__ __forceinline__ void hold_words(void* p) {

@@ -146,7 +146,7 @@ class CudaBackend(Backend):
         is `low.fallback` (else None)."""
         import tvm  # here, not at import: describing the target must not load TVM
 
-        from tiled.compiler.targets.cuda.lower import lower_cuda
+        from tiled.compiler.targets.cuda.kernel import lower_cuda
         from tiled.compiler.targets.cuda.sm90_explicit import ExplicitLowering
         from tiled.ir.verify_ws import explicit_statement
 

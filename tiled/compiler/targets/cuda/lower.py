@@ -17,7 +17,6 @@ import contextlib
 import math
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.irwalk import element_accesses, expr_vars, subexprs, walk
@@ -60,34 +59,26 @@ from tiled.compiler.targets.cuda.reduce import lower_reduce, reduce_scratch_byte
 from tiled.compiler.targets.cuda.scan import lower_scan, scan_scratch_bytes, scan_uses_scratch
 from tiled.compiler.targets.cuda.sm90_attn import (
     find_ws_attention,
-    lower_attn_kernel,
     lower_attn_loop,
     stmt_q_copy,
     store_attn_tile,
-    tmap_params,
 )
 from tiled.compiler.targets.cuda.sm90_gemm import (
     PRODUCER_THREADS,
     find_ws_gemm,
     lower_ws_consumer,
-    lower_ws_kernel,
     store_ws_tile,
 )
 from tiled.compiler.targets.cuda.ws_loop import (
     declare_ring_maps,
     grow_stages,
-    longest_first,
     lower_ring_consumer,
     lower_ws_body,
-    persistent_choice,
     plan_ws_loop,
 )
 from tiled.compiler.tir import (
     ExprLowering,
-    declare_params,
     loc_of,
-    source_name,
-    tvm_dtype,
 )
 from tiled.errors import CompileError
 from tiled.ir import dtypes
@@ -538,103 +529,3 @@ class CudaLowering(ExprLowering):
         lower_scan(self, sc)
 
     # -- T.Pipelined ----------------------------------------------------------------------
-
-
-def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
-               cluster: int = 0, lowering: type | None = None,
-               pingpong: bool = False, wgmma_in_flight: bool = True,
-               persistent: int = 0) -> tuple[object, CudaLowering]:
-    """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
-    launch's thread count and the TMA descriptors the kernel takes (sm_90a path). `cluster`:
-    the sm_90a path's cluster size, 0 for the plan's choice (WsGemmPlan.with_cluster).
-    `lowering`: the CudaLowering class (the backend passes sm90_explicit's ExplicitLowering
-    for programs of the explicit Hopper path; this module does not import it). `pingpong`:
-    whether a T.Pipelined ring's two consumer warpgroups may take turns (ws_loop.py);
-    `wgmma_in_flight`: whether its wgmma gemms may run past their statement
-    (wgmma_waits.py); `persistent`: whether its blocks walk the grid (0 the plan's choice,
-    1 off, 2 on; ws_loop.persistent_choice)."""
-    import tvm
-
-    p = program.proto
-    low = (lowering or CudaLowering)(program, arch, warp_specialize)
-    if low.ws is not None:
-        low.ws = low.ws.with_cluster(cluster)
-    if low.wsloop is not None:
-        low.wsloop.pingpong &= pingpong
-        low.wsloop.in_flight = wgmma_in_flight
-        low.wsloop.persistent = persistent_choice(low, persistent)
-    low.plan()
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name(p.name)
-            T.func_attr({"tirx.noalias": True, "global_symbol": p.name})
-            for bid, buf in declare_params(program, low).items():
-                low.tir[bid] = buf
-            tmaps = []
-            if low.ws is not None:
-                ws = low.ws
-                for name, cp, box in (("tiled_tmap_a", ws.copy_a, ws.box_a),
-                                      ("tiled_tmap_b", ws.copy_b, ws.box_b)):
-                    tmaps.append(T.arg(name, T.handle()))
-                    low.tensor_maps[name] = {"kind": "tensor_map",
-                                             "param": low.param_of[cp.src.buffer],
-                                             "box": box,
-                                             "swizzle": 128}
-            attn_maps = {}
-            if low.attn is not None:
-                for key, name, recipe in tmap_params(low):
-                    attn_maps[key] = T.arg(name, T.handle())
-                    low.tensor_maps[name] = recipe
-            low.declare_tensor_maps()
-            grid = [low.expr(g) for g in p.kernel.grid]
-            frames = contextlib.ExitStack()
-            with frames:
-                if low.ws is None and not (low.attn and low.attn.persistent) and \
-                        not (low.wsloop and low.wsloop.persistent):
-                    backwards = longest_first(low, grid) if low.wsloop else None
-                    for i, (g, vid) in enumerate(zip(grid, p.kernel.block_vars, strict=True)):
-                        bv = T.env_thread(("blockIdx.x", "blockIdx.y", "blockIdx.z")[i])
-                        frames.enter_context(T.launch_thread(bv, g))
-                        low.vars[vid] = g - 1 - bv if i == backwards else bv
-                else:  # persistent: one block per SM at most, walking the program's blocks
-                    bv = T.env_thread("blockIdx.x")
-                    # The real count, min(blocks, SMs), is known only at launch (the runtime
-                    # binds tiled_sm_count); TVM needs only an upper bound here.
-                    frames.enter_context(T.launch_thread(bv, tirx.const(2**31 - 1, "int32")))
-                    low.block_x = bv
-                tx = T.env_thread("threadIdx.x")
-                frames.enter_context(T.launch_thread(tx, low.launch_threads))
-                low.tx = tx
-                if low.pool_bytes:
-                    low.pool = T.alloc_buffer((low.pool_bytes,), "uint8", scope="shared.dyn")
-                for b in p.buffers:
-                    if b.scope == pb.SHARED and b.id not in low.shared:
-                        continue  # a ring tile of the sm90 path: only TMA and wgmma see it
-                    if b.id in low.wgmma_ops.panels:
-                        tile = low.shared[b.id]
-                        low.tir[b.id] = T.decl_buffer(
-                            (tile.stages * tile.rows * tile.stride,), tvm_dtype(b.dtype),
-                            data=low.pool.data,
-                            elem_offset=tile.offset // dtypes.nbytes(b.dtype))
-                    elif b.scope == pb.SHARED:
-                        tile = low.shared[b.id]
-                        low.tir[b.id] = T.decl_buffer(
-                            (tile.stages * tile.rows, tile.stride), tvm_dtype(b.dtype),
-                            data=low.pool.data,
-                            elem_offset=tile.offset // dtypes.nbytes(b.dtype))
-                    elif b.scope == pb.FRAGMENT:
-                        low.tir[b.id] = source_name(b, T.alloc_buffer(
-                            (low.layouts[b.id].local_size,), tvm_dtype(b.dtype), scope="local"))
-                    elif b.scope == pb.LOCAL:
-                        low.tir[b.id] = source_name(b, T.alloc_buffer(
-                            [d.size for d in b.shape], tvm_dtype(b.dtype), scope="local"))
-                if low.wgmma_ops:
-                    T.evaluate(T.call_extern("void", "tiled::sm90::check_panel_pool",
-                                             T.address_of(low.pool[0])))
-                if low.attn is not None:
-                    lower_attn_kernel(low, attn_maps, grid)
-                elif low.ws is None:
-                    low.lower_body()
-                else:
-                    lower_ws_kernel(low, tmaps, grid)
-    return tvm.IRModule({p.name: ib.get()}), low

@@ -365,12 +365,14 @@ struct WgmmaSS;
 // The operands every m64nN wgmma shares, kept defined for tiled_sm90_attn.h's register-A
 // form: the N/2 accumulator registers d[0..N/2) as "+f" operands (TILED_WGMMA_D_<N/2>), and
 // their placeholders %0..%(N/2-1) in the instruction text (TILED_WGMMA_REGS_<N/2>).
-#define TILED_WGMMA_D8(d, i)                                                                    \
-  "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]),                       \
-  "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
-#define TILED_WGMMA_D32(d, i)                                                                   \
-  TILED_WGMMA_D8(d, (i) + 0), TILED_WGMMA_D8(d, (i) + 8), TILED_WGMMA_D8(d, (i) + 16),          \
-  TILED_WGMMA_D8(d, (i) + 24)
+// Accumulator operands, constraint `c`: "+f" for float accumulators, "+r" for int32.
+#define TILED_WGMMA_OPS8(c, d, i)                                                               \
+  c(d[(i) + 0]), c(d[(i) + 1]), c(d[(i) + 2]), c(d[(i) + 3]), c(d[(i) + 4]), c(d[(i) + 5]),     \
+  c(d[(i) + 6]), c(d[(i) + 7])
+#define TILED_WGMMA_OPS32(c, d, i)                                                              \
+  TILED_WGMMA_OPS8(c, d, (i) + 0), TILED_WGMMA_OPS8(c, d, (i) + 8),                             \
+  TILED_WGMMA_OPS8(c, d, (i) + 16), TILED_WGMMA_OPS8(c, d, (i) + 24)
+#define TILED_WGMMA_D32(d, i) TILED_WGMMA_OPS32("+f", d, i)
 #define TILED_WGMMA_D_32(d) TILED_WGMMA_D32(d, 0)
 #define TILED_WGMMA_D_64(d) TILED_WGMMA_D32(d, 0), TILED_WGMMA_D32(d, 32)
 #define TILED_WGMMA_D_128(d)                                                                    \

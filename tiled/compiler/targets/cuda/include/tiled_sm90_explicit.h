@@ -89,12 +89,7 @@ TILED_WGMMA_SSK(float, "tf32", 256, 8, 128, "%128, %129, 1, 1, 1")
 
 // int8 x int8 -> int32 wgmma (m64nNk32, both operands K-major): int32 accumulators, so
 // the registers are "r" operands where the float forms have "f".
-#define TILED_WGMMA_I8(d, i)                                                                    \
-  "+r"(d[(i) + 0]), "+r"(d[(i) + 1]), "+r"(d[(i) + 2]), "+r"(d[(i) + 3]),                       \
-  "+r"(d[(i) + 4]), "+r"(d[(i) + 5]), "+r"(d[(i) + 6]), "+r"(d[(i) + 7])
-#define TILED_WGMMA_I32(d, i)                                                                   \
-  TILED_WGMMA_I8(d, (i) + 0), TILED_WGMMA_I8(d, (i) + 8), TILED_WGMMA_I8(d, (i) + 16),          \
-  TILED_WGMMA_I8(d, (i) + 24)
+#define TILED_WGMMA_I32(d, i) TILED_WGMMA_OPS32("+r", d, i)
 #define TILED_WGMMA_I_32(d) TILED_WGMMA_I32(d, 0)
 #define TILED_WGMMA_I_64(d) TILED_WGMMA_I32(d, 0), TILED_WGMMA_I32(d, 32)
 #define TILED_WGMMA_I_128(d)                                                                    \

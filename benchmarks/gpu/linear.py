@@ -1,0 +1,229 @@
+"""y = x @ W^T (bf16, F.linear's layout: W is [N, K]) on the H200 at the sizes issue 12 names:
+W 4096x4096, 14336x4096 and 4096x14336, M = 1, 16, 64, 128, 1024, 4096; each size with the
+candidate kernels a by-shape choice would pick among, beside F.linear in the same process.
+
+Candidates, all written in the DSL as a TileLang author would:
+- `tile`: the plain tile GEMM, x and W tiles copied per 64-wide K step, T.gemm with
+  transpose_B (the whole-kernel warp-specialized GEMM path takes it: persistent, TMA, wgmma);
+- `swap`: for small M, the same product as y^T = W @ x^T, so that W's rows fill wgmma's M
+  (64 per warpgroup) and the tokens its N (64 or 128, the rows past M read as zeros); the
+  epilogue stores the tile transposed;
+- `swap` with `splits` > 1: split-K over a third grid axis for sizes whose output tiles
+  cannot fill the SMs; each split atomically adds its float32 partial into a zeroed float32
+  buffer, cast to bf16 after. The timed call is what a caller runs: zero, the kernel, cast.
+
+Here (the CPU machine, with TVM):
+    python benchmarks/gpu/linear.py build --out .gpu/linear
+There (device tool, carry=[".gpu"]; thin runtime only):
+    python3 benchmarks/gpu/linear.py run --bundle .gpu/linear --out $OUT/linear_h200.json
+
+Every call is captured GRAPH_CALLS times in a CUDA graph and the replay timed (do_bench,
+medians of ROUNDS interleaved rounds): at decode sizes a launch costs more host time than
+the kernel runs, and serving engines replay graphs there too. Each candidate is checked
+against F.linear first (relative error); a size's choice is its fastest correct candidate.
+Written 2026-12-01 in a session without a device left to run it: no results yet.
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child, write_results
+
+TARGET = "cuda:sm_90a"
+DTYPE = "bfloat16"
+WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
+MS = (1, 16, 64, 128, 1024, 4096)
+BK = 64
+ROUNDS = 3
+GRAPH_CALLS = 20
+
+
+def tile_kernel(M, N, K, BM, BN, threads, stages=4):
+    import tiled
+    import tiled.lang as T
+
+    @tiled.kernel
+    def linear_tile(X: T.Tensor((M, K), DTYPE), W: T.Tensor((N, K), DTYPE),
+                    Y: T.Tensor((M, N), DTYPE)):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), threads=threads) as (bx, by):
+            xs = T.alloc_shared((BM, BK), DTYPE)
+            ws = T.alloc_shared((BN, BK), DTYPE)
+            acc = T.alloc_fragment((BM, BN), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(T.ceildiv(K, BK), num_stages=stages):
+                T.copy(X[by * BM, k * BK], xs)
+                T.copy(W[bx * BN, k * BK], ws)
+                T.gemm(xs, ws, acc, transpose_B=True)
+            T.copy(acc, Y[by * BM, bx * BN])
+
+    return linear_tile
+
+
+def swap_kernel(M, N, K, BW, BX, threads, splits, stages=4):
+    import tiled
+    import tiled.lang as T
+
+    steps = -(-K // BK)
+    per_split = -(-steps // splits)
+    out_dtype = DTYPE if splits == 1 else "float32"
+
+    @tiled.kernel
+    def linear_swap(X: T.Tensor((M, K), DTYPE), W: T.Tensor((N, K), DTYPE),
+                    Y: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, BW), T.ceildiv(M, BX), splits,
+                      threads=threads) as (bx, by, bz):
+            ws = T.alloc_shared((BW, BK), DTYPE)
+            xs = T.alloc_shared((BX, BK), DTYPE)
+            acc = T.alloc_fragment((BW, BX), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(per_split, num_stages=stages):
+                T.copy(W[bx * BW, (bz * per_split + k) * BK], ws)
+                T.copy(X[by * BX, (bz * per_split + k) * BK], xs)
+                T.gemm(ws, xs, acc, transpose_B=True)
+            for i, j in T.Parallel(BW, BX):  # rows past M or N: the guards drop them
+                if splits == 1:
+                    Y[by * BX + j, bx * BW + i] = acc[i, j]
+                else:
+                    T.atomic_add(Y[by * BX + j, bx * BW + i], acc[i, j])
+
+    return linear_swap
+
+
+def candidates(M, N, K) -> dict:
+    """name -> (kind, kernel factory arguments)."""
+    out = {}
+    tiles = [(128, 256, 256), (128, 128, 256), (64, 128, 128), (64, 256, 128)]
+    for BM, BN, threads in tiles:
+        if M >= 64 or BM == 64:
+            out[f"tile_{BM}x{BN}_t{threads}"] = ("tile", (BM, BN, threads))
+    if M <= 128:
+        BX = 64 if M <= 64 else 128
+        for BW, threads in ((128, 256), (64, 128)):
+            for splits in (1, 2, 4, 8) if K >= 8192 else (1, 2, 4):
+                out[f"swap_{BW}x{BX}_t{threads}_s{splits}"] = ("swap", (BW, BX, threads,
+                                                                       splits))
+    return out
+
+
+def sizes():
+    return [(M, N, K) for N, K in WEIGHTS for M in MS]
+
+
+def size_name(M, N, K) -> str:
+    return f"m{M}_n{N}_k{K}"
+
+
+def build(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for M, N, K in sizes():
+        for cname, (kind, args) in candidates(M, N, K).items():
+            name = f"{size_name(M, N, K)}__{cname}"
+            factory = tile_kernel if kind == "tile" else swap_kernel
+            try:
+                compiled, seconds = compile_into(out, name, factory(M, N, K, *args), TARGET)
+                index[name] = {"M": M, "N": N, "K": K, "candidate": cname, "kind": kind,
+                               "args": list(args), "block": list(compiled.manifest.block),
+                               "cold_compile_s": round(seconds, 3)}
+            except Exception as e:  # recorded: the run skips it
+                index[name] = {"M": M, "N": N, "K": K, "candidate": cname,
+                               "error": f"{type(e).__name__}: {e}"[:500]}
+            print(name, index[name], flush=True)
+    (out / "index.json").write_text(json.dumps({
+        "command": f"python benchmarks/gpu/linear.py build --out {out}",
+        "machine": machine(), "target": TARGET, "kernels": index}, indent=1))
+
+
+def graphed(torch, fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return g.replay
+
+
+def caller(torch, kern, meta, x, w):
+    """(the zero-argument call a user of this candidate runs, its output tensor)."""
+    M, N = meta["M"], meta["N"]
+    y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    if meta["kind"] == "swap" and meta["args"][3] > 1:
+        acc = torch.empty(M, N, device="cuda", dtype=torch.float32)
+
+        def call():
+            acc.zero_()
+            kern(x, w, acc)
+            y.copy_(acc)
+        return call, y
+    return (lambda: kern(x, w, y)), y
+
+
+def smoke(bundle: Path) -> None:
+    import torch
+
+    index = json.loads((bundle / "index.json").read_text())
+    for name, meta in index["kernels"].items():
+        if "error" in meta:
+            continue
+        x = torch.randn(meta["M"], meta["K"], device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(meta["N"], meta["K"], device="cuda", dtype=torch.bfloat16)
+        call, _ = caller(torch, load_kernel(bundle, name), meta, x, w)
+        call()
+        torch.cuda.synchronize()
+        print(f"smoke {name}: ran", flush=True)
+
+
+def run(bundle: Path, out: Path) -> None:
+    import torch
+    from triton.testing import do_bench
+
+    smoke_in_child(__file__, bundle, 400)
+    index = json.loads((bundle / "index.json").read_text())
+    rows = {}
+    for M, N, K in sizes():
+        torch.manual_seed(0)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+        ref = torch.nn.functional.linear(x, w)
+        calls, errs = {"F.linear": graphed(torch, lambda x=x, w=w:
+                                            torch.nn.functional.linear(x, w))}, {}
+        for name, meta in index["kernels"].items():
+            if (meta["M"], meta["N"], meta["K"]) != (M, N, K) or "error" in meta:
+                continue
+            call, y = caller(torch, load_kernel(bundle, name), meta, x, w)
+            y.fill_(float("nan"))
+            call()
+            torch.cuda.synchronize()
+            errs[meta["candidate"]] = float((y.float() - ref.float()).norm() /
+                                            ref.float().norm())
+            if errs[meta["candidate"]] < 1e-2:
+                calls[meta["candidate"]] = graphed(torch, call)
+        samples = {c: [] for c in calls}
+        for _ in range(ROUNDS):
+            for c, fn in calls.items():
+                samples[c].append(do_bench(fn) / GRAPH_CALLS)
+        us = {c: statistics.median(v) * 1e3 for c, v in samples.items()}
+        best = min((c for c in us if c != "F.linear"), key=us.get, default=None)
+        rows[size_name(M, N, K)] = {
+            "M": M, "N": N, "K": K, "us": us, "rel_err_vs_F.linear": errs, "choice": best,
+            "ratio": us["F.linear"] / us[best] if best else None}
+        print(f"{size_name(M, N, K)}: F.linear {us['F.linear']:.1f} us, best {best} "
+              f"{us.get(best, float('nan')):.1f} us "
+              f"({rows[size_name(M, N, K)]['ratio'] or 0:.3f}x)", flush=True)
+    write_results(out, "linear.py", bundle, index, rounds=ROUNDS, graph_calls=GRAPH_CALLS,
+                  rows=rows)
+
+
+if __name__ == "__main__":
+    main(build, run, smoke, str(ROOT / ".gpu" / "linear"))

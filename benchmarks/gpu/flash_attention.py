@@ -7,9 +7,12 @@ Here (the CPU machine, with TVM):
 There (device tool, carry=[".gpu"]; thin runtime only, no TVM):
     python3 benchmarks/gpu/flash_attention.py run --bundle .gpu/attn --out $OUT/attn.json
 
-Tensors are [batch, heads, seq, dim] (SDPA's layout). `build` compiles one kernel per config with
-static seq lengths (a symbolic seq does not compile for cuda today, see the example's docstring)
-and records each cold compile time.
+Tensors are [batch, heads, seq, dim] (SDPA's layout). `build` compiles each config twice: as
+compiled by default (the whole-kernel attention path, sm90_attn.py) and with
+whole_kernel_paths=False (`<name>_per_op`: the per-op lowering, a TMA producer feeding the
+loop), so that `run` shows whether the generic path can replace the recognizer; kernels have
+static seq lengths (a symbolic seq does not compile for cuda today, see the example's
+docstring), and each cold compile time is recorded.
 `run` first launches every kernel once on a small problem in a child process with a timeout,
 then for each config checks tiled, SDPA flash, SDPA cuDNN and Triton against a float32 SDPA
 reference (outputs poisoned with NaN first) and times them with triton.testing.do_bench.
@@ -31,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child
 
 BATCH, HEADS = 8, 16
+PER_OP = "_per_op"  # suffix of each config's build without the whole-kernel path
 DEVICE = "cuda"
 # name -> (kv_heads, seq, dim, causal, dtype, block_M, block_N, threads, stages). 128 x 128
 # tiles with 256 threads take the sm_90a warp-specialized attention path (two consumer
@@ -128,8 +132,16 @@ def build(out: Path) -> None:
         kernel = fa.flash_attention(BATCH, HEADS, kvh, seq, seq, d, causal, dtype, block_M=bm,
                                     block_N=bn, threads=threads, num_stages=stages)
         compiled, seconds = compile_into(out, name, kernel)
-        index[name] = {"kv_heads": kvh, "seq": seq, "dim": d, "causal": causal, "dtype": dtype,
-                       "block_M": bm, "block_N": bn, "threads": threads, "num_stages": stages,
+        # The same kernel through the per-op lowering (a TMA producer feeding the loop,
+        # ws_loop.py) instead of the whole-kernel attention path: both timed by `run`.
+        try:
+            compile_into(out, name + PER_OP, kernel, whole_kernel_paths=False)
+            per_op = "built"
+        except Exception as e:  # recorded; `run` times what was built
+            per_op = f"{type(e).__name__}: {e}"[:500]
+        index[name] = {"per_op": per_op, "kv_heads": kvh, "seq": seq, "dim": d,
+                       "causal": causal, "dtype": dtype, "block_M": bm, "block_N": bn,
+                       "threads": threads, "num_stages": stages,
                        "cold_compile_s": round(seconds, 3),
                        "stages": {k: round(v, 3) for k, v in compiled.stages.items()},
                        "dynamic_smem_bytes": compiled.manifest.dynamic_smem_bytes,
@@ -277,7 +289,10 @@ def run(bundle: Path, out: Path) -> None:
     rows = []
     for name, meta in index["kernels"].items():
         kern = load_kernel(bundle, name)
-        rows.append(bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, meta["seq"]))
+        per_op = load_kernel(bundle, name + PER_OP) if \
+            (bundle / f"{name}{PER_OP}.cubin").exists() else None
+        rows.append(bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, meta["seq"],
+                              per_op))
     variants = check_variants(bundle, index.get("variants", {}))
     out.write_text(json.dumps({
         "command": f"python3 benchmarks/gpu/flash_attention.py run --bundle {bundle} --out {out}",
@@ -288,7 +303,7 @@ def run(bundle: Path, out: Path) -> None:
         "variants": variants}, indent=1))
 
 
-def bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, seq) -> dict:
+def bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, seq, per_op=None) -> dict:
     causal, d = meta["causal"], meta["dim"]
     q, k, v = problem(torch, meta["kv_heads"], seq, d, meta["dtype"])
     ref = torch.nn.functional.scaled_dot_product_attention(
@@ -310,6 +325,11 @@ def bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, seq) -> dict:
     kern(q, k, v, o)
     torch.cuda.synchronize()
     row["tiled"] = {**check(o), **timed(lambda: kern(q, k, v, o))}
+    if per_op is not None:  # whole_kernel_paths=False: the per-op lowering of the example
+        o2 = torch.full_like(q, float("nan"))
+        per_op(q, k, v, o2)
+        torch.cuda.synchronize()
+        row["tiled_per_op"] = {**check(o2), **timed(lambda: per_op(q, k, v, o2))}
     for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
                            ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
@@ -324,6 +344,9 @@ def bench_one(torch, do_bench, tri, SDPBackend, kern, name, meta, seq) -> dict:
     for other in ("sdpa_flash", "sdpa_cudnn", "triton"):
         if "tflops" in row[other]:
             row[f"tiled_vs_{other}"] = row["tiled"]["tflops"] / row[other]["tflops"]
+            if per_op is not None:
+                row[f"tiled_per_op_vs_{other}"] = \
+                    row["tiled_per_op"]["tflops"] / row[other]["tflops"]
     fmt = lambda r: f"{r['tflops']:6.1f}" if "tflops" in r else "   n/a"  # noqa: E731
     print(f"{name:30s} S={seq:5d} TFLOP/s tiled {fmt(row['tiled'])} | flash "
           f"{fmt(row['sdpa_flash'])} | cudnn {fmt(row['sdpa_cudnn'])} | triton "

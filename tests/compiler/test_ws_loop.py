@@ -235,3 +235,28 @@ def test_blocks_walk_the_grid_when_they_run_alike():
     c = tiled.compile(cases["mha_fwd_bshd"].factory(**cases["mha_fwd_bshd"].gpu).kernel,
                       target="cuda:sm_90a", cache=False, persistent=2)
     assert c.manifest.grid[0] == ("min", ("mul", ("mul", 32, 16), 8), "tiled_sm_count")
+
+
+def test_whole_kernel_paths_can_step_aside():
+    """whole_kernel_paths=False routes the kernels the whole-kernel paths recognize through
+    the per-op lowering: the repo's attention example gets the TMA-fed loop. The seed's
+    128x128x32 GEMM shows what that path still lacks: 32-wide 16-bit K tiles (a 64-byte
+    swizzle) do not take wgmma per op, so it keeps mma.sync and cp.async there."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import flash_attention
+    import gemm
+
+    fa = flash_attention.flash_attention(2, 4, 4, 512, 512, 128, False, "bfloat16",
+                                         block_M=128, block_N=128, threads=256, num_stages=2)
+    _, _, whole = _lower(fa)
+    _, _, per_op = _lower(fa, whole_kernel_paths=False)
+    assert whole.attn is not None and whole.wsloop is None
+    assert per_op.attn is None and per_op.wsloop is not None and per_op.wgmma_ops
+    seed = gemm.matmul(1024, 1024, 1024, 128, 128, 32, 3, "float16", threads=128)
+    _, _, whole = _lower(seed)
+    _, _, per_op = _lower(seed, whole_kernel_paths=False)
+    assert whole.ws is not None
+    assert per_op.ws is None and per_op.wsloop is None and not per_op.wgmma_ops

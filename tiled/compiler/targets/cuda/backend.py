@@ -116,6 +116,10 @@ class CudaBackend(Backend):
         "wgmma_in_flight": Option(bool, True, "sm_90a T.Pipelined loops fed by a TMA "
                                   "producer: a wgmma gemm runs on until a statement needs "
                                   "it, across the loop's back edge too"),
+        "whole_kernel_paths": Option(bool, True, "sm_90a: the whole-kernel GEMM and "
+                                     "attention paths take the kernels they recognize; off, "
+                                     "those take the per-op lowering (a T.Pipelined loop fed "
+                                     "by a TMA producer) like every other kernel"),
         "persistent": Option(int, 0, "sm_90a T.Pipelined loops fed by a TMA producer: "
                              "min(blocks, SMs) blocks walk the grid; 0 the plan's choice "
                              "(off for now: not yet run on the H200), 1 off, 2 on",
@@ -138,7 +142,8 @@ class CudaBackend(Backend):
 
     def generate_source(self, program: Program, arch: str, warp_specialize: bool = True,
                         cluster: int = 0, pingpong: bool = False,
-                        wgmma_in_flight: bool = True, persistent: int = 0):
+                        wgmma_in_flight: bool = True, persistent: int = 0,
+                        whole_kernel_paths: bool = True):
         """(CUDA source, dynamic shared memory bytes, the lowering). When the automatic sm_90a
         path's TMA descriptors have launch preconditions (`low.requires`: strides that
         depend on a symbolic dim), the source also holds the program lowered without warp
@@ -153,7 +158,7 @@ class CudaBackend(Backend):
         explicit = explicit_statement(program.proto) is not None
         mod, low = lower_cuda(program, arch, warp_specialize, cluster,
                               ExplicitLowering if explicit else None, pingpong,
-                              wgmma_in_flight, persistent)
+                              wgmma_in_flight, persistent, whole_kernel_paths)
         _check_smem(low, arch)
         low.fallback = None
         if low.requires and not low.explicit:
@@ -195,7 +200,8 @@ class CudaBackend(Backend):
                                                  option(options, "cluster", self),
                                                  option(options, "pingpong", self),
                                                  option(options, "wgmma_in_flight", self),
-                                                 option(options, "persistent", self))
+                                                 option(options, "persistent", self),
+                                                 option(options, "whole_kernel_paths", self))
         t1 = time.perf_counter()
         cubin = compile_cubin(source, target.arch, options.get("cuda_compiler"))
         t2 = time.perf_counter()

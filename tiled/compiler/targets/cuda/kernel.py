@@ -24,7 +24,8 @@ from tiled.v1 import tile_ir_pb2 as pb
 def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                cluster: int = 0, lowering: type | None = None,
                pingpong: bool = False, wgmma_in_flight: bool = True,
-               persistent: int = 0) -> tuple[object, CudaLowering]:
+               persistent: int = 0, whole_kernel: bool = True
+               ) -> tuple[object, CudaLowering]:
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
     launch's thread count and the TMA descriptors the kernel takes (sm_90a path). `cluster`:
     the sm_90a path's cluster size, 0 for the plan's choice (WsGemmPlan.with_cluster).
@@ -33,11 +34,13 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     whether a T.Pipelined ring's two consumer warpgroups may take turns (ws_loop.py);
     `wgmma_in_flight`: whether its wgmma gemms may run past their statement
     (wgmma_waits.py); `persistent`: whether its blocks walk the grid (0 the plan's choice,
-    1 off, 2 on; ws_loop.persistent_choice)."""
+    1 off, 2 on; ws_loop.persistent_choice); `whole_kernel`: whether the whole-kernel GEMM
+    and attention paths (sm90_gemm, sm90_attn) may take the kernels they recognize."""
     import tvm
 
     p = program.proto
-    low = (lowering or CudaLowering)(program, arch, warp_specialize)
+    low = lowering(program, arch, warp_specialize) if lowering else \
+        CudaLowering(program, arch, warp_specialize, whole_kernel)
     if low.ws is not None:
         low.ws = low.ws.with_cluster(cluster)
     if low.wsloop is not None:

@@ -100,15 +100,17 @@ class CudaLowering(ExprLowering):
     turn = False  # a wgmma gemm issued on its warpgroup's turn (ws_loop.py, pingpong)
     in_flight = False  # a wgmma gemm left in flight (wgmma_waits.py)
 
-    def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True):
+    def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
+                 whole_kernel: bool = True):
         super().__init__(program)
         p = self.program
         self.arch = arch
         self.threads = p.kernel.threads  # the program's threads (consumers on the sm90 path)
         hopper = arch == "sm_90a" and warp_specialize
-        self.attn = find_ws_attention(p) if hopper else None
+        whole = hopper and whole_kernel  # the whole-kernel GEMM / attention paths may match
+        self.attn = find_ws_attention(p) if whole else None
         self.layouts = infer_layouts(p, self.attn.accumulators() if self.attn else None)
-        self.ws = find_ws_gemm(p, self.layouts) if hopper and not self.attn else None
+        self.ws = find_ws_gemm(p, self.layouts) if whole and not self.attn else None
         self.wgmma_ops = WgmmaOps()
         if arch == "sm_90a" and self.ws is None and self.attn is None and not self.explicit:
             ops, layouts = plan_wgmma(p, infer_layouts)

@@ -10,7 +10,10 @@ Candidates, all written in the DSL as a TileLang author would:
   epilogue stores the tile transposed;
 - `swap` with `splits` > 1: split-K over a third grid axis for sizes whose output tiles
   cannot fill the SMs; each split atomically adds its float32 partial into a zeroed float32
-  buffer, cast to bf16 after. The timed call is what a caller runs: zero, the kernel, cast.
+  buffer, cast to bf16 after. The timed call is what a caller runs: zero, the kernel, cast;
+- `per_op_*`: the `tile` kernel compiled with whole_kernel_paths=False (the generic
+  TMA-fed loop, ws_loop.py, instead of the whole-kernel GEMM path), one block per tile and
+  with persistent=2: whether the generic path can replace the recognizer at these sizes.
 
 Here (the CPU machine, with TVM):
     python benchmarks/gpu/linear.py build --out .gpu/linear
@@ -96,18 +99,23 @@ def swap_kernel(M, N, K, BW, BX, threads, splits, stages=4):
 
 
 def candidates(M, N, K) -> dict:
-    """name -> (kind, kernel factory arguments)."""
+    """name -> (kind, kernel factory arguments, compile options)."""
     out = {}
     tiles = [(128, 256, 256), (128, 128, 256), (64, 128, 128), (64, 256, 128)]
     for BM, BN, threads in tiles:
         if M >= 64 or BM == 64:
-            out[f"tile_{BM}x{BN}_t{threads}"] = ("tile", (BM, BN, threads))
+            out[f"tile_{BM}x{BN}_t{threads}"] = ("tile", (BM, BN, threads), {})
+    if M >= 1024:
+        for persistent in (1, 2):
+            out[f"per_op_128x256_t256_p{persistent}"] = (
+                "tile", (128, 256, 256), {"whole_kernel_paths": False,
+                                          "persistent": persistent})
     if M <= 128:
         BX = 64 if M <= 64 else 128
         for BW, threads in ((128, 256), (64, 128)):
             for splits in (1, 2, 4, 8) if K >= 8192 else (1, 2, 4):
-                out[f"swap_{BW}x{BX}_t{threads}_s{splits}"] = ("swap", (BW, BX, threads,
-                                                                       splits))
+                out[f"swap_{BW}x{BX}_t{threads}_s{splits}"] = (
+                    "swap", (BW, BX, threads, splits), {})
     return out
 
 
@@ -123,13 +131,15 @@ def build(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     index = {}
     for M, N, K in sizes():
-        for cname, (kind, args) in candidates(M, N, K).items():
+        for cname, (kind, args, options) in candidates(M, N, K).items():
             name = f"{size_name(M, N, K)}__{cname}"
             factory = tile_kernel if kind == "tile" else swap_kernel
             try:
-                compiled, seconds = compile_into(out, name, factory(M, N, K, *args), TARGET)
+                compiled, seconds = compile_into(out, name, factory(M, N, K, *args), TARGET,
+                                                 **options)
                 index[name] = {"M": M, "N": N, "K": K, "candidate": cname, "kind": kind,
-                               "args": list(args), "block": list(compiled.manifest.block),
+                               "args": list(args), "options": options,
+                               "block": list(compiled.manifest.block),
                                "cold_compile_s": round(seconds, 3)}
             except Exception as e:  # recorded: the run skips it
                 index[name] = {"M": M, "N": N, "K": K, "candidate": cname,

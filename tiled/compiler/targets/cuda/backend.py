@@ -1,10 +1,12 @@
 """The `cuda` backend: Tile IR -> TIR (lower.py) -> TVM's CUDA C++ codegen -> cubin.
 
 Targets `cuda:sm_80` and `cuda:sm_90a`. Tensor-core gemm and async copies are calls into
-include/tiled_cuda.h, which is prepended to TVM's source. The sm_90a warp-specialized
-TMA / wgmma path slots in here as another lowering of the same tile ops (lower.py picks
-per op); today sm_90a uses the sm_80 instruction set, which Hopper runs. TVM is imported when
-a kernel is compiled, not with this module: parsing a target or computing a key never loads it.
+the headers of include/, which are prepended to TVM's source. On sm_90a the lowering picks
+per op (wgmma where a gemm fits it, gemm_sm90.py) and per loop (a TMA producer warpgroup for
+a T.Pipelined loop whose copies can run ahead, ws_loop.py); two whole-kernel paths
+(sm90_gemm.py, sm90_attn.py) still take the kernels they recognize, unless the option
+whole_kernel_paths is off. TVM is imported when a kernel is compiled, not with this module:
+parsing a target or computing a key never loads it.
 """
 
 from __future__ import annotations

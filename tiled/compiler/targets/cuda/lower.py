@@ -5,10 +5,13 @@ be uniform: the same for all threads); a T.Parallel nest is split over the threa
 the layout of the fragment it writes (passes/layout.py); tile ops are lowered to cooperative
 code or to calls into the headers of include/, one module per op family: parallel (nests,
 T.fill), copy, gemm (mma.sync) and gemm_sm90 (wgmma), reduce, scan (T.cumsum), pipeline
-(T.Pipelined as a cp.async multi-stage pipeline).
+(T.Pipelined as a cp.async multi-stage pipeline) and, on sm_90a, ws_loop (T.Pipelined fed by
+a TMA producer warpgroup, its wgmma waits placed by wgmma_waits). kernel.py builds the
+PrimFunc around this walk (parameters, launch, buffers).
 Shared memory is one dynamic pool; tiled places every shared tile in it (pipelined tiles get
-`num_stages` copies), then one scratch area that the ops moving fragments through shared
-memory share (one op at a time), and inserts the barriers itself.
+`num_stages` copies, a producer's ring its stages and mbarriers), then one scratch area that
+the ops moving fragments through shared memory share (one op at a time), and inserts the
+barriers itself.
 """
 
 from __future__ import annotations

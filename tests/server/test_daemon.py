@@ -317,13 +317,14 @@ def test_cancelled_request_stops_its_compile(daemon):
                > cancelled, what="the pool to cancel the compile")
     assert metric(daemon, "tiled_workers_replaced_total", reason="cancelled") == replaced + 1
     # A client deadline that passes mid-compile cancels it the same way. The kernel is one
-    # that compiles for seconds here, so that the deadline (1 s, far past the request's
-    # admission, which takes milliseconds) passes mid-compile even on a slow machine.
+    # that compiles for over a second here (1.3 s with a warm worker, 2026-12-01), so that
+    # the deadline (0.3 s, far past the request's admission, which takes milliseconds)
+    # passes mid-compile with a second to spare; at 1 s the compile could finish first.
     slow = request(flash_attention.flash_attention(2, 4, 4, 640, 640, 128, True, "bfloat16",
                                                    block_M=128, block_N=128, threads=256),
                    target="cuda:sm_90a")
     with pytest.raises(grpc.RpcError) as e:
-        stub.Compile(slow, timeout=1.0)
+        stub.Compile(slow, timeout=0.3)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_until(lambda: metric(daemon, "tiled_compile_requests_total", result="cancelled")
                > cancelled + 1, what="the deadline to cancel the compile")

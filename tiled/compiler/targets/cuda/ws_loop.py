@@ -29,8 +29,13 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
   H200 it changed TileLang-style attention by -1.6..+0.4% (benchmarks/results/
   tl_attention_h200.json, the `_pingpong` rows);
 - when the loop's trip count grows with a block index (a causal mask), blocks are launched
-  longest first along that axis (`longest_first`): the hardware hands blocks out in
-  launch order, and the short ones then fill the tail instead of the long ones.
+  longest first along that axis (`longest_first`): the hardware hands blocks out about in
+  launch order, and the short ones then fill the tail instead of the long ones (not
+  measured apart from the rest of this path);
+- the body's wgmma gemms run on until a statement needs them (wgmma_waits.py);
+- with the compile option persistent=2, min(blocks, SMs) blocks walk the program's blocks,
+  the ring's stages and phases carried from one to the next (`_blocks`; opt-in until it
+  has run on the H200, PERSISTENT_BY_DEFAULT).
 
 The ring has the loop's num_stages stages, at least 2, and up to MIN_RING where shared
 memory holds them (half of it for a one-warpgroup program); where two stages do not fit,

@@ -60,6 +60,22 @@ def write_results(out: Path, script: str, bundle: Path, build: dict, **fields) -
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields}, indent=1))
 
 
+def graphed(torch, fn, calls: int):
+    """fn captured `calls` times in a CUDA graph (after one warm-up call on a side stream):
+    the graph's replay, for timing launches that cost less device time than host time."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return g.replay
+
+
 def smoke_in_child(script: str, bundle: Path, timeout_s: float) -> None:
     """Runs `script smoke --bundle BUNDLE` in a child; exits when it fails or hangs."""
     child = subprocess.run([sys.executable, script, "smoke", "--bundle", str(bundle)],

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child, write_results
+from bundle_cli import graphed as graph_replay
 
 TARGET = "cuda:sm_90a"
 DTYPE = "bfloat16"
@@ -151,17 +152,7 @@ def build(out: Path) -> None:
 
 
 def graphed(torch, fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    return g.replay
+    return graph_replay(torch, fn, GRAPH_CALLS)
 
 
 def caller(torch, kern, meta, x, w):

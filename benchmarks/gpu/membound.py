@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child, write_results
+from bundle_cli import graphed as graph_replay
 
 TARGET = "cuda:sm_90a"
 ROUNDS = 3
@@ -140,18 +141,8 @@ def problem(torch, name: str, shape: dict, M: int):
 
 
 def graphed(torch, fn):
-    """fn captured GRAPH_CALLS times in a CUDA graph: (replay, calls per replay)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    return g.replay
+    """fn captured GRAPH_CALLS times in a CUDA graph: its replay."""
+    return graph_replay(torch, fn, GRAPH_CALLS)
 
 
 def host_us(torch, fn, n: int = 1000) -> float:

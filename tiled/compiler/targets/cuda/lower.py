@@ -146,15 +146,19 @@ class CudaLowering(ExprLowering):
         self.frag_row = None  # (anchor layout, its slot) of the T.Parallel nest being lowered
         self.replica = None  # in a nest over a rows layout: true in one lane of each quad
         self.nest_vars: list[int] = []
-        self.sync = SyncTracker(None if self.ws is None and self.attn is None and
-                                self.wsloop is None else
-                                f"tiled::sm90::consumer_sync<{self.threads}>")
+        self.sync = self.block_sync()
         self.tx = None
         self.pool = None
         self.pool_bytes = 0
         self.scratch_offset = 0
         self.pipelines: dict[int, tuple[int, list[int]]] = {}  # For var -> (stages, producers)
         self.vec_plan: dict[tuple, int] = {}
+
+    def block_sync(self) -> SyncTracker:
+        """Barrier placement for the program's threads: __syncthreads(), or the consumers'
+        named barrier when a producer runs beside them (an sm_90a path)."""
+        producer = self.ws is not None or self.attn is not None or self.wsloop is not None
+        return SyncTracker(f"tiled::sm90::consumer_sync<{self.threads}>" if producer else None)
 
     @property
     def requires(self) -> list:
@@ -201,8 +205,7 @@ class CudaLowering(ExprLowering):
         if self.wsloop is not None and self.pool_bytes > MAX_SMEM[self.arch]:
             # Two ring stages do not fit where the program's own stages did: no producer.
             self.wsloop, self.launch_threads = None, self.threads
-            self.sync = SyncTracker(None if self.ws is None and self.attn is None else
-                                    f"tiled::sm90::consumer_sync<{self.threads}>")
+            self.sync = self.block_sync()
             return self.plan()
         while self.wsloop is not None and \
                 grow_stages(self.wsloop, self.pool_bytes, MAX_SMEM[self.arch]):

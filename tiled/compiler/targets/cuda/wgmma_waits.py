@@ -41,17 +41,26 @@ class Group:
     carried: bool  # issued in the previous iteration
 
 
+@dataclass(frozen=True)
+class Retire:
+    n: int  # retire<n>: at most n groups stay in flight
+    groups: list[Group]  # the groups it retires
+    live: tuple[int, ...] = ()  # gemm positions still in flight after it
+
+
 @dataclass
 class WaitPlan:
     in_flight: set[int] = field(default_factory=set)  # gemm positions issued, not waited
-    before: dict[int, tuple[int, list[Group]]] = field(default_factory=dict)  # retire<N>
-    after: dict[int, tuple[int, list[Group]]] = field(default_factory=dict)
+    before: dict[int, Retire] = field(default_factory=dict)  # body position -> its retire
+    after: dict[int, Retire] = field(default_factory=dict)
     releases: dict[int, list[int]] = field(default_factory=dict)  # after position: copies
     held: dict[int, list[int]] = field(default_factory=dict)  # gemm pos -> copies it frees
     carried: list[int] = field(default_factory=list)  # in flight across the back edge
 
 
-def _gemm(st: pb.Stmt, accumulators) -> pb.Gemm | None:
+def wgmma_gemm(st: pb.Stmt, accumulators) -> pb.Gemm | None:
+    """The gemm of statement `st` when it is one that takes wgmma (its C in
+    `accumulators`), else None."""
     if st.WhichOneof("kind") == "gemm" and st.gemm.c in accumulators:
         return st.gemm
     return None
@@ -67,7 +76,7 @@ def _conflicts(st: pb.Stmt, g: pb.Gemm, buffers, accumulators, wgmma_regs: set) 
     registers of any wgmma of the loop (`wgmma_regs`), not only g's: ptxas serializes
     every wgmma of a kernel where ordinary code touches an accumulator while a wgmma is
     in flight (its remark C7514), S = Q K^T's mask included."""
-    h = _gemm(st, accumulators)
+    h = wgmma_gemm(st, accumulators)
     regs = _registers(g, buffers)
     if h is not None:
         return h.a == g.c or (h.c in regs and h.c != g.c) or (h.c == g.c and h.clear_accum)
@@ -116,24 +125,22 @@ def first_step_fills(body, loop_var: int, buffers) -> set[int]:
     return out
 
 
-def _walk(body, ring: dict, copies, buffers, accumulators, top: list[int], loop_var: int,
-          skip: set[int]):
+def _walk(body, ring: dict, copies, buffers, accumulators, wgmma_regs: set[int],
+          top: list[int], loop_var: int, skip: set[int]):
     plan = WaitPlan()
     pending = [Group(p, True) for p in top]
-    wgmma_regs = {r for st in body if (g := _gemm(st, accumulators)) is not None
-                  for r in _registers(g, buffers)}
     for i, st in enumerate(body):
         if i not in ring and i not in skip:
             first = _first_step_only(st, loop_var)
-            if any(_conflicts(st, _gemm(body[g.pos], accumulators), buffers, accumulators,
+            if any(_conflicts(st, wgmma_gemm(body[g.pos], accumulators), buffers, accumulators,
                               wgmma_regs)
                    for g in pending if not (first and g.carried)):
-                plan.before[i] = (0, pending)
+                plan.before[i] = Retire(0, pending)
                 pending = []
-            if _gemm(st, accumulators) is not None:
+            if wgmma_gemm(st, accumulators) is not None:
                 plan.in_flight.add(i)
                 if pending:
-                    plan.after[i] = (1, pending)
+                    plan.after[i] = Retire(1, pending, (i,))
                 pending = [Group(i, False)]
         for j, rc in enumerate(copies):
             if rc.release != i:
@@ -157,20 +164,20 @@ def plan_waits(low, body: list, skip: set[int]) -> WaitPlan | None:
     w = low.wsloop
     ring = {rc.pos: i for i, rc in enumerate(w.copies)}
     accumulators = low.wgmma_ops.accumulators
-    if not any(_gemm(st, accumulators) for st in body):
+    if not any(wgmma_gemm(st, accumulators) for st in body):
         return None
-    args = (body, ring, w.copies, low.buffers, accumulators)
+    regs = {r for st in body if (g := wgmma_gemm(st, accumulators)) is not None
+            for r in _registers(g, low.buffers)}
+    args = (body, ring, w.copies, low.buffers, accumulators, regs)
     plan, end = _walk(*args, [], w.loop.var, skip)
     if not end:
         return plan
-    regs = {r for st in body if (g := _gemm(st, accumulators)) is not None
-            for r in _registers(g, low.buffers)}
     if any(defines_registers(st, regs) for i, st in enumerate(body)
-           if i not in ring and i not in skip and _gemm(st, accumulators) is None):
+           if i not in ring and i not in skip and wgmma_gemm(st, accumulators) is None):
         last = len(body) - 1
-        older = plan.after.get(last, (0, []))[1]
+        older = plan.after[last].groups if last in plan.after else []
         groups = older + [Group(p, False) for p in end if p not in {g.pos for g in older}]
-        plan.after[last] = (0, groups)
+        plan.after[last] = Retire(0, groups)
         return plan
     plan, again = _walk(*args, end, w.loop.var, skip)
     if again != end:
@@ -194,30 +201,21 @@ def hold(low, g: pb.Gemm, live: set[int] = frozenset()) -> None:
         _call(f"hold_words<{words}>", T.address_of(low.tir[g.a][0]))
 
 
-def retire(low, plan: WaitPlan, body: list, action, k, release) -> None:
-    """Emits retire<N> for `action` = (N, groups), holds their registers and frees the ring
-    stages they held; `release(j, back)` frees copy j's stage of this iteration (back=0) or
-    of the one before (1); `k`: the loop variable."""
-    n, groups = action
-    _call(f"retire<{n}>")
-    live = {body[p].gemm.c for p in action_live(plan, action)}
-    for g in groups:
+def retire(low, plan: WaitPlan, body: list, action: Retire, k, release) -> None:
+    """Emits `action`'s retire<N>, holds the registers of the groups it retires and frees
+    the ring stages they held; `release(j, back)` frees copy j's stage of this iteration
+    (back=0) or of the one before (1); `k`: the loop variable."""
+    _call(f"retire<{action.n}>")
+    live = {body[p].gemm.c for p in action.live}
+    for g in action.groups:
         hold(low, body[g.pos].gemm, live)
-    for g in groups:
+    for g in action.groups:
         for j in plan.held.get(g.pos, []):
             if g.carried:  # the previous iteration's stage; there is none before k = 0
                 with T.If(k > 0), T.Then():
                     release(j, 1)
             else:
                 release(j)
-
-
-def action_live(plan: WaitPlan, action) -> list[int]:
-    """Gemm positions still in flight after `action`: the one just issued, for retire<1>."""
-    for i, a in plan.after.items():
-        if a is action and a[0] == 1:
-            return [i]
-    return []
 
 
 def retire_after_loop(low, plan: WaitPlan, body: list) -> None:

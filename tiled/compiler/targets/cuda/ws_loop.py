@@ -68,6 +68,7 @@ from tiled.compiler.targets.cuda.wgmma_waits import (
     plan_waits,
     retire,
     retire_after_loop,
+    wgmma_gemm,
 )
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
@@ -205,8 +206,7 @@ def plan_ws_loop(low) -> WsLoop | None:
             return None  # the cp.async pipeline runs every copy ahead, not only some
         copies.append(found[0])
         requires += [r for r in found[1] if r not in requires]
-    gemms = [st for st in body if st.WhichOneof("kind") == "gemm"
-             and st.gemm.c in low.wgmma_ops.accumulators]
+    gemms = [st for st in body if wgmma_gemm(st, low.wgmma_ops.accumulators)]
     return WsLoop(run, copies, tuple(requires), low.threads,
                   stages=max(2, run.loop.num_stages),
                   pingpong=low.threads == 256 and len(gemms) >= 2)
@@ -440,8 +440,8 @@ def lower_ring_consumer(low, f: pb.For) -> None:
             elif i in peeled:
                 pass
             else:
-                low.turn = w.pingpong and st.WhichOneof("kind") == "gemm" and \
-                    st.gemm.c in low.wgmma_ops.accumulators
+                low.turn = w.pingpong and \
+                    wgmma_gemm(st, low.wgmma_ops.accumulators) is not None
                 low.in_flight = waits is not None and i in waits.in_flight
                 low.stmt(st)
                 low.turn = low.in_flight = False

@@ -28,7 +28,6 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 @dataclass(frozen=True)
 class RunAhead:
-    index: int  # the loop's position among the kernel body's statements
     loop: pb.For
     copies: tuple[int, ...]  # positions in the loop body of the copies that run ahead
     release: tuple[int, ...]  # per copy: the body position after which its tile is free
@@ -114,6 +113,7 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
             if j != index:
                 outside |= touched(other)
         body = body_statements(f.body)
+        uses = [touched(x) for x in body]  # buffers each body statement touches
         copies, release = [], []
         for i, st in enumerate(body):
             if st.WhichOneof("kind") != "copy" or st.copy.HasField("tma"):
@@ -122,7 +122,7 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
             src, dst = buffers[c.src.buffer], buffers[c.dst.buffer]
             if src.scope != pb.GLOBAL or dst.scope != pb.SHARED or src.id not in params or \
                     writes_anywhere.get(src.id) or writes_anywhere.get(dst.id) != 1 or \
-                    dst.id in outside or any(dst.id in touched(x) for x in body[:i]):
+                    dst.id in outside or any(dst.id in u for u in uses[:i]):
                 continue
             if not _pure(c.src.offsets, uniform | {f.var}) or \
                     any(e.WhichOneof("kind") != "int_value" or e.int_value
@@ -130,10 +130,10 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
                     [e for e in c.src.extents if e != 1] != \
                     [d.size for d in dst.shape if d.size != 1]:
                 continue
-            last = max(j for j, x in enumerate(body) if dst.id in touched(x))
+            last = max(j for j, u in enumerate(uses) if dst.id in u)
             copies.append(i)
             release.append(last)
         if copies:
-            return RunAhead(index, f, tuple(copies), tuple(release))
+            return RunAhead(f, tuple(copies), tuple(release))
     return None
 

@@ -73,16 +73,73 @@ def graphed(torch, fn, calls: int):
     with torch.cuda.graph(g):
         for _ in range(calls):
             fn()
-    return g.replay
+
+    def replay():
+        g.replay()
+    # The graph holds the addresses of fn's tensors, not the tensors: fn (and what its
+    # closure holds) must live as long as the replay. Without this, a caller that dropped fn
+    # had its output freed, and the next capture's empty_cache unmapped it under the graph
+    # (illegal address on replay, seen on the H200).
+    replay.fn = fn
+    return replay
 
 
-def smoke_in_child(script: str, bundle: Path, timeout_s: float) -> None:
-    """Runs `script smoke --bundle BUNDLE` in a child; exits when it fails or hangs."""
-    child = subprocess.run([sys.executable, script, "smoke", "--bundle", str(bundle)],
-                           capture_output=True, text=True, timeout=timeout_s)
-    print(child.stdout + child.stderr[-3000:], flush=True)
-    if child.returncode:
-        raise SystemExit("smoke run failed; not timing")
+SKIP_ENV = "TILED_SMOKE_SKIP"
+
+
+def smoke_order(names):
+    """The kernels a smoke child launches, in order: `names` less those the parent marked
+    hung (SKIP_ENV), each announced before its launch so the parent knows which one hangs."""
+    skip = set(os.environ.get(SKIP_ENV, "").split(","))
+    for name in names:
+        if name not in skip:
+            print(f"smoke-start {name}", flush=True)
+            yield name
+
+
+def smoke_in_child(script: str, bundle: Path, timeout_s: float,
+                   stall_s: float | None = None) -> list[str]:
+    """Runs `script smoke --bundle BUNDLE` in a child, its output passed through as it comes.
+    Without `stall_s`, any failure or a run past `timeout_s` ends the benchmark. With it, a
+    kernel announced by smoke_order that prints nothing for `stall_s` seconds is taken as
+    hung: the child is killed and run again on the kernels not yet launched. Returns the
+    hung kernels' names."""
+    import selectors
+
+    deadline, hung, passed = time.monotonic() + timeout_s, [], []
+    while True:
+        env = dict(os.environ, **{SKIP_ENV: ",".join(hung + passed)})
+        child = subprocess.Popen([sys.executable, script, "smoke", "--bundle", str(bundle)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        sel = selectors.DefaultSelector()
+        sel.register(child.stdout, selectors.EVENT_READ)
+        started, last, pending = None, "", b""
+        while True:
+            wait = deadline - time.monotonic()
+            if stall_s is not None:
+                wait = min(wait, stall_s)
+            if wait <= 0 or not sel.select(timeout=wait):
+                child.kill()
+                child.wait()
+                if stall_s is None or started is None or time.monotonic() >= deadline:
+                    raise SystemExit(f"smoke run stalled after {last!r}; not timing")
+                print(f"smoke {started}: HUNG (no output for {stall_s} s); skipped", flush=True)
+                hung.append(started)
+                break
+            chunk = os.read(child.stdout.fileno(), 1 << 16)
+            if not chunk:
+                if child.wait():
+                    raise SystemExit("smoke run failed; not timing")
+                return hung
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                last = line.decode(errors="replace").strip()
+                print(last, flush=True)
+                if last.startswith("smoke-start "):
+                    started = last.split(" ", 1)[1]
+                elif last.startswith("smoke ") and started is not None:
+                    passed.append(started)
+                    started = None
 
 
 def main(build, run, smoke, default_dir: str) -> None:

@@ -13,8 +13,7 @@ d = 128, S = 4096 (batch 8) and 16384 (batch 2), 16 heads, bf16 and fp16, causal
 compile options of VARIANTS (pingpong=True: the consumer warpgroups take turns issuing
 their gemms; persistent=1 / 2: one block per program block / min(blocks, SMs) blocks walking
 the grid, one of which is the default's choice), all timed in the same rounds.
-(benchmarks/results/tl_attention_h200.json was made at commit a610722, whose variants were
-pingpong=True and wgmma_in_flight=False.) The reference is the faster of SDPA's flash and
+The reference is the faster of SDPA's flash and
 cuDNN backends, each given the same BSHD tensors as transposed views (what a BSHD caller
 writes) and as contiguous BHSD copies made before timing; the row keeps all four. Kernels are
 timed in interleaved rounds (triton.testing.do_bench, median of ROUNDS). TFLOP/s counts

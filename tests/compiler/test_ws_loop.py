@@ -237,6 +237,21 @@ def test_blocks_walk_the_grid_when_they_run_alike():
     assert c.manifest.grid[0] == ("min", ("mul", ("mul", 32, 16), 8), "tiled_sm_count")
 
 
+def test_a_persistent_walk_frees_the_stages_its_last_gemm_held():
+    """A GEMM loop's last wgmma is retired after the loop. Without a persistent walk its
+    stages need no release (the producer is done); with one, the producer fills them again
+    for the next block and waits for their release, so they are freed right after that
+    retire (the H200 hung on every block's second tile without it)."""
+    from tests.conformance.cases import load_all
+
+    case = load_all()["gemm_nt"]
+    for persistent in (1, 2):
+        src, _, _ = _lower(case.factory(**case.gpu).kernel, persistent=persistent)
+        after = src[src.index("retire<0>();"):]
+        after = after[:after.index("int cse_")]  # up to the epilogue's stores
+        assert after.count("ring_release") == (2 if persistent == 2 else 0), after
+
+
 def test_whole_kernel_paths_can_step_aside():
     """whole_kernel_paths=False routes the kernels the whole-kernel paths recognize through
     the per-op lowering: the repo's attention example gets the TMA-fed loop. The seed's

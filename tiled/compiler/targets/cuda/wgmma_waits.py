@@ -218,11 +218,17 @@ def retire(low, plan: WaitPlan, body: list, action: Retire, k, release) -> None:
                 release(j)
 
 
-def retire_after_loop(low, plan: WaitPlan, body: list) -> None:
-    """The groups still in flight when the loop ends (their stages need no release: the
-    producer has issued its last tile)."""
+def retire_after_loop(low, plan: WaitPlan, body: list, release_last=None) -> None:
+    """The groups still in flight when the loop ends. The ring stages they hold are freed by
+    `release_last(j)` (copy j's stage of the loop's last step) where the ring runs on into
+    another block's loop (a persistent walk); else the producer has issued its last tile
+    and nothing waits for them (release_last None)."""
     if plan.carried:
         _call("retire<0>")
         for pos in plan.carried:
             hold(low, body[pos].gemm)
+        if release_last is not None:
+            for pos in plan.carried:
+                for j in plan.held.get(pos, []):
+                    release_last(j)
 

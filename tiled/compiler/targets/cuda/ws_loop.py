@@ -34,8 +34,8 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
   measured apart from the rest of this path);
 - the body's wgmma gemms run on until a statement needs them (wgmma_waits.py);
 - with the compile option persistent=2, min(blocks, SMs) blocks walk the program's blocks,
-  the ring's stages and phases carried from one to the next (`_blocks`; opt-in until it
-  has run on the H200, PERSISTENT_BY_DEFAULT).
+  the ring's stages and phases carried from one to the next (`_blocks`; opt-in,
+  PERSISTENT_BY_DEFAULT says why).
 
 The ring has the loop's num_stages stages, at least 2, and up to MIN_RING where shared
 memory holds them (half of it for a one-warpgroup program); where two stages do not fit,
@@ -293,9 +293,13 @@ def _stage_phase(w: WsLoop, k):
     return stage, tirx.Cast("uint32", tirx.floormod(tirx.floordiv(k, w.stages), 2))
 
 
-# The plan's choice of persistent walks (the compile option `persistent` = 0). Off: the
-# walk is compiled and its code checked here (tests/compiler/test_ws_loop.py) but has not
-# run on the H200 yet, so it is opt-in (persistent=2) until a measured run says otherwise.
+# The plan's choice of persistent walks (the compile option `persistent` = 0). Off: on the
+# H200 (benchmarks/results/tl_attention_h200.json, `_persistent_on` rows) it matched one
+# block per program block on non-causal attention (within +-1%) and lost up to 25% on
+# causal (which the rule below already excludes); on the generic path's y = x W^T GEMMs
+# (linear_h200.json, `per_op_128x256_t256_p1` / `_p2`) it won 5-10 points (0.75-0.93x
+# F.linear against 0.65-0.87x). Still off until the conformance kernels have run on the H200
+# with it on: only those two kernels have run it there.
 PERSISTENT_BY_DEFAULT = False
 
 
@@ -455,7 +459,11 @@ def lower_ring_consumer(low, f: pb.For) -> None:
             low.sync.sync()
     _ring_advance(low, n)
     if waits is not None:
-        retire_after_loop(low, waits, body)
+        def release_last(j):  # the ring's count is past the loop's last step now
+            with T.If(n > 0), T.Then():
+                at = tirx.floormod(_ring_base(low) - 1, w.stages)
+                _call("ring_release", _bar(low, w.empty(j, at)))
+        retire_after_loop(low, waits, body, release_last if w.persistent else None)
     if w.pingpong:
         _call("turn_last")
     for rc in w.copies:

@@ -13,6 +13,7 @@ from tiled.errors import (
 )
 from tiled.jit import jit
 from tiled.lang.kernel import kernel
+from tiled.tuning import autotune
 
 __version__ = "0.1.0"
 
@@ -39,4 +40,4 @@ def compile(kernel_or_program, target: str = "cpu", *, cache: bool = True, **opt
 
 
 __all__ = ["CompileError", "KernelDefinitionError", "LaunchError", "TiledError", "VerifyError",
-           "__version__", "compile", "jit", "kernel"]
+           "__version__", "autotune", "compile", "jit", "kernel"]

@@ -36,6 +36,13 @@ def _size(text: str) -> int:
     return int(t)
 
 
+def _autotune_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in ("on", "cached", "off"):
+        raise ValueError(f"expected on, cached or off, got {text!r}")
+    return mode
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -96,6 +103,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "largest blob written to Redis; an entry with a larger blob stays local"),
     Setting("redis_timeout_seconds", float, lambda: 0.1,
             "Redis connect and read timeout; a slow or dead Redis is skipped, never waited on"),
+    Setting("autotune", _autotune_mode, lambda: "on",
+            "tiled.autotune: 'on' (tune on a cache miss), 'cached' (use a recorded winner, "
+            "else the first config, never time), 'off' (always the first config)"),
 ]}
 
 _local = threading.local()

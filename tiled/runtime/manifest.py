@@ -324,7 +324,8 @@ def _check_tensor_map(ka: KernelArg, p: Param, k: int, where: str) -> None:
 _REQUIRED = ("manifest_version", "name", "program_digest", "target", "backend", "arch",
              "artifact_format", "artifact_sha256", "symbol", "params")
 _OPTIONAL = {"kernel_args": [], "grid": [1, 1, 1], "block": [1, 1, 1], "dynamic_smem_bytes": 0,
-             "cluster": [1, 1, 1], "action": None, "requires": [], "fallback": None}
+             "cluster": [1, 1, 1], "action": None, "requires": [], "fallback": None,
+             "notes": None}
 # The launch fields a fallback variant replaces (it shares the artifact and the params).
 _FALLBACK_FIELDS = ("symbol", "kernel_args", "grid", "block", "dynamic_smem_bytes", "cluster")
 _ACTION_FIELDS = {"v", "program", "target", "options", "toolchain", "namespace"}
@@ -372,6 +373,9 @@ class Manifest:
     # another kernel in the same artifact), or refuses the call when there is none.
     requires: tuple[Expr, ...] = ()
     fallback: dict | None = field(default=None, hash=False)
+    # What a tool records beside the kernel (a JSON object; tiled.autotune: the tuning record
+    # and the winning config). The launch never reads it.
+    notes: dict | None = field(default=None, compare=False, hash=False)
     manifest_version: int = MANIFEST_VERSION
     _dims: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -464,6 +468,8 @@ class Manifest:
             if unknown:
                 raise _fail(f"requires[{j}]", f"uses {sorted(unknown)}, which no tensor "
                             f"parameter binds (dims: {', '.join(dims) or 'none'})")
+        if self.notes is not None and not isinstance(self.notes, dict):
+            raise _fail("notes", f"expected an object, got {type(self.notes).__name__}")
         if self.fallback is not None and (not isinstance(self.fallback, dict) or
                                           set(self.fallback) != set(_FALLBACK_FIELDS)):
             raise _fail("fallback", f"expected an object with the fields "
@@ -495,6 +501,7 @@ class Manifest:
             **({"action": self.action} if self.action is not None else {}),
             **({"requires": [_expr_json(e) for e in self.requires]} if self.requires else {}),
             **({"fallback": self.fallback} if self.fallback is not None else {}),
+            **({"notes": self.notes} if self.notes is not None else {}),
         }
 
     def to_json(self) -> str:

@@ -1,0 +1,135 @@
+"""tiled.autotune on the cpu target: candidates compiled, checked against the first correct
+one and timed; the winner recorded in the kernel cache and reused without timing."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tiled
+import tiled.lang as T
+from tiled import config, tuning
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stats():
+    for k in tuning.STATS:
+        tuning.STATS[k] = 0
+    tuning._CACHES.clear()
+    yield
+    tuning._CACHES.clear()
+
+
+def _scale_factory(configs, **kw):
+    """Y = 2 X in row blocks of `bm`; `wrong=True` writes 3 X (and `half=True` only the
+    first half of the rows: less work, so faster, and wrong)."""
+    @tiled.autotune(configs=configs, key=["M", "N"], warmup_ms=2, rep_ms=10, **kw)
+    def scale(M, N, bm=16, wrong=False, half=False, fail=False):
+        if fail:
+            raise ValueError("this config is refused")
+        factor = 3.0 if wrong else 2.0
+        rows = M // 2 if half else M
+
+        @tiled.kernel
+        def k(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M, N), "float32")):
+            with T.Kernel(T.ceildiv(rows, bm), threads=128) as bx:
+                for i, j in T.Parallel(bm, N):
+                    Y[bx * bm + i, j] = X[bx * bm + i, j] * factor
+        return k
+    return scale
+
+
+def test_tunes_once_records_and_never_chooses_a_wrong_or_failing_config():
+    scale = _scale_factory([{"bm": 16}, {"bm": 64, "half": True}, {"bm": 32, "fail": True},
+                            {"bm": 64}])
+    tuned = scale(256, 128)
+    by_index = {c.index: c for c in tuned.candidates}
+    assert "wrong result" in by_index[1].skipped
+    assert "refused" in by_index[2].skipped
+    assert by_index[0].us > 0 and by_index[3].us > 0
+    assert tuned.config in ({"bm": 16}, {"bm": 64}) and not tuned.from_record
+    assert tuning.STATS["tunings"] == 1 and tuning.STATS["candidates_timed"] == 2
+    x = np.random.default_rng(1).standard_normal((256, 128)).astype(np.float32)
+    y = np.zeros_like(x)
+    tuned(x, y)
+    np.testing.assert_allclose(y, 2 * x)
+    assert scale(256, 128) is tuned  # memoized per shape in the process
+
+    again = _scale_factory([{"bm": 16}, {"bm": 64, "half": True}, {"bm": 32, "fail": True},
+                            {"bm": 64}])(256, 128)  # a new decorator: only the record is shared
+    assert again.from_record and again.config == tuned.config
+    assert tuning.STATS["tunings"] == 1 and tuning.STATS["record_hits"] == 1
+
+
+def test_a_second_process_takes_the_winner_from_the_cache_without_timing(tmp_path):
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parents[1])!r})
+        from tests.test_autotune import _scale_factory
+        from tiled import tuning
+        tuned = _scale_factory([{{"bm": 16}}, {{"bm": 64}}])(128, 64)
+        print(json.dumps({{"config": tuned.config, "from_record": tuned.from_record,
+                          **tuning.STATS}}))
+    """)
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=300, check=True) for _ in range(2)]
+    first, second = (__import__("json").loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert first["tunings"] == 1 and first["candidates_timed"] == 2 and not first["from_record"]
+    assert second["tunings"] == 0 and second["candidates_timed"] == 0
+    assert second["record_hits"] == 1 and second["from_record"]
+    assert second["config"] == first["config"]
+
+
+def test_modes_off_and_cached_take_the_first_config_without_timing():
+    scale = _scale_factory([{"bm": 32}, {"bm": 16}])
+    with config.override(autotune="off"):
+        assert scale(64, 32).config == {"bm": 32}
+    scale = _scale_factory([{"bm": 32}, {"bm": 16}])
+    with config.override(autotune="cached"):
+        assert scale(64, 32).config == {"bm": 32}
+    assert tuning.STATS["tunings"] == 0 and tuning.STATS["first_config"] == 2
+
+
+def test_a_bucket_is_tuned_once_and_each_shape_gets_its_own_kernel():
+    scale = _scale_factory([{"bm": 16}, {"bm": 32}],
+                           bucket=lambda M, N: (1 << (M - 1).bit_length(), N))
+    a, b = scale(100, 32), scale(128, 32)
+    assert tuning.STATS["tunings"] == 1 and a.config == b.config
+    assert a.manifest.params[0].shape == (100, 32) and b.manifest.params[0].shape == (128, 32)
+
+
+def test_a_changed_config_space_or_a_broken_record_tunes_again():
+    from dataclasses import replace
+
+    from tiled.cache.entry import Entry
+    from tiled.runtime.manifest import Manifest
+
+    scale = _scale_factory([{"bm": 16}, {"bm": 32}])
+    scale(64, 32)
+    _scale_factory([{"bm": 16}, {"bm": 32}, {"bm": 64}])(64, 32)  # another space: its own key
+    assert tuning.STATS["tunings"] == 2 and tuning.STATS["record_hits"] == 0
+
+    cache = tuning._cache()
+    (key,) = [k for k in cache.tiers[-1].keys()
+              if (Manifest.from_json(cache.get(k).manifest).notes or {}).get("tiled.autotune")
+              and len(Manifest.from_json(cache.get(k).manifest).notes["tiled.autotune"]["us"])
+              == 2]
+    entry = cache.get(key)
+    m = Manifest.from_json(entry.manifest)
+    notes = {"tiled.autotune": {**m.notes["tiled.autotune"], "config": {"bm": 999}}}
+    for tier in cache.tiers:
+        tier.delete(key)
+    cache.put(Entry(key, replace(m, notes=notes).to_json().encode(), entry.blobs))
+    again = _scale_factory([{"bm": 16}, {"bm": 32}])(64, 32)
+    assert not again.from_record and tuning.STATS["tunings"] == 3
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="at least one config"):
+        tiled.autotune(configs=[], key=["M"])
+    with pytest.raises(ValueError, match="key 'Q' is not an argument"):
+        tiled.autotune(configs=[{}], key=["Q"])(lambda M: None)
+    with pytest.raises(ValueError, match="no config builds"):
+        _scale_factory([{"fail": True}])(64, 32)

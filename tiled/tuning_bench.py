@@ -1,0 +1,267 @@
+"""What tiled.autotune does to its candidates: compile them in parallel, then check and time
+them on the caller's device. Split from tiled.tuning (the choosing and the record)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from tiled import config
+
+log = logging.getLogger("tiled.autotune")
+
+L2_FLUSH_BYTES = 256 << 20  # what triton.testing.do_bench zeroes before each timed run
+COMPILE_TIMEOUT_S = 600.0
+
+
+def compile_all(cands, target: str, options: dict, progress) -> None:
+    """Sets each candidate's `compiled`, or `skipped` with the compile's error. With a daemon
+    configured its compile requests go out together (the daemon's pool runs them side by
+    side); else the cache misses compile in a local pool of worker processes first."""
+    import tiled
+
+    if not config.get("server") and len(cands) > 1:
+        _precompile_locally(cands, target, options)
+    done = [0]
+
+    def one(c):
+        try:
+            c.compiled = tiled.compile(c.kernel_ir, target=target, **options)
+        except Exception as e:  # a candidate that does not compile is skipped
+            c.skipped = f"compile failed: {type(e).__name__}: {e}"
+        done[0] += 1
+        progress.update("compiled", done[0])
+
+    for c in cands:
+        from tiled.tuning import _kernel_of
+
+        c.kernel_ir = _kernel_of(c.kernel)
+    if not config.get("server"):  # cache hits now: in this thread (config overrides hold)
+        for c in cands:
+            one(c)
+        return
+    with ThreadPoolExecutor(max_workers=min(len(cands), 16)) as ex:
+        list(ex.map(one, cands))
+
+
+def _precompile_locally(cands, target: str, options: dict) -> None:
+    """Compiles the candidates the local cache lacks in worker processes (tiled.server.pool:
+    each its own process group, time-limited) and stores them, so that the serial
+    tiled.compile after is a cache hit. A failure here is left for that compile to report."""
+    from tiled.cache.entry import Entry, sha256_hex
+    from tiled.compiler.action import action_of
+    from tiled.compiler.cached import default_cache
+    from tiled.compiler.registry import parse_target
+    from tiled.errors import CacheWriteError
+    from tiled.ir import verify
+    from tiled.ir.program import as_program
+    from tiled.server.pool import CompilePool
+    from tiled.server.worker import decode, encode
+
+    cache, tgt = default_cache(), parse_target(target)
+    misses = []
+    for c in cands:
+        try:
+            program = as_program(c.kernel_ir)
+            verify(program)
+            action = action_of(program.digest, tgt, options)
+        except Exception:  # reported by the serial compile
+            continue
+        if not cache.contains(action.hex):
+            misses.append((program, action))
+    if len(misses) < 2:
+        return
+    workers = min(len(misses), len(os.sched_getaffinity(0)))
+    pool = CompilePool(workers=workers, timeout_s=COMPILE_TIMEOUT_S)
+    try:
+        jobs = [(action, pool.submit(action.hex, "tiled.server.worker:compile_job",
+                                     encode({"target": str(tgt), "options": options,
+                                             "action": action.record}, program.to_bytes())))
+                for program, action in misses]
+        for action, job in jobs:
+            try:
+                header, artifact = decode(job.result())
+            except Exception as e:
+                log.info("autotune: a candidate failed in the compile pool: %s", e)
+                continue
+            try:
+                cache.put(Entry(action.hex, header["manifest"].encode(),
+                                {sha256_hex(artifact): artifact}))
+            except CacheWriteError as e:
+                log.warning("autotune: could not store a compiled candidate: %s", e)
+    finally:
+        pool.shutdown()
+
+
+def check_and_time(cands, bound, target: str, tuner, progress) -> None:
+    """Runs every compiled candidate on the same inputs, skips those whose outputs differ from
+    the first correct one's, and times the rest (`us`)."""
+    live = [c for c in cands if c.skipped is None]
+    if not live:
+        return
+    pristine = (list(tuner.inputs(*bound.args, **bound.kwargs)) if tuner.inputs else
+                random_inputs(live[0].compiled.manifest, target))
+    ref = None
+    for i, c in enumerate(live):
+        args = [_clone(a) for a in pristine]
+        try:
+            c.compiled(*args)
+            _sync(target)
+            out = [_host(a) for a in args]
+        except Exception as e:  # a launch that fails skips the candidate
+            c.skipped = f"launch failed: {type(e).__name__}: {e}"
+            continue
+        if ref is None:
+            if any(_has_nan(o) and not _has_nan(_host(p)) for o, p in zip(out, pristine,
+                                                                           strict=True)):
+                c.skipped = "its outputs hold NaN"
+                continue
+            ref = out
+        else:
+            problem = _differs(out, ref, tuner.tolerance)
+            if problem:
+                c.skipped = f"wrong result: {problem} (against config #{live[0].index})"
+                continue
+        c.us = _time(lambda c=c, args=args: c.compiled(*args), target, tuner.warmup_ms,
+                     tuner.rep_ms)
+        progress.update("timed", i + 1)
+
+
+def random_inputs(manifest, target: str) -> list:
+    """Arguments for a kernel from its manifest: random tensors of the params' shapes and
+    dtypes (torch on the target's device when torch is there, else numpy on cpu)."""
+    import numpy as np
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if target != "cpu" and torch is None:
+        raise ValueError("timing on a GPU needs torch")
+    rng = np.random.default_rng(0)
+    out = []
+    for p in manifest.params:
+        if p.kind != "tensor":
+            raise ValueError(f"{manifest.name}: scalar parameter {p.name}: pass inputs= to "
+                             "tiled.autotune")
+        if any(isinstance(d, str) for d in p.shape):
+            raise ValueError(f"{manifest.name}: {p.name} has symbolic dims {list(p.shape)}: "
+                             "pass inputs= to tiled.autotune")
+        shape = tuple(p.shape)
+        if p.dtype.startswith(("int", "uint")):
+            lo = 0 if p.dtype.startswith("u") else -8
+            data = rng.integers(lo, 8, size=shape)
+        elif p.dtype == "bool":
+            data = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            data = rng.standard_normal(shape).astype(np.float32)
+        if torch is not None:
+            from tiled.jit import _torch_dtype
+
+            t = torch.from_numpy(np.ascontiguousarray(data))
+            out.append(t.to(device="cpu" if target == "cpu" else "cuda",
+                            dtype=_torch_dtype(torch, p.dtype)))
+        else:
+            from tiled.jit import _numpy_dtype
+
+            out.append(data.astype(_numpy_dtype(np, p.dtype)))
+    return out
+
+
+def _is_torch(a) -> bool:
+    return type(a).__module__.startswith("torch")
+
+
+def _clone(a):
+    if _is_torch(a):
+        return a.clone()
+    return a.copy() if hasattr(a, "copy") else a
+
+
+def _host(a):
+    """A float64 numpy copy of a tensor argument (None for a scalar)."""
+    import numpy as np
+
+    if _is_torch(a):
+        import torch
+
+        return a.detach().to("cpu").to(torch.float64).numpy()
+    if hasattr(a, "dtype"):
+        return np.asarray(a, dtype=np.float64)
+    return None
+
+
+def _has_nan(x) -> bool:
+    import numpy as np
+
+    return x is not None and bool(np.isnan(x).any())
+
+
+def _differs(out, ref, tolerance: float | None) -> str | None:
+    import numpy as np
+
+    for i, (o, r) in enumerate(zip(out, ref, strict=True)):
+        if o is None:
+            continue
+        if np.isnan(o).any() != np.isnan(r).any():
+            return f"argument {i} holds NaN where the reference does not (or not)"
+        o, r = np.nan_to_num(o), np.nan_to_num(r)
+        scale = float(np.linalg.norm(r)) or 1.0
+        err = float(np.linalg.norm(o - r)) / scale
+        tol = tolerance if tolerance is not None else 2e-2
+        if err > tol:
+            return f"argument {i} relative error {err:.2e} > {tol:.0e}"
+    return None
+
+
+def _sync(target: str) -> None:
+    if target != "cpu":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _time(fn, target: str, warmup_ms: float, rep_ms: float) -> float:
+    """Median microseconds of one call: warm-up for about `warmup_ms`, then runs for about
+    `rep_ms` (at least 5), each after an L2 flush on CUDA."""
+    if target == "cpu":
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        est = max(time.perf_counter() - t0, 1e-7)
+        for _ in range(max(1, int(warmup_ms / 1e3 / est))):
+            fn()
+        samples = []
+        for _ in range(max(5, int(rep_ms / 1e3 / est))):
+            t = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t)
+        return statistics.median(samples) * 1e6
+    import torch
+
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 5, 1e-4)  # ms, flush included
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    n = max(5, int(rep_ms / est))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for s, e in zip(starts, ends, strict=True):
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) * 1e3

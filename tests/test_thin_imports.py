@@ -6,7 +6,8 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["tiled", "tiled.lang", "tiled.ir", "tiled.runtime"])
+@pytest.mark.parametrize("module", ["tiled", "tiled.lang", "tiled.ir", "tiled.runtime", "tiled.ops",
+                                    "tiled.tuning"])
 def test_thin_module_does_not_import_tvm(module):
     code = (f"import sys, {module}\n"
             "bad = sorted(m for m in sys.modules if m == 'tvm' or m.startswith('tvm.'))\n"

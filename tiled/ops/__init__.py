@@ -1,0 +1,244 @@
+"""`tiled.ops`: the serving kernels, written in the DSL (tiled.ops.kernels), as plain functions
+over torch tensors with vLLM's argument conventions:
+
+    rms_norm(x, weight, eps)                  -> out
+    fused_add_rms_norm(x, residual, weight, eps)   in place: residual += x; x = rms_norm(residual)
+    layer_norm(x, weight, bias, eps)          -> out (weight / bias may be None)
+    silu_and_mul(x)                           -> silu(x[..., :d]) * x[..., d:]
+    gelu_and_mul(x, approximate="none")       -> gelu(x[..., :d]) * x[..., d:] ("tanh" too)
+    softmax(x, dim=-1)                        -> out
+    rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)   in place
+
+Each op compiles its kernel on the first call for a (hidden size, dtype, device) and keeps it
+(the token count is symbolic: one compile serves every batch), through `tiled.compile`, so the
+daemon when TILED_SERVER is set, else this process with the kernel cache. CUDA tensors run on
+the local GPU, on torch's current stream; CPU tensors through the cpu target. Inside a CUDA
+graph capture nothing compiles: an op whose kernel is not compiled yet raises (call it once
+before capturing). Importing tiled.ops also registers each op as `torch.ops.tiled.<name>`
+(tiled.ops.torch_lib). Never imports TVM.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from tiled.ops import kernels as _k
+
+_KERNELS: dict[tuple, object] = {}
+_LOCK = threading.Lock()
+_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _dtype(t, op: str) -> str:
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise TypeError(f"tiled.ops.{op}: dtype {name} is not supported (one of "
+                        f"{', '.join(_DTYPES)})")
+    return name
+
+
+def _target(t) -> str:
+    if t.device.type == "cpu":
+        return "cpu"
+    if t.device.type == "cuda":
+        from tiled.jit import _local_cuda_target
+
+        return _local_cuda_target(t)
+    raise TypeError(f"tiled.ops: tensors on {t.device} are not supported (cpu or cuda)")
+
+
+def _capturing(t) -> bool:
+    if t.device.type != "cuda":
+        return False
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
+def _kernel(op: str, like, factory: Callable, **params):
+    """The compiled kernel of factory(**params) for `like`'s device, compiled once."""
+    target = _target(like)
+    key = (op, target, like.device.index, tuple(sorted(params.items())))
+    k = _KERNELS.get(key)
+    if k is not None:
+        return k
+    if _capturing(like):
+        raise RuntimeError(f"tiled.ops.{op}: its kernel for {params} is not compiled yet and "
+                           "a CUDA graph is being captured; call the op once before capturing")
+    import tiled
+
+    compiled = tiled.compile(factory(**params, **_launch_config(op, target)), target=target)
+    with _LOCK:
+        return _KERNELS.setdefault(key, compiled)
+
+
+def _launch_config(op: str, target: str) -> dict:
+    """Rows per block and threads: one row per 128-thread block on CUDA (the conformance
+    suite's rms_norm at N = 4096 ran at 1.06x F.rms_norm so), four rows on the CPU."""
+    if op in ("gated_activation", "rotary_embedding"):
+        return {}
+    return {"blk_m": 4} if target == "cpu" else {"blk_m": 1, "threads": 128}
+
+
+def _rows(x, op: str):
+    """x as a [M, N] view (N: the last dim); raises for a layout that has none."""
+    if x.dim() == 0:
+        raise ValueError(f"tiled.ops.{op}: x must have at least one dimension")
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:
+        raise ValueError(f"tiled.ops.{op}: x of shape {tuple(x.shape)} and strides "
+                         f"{x.stride()} has no [tokens, hidden] view; pass a contiguous "
+                         "tensor") from None
+
+
+def _check_vector(w, n: int, x, op: str, name: str):
+    if w.shape != (n,):
+        raise ValueError(f"tiled.ops.{op}: {name} has shape {tuple(w.shape)}, expected ({n},)")
+    if w.dtype != x.dtype or w.device != x.device:
+        raise ValueError(f"tiled.ops.{op}: {name} is {w.dtype} on {w.device}, x is {x.dtype} "
+                         f"on {x.device}")
+    return w.contiguous()
+
+
+def rms_norm(x, weight, eps: float = 1e-6):
+    """x / sqrt(mean(x^2, -1) + eps) * weight, as F.rms_norm(x, (d,), weight, eps)."""
+    x2 = _rows(x.contiguous(), "rms_norm")
+    n = x2.shape[1]
+    w = _check_vector(weight, n, x, "rms_norm", "weight")
+    out = x2.new_empty(x2.shape)
+    _kernel("rms_norm", x, _k.rms_norm, N=n, dtype=_dtype(x, "rms_norm"),
+            eps=float(eps))(x2, w, out)
+    return out.view(x.shape)
+
+
+def fused_add_rms_norm(x, residual, weight, eps: float = 1e-6) -> None:
+    """In place, as vLLM's fused_add_rms_norm: residual += x, then x = rms_norm(residual) *
+    weight. Both must be contiguous tensors of one shape and dtype."""
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"tiled.ops.fused_add_rms_norm: residual is {tuple(residual.shape)} "
+                         f"{residual.dtype}, x is {tuple(x.shape)} {x.dtype}")
+    if not (x.is_contiguous() and residual.is_contiguous()):
+        raise ValueError("tiled.ops.fused_add_rms_norm: x and residual must be contiguous "
+                         "(it writes them in place)")
+    x2, r2 = _rows(x, "fused_add_rms_norm"), _rows(residual, "fused_add_rms_norm")
+    n = x2.shape[1]
+    w = _check_vector(weight, n, x, "fused_add_rms_norm", "weight")
+    _kernel("fused_add_rms_norm", x, _k.fused_add_rms_norm, N=n,
+            dtype=_dtype(x, "fused_add_rms_norm"), eps=float(eps))(x2, r2, w)
+
+
+_ONES: dict[tuple, object] = {}
+
+
+def _constant_vector(x, n: int, value: float):
+    key = (x.device, x.dtype, n, value)
+    v = _ONES.get(key)
+    if v is None:
+        if _capturing(x):
+            raise RuntimeError("tiled.ops.layer_norm: call it once before capturing a graph")
+        v = _ONES.setdefault(key, x.new_full((n,), value))
+    return v
+
+
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
+    """F.layer_norm(x, (d,), weight, bias, eps) over the last dim."""
+    x2 = _rows(x.contiguous(), "layer_norm")
+    n = x2.shape[1]
+    affine = weight is not None or bias is not None
+    w = _check_vector(weight, n, x, "layer_norm", "weight") if weight is not None else \
+        _constant_vector(x, n, 1.0)
+    b = _check_vector(bias, n, x, "layer_norm", "bias") if bias is not None else \
+        _constant_vector(x, n, 0.0)
+    out = x2.new_empty(x2.shape)
+    _kernel("layer_norm", x, _k.layer_norm, N=n, dtype=_dtype(x, "layer_norm"),
+            eps=float(eps), affine=affine)(x2, w, b, out)
+    return out.view(x.shape)
+
+
+def _gated(x, act: str, op: str):
+    x2 = _rows(x.contiguous(), op)
+    if x2.shape[1] % 2:
+        raise ValueError(f"tiled.ops.{op}: the last dim ({x2.shape[1]}) must be even")
+    d = x2.shape[1] // 2
+    out = x2.new_empty((x2.shape[0], d))
+    _kernel("gated_activation", x, _k.gated_activation, N=d, dtype=_dtype(x, op),
+            act=act)(x2, out)
+    return out.view(*x.shape[:-1], d)
+
+
+def silu_and_mul(x):
+    """silu(x[..., :d]) * x[..., d:] for x [..., 2d] (vLLM's SiluAndMul)."""
+    return _gated(x, "silu", "silu_and_mul")
+
+
+def gelu_and_mul(x, approximate: str = "none"):
+    """gelu(x[..., :d], approximate) * x[..., d:] (vLLM's GeluAndMul): "none" (erf) or
+    "tanh"."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"tiled.ops.gelu_and_mul: approximate={approximate!r}, expected "
+                         "'none' or 'tanh'")
+    return _gated(x, "gelu" if approximate == "none" else "gelu_tanh", "gelu_and_mul")
+
+
+def softmax(x, dim: int = -1):
+    """torch.softmax(x, dim) for the last dim."""
+    if dim not in (-1, x.dim() - 1):
+        raise ValueError(f"tiled.ops.softmax: only the last dim is supported, got dim={dim}")
+    x2 = _rows(x.contiguous(), "softmax")
+    out = x2.new_empty(x2.shape)
+    _kernel("softmax", x, _k.softmax, N=x2.shape[1], dtype=_dtype(x, "softmax"))(x2, out)
+    return out.view(x.shape)
+
+
+def rotary_embedding(positions, query, key, head_size: int, cos_sin_cache,
+                     is_neox: bool = True) -> None:
+    """In place on query [T, heads * head_size] (or [T, heads, head_size]) and key (the same
+    with its own head count), as vLLM's rotary_embedding: the first rot_dim =
+    cos_sin_cache.shape[1] lanes of each head rotated by positions' angles; cos_sin_cache
+    [max_position, rot_dim] holds cos in its first half, sin in its second."""
+    op = "rotary_embedding"
+    if key is None:
+        raise ValueError(f"tiled.ops.{op}: key=None is not supported yet")
+    t = positions.numel()
+    for name, v in (("query", query), ("key", key)):
+        if not v.is_contiguous() or v.numel() % max(1, t * head_size):
+            raise ValueError(f"tiled.ops.{op}: {name} of shape {tuple(v.shape)} is not a "
+                             f"contiguous [{t}, heads * {head_size}] tensor")
+    if query.dtype != key.dtype:
+        raise ValueError(f"tiled.ops.{op}: query is {query.dtype}, key {key.dtype}")
+    rot_dim = cos_sin_cache.shape[-1]
+    if cos_sin_cache.dim() != 2 or rot_dim % 2 or rot_dim > head_size:
+        raise ValueError(f"tiled.ops.{op}: cos_sin_cache of shape {tuple(cos_sin_cache.shape)} "
+                         f"is not [max_position, rot_dim] with an even rot_dim <= {head_size}")
+    if t == 0:
+        return
+    heads, kv_heads = query.numel() // (t * head_size), key.numel() // (t * head_size)
+    pos = positions.reshape(t)
+    if str(pos.dtype) != "torch.int64":
+        pos = pos.long()
+    _kernel(op, query, _k.rotary, heads=heads, kv_heads=kv_heads, head_size=head_size,
+            rot_dim=rot_dim, dtype=_dtype(query, op),
+            cache_dtype=_dtype(cos_sin_cache, op), is_neox=bool(is_neox))(
+        pos.contiguous(), query.view(t, heads * head_size), key.view(t, kv_heads * head_size),
+        cos_sin_cache.contiguous())
+
+
+def compiled_kernels() -> int:
+    """How many kernels the ops hold compiled in this process."""
+    return len(_KERNELS)
+
+
+def _register_torch_ops() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    from tiled.ops import torch_lib  # noqa: F401 - registers torch.ops.tiled.*
+
+
+_register_torch_ops()
+
+__all__ = ["compiled_kernels", "fused_add_rms_norm", "gelu_and_mul", "layer_norm", "rms_norm",
+           "rotary_embedding", "silu_and_mul", "softmax"]

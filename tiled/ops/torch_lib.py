@@ -1,0 +1,87 @@
+"""tiled.ops as torch.library custom ops (`torch.ops.tiled.<name>`), each with a fake
+(meta) implementation, so that torch.compile(fullgraph=True, dynamic=True) traces through them
+and CUDA graphs capture them (after one eager call has compiled the kernel). Registered once,
+when tiled.ops is imported with torch installed."""
+
+from __future__ import annotations
+
+import torch
+
+import tiled.ops as ops
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("tiled::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return ops.rms_norm(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("tiled::fused_add_rms_norm", mutates_args=("x", "residual"))
+def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> None:
+    ops.fused_add_rms_norm(x, residual, weight, eps)
+
+
+@fused_add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    return None
+
+
+@torch.library.custom_op("tiled::layer_norm", mutates_args=())
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    return ops.layer_norm(x, weight, bias, eps)
+
+
+@layer_norm.register_fake
+def _(x, weight, bias, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _gated_fake(x):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op("tiled::silu_and_mul", mutates_args=())
+def silu_and_mul(x: Tensor) -> Tensor:
+    return ops.silu_and_mul(x)
+
+
+@silu_and_mul.register_fake
+def _(x):
+    return _gated_fake(x)
+
+
+@torch.library.custom_op("tiled::gelu_and_mul", mutates_args=())
+def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
+    return ops.gelu_and_mul(x, approximate)
+
+
+@gelu_and_mul.register_fake
+def _(x, approximate="none"):
+    return _gated_fake(x)
+
+
+@torch.library.custom_op("tiled::softmax", mutates_args=())
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    return ops.softmax(x, dim)
+
+
+@softmax.register_fake
+def _(x, dim=-1):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("tiled::rotary_embedding", mutates_args=("query", "key"))
+def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, head_size: int,
+                     cos_sin_cache: Tensor, is_neox: bool) -> None:
+    ops.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@rotary_embedding.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, is_neox):
+    return None

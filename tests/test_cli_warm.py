@@ -135,3 +135,40 @@ kernels:
     assert [i for r in runs for i in r] == items
     assert chunks(items, limit=1) == [[i] for i in items]  # one too large still travels
     assert len(chunks(items)) == 1
+
+
+TUNED = '''
+import tiled
+import tiled.lang as T
+
+
+@tiled.autotune(configs=[{"bm": 16}, {"bm": 32}], key=["M", "N"], warmup_ms=1, rep_ms=5)
+def scale(M, N, bm=16):
+    @tiled.kernel
+    def k(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(M, bm), threads=128) as bx:
+            for i, j in T.Parallel(bm, N):
+                Y[bx * bm + i, j] = X[bx * bm + i, j] * 2.0
+    return k
+'''
+
+
+def test_an_autotuned_entry_warms_every_config_then_tunes_here_once(daemon, tmp_path):
+    (tmp_path / "tuned.py").write_text(TUNED)
+    manifest = write_yaml(tmp_path, """
+kernels:
+  - kernel: tuned.py:scale
+    shapes: [{M: 64, N: 32}]
+targets: [cpu]
+""")
+    first = tiled_cli("warm", str(manifest), env=daemon["env"])
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "2 requests: 0 cache hits, 2 compiled, 0 failed" in first.stdout
+    assert "tuned kernels[0] tuned.py:scale(M=64, N=32): config {'bm': " in first.stdout
+    assert "timed 2 candidates" in first.stdout
+    second = tiled_cli("warm", str(manifest), env=daemon["env"])
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "2 requests: 2 cache hits, 0 compiled, 0 failed" in second.stdout
+    assert "recorded before" in second.stdout
+    chosen = [line for line in first.stdout.splitlines() if line.startswith("tuned ")]
+    assert chosen[0].split("config ")[1].split(" (")[0] in second.stdout

@@ -1,6 +1,8 @@
 """`tiled warm MANIFEST`: compile a deployment's kernels on the daemon ahead of time.
 
-A warm manifest (YAML or JSON) lists the kernels a deployment launches:
+A warm manifest (YAML or JSON) lists the kernels a deployment launches (a NAME that is a
+`@tiled.autotune` factory sends every config's request, then tunes here, on this host's
+device, recording the winner in the kernel cache):
 
     kernels:
       - kernel: examples/gemm.py:matmul      # FILE.py:NAME, relative to the manifest's folder
@@ -52,6 +54,7 @@ class Item:
     target: str
     options: dict
     request: Any = field(repr=False)  # compile_pb2.CompileRequest
+    tune: Any = field(default=None, repr=False)  # (Autotuner, args, spec): tune after warm
 
     def label(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in self.args.items())
@@ -169,6 +172,55 @@ class _Loader:
         return _trace(spec, lambda: kernel.ir)
 
 
+def _is_autotuned(obj) -> bool:
+    from tiled.tuning import Autotuner
+
+    return isinstance(obj, Autotuner)
+
+
+def _tuning_items(index: int, spec: str, tuner, variant: dict, targets: list[str]) -> list[Item]:
+    """One request per config of an autotuned factory and target (the daemon compiles them
+    all ahead); the first carries the tuning that runs here after the warm."""
+    from tiled.client.client import compile_request
+
+    try:
+        programs = tuner.candidate_programs(**variant)
+    except TypeError as e:
+        raise ValueError(f"bad args: {e}") from None
+    if not programs:
+        raise ValueError("no config of the autotuned factory builds for these args")
+    items = []
+    for t in targets:
+        for n, (i, _, program) in enumerate(programs):
+            items.append(Item(index, f"{spec}[config {i}]", variant, t, tuner.options,
+                              compile_request(program, t, tuner.options),
+                              tune=(tuner, variant, spec) if n == 0 and t == targets[0] else None))
+    return items
+
+
+def _tune(items: list[Item], address: str) -> list[tuple[Item, str, str]]:
+    """Runs the tunings the manifest's autotuned entries ask for, on this host's device,
+    compiling through the daemon at `address` (the warm made those compiles hits)."""
+    failures = []
+    for item in items:
+        if item.tune is None:
+            continue
+        tuner, variant, spec = item.tune
+        args = ", ".join(f"{k}={v}" for k, v in variant.items())
+        t0 = time.perf_counter()
+        try:
+            with config.override(server=address):
+                tuned = tuner(**variant)
+        except Exception as e:  # the tuning's own error is the message
+            failures.append((item, "TUNING", f"{type(e).__name__}: {e}"))
+            continue
+        how = "recorded before" if tuned.from_record else \
+            f"timed {sum(c.us is not None for c in tuned.candidates)} candidates"
+        print(f"tuned kernels[{item.index}] {spec}({args}): config {tuned.config} "
+              f"({how}, {time.perf_counter() - t0:.1f} s)", flush=True)
+    return failures
+
+
 def _trace(spec: str, fn):
     try:
         return fn()
@@ -221,6 +273,12 @@ def load_manifest(path: Path) -> list[Item]:
             obj = loader.attr(spec)
             for j, shape in enumerate(shapes):
                 variant = {**args, **_mapping(f"{where} shapes[{j}]", "shape", shape)}
+                if _is_autotuned(obj):
+                    if "options" in entry:
+                        raise ValueError(f"{where}: an autotuned factory's compile options "
+                                         "come from its @tiled.autotune, not `options`")
+                    items += _tuning_items(i, spec, obj, variant, targets)
+                    continue
                 try:
                     program = loader.build(obj, spec, variant)
                 except ValueError as e:
@@ -349,6 +407,7 @@ def cmd_warm(args) -> int:
     c = progress.counts
     print(f"{len(items)} requests: {c['hit']} cache hits, {c['compiled']} compiled, "
           f"{len(failures)} failed")
+    failures += _tune(items, address)
     for item, code, message in failures:
         print(f"FAILED {item.label()}\n  {code}: {message}".replace("\n", "\n  ").rstrip())
     return 1 if failures else 0

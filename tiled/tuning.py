@@ -18,13 +18,14 @@ name the tuning. On the first call for a key:
 
 1. every config's kernel is built at the key's (representative) shape; a factory that raises
    for a config skips it, logged with the reason;
-2. the candidates compile in parallel: through the daemon's Warm when TILED_SERVER is set,
-   else in a local pool of compile worker processes (tiled.server.pool), into the kernel
-   cache;
-3. each runs on the same inputs (random, from the kernel's signature, or `inputs(*args)`) on
-   the caller's device; one whose outputs differ from the first correct candidate's (relative
-   error above `tolerance`), that makes NaNs the first does not, or that fails to compile or
-   launch is skipped, logged with the reason, never chosen;
+2. the candidates compile in parallel: with TILED_SERVER set, through the daemon (their
+   requests sent together; its pool runs them side by side), else in a local pool of compile
+   worker processes (tiled.server.pool), into the kernel cache;
+3. each runs on the same inputs (random, from the kernel's signature, or `inputs(*args,
+   **config)`: each config's arguments, the same values) on the caller's device; one whose
+   outputs differ from the first correct candidate's (relative error above `tolerance`),
+   that makes NaNs, or that fails to compile or launch is skipped, logged with the reason,
+   never chosen;
 4. the others are timed as triton.testing.do_bench times (warm-up, then the median of
    `rep_ms` worth of runs, the L2 flushed before each run on CUDA);
 5. the winner is recorded in the kernel cache under a tuning key: the digest of the
@@ -175,6 +176,15 @@ class Autotuner:
                 self._tuned[exact] = tuned
             return tuned
 
+    def candidate_programs(self, *args, **kwargs) -> list[tuple[int, dict, Any]]:
+        """(config index, config, Program) of every config that builds at the call's bucket
+        shape: what a tuning of this call compiles (`tiled warm` sends them ahead)."""
+        bound = self._signature.bind_partial(*args, **kwargs)
+        values = tuple(bound.arguments[n] for n in self.key)
+        rep = tuple(self.bucket(*values)) if self.bucket else values
+        return [(c.index, c.config, _kernel_of(c.kernel).ir)
+                for c in self._build(self._with_key(bound, rep)) if c.skipped is None]
+
     # -- choosing ------------------------------------------------------------------------
 
     def _choose(self, bound, rep, target: str) -> tuple[dict, bool, list[Candidate]]:
@@ -241,20 +251,36 @@ class Autotuner:
         """(the tuning's action record, its key): the template is the digest of the
         candidates' programs and configs at the bucket's shape."""
         from tiled.cache.keys import ActionKey, canonical_json
-        from tiled.compiler.action import action_of
-        from tiled.compiler.registry import parse_target
 
         digests = [_kernel_of(c.kernel).ir.digest for c in built]
         template = hashlib.sha256(canonical_json(
             {"autotune": RECORD_VERSION, "candidates": digests,
              "configs": [c.config for c in built]})).hexdigest()
-        tgt = parse_target(target)
-        toolchain = action_of(digests[0], tgt, self.options).record["toolchain"]
+        tgt, toolchain = self._toolchain(built[0], target)
         key = ActionKey.build(template, tgt, {
             "tiled.autotune": {"key": dict(zip(self.key, _plain(rep), strict=True)),
                                "device": device_identity(target), "options": self.options}},
             toolchain, config.get("cache_namespace"))
         return key.record, key.hex
+
+    def _toolchain(self, first: Candidate, target: str) -> tuple[Any, str]:
+        """(the target as keys spell it, the toolchain digest): this process's compiler's, or
+        with a daemon configured the daemon's, read off its compile of the first candidate
+        (the client may have no compiler)."""
+        if config.get("server"):
+            import tiled
+
+            m = tiled.compile(_kernel_of(first.kernel), target=target, **self.options).manifest
+            if not m.action:
+                raise ValueError("the daemon's manifest carries no action record to take its "
+                                 "toolchain from")
+            return {"backend": m.backend, "arch": m.arch}, m.action["toolchain"]
+        from tiled.compiler.action import action_of
+        from tiled.compiler.registry import parse_target
+
+        tgt = parse_target(target)
+        return tgt, action_of(_kernel_of(first.kernel).ir.digest, tgt,
+                              self.options).record["toolchain"]
 
     def _recorded(self, tkey: str, record: dict) -> dict | None:
         """The recorded winner's config, when the cache holds a sound record for `tkey`."""

@@ -26,10 +26,12 @@ def compile_all(cands, target: str, options: dict, progress) -> None:
     if not config.get("server") and len(cands) > 1:
         _precompile_locally(cands, target, options)
     done = [0]
+    settings = {name: config.get(name) for name in config.SETTINGS}  # for the threads
 
     def one(c):
         try:
-            c.compiled = tiled.compile(c.kernel_ir, target=target, **options)
+            with config.override(**settings):
+                c.compiled = tiled.compile(c.kernel_ir, target=target, **options)
         except Exception as e:  # a candidate that does not compile is skipped
             c.skipped = f"compile failed: {type(e).__name__}: {e}"
         done[0] += 1
@@ -100,12 +102,16 @@ def check_and_time(cands, bound, target: str, tuner, progress) -> None:
     """Runs every compiled candidate on the same inputs, skips those whose outputs differ from
     the first correct one's, and times the rest (`us`)."""
     live = [c for c in cands if c.skipped is None]
-    if not live:
-        return
-    pristine = (list(tuner.inputs(*bound.args, **bound.kwargs)) if tuner.inputs else
-                random_inputs(live[0].compiled.manifest, target))
     ref = None
     for i, c in enumerate(live):
+        # Each candidate's own arguments (configs may differ in an output's dtype), the same
+        # values for all: `inputs` seeds its own generator, random_inputs always seeds 0.
+        try:
+            pristine = (list(tuner.inputs(*bound.args, **{**bound.kwargs, **c.config}))
+                        if tuner.inputs else random_inputs(c.compiled.manifest, target))
+        except Exception as e:  # no inputs for it: it cannot be checked, so not chosen
+            c.skipped = f"no inputs: {type(e).__name__}: {e}"
+            continue
         args = [_clone(a) for a in pristine]
         try:
             c.compiled(*args)
@@ -123,7 +129,7 @@ def check_and_time(cands, bound, target: str, tuner, progress) -> None:
         else:
             problem = _differs(out, ref, tuner.tolerance)
             if problem:
-                c.skipped = f"wrong result: {problem} (against config #{live[0].index})"
+                c.skipped = f"wrong result: {problem} (against the first correct config)"
                 continue
         c.us = _time(lambda c=c, args=args: c.compiled(*args), target, tuner.warmup_ms,
                      tuner.rep_ms)

@@ -21,7 +21,6 @@ before capturing). Importing tiled.ops also registers each op as `torch.ops.tile
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 from tiled.ops import kernels as _k
 
@@ -56,10 +55,11 @@ def _capturing(t) -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def _kernel(op: str, like, factory: Callable, **params):
-    """The compiled kernel of factory(**params) for `like`'s device, compiled once."""
+def _kernel(op: str, like, **params):
+    """The compiled kernel of factory(**params) for `like`'s device, compiled once (or the
+    one `install` gave for it)."""
     target = _target(like)
-    key = (op, target, like.device.index, tuple(sorted(params.items())))
+    key = (op, target, tuple(sorted(params.items())))
     k = _KERNELS.get(key)
     if k is not None:
         return k
@@ -68,7 +68,7 @@ def _kernel(op: str, like, factory: Callable, **params):
                            "a CUDA graph is being captured; call the op once before capturing")
     import tiled
 
-    compiled = tiled.compile(factory(**params, **_launch_config(op, target)), target=target)
+    compiled = tiled.compile(kernel_factory(op, target, **params), target=target)
     with _LOCK:
         return _KERNELS.setdefault(key, compiled)
 
@@ -108,7 +108,7 @@ def rms_norm(x, weight, eps: float = 1e-6):
     n = x2.shape[1]
     w = _check_vector(weight, n, x, "rms_norm", "weight")
     out = x2.new_empty(x2.shape)
-    _kernel("rms_norm", x, _k.rms_norm, N=n, dtype=_dtype(x, "rms_norm"),
+    _kernel("rms_norm", x, N=n, dtype=_dtype(x, "rms_norm"),
             eps=float(eps))(x2, w, out)
     return out.view(x.shape)
 
@@ -125,7 +125,7 @@ def fused_add_rms_norm(x, residual, weight, eps: float = 1e-6) -> None:
     x2, r2 = _rows(x, "fused_add_rms_norm"), _rows(residual, "fused_add_rms_norm")
     n = x2.shape[1]
     w = _check_vector(weight, n, x, "fused_add_rms_norm", "weight")
-    _kernel("fused_add_rms_norm", x, _k.fused_add_rms_norm, N=n,
+    _kernel("fused_add_rms_norm", x, N=n,
             dtype=_dtype(x, "fused_add_rms_norm"), eps=float(eps))(x2, r2, w)
 
 
@@ -152,7 +152,7 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
     b = _check_vector(bias, n, x, "layer_norm", "bias") if bias is not None else \
         _constant_vector(x, n, 0.0)
     out = x2.new_empty(x2.shape)
-    _kernel("layer_norm", x, _k.layer_norm, N=n, dtype=_dtype(x, "layer_norm"),
+    _kernel("layer_norm", x, N=n, dtype=_dtype(x, "layer_norm"),
             eps=float(eps), affine=affine)(x2, w, b, out)
     return out.view(x.shape)
 
@@ -163,7 +163,7 @@ def _gated(x, act: str, op: str):
         raise ValueError(f"tiled.ops.{op}: the last dim ({x2.shape[1]}) must be even")
     d = x2.shape[1] // 2
     out = x2.new_empty((x2.shape[0], d))
-    _kernel("gated_activation", x, _k.gated_activation, N=d, dtype=_dtype(x, op),
+    _kernel("gated_activation", x, N=d, dtype=_dtype(x, op),
             act=act)(x2, out)
     return out.view(*x.shape[:-1], d)
 
@@ -188,7 +188,7 @@ def softmax(x, dim: int = -1):
         raise ValueError(f"tiled.ops.softmax: only the last dim is supported, got dim={dim}")
     x2 = _rows(x.contiguous(), "softmax")
     out = x2.new_empty(x2.shape)
-    _kernel("softmax", x, _k.softmax, N=x2.shape[1], dtype=_dtype(x, "softmax"))(x2, out)
+    _kernel("softmax", x, N=x2.shape[1], dtype=_dtype(x, "softmax"))(x2, out)
     return out.view(x.shape)
 
 
@@ -218,11 +218,35 @@ def rotary_embedding(positions, query, key, head_size: int, cos_sin_cache,
     pos = positions.reshape(t)
     if str(pos.dtype) != "torch.int64":
         pos = pos.long()
-    _kernel(op, query, _k.rotary, heads=heads, kv_heads=kv_heads, head_size=head_size,
+    _kernel(op, query, heads=heads, kv_heads=kv_heads, head_size=head_size,
             rot_dim=rot_dim, dtype=_dtype(query, op),
             cache_dtype=_dtype(cos_sin_cache, op), is_neox=bool(is_neox))(
         pos.contiguous(), query.view(t, heads * head_size), key.view(t, kv_heads * head_size),
         cos_sin_cache.contiguous())
+
+
+def kernel_factory(op: str, target: str, **params):
+    """The DSL kernel op `op` compiles for `params` on `target` (with its launch config), for
+    building it ahead of time: a bundle for hosts without the compiler, see `install`."""
+    factories = {"rms_norm": _k.rms_norm, "fused_add_rms_norm": _k.fused_add_rms_norm,
+                 "layer_norm": _k.layer_norm, "gated_activation": _k.gated_activation,
+                 "softmax": _k.softmax, "rotary_embedding": _k.rotary}
+    if op not in factories:
+        raise ValueError(f"tiled.ops: no op {op!r} (one of {', '.join(factories)})")
+    return factories[op](**params, **_launch_config(op, target))
+
+
+def install(op: str, target: str, kernel, **params) -> None:
+    """Makes op `op` launch `kernel` (a loaded kernel, e.g. tiled.runtime.load of what
+    kernel_factory(op, target, **params) compiled to) for `params` on `target` instead of
+    compiling: how a host with neither the compiler nor a daemon runs the ops. Raises
+    ValueError when the kernel is not of that program."""
+    expected = kernel_factory(op, target, **params).ir.digest
+    if kernel.manifest.program_digest != expected:
+        raise ValueError(f"tiled.ops.install: the kernel ({kernel.manifest.name}) is not "
+                         f"{op} for {params}")
+    with _LOCK:
+        _KERNELS[(op, target, tuple(sorted(params.items())))] = kernel
 
 
 def compiled_kernels() -> int:
@@ -238,7 +262,10 @@ def _register_torch_ops() -> None:
     from tiled.ops import torch_lib  # noqa: F401 - registers torch.ops.tiled.*
 
 
+from tiled.ops.gemm import linear  # noqa: E402 - it imports the helpers above
+
 _register_torch_ops()
 
-__all__ = ["compiled_kernels", "fused_add_rms_norm", "gelu_and_mul", "layer_norm", "rms_norm",
-           "rotary_embedding", "silu_and_mul", "softmax"]
+__all__ = ["compiled_kernels", "fused_add_rms_norm", "gelu_and_mul", "install",
+           "kernel_factory", "layer_norm", "linear", "rms_norm", "rotary_embedding", "silu_and_mul",
+           "softmax"]

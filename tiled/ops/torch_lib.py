@@ -85,3 +85,14 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, head_size: i
 @rotary_embedding.register_fake
 def _(positions, query, key, head_size, cos_sin_cache, is_neox):
     return None
+
+
+@torch.library.custom_op("tiled::linear", mutates_args=())
+def linear(x: Tensor, w: Tensor, bias: Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> Tensor:
+    return ops.linear(x, w, bias, out_dtype)
+
+
+@linear.register_fake
+def _(x, w, bias=None, out_dtype=None):
+    return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype or x.dtype)

@@ -1,0 +1,240 @@
+"""tiled.ops' memory-bound serving ops on the H200 (issue 13's table): GB/s beside the torch op
+and beside a device copy of the same bytes, at M = 1, 16, 256, 4096, 32768 tokens and hidden
+sizes 4096 and 8192 (bf16); then a 4-layer stack of the ops captured in a CUDA graph and
+replayed, against the same stack run eagerly.
+
+Here (the CPU machine, with TVM): the ops' kernels compiled for sm_90a into a bundle
+    python benchmarks/gpu/ops.py build --out .gpu/ops
+There (device tool, carry=[".gpu"]; thin runtime only): tiled.ops.install takes each loaded
+kernel, then the ops run as a serving process calls them (torch tensors, current stream)
+    python3 benchmarks/gpu/ops.py run --bundle .gpu/ops --out $OUT/ops_h200.json
+
+Every call is captured GRAPH_CALLS times in a CUDA graph and the replay timed (do_bench,
+medians of ROUNDS interleaved rounds: op, torch, copy). Bytes counted: what the op must read
+and write (rms_norm 2 M N + N elements, fused_add_rms_norm 4 M N + N, silu_and_mul 3 M N for
+x [M, 2N], rotary the q and k lanes read and written). Written 2026-12-01 with no device
+time left in the session: not run yet.
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child, write_results
+from bundle_cli import graphed as graph_replay
+
+TARGET = "cuda:sm_90a"
+MS = (1, 16, 256, 4096, 32768)
+HIDDEN = (4096, 8192)
+DTYPE = "bfloat16"
+ROUNDS = 3
+GRAPH_CALLS = 20
+EPS = 1e-6
+ROPE = {"heads": 32, "kv_heads": 8, "head_size": 128, "rot_dim": 128}
+
+
+def specs():
+    """(name, op, params) of every kernel the run needs."""
+    out = []
+    for n in HIDDEN:
+        out += [(f"rms_norm_{n}", "rms_norm", {"N": n, "dtype": DTYPE, "eps": EPS}),
+                (f"fused_add_rms_norm_{n}", "fused_add_rms_norm",
+                 {"N": n, "dtype": DTYPE, "eps": EPS}),
+                (f"silu_and_mul_{n}", "gated_activation", {"N": n, "dtype": DTYPE,
+                                                           "act": "silu"})]
+    out.append(("rotary", "rotary_embedding", {**ROPE, "dtype": DTYPE,
+                                                "cache_dtype": DTYPE, "is_neox": True}))
+    return out
+
+
+def build(out: Path) -> None:
+    import tiled.ops as ops
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for name, op, params in specs():
+        compiled, seconds = compile_into(out, name, ops.kernel_factory(op, TARGET, **params),
+                                         TARGET)
+        index[name] = {"op": op, "params": params, "cold_compile_s": round(seconds, 3),
+                       "block": list(compiled.manifest.block)}
+        print(name, index[name], flush=True)
+    (out / "index.json").write_text(json.dumps({
+        "command": f"python benchmarks/gpu/ops.py build --out {out}", "machine": machine(),
+        "target": TARGET, "kernels": index}, indent=1))
+
+
+def install(bundle: Path) -> dict:
+    import tiled.ops as ops
+
+    index = json.loads((bundle / "index.json").read_text())
+    for name, meta in index["kernels"].items():
+        ops.install(meta["op"], TARGET, load_kernel(bundle, name), **meta["params"])
+    return index
+
+
+def smoke(bundle: Path) -> None:
+    import torch
+
+    import tiled.ops as ops
+
+    install(bundle)
+    for n in HIDDEN:
+        x = torch.randn(3, n, device="cuda", dtype=torch.bfloat16)
+        ops.rms_norm(x, torch.ones(n, device="cuda", dtype=torch.bfloat16), EPS)
+        torch.cuda.synchronize()
+        print(f"smoke rms_norm_{n}: ran", flush=True)
+
+
+def _cases(torch, n, m):
+    """name -> (tiled call, torch call, bytes moved), on fresh tensors of M = m rows."""
+    import tiled.ops as ops
+
+    F = torch.nn.functional
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x, r, w = torch.randn(m, n, **bf), torch.randn(m, n, **bf), torch.randn(n, **bf)
+    h = torch.randn(m, 2 * n, **bf)
+    e = 2
+    return {
+        "rms_norm": (lambda: ops.rms_norm(x, w, EPS),
+                     lambda: F.rms_norm(x, (n,), w, EPS), e * (2 * m * n + n)),
+        "fused_add_rms_norm": (lambda: ops.fused_add_rms_norm(x, r, w, EPS),
+                               lambda: F.rms_norm(r.add_(x), (n,), w, EPS),
+                               e * (4 * m * n + n)),
+        "silu_and_mul": (lambda: ops.silu_and_mul(h),
+                         lambda: F.silu(h[:, :n]) * h[:, n:], e * 3 * m * n),
+    }
+
+
+def _rope_inputs(torch, m):
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    hs = ROPE["head_size"]
+    q = torch.randn(m, ROPE["heads"] * hs, **bf)
+    k = torch.randn(m, ROPE["kv_heads"] * hs, **bf)
+    cache = torch.randn(8192, ROPE["rot_dim"], **bf)
+    pos = torch.randint(0, 8192, (m,), device="cuda")
+    return pos, q, k, cache
+
+
+def _rope_native(torch, pos, q, k, cache):
+    """vLLM's forward_native, NeoX style, in place."""
+    m, hs, rot = pos.numel(), ROPE["head_size"], ROPE["rot_dim"]
+    cos, sin = cache[pos].chunk(2, dim=-1)
+    for t, heads in ((q, ROPE["heads"]), (k, ROPE["kv_heads"])):
+        v = t.view(m, heads, hs)
+        a, b = v[..., :rot // 2], v[..., rot // 2:rot]
+        c, s = cos[:, None], sin[:, None]
+        v[..., :rot] = torch.cat([a * c - b * s, b * c + a * s], -1)
+
+
+def _rope_case(torch, m):
+    import tiled.ops as ops
+
+    pos, q, k, cache = _rope_inputs(torch, m)
+    nbytes = 2 * 2 * m * (ROPE["heads"] + ROPE["kv_heads"]) * ROPE["head_size"]
+    return (lambda: ops.rotary_embedding(pos, q, k, ROPE["head_size"], cache, True),
+            lambda: _rope_native(torch, pos, q, k, cache), nbytes)
+
+
+def run(bundle: Path, out: Path) -> None:
+    import torch
+    from triton.testing import do_bench
+
+    smoke_in_child(__file__, bundle, 200)
+    index = install(bundle)
+    rows = []
+    for n in HIDDEN:
+        for m in MS:
+            cases = _cases(torch, n, m)
+            if n == HIDDEN[0]:
+                cases["rotary_embedding"] = _rope_case(torch, m)
+            errs = _check(torch, n, m) if m in (16, 4096) else {}
+            for op, (ours, theirs, nbytes) in cases.items():
+                src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
+                dst = torch.empty_like(src)
+                calls = {"tiled": ours, "torch": theirs, "copy": lambda s=src, d=dst: d.copy_(s)}
+                graphs = {k: graph_replay(torch, f, GRAPH_CALLS) for k, f in calls.items()}
+                samples = {k: [] for k in graphs}
+                for _ in range(ROUNDS):
+                    for k, g in graphs.items():
+                        samples[k].append(do_bench(g) / GRAPH_CALLS)
+                us = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+                gbs = {k: nbytes / (v * 1e-6) / 1e9 for k, v in us.items()}
+                row = {"op": op, "M": m, "N": n, "bytes": nbytes, "us": us, "GB/s": gbs,
+                       "rel_err_vs_torch": errs.get(op),
+                       "vs_torch": us["torch"] / us["tiled"],
+                       "of_copy_bandwidth": gbs["tiled"] / gbs["copy"]}
+                rows.append(row)
+                print(f"{op:20s} M={m:6d} N={n}: tiled {gbs['tiled']:7.0f} GB/s, torch "
+                      f"{gbs['torch']:7.0f}, copy {gbs['copy']:7.0f} ({row['vs_torch']:.2f}x "
+                      f"torch, {row['of_copy_bandwidth']:.0%} of copy)", flush=True)
+    graph = _graph_stack(torch)
+    print("graph stack:", graph, flush=True)
+    write_results(out, "ops.py", bundle, index, rounds=ROUNDS, graph_calls=GRAPH_CALLS,
+                  rows=rows, graph_stack=graph)
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+def _check(torch, n, m) -> dict:
+    """op -> relative error against torch on fresh inputs (in-place ops on copies)."""
+    import tiled.ops as ops
+
+    F = torch.nn.functional
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x, r, w = torch.randn(m, n, **bf), torch.randn(m, n, **bf), torch.randn(n, **bf)
+    h = torch.randn(m, 2 * n, **bf)
+    x2, r2 = x.clone(), r.clone()
+    ops.fused_add_rms_norm(x2, r2, w, EPS)
+    want_r = (x.float() + r.float()).to(torch.bfloat16)
+    out = {"rms_norm": _rel(ops.rms_norm(x, w, EPS),
+                            F.rms_norm(x.float(), (n,), w.float(), EPS)),
+           "fused_add_rms_norm": max(_rel(r2, want_r), _rel(x2, F.rms_norm(
+               want_r.float(), (n,), w.float(), EPS))),
+           "silu_and_mul": _rel(ops.silu_and_mul(h), F.silu(h[:, :n].float()) * h[:, n:].float())}
+    if n == HIDDEN[0]:
+        pos, q, k, cache = _rope_inputs(torch, m)
+        q1, k1, q2, k2 = q.clone(), k.clone(), q.clone(), k.clone()
+        ops.rotary_embedding(pos, q1, k1, ROPE["head_size"], cache, True)
+        _rope_native(torch, pos, q2, k2, cache)
+        out["rotary_embedding"] = max(_rel(q1, q2), _rel(k1, k2))
+    return out
+
+
+def _graph_stack(torch) -> dict:
+    """4 layers of fused_add_rms_norm -> silu_and_mul(cat) -> rms_norm, captured and replayed,
+    against eager."""
+    import tiled.ops as ops
+
+    n, m = HIDDEN[0], 64
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    ws = [torch.randn(n, **bf) for _ in range(8)]
+    x0, r0 = torch.randn(m, n, **bf), torch.randn(m, n, **bf)
+
+    def stack(x, r):
+        for layer in range(4):
+            ops.fused_add_rms_norm(x, r, ws[2 * layer], EPS)
+            x = ops.rms_norm(ops.silu_and_mul(torch.cat([x, x], -1)), ws[2 * layer + 1], EPS)
+        return x + r
+
+    want = stack(x0.clone(), r0.clone())
+    x, r = x0.clone(), r0.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = stack(x, r)
+    x.copy_(x0)
+    r.copy_(r0)
+    g.replay()
+    torch.cuda.synchronize()
+    err = float((y.float() - want.float()).norm() / want.float().norm())
+    return {"layers": 4, "M": m, "N": n, "rel_err_graph_vs_eager": err, "ok": err < 1e-2}
+
+
+if __name__ == "__main__":
+    main(build, run, smoke, str(ROOT / ".gpu" / "ops"))

@@ -1,0 +1,55 @@
+"""tiled.ops.linear on CPU tensors: x @ w.T by an autotuned kernel per token bucket."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tiled.ops as ops
+from tiled import tuning
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    from tiled.ops import gemm as lin
+
+    lin._CHOSEN.clear()
+    lin._TUNERS.clear()
+    tuning._CACHES.clear()
+    for k in tuning.STATS:
+        tuning.STATS[k] = 0
+    yield
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_matches_torch_and_tunes_once_per_bucket(dtype):
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(96, 128, generator=g) / 128 ** 0.5).to(dtype)
+    for m in (20, 32, 17):  # one bucket (32): one tuning, one kernel
+        x = torch.randn(m, 128, generator=g).to(dtype)
+        y = ops.linear(x, w)
+        want = (x.float() @ w.float().T).to(dtype)
+        err = ((y.float() - want.float()).norm() / want.float().norm()).item()
+        assert y.shape == (m, 96) and y.dtype == dtype and err < 2e-2, err
+    assert tuning.STATS["tunings"] == 1
+
+
+def test_linear_bias_out_dtype_leading_dims_and_no_tokens():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 64, generator=g).half()
+    b = torch.randn(64, generator=g)
+    x = torch.randn(2, 3, 64, generator=g).half()
+    y = ops.linear(x, w, bias=b, out_dtype=torch.float32)
+    want = x.float() @ w.float().T + b
+    assert y.shape == (2, 3, 64) and y.dtype == torch.float32
+    assert ((y - want).norm() / want.norm()).item() < 2e-3
+    assert ops.linear(torch.empty(0, 64).half(), w).shape == (0, 64)
+    with pytest.raises(ValueError, match="do not multiply"):
+        ops.linear(x, torch.randn(64, 32).half())
+    with pytest.raises(TypeError, match="float32 inputs"):
+        ops.linear(x.float(), w.float())
+
+
+def test_linear_custom_op_passes_opcheck():
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(5, 64, generator=g).half(), torch.randn(32, 64, generator=g).half()
+    torch.library.opcheck(torch.ops.tiled.linear, (x, w, None, torch.float32))

@@ -2,7 +2,9 @@
 W 4096x4096, 14336x4096 and 4096x14336, M = 1, 16, 64, 128, 1024, 4096; each size with the
 candidate kernels a by-shape choice would pick among, beside F.linear in the same process.
 
-Candidates, all written in the DSL as a TileLang author would:
+Candidates, all written in the DSL as a TileLang author would (the kernels of tiled.ops.linear,
+tiled/ops/gemm.py, whose token count is symbolic; benchmarks/results/linear_h200.json was made
+at commit 73d750a, when this script's kernels had a static M):
 - `tile`: the plain tile GEMM, x and W tiles copied per 64-wide K step, T.gemm with
   transpose_B (the whole-kernel warp-specialized GEMM path takes it: persistent, TMA, wgmma);
 - `swap`: for small M, the same product as y^T = W @ x^T, so that W's rows fill wgmma's M
@@ -57,60 +59,22 @@ TARGET = "cuda:sm_90a"
 DTYPE = "bfloat16"
 WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
 MS = (1, 16, 64, 128, 1024, 4096)
-BK = 64
 ROUNDS = 3
 GRAPH_CALLS = 20
 
 
 def tile_kernel(M, N, K, BM, BN, threads, stages=4):
-    import tiled
-    import tiled.lang as T
+    from tiled.ops.gemm import linear_kernel
 
-    @tiled.kernel
-    def linear_tile(X: T.Tensor((M, K), DTYPE), W: T.Tensor((N, K), DTYPE),
-                    Y: T.Tensor((M, N), DTYPE)):
-        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), threads=threads) as (bx, by):
-            xs = T.alloc_shared((BM, BK), DTYPE)
-            ws = T.alloc_shared((BN, BK), DTYPE)
-            acc = T.alloc_fragment((BM, BN), "float32")
-            T.clear(acc)
-            for k in T.Pipelined(T.ceildiv(K, BK), num_stages=stages):
-                T.copy(X[by * BM, k * BK], xs)
-                T.copy(W[bx * BN, k * BK], ws)
-                T.gemm(xs, ws, acc, transpose_B=True)
-            T.copy(acc, Y[by * BM, bx * BN])
-
-    return linear_tile
+    return linear_kernel(M, N, K, DTYPE, DTYPE, kind="tile", BM=BM, BN=BN, threads=threads,
+                         stages=stages)
 
 
 def swap_kernel(M, N, K, BW, BX, threads, splits, stages=4):
-    import tiled
-    import tiled.lang as T
+    from tiled.ops.gemm import linear_kernel
 
-    steps = -(-K // BK)
-    per_split = -(-steps // splits)
-    out_dtype = DTYPE if splits == 1 else "float32"
-
-    @tiled.kernel
-    def linear_swap(X: T.Tensor((M, K), DTYPE), W: T.Tensor((N, K), DTYPE),
-                    Y: T.Tensor((M, N), out_dtype)):
-        with T.Kernel(T.ceildiv(N, BW), T.ceildiv(M, BX), splits,
-                      threads=threads) as (bx, by, bz):
-            ws = T.alloc_shared((BW, BK), DTYPE)
-            xs = T.alloc_shared((BX, BK), DTYPE)
-            acc = T.alloc_fragment((BW, BX), "float32")
-            T.clear(acc)
-            for k in T.Pipelined(per_split, num_stages=stages):
-                T.copy(W[bx * BW, (bz * per_split + k) * BK], ws)
-                T.copy(X[by * BX, (bz * per_split + k) * BK], xs)
-                T.gemm(ws, xs, acc, transpose_B=True)
-            for i, j in T.Parallel(BW, BX):  # rows past M or N: the guards drop them
-                if splits == 1:
-                    Y[by * BX + j, bx * BW + i] = acc[i, j]
-                else:
-                    T.atomic_add(Y[by * BX + j, bx * BW + i], acc[i, j])
-
-    return linear_swap
+    return linear_kernel(M, N, K, DTYPE, DTYPE, kind="swap", BM=BX, BN=BW, threads=threads,
+                         splits=splits, stages=stages)
 
 
 def candidates(M, N, K) -> dict:

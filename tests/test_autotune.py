@@ -133,3 +133,25 @@ def test_bad_arguments_are_named():
         tiled.autotune(configs=[{}], key=["Q"])(lambda M: None)
     with pytest.raises(ValueError, match="no config builds"):
         _scale_factory([{"fail": True}])(64, 32)
+
+
+def test_prebuilt_kernels_are_tuned_without_compiling(monkeypatch):
+    """A host without the compiler: the candidates come from (artifact, manifest) pairs built
+    elsewhere; a config the pairs lack is skipped, never compiled."""
+    scale = _scale_factory([{"bm": 16}, {"bm": 32}, {"bm": 64}])
+    built = [tiled.compile(scale.factory(64, 32, **cfg), target="cpu")
+             for cfg in ({"bm": 16}, {"bm": 32})]
+    pairs = [(c.artifact, c.manifest.to_json()) for c in built]
+
+    def refuse(*a, **k):
+        raise AssertionError("compiled inside tiled.tuning.prebuilt")
+
+    monkeypatch.setattr(tiled, "compile", refuse)
+    with tuning.prebuilt(pairs):
+        tuned = scale(64, 32)
+    by_index = {c.index: c for c in tuned.candidates}
+    assert "not among the prebuilt kernels" in by_index[2].skipped
+    assert tuned.config in ({"bm": 16}, {"bm": 32})
+    with tuning.prebuilt(pairs):
+        again = _scale_factory([{"bm": 16}, {"bm": 32}, {"bm": 64}])(64, 32)
+    assert again.from_record and again.config == tuned.config

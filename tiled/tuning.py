@@ -44,6 +44,7 @@ Thin at import: neither TVM nor torch is imported until a call needs them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -62,6 +63,53 @@ log = logging.getLogger("tiled.autotune")
 RECORD_VERSION = 1
 STATS = {"tunings": 0, "candidates_timed": 0, "record_hits": 0, "first_config": 0}
 _STATS_LOCK = threading.Lock()
+
+
+_PREBUILT: dict | None = None  # program digest -> loaded kernel, inside `prebuilt`
+
+
+class PrebuiltKernel:
+    """A kernel compiled elsewhere: the loaded kernel with its artifact and manifest."""
+
+    def __init__(self, artifact: bytes, manifest):
+        from tiled.runtime import load
+
+        self.kernel = load(artifact, manifest)
+        self.artifact, self.manifest = bytes(artifact), self.kernel.manifest
+
+    def __call__(self, *args, **kwargs):
+        return self.kernel(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def prebuilt(pairs):
+    """Within the block, tiled.autotune takes its candidates (and the winner) from `pairs`,
+    (artifact bytes, manifest) of kernels compiled elsewhere for the target being tuned (a
+    bundle), by program digest, instead of compiling: how a host with neither the compiler
+    nor a daemon tunes. A candidate not among them is skipped as not built; the toolchain in
+    the tuning key is the one their manifests record."""
+    global _PREBUILT
+    before = _PREBUILT
+    kernels = [PrebuiltKernel(a, m) for a, m in pairs]
+    _PREBUILT = {k.manifest.program_digest: k for k in kernels}
+    try:
+        yield
+    finally:
+        _PREBUILT = before
+
+
+def compile_candidate(kernel, target: str, options: dict):
+    """The compiled kernel: from `prebuilt`'s kernels when inside it, else tiled.compile.
+    Raises LookupError for a kernel the prebuilt set lacks."""
+    if _PREBUILT is not None:
+        k = _PREBUILT.get(kernel.ir.digest)
+        if k is None:
+            raise LookupError(f"{kernel.name} ({kernel.ir.digest[:12]}) is not among the "
+                              "prebuilt kernels")
+        return k
+    import tiled
+
+    return tiled.compile(kernel, target=target, **options)
 
 
 def _count(name: str, n: int = 1) -> None:
@@ -217,11 +265,9 @@ class Autotuner:
     def _final(self, bound, cfg: dict, target: str, from_record: bool) -> Tuned:
         """The factory's result for `cfg` at the call's own arguments, compiled (a cache hit
         when the call's shape is the bucket's representative)."""
-        import tiled
-
         result = self.factory(*bound.args, **{**bound.kwargs, **cfg})
         kernel = _kernel_of(result)
-        compiled = tiled.compile(kernel, target=target, **self.options)
+        compiled = compile_candidate(kernel, target, self.options)
         _attach(result, target, compiled)
         return Tuned(dict(cfg), result, compiled, target, from_record)
 
@@ -240,8 +286,6 @@ class Autotuner:
                 _kernel_of(c.kernel)
             except Exception as e:  # a config the factory refuses is skipped
                 c.skipped = f"the factory raised {type(e).__name__}: {e}"
-                log.warning("tiled.autotune %s: config #%d %s skipped: %s",
-                            self.factory.__name__, i, cfg, c.skipped)
             out.append(c)
         return out
 
@@ -265,15 +309,13 @@ class Autotuner:
 
     def _toolchain(self, first: Candidate, target: str) -> tuple[Any, str]:
         """(the target as keys spell it, the toolchain digest): this process's compiler's, or
-        with a daemon configured the daemon's, read off its compile of the first candidate
-        (the client may have no compiler)."""
-        if config.get("server"):
-            import tiled
-
-            m = tiled.compile(_kernel_of(first.kernel), target=target, **self.options).manifest
+        with a daemon configured (or prebuilt kernels) the one the first candidate's manifest
+        records (the client may have no compiler)."""
+        if config.get("server") or _PREBUILT is not None:
+            m = compile_candidate(_kernel_of(first.kernel), target, self.options).manifest
             if not m.action:
-                raise ValueError("the daemon's manifest carries no action record to take its "
-                                 "toolchain from")
+                raise ValueError("the first candidate's manifest carries no action record: "
+                                 "its toolchain is unknown")
             return {"backend": m.backend, "arch": m.arch}, m.action["toolchain"]
         from tiled.compiler.action import action_of
         from tiled.compiler.registry import parse_target
@@ -337,10 +379,12 @@ class Autotuner:
         check_and_time(live, bound, target, self, progress)
         progress.done()
         timed = [c for c in live if c.skipped is None and c.us is not None]
-        for c in candidates:
+        for c in candidates:  # a config the factory refuses for this shape is expected
             if c.skipped:
-                log.warning("tiled.autotune %s: config #%d %s skipped: %s", name, c.index,
-                            c.config, c.skipped)
+                level = logging.INFO if c.skipped.startswith("the factory raised") else \
+                    logging.WARNING
+                log.log(level, "tiled.autotune %s: config #%d %s skipped: %s", name, c.index,
+                        c.config, c.skipped)
         if not timed:
             raise ValueError(f"tiled.autotune {name}: every config failed: " +
                              "; ".join(f"#{c.index} {c.skipped}" for c in candidates))
@@ -447,4 +491,5 @@ def _freeze(arguments: Mapping[str, Any], key: Sequence[str]) -> tuple:
     return tuple(out)
 
 
-__all__ = ["STATS", "Autotuner", "Candidate", "Tuned", "autotune", "device_identity"]
+__all__ = ["STATS", "Autotuner", "Candidate", "PrebuiltKernel", "Tuned", "autotune",
+           "device_identity", "prebuilt"]

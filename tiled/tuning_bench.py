@@ -21,9 +21,9 @@ def compile_all(cands, target: str, options: dict, progress) -> None:
     """Sets each candidate's `compiled`, or `skipped` with the compile's error. With a daemon
     configured its compile requests go out together (the daemon's pool runs them side by
     side); else the cache misses compile in a local pool of worker processes first."""
-    import tiled
+    from tiled import tuning
 
-    if not config.get("server") and len(cands) > 1:
+    if not config.get("server") and tuning._PREBUILT is None and len(cands) > 1:
         _precompile_locally(cands, target, options)
     done = [0]
     settings = {name: config.get(name) for name in config.SETTINGS}  # for the threads
@@ -31,7 +31,7 @@ def compile_all(cands, target: str, options: dict, progress) -> None:
     def one(c):
         try:
             with config.override(**settings):
-                c.compiled = tiled.compile(c.kernel_ir, target=target, **options)
+                c.compiled = tuning.compile_candidate(c.kernel_ir, target, options)
         except Exception as e:  # a candidate that does not compile is skipped
             c.skipped = f"compile failed: {type(e).__name__}: {e}"
         done[0] += 1
@@ -41,7 +41,7 @@ def compile_all(cands, target: str, options: dict, progress) -> None:
         from tiled.tuning import _kernel_of
 
         c.kernel_ir = _kernel_of(c.kernel)
-    if not config.get("server"):  # cache hits now: in this thread (config overrides hold)
+    if not config.get("server"):  # cache hits (or prebuilt) now: in this thread
         for c in cands:
             one(c)
         return

@@ -255,11 +255,19 @@ def compiled_kernels() -> int:
 
 
 def _register_torch_ops() -> None:
+    """torch.ops.tiled.*, when torch is installed. A torch whose torch.library refuses them
+    leaves the plain functions working (a logged warning, not an import error)."""
     try:
         import torch  # noqa: F401
     except ImportError:
         return
-    from tiled.ops import torch_lib  # noqa: F401 - registers torch.ops.tiled.*
+    try:
+        from tiled.ops import torch_lib  # noqa: F401 - registers torch.ops.tiled.*
+    except Exception as e:  # an older or newer torch.library: the functions still work
+        import logging
+
+        logging.getLogger(__name__).warning("tiled.ops: torch.ops.tiled.* not registered: %s",
+                                            e)
 
 
 from tiled.ops.gemm import linear  # noqa: E402 - it imports the helpers above

@@ -1,0 +1,146 @@
+"""tiled.ops.linear tuned by tiled.autotune on the H200 (issue 13's autotuner table): Llama-3-8B
+and -70B projection shapes (q / k,v / o, gate,up / down) at M = 1 .. 8192, bf16, against
+F.linear in the same process; the time each first tuning took; then a second process that
+must take every winner from the cache without timing anything (tiled.tuning.STATS).
+
+Here (the CPU machine, with TVM): every config of tiled.ops.linear's CUDA space that some M
+uses, per weight shape (the kernels' M is symbolic: one program per shape and config)
+    python benchmarks/gpu/autotune_linear.py build --out .gpu/autotune_linear
+There (device tool, carry=[".gpu"]; no compiler, no daemon: tiled.tuning.prebuilt hands the
+tuner the bundle's kernels instead of compiling)
+    python3 benchmarks/gpu/autotune_linear.py run --bundle .gpu/autotune_linear \\
+        --out $OUT/autotune_linear_h200.json
+
+Timing of the tuned call against F.linear: each graph-replayed GRAPH_CALLS times, medians of
+ROUNDS interleaved rounds. Written 2026-12-01 with no device time left: not run yet.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from bundle_cli import compile_into, machine, main, write_results
+from bundle_cli import graphed as graph_replay
+
+TARGET = "cuda:sm_90a"
+SHAPES = {  # (N, K) of x @ W^T
+    "8b_q_o": (4096, 4096), "8b_kv": (1024, 4096), "8b_gate_up": (14336, 4096),
+    "8b_down": (4096, 14336), "70b_q_o": (8192, 8192), "70b_kv": (1024, 8192),
+    "70b_gate_up": (28672, 8192), "70b_down": (8192, 28672)}
+MS = (1, 16, 64, 256, 1024, 4096, 8192)
+ROUNDS = 3
+GRAPH_CALLS = 20
+PHASE_ENV = "AUTOTUNE_LINEAR_PHASE"
+
+
+def build(out: Path) -> None:
+    from tiled.ops.gemm import CUDA_SPACE, _fits, linear_kernel
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for shape, (N, K) in SHAPES.items():
+        for i, cfg in enumerate(CUDA_SPACE):
+            m = next((m for m in MS if _fits(cfg, m)), None)
+            if m is None:
+                continue
+            name = f"{shape}__c{i}"
+            kernel = linear_kernel(m, N, K, "bfloat16", "bfloat16", **cfg)
+            _, seconds = compile_into(out, name, kernel, TARGET)
+            index[name] = {"N": N, "K": K, "config": cfg, "cold_compile_s": round(seconds, 3)}
+            print(name, index[name], flush=True)
+    (out / "index.json").write_text(json.dumps({
+        "command": f"python benchmarks/gpu/autotune_linear.py build --out {out}",
+        "machine": machine(), "target": TARGET, "kernels": index}, indent=1))
+
+
+def _pairs(bundle: Path):
+    index = json.loads((bundle / "index.json").read_text())
+    return [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
+            for n in index["kernels"]]
+
+
+def _phase(bundle: Path, phase: str) -> dict:
+    """One process: every (shape, M) through tiled.ops.linear inside tiled.tuning.prebuilt;
+    phase "tune" also times the tuned call against F.linear."""
+    import torch
+    from triton.testing import do_bench
+
+    import tiled.ops as ops
+    from tiled import tuning
+
+    rows = []
+    with tuning.prebuilt(_pairs(bundle)):
+        for shape, (N, K) in SHAPES.items():
+            w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+            for m in MS:
+                x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+                t0 = time.perf_counter()
+                y = ops.linear(x, w)
+                torch.cuda.synchronize()
+                first_call_s = time.perf_counter() - t0
+                ref = torch.nn.functional.linear(x, w)
+                err = float((y.float() - ref.float()).norm() / ref.float().norm())
+                from tiled.ops.gemm import _CHOSEN, token_bucket
+
+                tuned = _CHOSEN[(TARGET, token_bucket(m, N, K, "bfloat16", "bfloat16"))]
+                row = {"shape": shape, "M": m, "N": N, "K": K, "config": tuned.config,
+                       "from_record": tuned.from_record, "first_call_s": first_call_s,
+                       "rel_err_vs_F.linear": err}
+                if phase == "tune":
+                    calls = {"tiled": graph_replay(torch, lambda x=x, w=w: ops.linear(x, w),
+                                                   GRAPH_CALLS),
+                             "F.linear": graph_replay(torch, lambda x=x, w=w:
+                                                      torch.nn.functional.linear(x, w),
+                                                      GRAPH_CALLS)}
+                    samples = {k: [] for k in calls}
+                    for _ in range(ROUNDS):
+                        for k, g in calls.items():
+                            samples[k].append(do_bench(g) / GRAPH_CALLS)
+                    us = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+                    row.update(us=us, ratio=us["F.linear"] / us["tiled"])
+                    print(f"{shape:12s} M={m:5d}: {row['ratio']:.3f}x F.linear, config "
+                          f"{tuned.config}, tuned in {first_call_s:.1f} s, err {err:.1e}",
+                          flush=True)
+                rows.append(row)
+    return {"rows": rows, "stats": dict(tuning.STATS)}
+
+
+def run(bundle: Path, out: Path) -> None:
+    if os.environ.get(PHASE_ENV):
+        print("RESULT " + json.dumps(_phase(bundle, os.environ[PHASE_ENV])), flush=True)
+        return
+    cache = tempfile.mkdtemp(prefix="tiled-autotune-cache-")
+    phases = {}
+    for phase, limit in (("tune", 420), ("reuse", 120)):
+        env = dict(os.environ, **{PHASE_ENV: phase, "TILED_CACHE_DIR": cache})
+        child = subprocess.run([sys.executable, __file__, "run", "--bundle", str(bundle)],
+                               env=env, capture_output=True, text=True, timeout=limit)
+        print(child.stdout[-6000:], child.stderr[-3000:], flush=True)
+        phases[phase] = next((json.loads(line[7:]) for line in child.stdout.splitlines()
+                              if line.startswith("RESULT ")), {"error": child.returncode})
+    reuse = phases["reuse"].get("stats", {})
+    summary = {"second_process_timed_candidates": reuse.get("candidates_timed"),
+               "second_process_tunings": reuse.get("tunings"),
+               "second_process_record_hits": reuse.get("record_hits")}
+    print(summary, flush=True)
+    write_results(out, "autotune_linear.py", bundle,
+                  json.loads((bundle / "index.json").read_text()), rounds=ROUNDS,
+                  graph_calls=GRAPH_CALLS, tune=phases["tune"], reuse=phases["reuse"],
+                  summary=summary)
+
+
+def smoke(bundle: Path) -> None:  # the run's children load every kernel; nothing extra here
+    print(f"{len(_pairs(bundle))} kernels in the bundle", flush=True)
+
+
+if __name__ == "__main__":
+    main(build, run, smoke, str(ROOT / ".gpu" / "autotune_linear"))

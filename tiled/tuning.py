@@ -411,7 +411,7 @@ def device_identity(target: str) -> dict:
     import os
     import platform
 
-    if target.startswith("cuda"):
+    if target != "cpu":  # cuda:..., or "local" (a daemon's name for this host's GPU)
         import torch
 
         p = torch.cuda.get_device_properties(torch.cuda.current_device())

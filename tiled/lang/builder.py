@@ -156,6 +156,9 @@ class Builder:
             raise definition_error("statements must be inside `with T.Kernel(...)`")
         if not stmt.HasField("loc"):
             stmt.loc.CopyFrom(self.location())
+        from tiled.lang import binding  # binding imports expr, which imports this module
+
+        binding.on_emit(self, stmt)
         self.scopes[-1].append(stmt)
         if stmt.WhichOneof("kind") != "if_then_else":
             self.last_if[-1] = None
@@ -167,6 +170,9 @@ class Builder:
 
     def close_scope(self) -> pb.Stmt:
         stmts = self.scopes.pop()
+        from tiled.lang import binding
+
+        binding.on_close(self, stmts)
         self.last_if.pop()
         if len(stmts) == 1:
             return stmts[0]

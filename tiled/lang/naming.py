@@ -21,7 +21,7 @@ import builtins
 import operator
 import sys
 
-from tiled.lang import loops
+from tiled.lang import binding, loops
 from tiled.lang.builder import active, definition_error
 from tiled.lang.expr import BufferRef, Dim, Expr, as_expr, binary, select
 from tiled.lang.localvar import LocalVar, alloc_var
@@ -175,6 +175,8 @@ def _assign_one(b, name: str, mark, value, old):
         # see x's later stores.
         value = alloc_var(value.dtype, init=value)
         fresh = True
+    elif b.kernel_open:  # `v = A[i]`: the value read here, once A is written (binding.py)
+        value = binding.bind(b, name, value)
     if fresh:
         given = b.name_buffer(value.bid, name)
         if given is not None:

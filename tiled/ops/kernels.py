@@ -167,9 +167,7 @@ def rotary(heads: int, kv_heads: int, head_size: int, rot_dim: int, dtype: str,
                 sin = T.cast(C[p, half + i], "float32")
                 a = h * head_size + (i if is_neox else 2 * i)
                 b = a + (half if is_neox else 1)
-                x1 = T.alloc_var("float32")  # values, read before either lane is written
-                x2 = T.alloc_var("float32")
-                if h < heads:
+                if h < heads:  # x1, x2: the values read before either lane is written
                     x1 = T.cast(Q[t, a], "float32")
                     x2 = T.cast(Q[t, b], "float32")
                     Q[t, a] = T.cast(x1 * cos - x2 * sin, dtype)

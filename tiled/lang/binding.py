@@ -1,0 +1,141 @@
+"""`v = <expression that reads a buffer>` binds the value read there, as TileLang's let does,
+without costing kernels that never need it.
+
+The name keeps the expression (which later statements inline: the vectorizer sees plain loads)
+until a statement writes a buffer the expression reads. From then on the next use of the
+name materializes the value: a one-element local variable stored at the assignment's place
+(before the write; nothing between wrote what it reads, or the write would have been the
+first), and the name reads that variable. A write no use follows costs nothing. Bindings
+end with their scope: a use outside it keeps reading the expression.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiled.lang.expr import Element, Expr, const
+from tiled.v1 import tile_ir_pb2 as pb
+
+_SLOT = Expr.__dict__["node"]  # the slot behind Expr.node
+
+
+@dataclass
+class _Binding:
+    builder: object
+    value: Expr
+    name: str
+    reads: frozenset[int]
+    scope: list
+    pos: int
+    loc: pb.Location
+    stale: bool = False
+
+
+_BOUND: dict[int, _Binding] = {}  # id(value) -> its binding (the binding holds the value)
+
+
+def _node_get(self):
+    b = _BOUND.get(id(self))
+    if b is not None and b.stale:
+        _materialize(b)
+    return _SLOT.__get__(self)
+
+
+def _node_set(self, node):
+    _SLOT.__set__(self, node)
+
+
+class BoundExpr(Expr):
+    __slots__ = ()
+    node = property(_node_get, _node_set)
+
+
+class BoundElement(Element):
+    __slots__ = ()
+    node = property(_node_get, _node_set)
+
+
+def reads(node) -> frozenset[int]:
+    """The buffers an expression loads from."""
+    out: set[int] = set()
+
+    def walk(n):
+        if isinstance(n, pb.Expr) and n.WhichOneof("kind") == "load":
+            out.add(n.load.buffer)
+        for field, v in n.ListFields():
+            if field.message_type is not None:
+                for x in (v if type(v).__name__.startswith("Repeated") else (v,)):
+                    walk(x)
+    walk(node)
+    return frozenset(out)
+
+
+def bind(builder, name: str, value):
+    """Registers `value` (an Expr or an Element the author assigned to `name`) when it reads
+    a buffer; returns it (now a BoundExpr / BoundElement)."""
+    if type(value) not in (Expr, Element) or not builder.scopes:
+        return value
+    read = reads(_SLOT.__get__(value))
+    if not read:
+        return value
+    value.__class__ = BoundExpr if type(value) is Expr else BoundElement
+    scope = builder.scopes[-1]
+    _BOUND[id(value)] = _Binding(builder, value, name, read, scope, len(scope),
+                                 builder.location())
+    return value
+
+
+def written(stmt: pb.Stmt) -> set[int]:
+    """The buffers a leaf statement writes (a loop or a branch: none of its own, its leaves
+    were emitted before it)."""
+    kind = stmt.WhichOneof("kind")
+    if kind == "store":
+        return {stmt.store.buffer}
+    if kind in ("copy", "fill"):
+        return {getattr(stmt, kind).dst.buffer}
+    if kind == "gemm":
+        return {stmt.gemm.c}
+    if kind in ("reduce", "scan"):
+        return {getattr(stmt, kind).dst}
+    if kind == "atomic_add":
+        return {stmt.atomic_add.buffer}
+    return set()
+
+
+def on_emit(builder, stmt: pb.Stmt) -> None:
+    """A statement is about to be emitted: bindings reading what it writes go stale."""
+    if not _BOUND:
+        return
+    w = written(stmt)
+    if w:
+        for b in _BOUND.values():
+            if b.builder is builder and not b.stale and b.reads & w:
+                b.stale = True
+
+
+def on_close(builder, scope: list) -> None:
+    """A scope closed: its bindings end (their values keep the expression)."""
+    for key in [k for k, b in _BOUND.items() if b.builder is builder and b.scope is scope]:
+        del _BOUND[key]
+
+
+def _materialize(b: _Binding) -> None:
+    del _BOUND[id(b.value)]
+    builder, node = b.builder, _SLOT.__get__(b.value)
+    buf = builder.new_buffer(f"var{len(builder.program.buffers)}", b.value.dtype, [1],
+                             pb.LOCAL, generated=True)
+    buf.loc.CopyFrom(b.loc)
+    builder.name_buffer(buf.id, b.name)
+    zero = const(0, "int32").node
+    stmt = pb.Stmt(loc=b.loc)
+    stmt.store.buffer = buf.id
+    stmt.store.indices.add().CopyFrom(zero)
+    stmt.store.value.CopyFrom(node)
+    b.scope.insert(b.pos, stmt)
+    for other in _BOUND.values():
+        if other.scope is b.scope and other.pos >= b.pos:
+            other.pos += 1
+    load = pb.Expr(dtype=node.dtype)
+    load.load.buffer = buf.id
+    load.load.indices.add().CopyFrom(zero)
+    _SLOT.__set__(b.value, load)

@@ -11,6 +11,7 @@ end with their scope: a use outside it keeps reading the expression.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from tiled.lang.expr import Element, Expr, const
@@ -31,11 +32,19 @@ class _Binding:
     stale: bool = False
 
 
-_BOUND: dict[int, _Binding] = {}  # id(value) -> its binding (the binding holds the value)
+_LOCAL = threading.local()  # a trace runs in one thread: its bindings are that thread's
+
+
+def _bound() -> dict[int, _Binding]:
+    """id(value) -> its binding (the binding holds the value, so the id stays its own)."""
+    d = getattr(_LOCAL, "bound", None)
+    if d is None:
+        d = _LOCAL.bound = {}
+    return d
 
 
 def _node_get(self):
-    b = _BOUND.get(id(self))
+    b = _bound().get(id(self))
     if b is not None and b.stale:
         _materialize(b)
     return _SLOT.__get__(self)
@@ -78,9 +87,11 @@ def bind(builder, name: str, value):
     read = reads(_SLOT.__get__(value))
     if not read:
         return value
+    if getattr(_LOCAL, "builder", None) is not builder:  # a new trace: drop what a trace
+        _LOCAL.builder, _LOCAL.bound = builder, {}       # that raised midway left behind
     value.__class__ = BoundExpr if type(value) is Expr else BoundElement
     scope = builder.scopes[-1]
-    _BOUND[id(value)] = _Binding(builder, value, name, read, scope, len(scope),
+    _bound()[id(value)] = _Binding(builder, value, name, read, scope, len(scope),
                                  builder.location())
     return value
 
@@ -104,23 +115,26 @@ def written(stmt: pb.Stmt) -> set[int]:
 
 def on_emit(builder, stmt: pb.Stmt) -> None:
     """A statement is about to be emitted: bindings reading what it writes go stale."""
-    if not _BOUND:
+    bound = _bound()
+    if not bound:
         return
     w = written(stmt)
     if w:
-        for b in _BOUND.values():
+        for b in bound.values():
             if b.builder is builder and not b.stale and b.reads & w:
                 b.stale = True
 
 
 def on_close(builder, scope: list) -> None:
     """A scope closed: its bindings end (their values keep the expression)."""
-    for key in [k for k, b in _BOUND.items() if b.builder is builder and b.scope is scope]:
-        del _BOUND[key]
+    bound = _bound()
+    for key in [k for k, b in bound.items() if b.builder is builder and b.scope is scope]:
+        del bound[key]
 
 
 def _materialize(b: _Binding) -> None:
-    del _BOUND[id(b.value)]
+    bound = _bound()
+    del bound[id(b.value)]
     builder, node = b.builder, _SLOT.__get__(b.value)
     buf = builder.new_buffer(f"var{len(builder.program.buffers)}", b.value.dtype, [1],
                              pb.LOCAL, generated=True)
@@ -132,7 +146,7 @@ def _materialize(b: _Binding) -> None:
     stmt.store.indices.add().CopyFrom(zero)
     stmt.store.value.CopyFrom(node)
     b.scope.insert(b.pos, stmt)
-    for other in _BOUND.values():
+    for other in bound.values():
         if other.scope is b.scope and other.pos >= b.pos:
             other.pos += 1
     load = pb.Expr(dtype=node.dtype)

@@ -8,6 +8,7 @@ import pytest
 
 from tests.daemon_util import ROOT, running_daemon, tiled_cli
 from tiled.cli_warm import chunks, load_manifest
+from tiled.v1 import compile_pb2 as cpb
 
 NO_DAEMON = {**os.environ, "PYTHONPATH": str(ROOT), "TILED_SERVER": "unix:///nonexistent/t.sock",
              "TILED_CLIENT_RETRIES": "0"}
@@ -172,3 +173,26 @@ targets: [cpu]
     assert "recorded before" in second.stdout
     chosen = [line for line in first.stdout.splitlines() if line.startswith("tuned ")]
     assert chosen[0].split("config ")[1].split(" (")[0] in second.stdout
+
+
+def test_autotune_through_a_daemon_compiles_there_and_times_here(daemon, tmp_path):
+    """With TILED_SERVER set the candidates compile on the daemon (its compile count grows by
+    one per config) and the tuning key's toolchain is the daemon's; timing and the record
+    stay in this process."""
+    import importlib.util
+
+    from tiled import config, tuning
+
+    (tmp_path / "tuned2.py").write_text(TUNED.replace('{"bm": 32}]', '{"bm": 64}]'))
+    spec = importlib.util.spec_from_file_location("tuned2", tmp_path / "tuned2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    before = daemon["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60).compiles_total
+    tuning._CACHES.clear()
+    with config.override(server=daemon["address"], cache_dir=tmp_path / "client-cache"):
+        timed = tuning.STATS["candidates_timed"]
+        tuned = module.scale(96, 32)
+        assert tuned.config in ({"bm": 16}, {"bm": 64}) and not tuned.from_record
+        assert tuning.STATS["candidates_timed"] == timed + 2
+    after = daemon["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60).compiles_total
+    assert after == before + 2

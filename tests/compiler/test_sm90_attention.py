@@ -12,10 +12,10 @@ import pytest
 import tiled
 import tiled.lang as T
 from tests.compiler.test_sm90_path import sass
-from tiled.compiler.irwalk import walk
 from tiled.compiler.passes.layout import ReplicatedLayout
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout, WgmmaRows, infer_layouts
 from tiled.ir.program import as_program
+from tiled.ir.walk import walk
 from tiled.runtime.manifest import expr_names
 from tiled.v1 import tile_ir_pb2 as pb
 

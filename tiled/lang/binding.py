@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from tiled.ir.walk import subexprs, written
 from tiled.lang.expr import Element, Expr, const
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -64,19 +65,9 @@ class BoundElement(Element):
     node = property(_node_get, _node_set)
 
 
-def reads(node) -> frozenset[int]:
+def reads(node: pb.Expr) -> frozenset[int]:
     """The buffers an expression loads from."""
-    out: set[int] = set()
-
-    def walk(n):
-        if isinstance(n, pb.Expr) and n.WhichOneof("kind") == "load":
-            out.add(n.load.buffer)
-        for field, v in n.ListFields():
-            if field.message_type is not None:
-                for x in (v if type(v).__name__.startswith("Repeated") else (v,)):
-                    walk(x)
-    walk(node)
-    return frozenset(out)
+    return frozenset(x.load.buffer for x in subexprs(node) if x.WhichOneof("kind") == "load")
 
 
 def bind(builder, name: str, value):
@@ -94,23 +85,6 @@ def bind(builder, name: str, value):
     _bound()[id(value)] = _Binding(builder, value, name, read, scope, len(scope),
                                  builder.location())
     return value
-
-
-def written(stmt: pb.Stmt) -> set[int]:
-    """The buffers a leaf statement writes (a loop or a branch: none of its own, its leaves
-    were emitted before it)."""
-    kind = stmt.WhichOneof("kind")
-    if kind == "store":
-        return {stmt.store.buffer}
-    if kind in ("copy", "fill"):
-        return {getattr(stmt, kind).dst.buffer}
-    if kind == "gemm":
-        return {stmt.gemm.c}
-    if kind in ("reduce", "scan"):
-        return {getattr(stmt, kind).dst}
-    if kind == "atomic_add":
-        return {stmt.atomic_add.buffer}
-    return set()
 
 
 def on_emit(builder, stmt: pb.Stmt) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import stmt_exprs, subexprs, walk
+from tiled.ir.walk import stmt_exprs, subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 

@@ -33,8 +33,8 @@ from typing import Protocol
 
 from tvm import tirx
 
-from tiled.compiler.irwalk import element_accesses, stmt_exprs, stores, subexprs, walk
 from tiled.errors import CompileError
+from tiled.ir.walk import element_accesses, stmt_exprs, stores, subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 

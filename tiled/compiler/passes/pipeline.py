@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiled.compiler.irwalk import element_accesses, expr_vars, subexprs, walk
 from tiled.compiler.passes.layout import body_statements, tile_op_buffers
+from tiled.ir.walk import element_accesses, expr_vars, subexprs, walk, written
 from tiled.v1 import tile_ir_pb2 as pb
 
 
@@ -31,21 +31,6 @@ class RunAhead:
     loop: pb.For
     copies: tuple[int, ...]  # positions in the loop body of the copies that run ahead
     release: tuple[int, ...]  # per copy: the body position after which its tile is free
-
-
-def written(st: pb.Stmt) -> set[int]:
-    """Buffers statement `st` itself writes (nested statements not included)."""
-    kind = st.WhichOneof("kind")
-    node = getattr(st, kind)
-    if kind in ("copy", "fill"):
-        return {node.dst.buffer}
-    if kind in ("store", "atomic_add"):
-        return {node.buffer}
-    if kind == "gemm":
-        return {node.c}
-    if kind in ("reduce", "scan"):
-        return {node.dst}
-    return set()
 
 
 def touched(s: pb.Stmt) -> set[int]:

@@ -3,7 +3,9 @@ alignment proofs they need."""
 
 from __future__ import annotations
 
-from tiled.compiler.irwalk import (
+from tiled.compiler.tir import FP8_DTYPES, tvm_dtype
+from tiled.ir import dtypes
+from tiled.ir.walk import (
     element_accesses,
     expr_vars,
     lanes_independent,
@@ -11,8 +13,6 @@ from tiled.compiler.irwalk import (
     subexprs,
     walk,
 )
-from tiled.compiler.tir import FP8_DTYPES, tvm_dtype
-from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
 

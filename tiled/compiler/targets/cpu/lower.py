@@ -17,7 +17,6 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import lanes_independent, stmt_exprs, subexprs
 from tiled.compiler.tir import (
     FP8_DTYPES,
     ExprLowering,
@@ -33,6 +32,7 @@ from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
 from tiled.ir.verify_ws import explicit_statement
+from tiled.ir.walk import lanes_independent, stmt_exprs, subexprs
 from tiled.v1 import tile_ir_pb2 as pb
 
 _IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
@@ -58,7 +58,7 @@ def _vectorizable(f: pb.For) -> bool:
     serial results. TVM's vectorizer assumes no dependence between iterations, so this holds
     only for bodies of plain stores (no guards, atomics or loops; no fp8 or bfloat16, which
     TVM legalizes per element, failing on vectors) whose iterations touch disjoint elements
-    (irwalk.lanes_independent). Anything else stays a serial loop."""
+    (tiled.ir.walk.lanes_independent). Anything else stays a serial loop."""
     body = f.body.seq.stmts if f.body.WhichOneof("kind") == "seq" else [f.body]
     return all(st.WhichOneof("kind") == "store" and not any(
         x.dtype in _EMULATED for e in stmt_exprs(st) for x in subexprs(e)) for st in body) \

@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import walk
 from tiled.compiler.passes.layout import ravel
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout
 from tiled.errors import CompileError
 from tiled.ir import dtypes
+from tiled.ir.walk import walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PANEL_BYTES = 128  # one swizzled row

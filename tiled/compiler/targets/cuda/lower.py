@@ -22,7 +22,6 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import element_accesses, expr_vars, subexprs, walk
 from tiled.compiler.passes.barriers import SyncTracker, shared_effects
 from tiled.compiler.passes.layout import (
     ReplicatedLayout,
@@ -86,6 +85,7 @@ from tiled.compiler.tir import (
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
+from tiled.ir.walk import element_accesses, expr_vars, subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 UNROLL_LIMIT = 256

@@ -16,7 +16,6 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import element_accesses, stores
 from tiled.compiler.passes.layout import (
     CyclicLayout,
     ReplicatedLayout,
@@ -28,6 +27,7 @@ from tiled.compiler.passes.layout import (
 from tiled.compiler.passes.vectorize import run_lanes
 from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS, CudaAnchors
 from tiled.compiler.tir import and_all, unravel_dyn
+from tiled.ir.walk import element_accesses, stores
 from tiled.v1 import tile_ir_pb2 as pb
 
 

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import element_accesses, expr_vars, walk
 from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout
@@ -50,6 +49,7 @@ from tiled.compiler.targets.cuda.sm90_gemm import (
 )
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.ir import dtypes
+from tiled.ir.walk import element_accesses, expr_vars, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128

@@ -24,7 +24,6 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import stmt_exprs, subexprs, walk
 from tiled.compiler.passes.barriers import SyncTracker, shared_effects
 from tiled.compiler.passes.layout import tile_op_buffers
 from tiled.compiler.passes.resources import align_up
@@ -37,6 +36,7 @@ from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
 from tiled.ir.verify_ws import WARPGROUP, explicit_statement
+from tiled.ir.walk import stmt_exprs, subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 MAX_REGS = 256  # setmaxnreg's ceiling, and the register file's per-thread share cap here

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import element_accesses, expr_vars, walk
 from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import MmaLayout, WgmmaLayout
@@ -44,6 +43,7 @@ from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.tir import global_extent
 from tiled.errors import CompileError
 from tiled.ir import dtypes
+from tiled.ir.walk import element_accesses, expr_vars, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import stmt_exprs, subexprs, walk
 from tiled.compiler.passes.layout import ravel
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout, infer_layouts
 from tiled.errors import CompileError
 from tiled.ir import dtypes
+from tiled.ir.walk import stmt_exprs, subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PANEL = 64  # 16-bit elements per swizzled row: 128 bytes

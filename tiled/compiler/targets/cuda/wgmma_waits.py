@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import walk
-from tiled.compiler.passes.pipeline import touched, written
+from tiled.compiler.passes.pipeline import touched
 from tiled.ir import dtypes
+from tiled.ir.walk import walk, written
 from tiled.v1 import tile_ir_pb2 as pb
 
 

@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.irwalk import expr_vars, walk
 from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import RunAhead, gathers, run_ahead
 from tiled.compiler.targets.cuda.gemm_sm90 import panel_elems
@@ -71,6 +70,7 @@ from tiled.compiler.targets.cuda.wgmma_waits import (
     wgmma_gemm,
 )
 from tiled.ir import dtypes
+from tiled.ir.walk import expr_vars, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 MAX_BOX = 256  # TMA's boxDim limit, elements per dim

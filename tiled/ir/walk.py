@@ -1,6 +1,6 @@
-"""Walks over Tile IR a lowering reads: the statements nested in one, the expressions in
-them, the element accesses they make, and a rule for T.vectorized loops. Target-independent
-(the cpu and cuda lowerings both use it)."""
+"""Walks over Tile IR: the statements nested in one, the expressions in them, the element
+accesses they make, the buffers a statement writes, and a rule for T.vectorized loops. Pure
+Tile IR (no TVM): the lowerings use it, and so does the DSL's tracer (tiled.lang.binding)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,21 @@ def stmt_exprs(s: pb.Stmt):
     elif kind == "fill":
         yield from node.dst.offsets
         yield node.value
+
+
+def written(st: pb.Stmt) -> set[int]:
+    """Buffers statement `st` itself writes (nested statements not included)."""
+    kind = st.WhichOneof("kind")
+    node = getattr(st, kind)
+    if kind in ("copy", "fill"):
+        return {node.dst.buffer}
+    if kind in ("store", "atomic_add"):
+        return {node.buffer}
+    if kind == "gemm":
+        return {node.c}
+    if kind in ("reduce", "scan"):
+        return {node.dst}
+    return set()
 
 
 def subexprs(e: pb.Expr):

@@ -11,15 +11,16 @@ import pytest
 import tiled
 import tiled.lang as T
 from tiled import config, tuning
+from tiled.cache import tiered
 
 
 @pytest.fixture(autouse=True)
 def _fresh_stats():
     for k in tuning.STATS:
         tuning.STATS[k] = 0
-    tuning._CACHES.clear()
+    tiered._DEFAULT.clear()
     yield
-    tuning._CACHES.clear()
+    tiered._DEFAULT.clear()
 
 
 def _scale_factory(configs, **kw):

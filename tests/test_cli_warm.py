@@ -182,13 +182,14 @@ def test_autotune_through_a_daemon_compiles_there_and_times_here(daemon, tmp_pat
     import importlib.util
 
     from tiled import config, tuning
+    from tiled.cache import tiered
 
     (tmp_path / "tuned2.py").write_text(TUNED.replace('{"bm": 32}]', '{"bm": 64}]'))
     spec = importlib.util.spec_from_file_location("tuned2", tmp_path / "tuned2.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     before = daemon["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60).compiles_total
-    tuning._CACHES.clear()
+    tiered._DEFAULT.clear()
     with config.override(server=daemon["address"], cache_dir=tmp_path / "client-cache"):
         timed = tuning.STATS["candidates_timed"]
         tuned = module.scale(96, 32)

@@ -454,22 +454,16 @@ def _attach(result, target: str, compiled) -> None:
         result.use(target, compiled)
 
 
-_CACHES: dict = {}
-
-
 def _cache():
-    """The local kernel cache stack (memory -> disk -> Redis), or None when it cannot open."""
-    from tiled.cache.tiered import open_default_cache
+    """The process's kernel cache stack (tiled.cache.tiered.default_cache), or None when it
+    cannot open: tunings are then not recorded."""
+    from tiled.cache.tiered import default_cache
 
-    k = tuple(config.get(n) for n in ("cache_dir", "cache_max_bytes", "memory_cache_bytes",
-                                      "redis_url", "cache_namespace"))
-    if k not in _CACHES:
-        try:
-            _CACHES[k] = open_default_cache()
-        except OSError as e:
-            log.warning("tiled.autotune: no kernel cache (%s); tunings are not recorded", e)
-            _CACHES[k] = None
-    return _CACHES[k]
+    try:
+        return default_cache()
+    except OSError as e:
+        log.warning("tiled.autotune: no kernel cache (%s); tunings are not recorded", e)
+        return None
 
 
 def _plain(values):

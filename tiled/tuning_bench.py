@@ -54,8 +54,8 @@ def _precompile_locally(cands, target: str, options: dict) -> None:
     each its own process group, time-limited) and stores them, so that the serial
     tiled.compile after is a cache hit. A failure here is left for that compile to report."""
     from tiled.cache.entry import Entry, sha256_hex
+    from tiled.cache.tiered import default_cache
     from tiled.compiler.action import action_of
-    from tiled.compiler.cached import default_cache
     from tiled.compiler.registry import parse_target
     from tiled.errors import CacheWriteError
     from tiled.ir import verify

@@ -6,6 +6,7 @@ torch = pytest.importorskip("torch")
 
 import tiled.ops as ops
 from tiled import tuning
+from tiled.cache import tiered
 
 
 @pytest.fixture(autouse=True)
@@ -14,7 +15,7 @@ def _fresh():
 
     lin._CHOSEN.clear()
     lin._TUNERS.clear()
-    tuning._CACHES.clear()
+    tiered._DEFAULT.clear()
     for k in tuning.STATS:
         tuning.STATS[k] = 0
     yield

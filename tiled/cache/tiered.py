@@ -139,3 +139,17 @@ def open_default_cache(events: CacheEvents | None = None) -> TieredCache:
                                timeout_seconds=config.get("redis_timeout_seconds"),
                                events=events))
     return TieredCache(tiers, events)
+
+
+_DEFAULT: dict[tuple, TieredCache] = {}
+
+
+def default_cache() -> TieredCache:
+    """This process's cache stack for the current settings (memory -> disk -> Redis), opened
+    once per distinct configuration (tests change TILED_CACHE_DIR per test): the compile
+    glue's and tiled.autotune's. Raises what open_default_cache raises."""
+    key = tuple(config.get(k) for k in ("cache_dir", "cache_max_bytes", "memory_cache_bytes",
+                                        "redis_url"))
+    if key not in _DEFAULT:
+        _DEFAULT[key] = open_default_cache()
+    return _DEFAULT[key]

@@ -13,9 +13,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tiled import config
 from tiled.cache.entry import CacheEvents, Entry, NullEvents, Tier, sha256_hex
 from tiled.cache.keys import ActionKey
+from tiled.cache.tiered import default_cache
 from tiled.compiler import CompiledKernel, as_program, compile_program
 from tiled.compiler.action import action_of
 from tiled.compiler.registry import Target, parse_target
@@ -117,19 +117,4 @@ def _delete(tier: Tier, key: str, events: CacheEvents) -> None:
         events.error(tier.name, "delete")
 
 
-__all__ = ["compile_action", "compile_cached", "compile_key"]
-
-
-_DEFAULT: dict[tuple, Tier] = {}
-
-
-def default_cache() -> Tier:
-    """This process's cache stack for the current settings (memory -> disk -> Redis), opened
-    once per distinct configuration (tests change TILED_CACHE_DIR per test)."""
-    key = tuple(config.get(k) for k in ("cache_dir", "cache_max_bytes", "memory_cache_bytes",
-                                        "redis_url"))
-    if key not in _DEFAULT:
-        from tiled.cache.tiered import open_default_cache
-
-        _DEFAULT[key] = open_default_cache()
-    return _DEFAULT[key]
+__all__ = ["compile_action", "compile_cached", "compile_key", "default_cache"]

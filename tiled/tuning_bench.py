@@ -53,7 +53,6 @@ def _precompile_locally(cands, target: str, options: dict) -> None:
     """Compiles the candidates the local cache lacks in worker processes (tiled.server.pool:
     each its own process group, time-limited) and stores them, so that the serial
     tiled.compile after is a cache hit. A failure here is left for that compile to report."""
-    from tiled.cache.entry import Entry, sha256_hex
     from tiled.cache.tiered import default_cache
     from tiled.compiler.action import action_of
     from tiled.compiler.registry import parse_target
@@ -61,7 +60,7 @@ def _precompile_locally(cands, target: str, options: dict) -> None:
     from tiled.ir import verify
     from tiled.ir.program import as_program
     from tiled.server.pool import CompilePool
-    from tiled.server.worker import decode, encode
+    from tiled.server.worker import COMPILE_JOB, compile_payload, compiled_entry
 
     cache, tgt = default_cache(), parse_target(target)
     misses = []
@@ -79,19 +78,16 @@ def _precompile_locally(cands, target: str, options: dict) -> None:
     workers = min(len(misses), len(os.sched_getaffinity(0)))
     pool = CompilePool(workers=workers, timeout_s=COMPILE_TIMEOUT_S)
     try:
-        jobs = [(action, pool.submit(action.hex, "tiled.server.worker:compile_job",
-                                     encode({"target": str(tgt), "options": options,
-                                             "action": action.record}, program.to_bytes())))
-                for program, action in misses]
+        jobs = [(action, pool.submit(action.hex, COMPILE_JOB, compile_payload(
+            program, tgt, options, action.record))) for program, action in misses]
         for action, job in jobs:
             try:
-                header, artifact = decode(job.result())
+                entry, _ = compiled_entry(action.hex, job.result())
             except Exception as e:
                 log.info("autotune: a candidate failed in the compile pool: %s", e)
                 continue
             try:
-                cache.put(Entry(action.hex, header["manifest"].encode(),
-                                {sha256_hex(artifact): artifact}))
+                cache.put(entry)
             except CacheWriteError as e:
                 log.warning("autotune: could not store a compiled candidate: %s", e)
     finally:

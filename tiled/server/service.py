@@ -25,7 +25,7 @@ import grpc
 
 import tiled
 from tiled import config
-from tiled.cache.entry import Entry, sha256_hex
+from tiled.cache.entry import Entry
 from tiled.compiler.cached import compile_action
 from tiled.compiler.registry import get_backend, parse_target
 from tiled.errors import CacheWriteError, UnsupportedTarget
@@ -42,7 +42,7 @@ from tiled.server.wire import (
     check_options_size,
     parse_options,
 )
-from tiled.server.worker import decode, encode
+from tiled.server.worker import COMPILE_JOB, compile_payload, compiled_entry
 from tiled.v1 import compile_pb2 as cpb
 from tiled.v1 import compile_pb2_grpc
 
@@ -182,21 +182,18 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         key = action.hex
         timeout = self.compile_timeout_s if time_left is None else \
             max(0.001, min(self.compile_timeout_s, time_left))
-        payload = encode({"target": str(target), "options": options, "action": action.record},
-                         program.to_bytes())
+        payload = compile_payload(program, target, options, action.record)
         try:
-            job = self.pool.submit(key, "tiled.server.worker:compile_job", payload,
-                                   timeout_s=timeout)
+            job = self.pool.submit(key, COMPILE_JOB, payload, timeout_s=timeout)
             if self.flights.attach(key, flight, job):  # every request left before it existed
                 job.cancel()
             result = job.result()
         except Exception:
             self._observe(target, {"total": time.perf_counter() - t0}, "error")
             raise
-        header, artifact = decode(result)
-        for stage, seconds in header.get("stages", {}).items():  # the worker verifies again
+        entry, worker_stages = compiled_entry(key, result)
+        for stage, seconds in worker_stages.items():  # the worker verifies again
             stages[stage] = stages.get(stage, 0.0) + seconds
-        entry = Entry(key, header["manifest"].encode(), {sha256_hex(artifact): artifact})
         t_store = time.perf_counter()
         try:
             self.cache.put(entry)

@@ -235,6 +235,24 @@ def _leave_job_dir(tmpdir_env: str | None, tempdir: str | None) -> None:
     tempfile.tempdir = tempdir
 
 
+COMPILE_JOB = "tiled.server.worker:compile_job"
+
+
+def compile_payload(program, target, options: dict, action_record: dict) -> bytes:
+    """compile_job's payload for `program` compiled for `target` under its action record."""
+    return encode({"target": str(target), "options": options, "action": action_record},
+                  program.to_bytes())
+
+
+def compiled_entry(key: str, result: bytes):
+    """(the cache Entry of compile_job's answer filed under `key`, its stages' seconds)."""
+    from tiled.cache.entry import Entry, sha256_hex
+
+    header, artifact = decode(result)
+    entry = Entry(key, header["manifest"].encode(), {sha256_hex(artifact): artifact})
+    return entry, header.get("stages", {})
+
+
 def compile_job(payload: bytes) -> bytes:
     """payload: {"target", "options", "action"} + program bytes -> {"manifest", "stages"} +
     artifact."""

@@ -57,8 +57,12 @@ class Item:
     tune: Any = field(default=None, repr=False)  # (Autotuner, args, spec): tune after warm
 
     def label(self) -> str:
-        args = ", ".join(f"{k}={v}" for k, v in self.args.items())
-        return f"kernels[{self.index}] {self.kernel}({args}) -> {self.target}"
+        return f"{_call(self.index, self.kernel, self.args)} -> {self.target}"
+
+
+def _call(index: int, kernel: str, args: dict) -> str:
+    """`kernels[i] FILE.py:NAME(k=v, ...)`, as the output names an entry's variant."""
+    return f"kernels[{index}] {kernel}({', '.join(f'{k}={v}' for k, v in args.items())})"
 
 
 # -- the manifest ------------------------------------------------------------------------------
@@ -206,7 +210,6 @@ def _tune(items: list[Item], address: str) -> list[tuple[Item, str, str]]:
         if item.tune is None:
             continue
         tuner, variant, spec = item.tune
-        args = ", ".join(f"{k}={v}" for k, v in variant.items())
         t0 = time.perf_counter()
         try:
             with config.override(server=address):
@@ -216,7 +219,7 @@ def _tune(items: list[Item], address: str) -> list[tuple[Item, str, str]]:
             continue
         how = "recorded before" if tuned.from_record else \
             f"timed {sum(c.us is not None for c in tuned.candidates)} candidates"
-        print(f"tuned kernels[{item.index}] {spec}({args}): config {tuned.config} "
+        print(f"tuned {_call(item.index, spec, variant)}: config {tuned.config} "
               f"({how}, {time.perf_counter() - t0:.1f} s)", flush=True)
     return failures
 

@@ -196,7 +196,8 @@ class Autotuner:
     def __repr__(self) -> str:
         return f"<tiled.autotune {self.factory.__name__} over {len(self.configs)} configs>"
 
-    def __call__(self, *args, **kwargs) -> Tuned:
+    def _bind(self, args, kwargs):
+        """(the call's bound arguments, its key values, the bucket's representative values)."""
         bound = self._signature.bind_partial(*args, **kwargs)
         for name in self.key:
             if name not in bound.arguments:
@@ -206,6 +207,10 @@ class Autotuner:
         if len(rep) != len(values):
             raise ValueError(f"tiled.autotune: bucket{values} returned {len(rep)} values, "
                              f"not {len(values)}")
+        return bound, values, rep
+
+    def __call__(self, *args, **kwargs) -> Tuned:
+        bound, values, rep = self._bind(args, kwargs)
         target = self._resolve_target()
         rest = _freeze(bound.arguments, self.key)
         exact = (values, target, rest)
@@ -227,9 +232,7 @@ class Autotuner:
     def candidate_programs(self, *args, **kwargs) -> list[tuple[int, dict, Any]]:
         """(config index, config, Program) of every config that builds at the call's bucket
         shape: what a tuning of this call compiles (`tiled warm` sends them ahead)."""
-        bound = self._signature.bind_partial(*args, **kwargs)
-        values = tuple(bound.arguments[n] for n in self.key)
-        rep = tuple(self.bucket(*values)) if self.bucket else values
+        bound, _, rep = self._bind(args, kwargs)
         return [(c.index, c.config, _kernel_of(c.kernel).ir)
                 for c in self._build(self._with_key(bound, rep)) if c.skipped is None]
 

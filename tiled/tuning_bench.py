@@ -38,9 +38,7 @@ def compile_all(cands, target: str, options: dict, progress) -> None:
         progress.update("compiled", done[0])
 
     for c in cands:
-        from tiled.tuning import _kernel_of
-
-        c.kernel_ir = _kernel_of(c.kernel)
+        c.kernel_ir = tuning._kernel_of(c.kernel)
     if not config.get("server"):  # cache hits (or prebuilt) now: in this thread
         for c in cands:
             one(c)

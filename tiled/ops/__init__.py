@@ -25,6 +25,9 @@ import threading
 from tiled.ops import kernels as _k
 
 _KERNELS: dict[tuple, object] = {}
+_FACTORIES = {"rms_norm": _k.rms_norm, "fused_add_rms_norm": _k.fused_add_rms_norm,
+              "layer_norm": _k.layer_norm, "gated_activation": _k.gated_activation,
+              "softmax": _k.softmax, "rotary_embedding": _k.rotary}
 _LOCK = threading.Lock()
 _DTYPES = ("float16", "bfloat16", "float32")
 
@@ -59,7 +62,7 @@ def _kernel(op: str, like, **params):
     """The compiled kernel of factory(**params) for `like`'s device, compiled once (or the
     one `install` gave for it)."""
     target = _target(like)
-    key = (op, target, tuple(sorted(params.items())))
+    key = _key(op, target, params)
     k = _KERNELS.get(key)
     if k is not None:
         return k
@@ -71,6 +74,10 @@ def _kernel(op: str, like, **params):
     compiled = tiled.compile(kernel_factory(op, target, **params), target=target)
     with _LOCK:
         return _KERNELS.setdefault(key, compiled)
+
+
+def _key(op: str, target: str, params: dict) -> tuple:
+    return op, target, tuple(sorted(params.items()))
 
 
 def _launch_config(op: str, target: str) -> dict:
@@ -228,12 +235,9 @@ def rotary_embedding(positions, query, key, head_size: int, cos_sin_cache,
 def kernel_factory(op: str, target: str, **params):
     """The DSL kernel op `op` compiles for `params` on `target` (with its launch config), for
     building it ahead of time: a bundle for hosts without the compiler, see `install`."""
-    factories = {"rms_norm": _k.rms_norm, "fused_add_rms_norm": _k.fused_add_rms_norm,
-                 "layer_norm": _k.layer_norm, "gated_activation": _k.gated_activation,
-                 "softmax": _k.softmax, "rotary_embedding": _k.rotary}
-    if op not in factories:
-        raise ValueError(f"tiled.ops: no op {op!r} (one of {', '.join(factories)})")
-    return factories[op](**params, **_launch_config(op, target))
+    if op not in _FACTORIES:
+        raise ValueError(f"tiled.ops: no op {op!r} (one of {', '.join(_FACTORIES)})")
+    return _FACTORIES[op](**params, **_launch_config(op, target))
 
 
 def install(op: str, target: str, kernel, **params) -> None:
@@ -246,7 +250,7 @@ def install(op: str, target: str, kernel, **params) -> None:
         raise ValueError(f"tiled.ops.install: the kernel ({kernel.manifest.name}) is not "
                          f"{op} for {params}")
     with _LOCK:
-        _KERNELS[(op, target, tuple(sorted(params.items())))] = kernel
+        _KERNELS[_key(op, target, params)] = kernel
 
 
 def compiled_kernels() -> int:

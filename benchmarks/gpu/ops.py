@@ -90,14 +90,19 @@ def smoke(bundle: Path) -> None:
         print(f"smoke rms_norm_{n}: ran", flush=True)
 
 
+def _norm_inputs(torch, n, m):
+    """Fresh bf16 (x [m, n], residual [m, n], weight [n], gate-and-up [m, 2n])."""
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    return (torch.randn(m, n, **bf), torch.randn(m, n, **bf), torch.randn(n, **bf),
+            torch.randn(m, 2 * n, **bf))
+
+
 def _cases(torch, n, m):
     """name -> (tiled call, torch call, bytes moved), on fresh tensors of M = m rows."""
     import tiled.ops as ops
 
     F = torch.nn.functional
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    x, r, w = torch.randn(m, n, **bf), torch.randn(m, n, **bf), torch.randn(n, **bf)
-    h = torch.randn(m, 2 * n, **bf)
+    x, r, w, h = _norm_inputs(torch, n, m)
     e = 2
     return {
         "rms_norm": (lambda: ops.rms_norm(x, w, EPS),
@@ -187,9 +192,7 @@ def _check(torch, n, m) -> dict:
     import tiled.ops as ops
 
     F = torch.nn.functional
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    x, r, w = torch.randn(m, n, **bf), torch.randn(m, n, **bf), torch.randn(n, **bf)
-    h = torch.randn(m, 2 * n, **bf)
+    x, r, w, h = _norm_inputs(torch, n, m)
     x2, r2 = x.clone(), r.clone()
     ops.fused_add_rms_norm(x2, r2, w, EPS)
     want_r = (x.float() + r.float()).to(torch.bfloat16)

@@ -136,16 +136,16 @@ def fused_add_rms_norm(x, residual, weight, eps: float = 1e-6) -> None:
             dtype=_dtype(x, "fused_add_rms_norm"), eps=float(eps))(x2, r2, w)
 
 
-_ONES: dict[tuple, object] = {}
+_CONSTANTS: dict[tuple, object] = {}
 
 
 def _constant_vector(x, n: int, value: float):
     key = (x.device, x.dtype, n, value)
-    v = _ONES.get(key)
+    v = _CONSTANTS.get(key)
     if v is None:
         if _capturing(x):
             raise RuntimeError("tiled.ops.layer_norm: call it once before capturing a graph")
-        v = _ONES.setdefault(key, x.new_full((n,), value))
+        v = _CONSTANTS.setdefault(key, x.new_full((n,), value))
     return v
 
 

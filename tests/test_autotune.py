@@ -25,9 +25,9 @@ def _fresh_stats():
 
 def _scale_factory(configs, **kw):
     """Y = 2 X in row blocks of `bm`; `wrong=True` writes 3 X (and `half=True` only the
-    first half of the rows: less work, so faster, and wrong)."""
+    first half of the rows: less work, so faster, and wrong; `clobber=True` also overwrites X)."""
     @tiled.autotune(configs=configs, key=["M", "N"], warmup_ms=2, rep_ms=10, **kw)
-    def scale(M, N, bm=16, wrong=False, half=False, fail=False):
+    def scale(M, N, bm=16, wrong=False, half=False, fail=False, clobber=False):
         if fail:
             raise ValueError("this config is refused")
         factor = 3.0 if wrong else 2.0
@@ -38,6 +38,9 @@ def _scale_factory(configs, **kw):
             with T.Kernel(T.ceildiv(rows, bm), threads=128) as bx:
                 for i, j in T.Parallel(bm, N):
                     Y[bx * bm + i, j] = X[bx * bm + i, j] * factor
+                if clobber:
+                    for i, j in T.Parallel(bm, N):
+                        X[bx * bm + i, j] = 0.0
         return k
     return scale
 
@@ -62,6 +65,12 @@ def test_tunes_once_records_and_never_chooses_a_wrong_or_failing_config():
                             {"bm": 64}])(256, 128)  # a new decorator: only the record is shared
     assert again.from_record and again.config == tuned.config
     assert tuning.STATS["tunings"] == 1 and tuning.STATS["record_hits"] == 1
+
+
+def test_a_config_that_writes_an_input_is_skipped():
+    tuned = _scale_factory([{"bm": 16}, {"bm": 32, "clobber": True}])(128, 64)
+    by_index = {c.index: c for c in tuned.candidates}
+    assert "wrote argument 0" in by_index[1].skipped and tuned.config == {"bm": 16}
 
 
 def test_a_second_process_takes_the_winner_from_the_cache_without_timing(tmp_path):

@@ -12,7 +12,7 @@ tuner the bundle's kernels instead of compiling)
         --out $OUT/autotune_linear_h200.json
 
 Timing of the tuned call against F.linear: each graph-replayed GRAPH_CALLS times, medians of
-ROUNDS interleaved rounds. Written 2026-12-01 with no device time left: not run yet.
+ROUNDS interleaved rounds (do_bench, 10 ms warm-up, 40 ms of replays each).
 """
 
 import json
@@ -104,12 +104,13 @@ def _phase(bundle: Path, phase: str) -> dict:
                     samples = {k: [] for k in calls}
                     for _ in range(ROUNDS):
                         for k, g in calls.items():
-                            samples[k].append(do_bench(g) / GRAPH_CALLS)
+                            samples[k].append(do_bench(g, warmup=10, rep=40) / GRAPH_CALLS)
                     us = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
                     row.update(us=us, ratio=us["F.linear"] / us["tiled"])
                     print(f"{shape:12s} M={m:5d}: {row['ratio']:.3f}x F.linear, config "
                           f"{tuned.config}, tuned in {first_call_s:.1f} s, err {err:.1e}",
                           flush=True)
+                print("ROW " + json.dumps(row), flush=True)  # what a timed-out run still keeps
                 rows.append(row)
     return {"rows": rows, "stats": dict(tuning.STATS)}
 
@@ -120,13 +121,22 @@ def run(bundle: Path, out: Path) -> None:
         return
     cache = tempfile.mkdtemp(prefix="tiled-autotune-cache-")
     phases = {}
-    for phase, limit in (("tune", 420), ("reuse", 120)):
+    for phase, limit in (("tune", 420), ("reuse", 100)):
         env = dict(os.environ, **{PHASE_ENV: phase, "TILED_CACHE_DIR": cache})
-        child = subprocess.run([sys.executable, __file__, "run", "--bundle", str(bundle)],
-                               env=env, capture_output=True, text=True, timeout=limit)
-        print(child.stdout[-6000:], child.stderr[-3000:], flush=True)
-        phases[phase] = next((json.loads(line[7:]) for line in child.stdout.splitlines()
-                              if line.startswith("RESULT ")), {"error": child.returncode})
+        log = out.with_suffix(f".{phase}.log")
+        with log.open("w") as f:  # streamed to a file: a child that runs out of time leaves
+            try:                  # its finished rows behind
+                subprocess.run([sys.executable, __file__, "run", "--bundle", str(bundle)],
+                               env=env, stdout=f, stderr=subprocess.STDOUT, timeout=limit)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        lines = log.read_text().splitlines()
+        print("\n".join(lines[-40:]), flush=True)
+        phases[phase] = next((json.loads(line[7:]) for line in lines
+                              if line.startswith("RESULT ")), None) or {
+            "error": f"timed out after {limit} s" if timed_out else "no result",
+            "rows": [json.loads(line[4:]) for line in lines if line.startswith("ROW ")]}
     reuse = phases["reuse"].get("stats", {})
     summary = {"second_process_timed_candidates": reuse.get("candidates_timed"),
                "second_process_tunings": reuse.get("tunings"),

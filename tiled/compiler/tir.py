@@ -21,6 +21,7 @@ from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
 from tiled.ir.verify_params import c_name_problem
+from tiled.ir.walk import subexprs
 from tiled.v1 import tile_ir_pb2 as pb
 
 TVM_DTYPE = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
@@ -76,6 +77,11 @@ class ExprLowering:
     float8, so conversions name the Tile IR dtype of their operand (`cast(..., src=)`)."""
 
     exact_fp8 = False
+    # Whether a select of a loaded value (a guarded load) lowers to TIR's if_then_else (set
+    # by CUDA: TVM's CUDA codegen of a vectorized Select declares its condition vector with
+    # the value's type, which nvcc rejects, `nv_bfloat164 c = make_ushort4(...)`;
+    # if_then_else keeps one scalar condition over the vector values).
+    select_as_if = False
 
     def __init__(self, program: Program):
         self.program = program.proto
@@ -155,8 +161,12 @@ class ExprLowering:
         if kind == "cast":
             return self.cast(self.expr(e.cast.value), dt, tvm_dtype(e.cast.value.dtype))
         if kind == "select":
-            return tirx.Select(self.expr(e.select.cond), self.expr(e.select.true_value),
-                               self.expr(e.select.false_value))
+            loads = self.select_as_if and any(
+                sub.WhichOneof("kind") == "load"
+                for v in (e.select.true_value, e.select.false_value) for sub in subexprs(v))
+            pick = tirx.if_then_else if loads else tirx.Select
+            return pick(self.expr(e.select.cond), self.expr(e.select.true_value),
+                        self.expr(e.select.false_value))
         if kind == "load":
             return self.load(e.load.buffer, [self.expr(i) for i in e.load.indices])
         raise CompileError(f"expression kind {kind} cannot be lowered")

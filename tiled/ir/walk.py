@@ -104,6 +104,26 @@ def stores(body: pb.Stmt):
             yield node.buffer, list(node.indices)
 
 
+def set_before_read(body: pb.Stmt) -> set[int]:
+    """Buffers whose first access in `body`, in program order, is a store (the loads of a
+    store's own value and indices come before it): in a loop body, values each iteration
+    sets for itself before it reads them (a scalar `x = A[i]` the DSL keeps in a local)."""
+    seen: set[int] = set()
+    first_store: set[int] = set()
+    for st in walk(body):
+        for e in stmt_exprs(st):
+            for sub in subexprs(e):
+                if sub.WhichOneof("kind") == "load":
+                    seen.add(sub.load.buffer)
+        kind = st.WhichOneof("kind")
+        if kind in ("store", "atomic_add"):
+            bid = getattr(st, kind).buffer
+            if bid not in seen and kind == "store":
+                first_store.add(bid)
+            seen.add(bid)
+    return first_store
+
+
 def lanes_independent(f: pb.For) -> bool:
     """Whether the iterations of loop `f` touch disjoint elements, so running them as vector
     lanes gives the serial results: every store writes an element of its own iteration (its

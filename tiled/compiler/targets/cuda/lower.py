@@ -98,6 +98,7 @@ _NATIVE_ADD = {"int32", "uint32", "float32", "float64", "float16", "bfloat16"}
 
 
 class CudaLowering(ExprLowering):
+    select_as_if = True  # ExprLowering.select_as_if
     explicit = False  # the explicit sm_90a path (sm90_explicit.ExplicitLowering)
     tid_base = 0  # the first thread running the current statement (a T.ws region's)
     turn = False  # a wgmma gemm issued on its warpgroup's turn (ws_loop.py, pingpong)

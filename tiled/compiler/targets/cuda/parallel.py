@@ -27,7 +27,7 @@ from tiled.compiler.passes.layout import (
 from tiled.compiler.passes.vectorize import run_lanes
 from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS, CudaAnchors
 from tiled.compiler.tir import and_all, unravel_dyn
-from tiled.ir.walk import element_accesses, stores
+from tiled.ir.walk import element_accesses, set_before_read, stores
 from tiled.v1 import tile_ir_pb2 as pb
 
 
@@ -63,8 +63,12 @@ def lower_parallel(low, s: pb.Stmt) -> None:
             low.frag_bind, low.nest_vars, low.frag_row = {}, outer_vars, None
             low.replica = None
         return
+    # A local the body sets before it reads it (a scalar it names) is each iteration's own:
+    # every thread keeps its own copy, so it does not make the nest run whole in each.
+    private = set_before_read(body)
     writes_replicated = any(
-        low.buffers[b].scope in (pb.FRAGMENT, pb.LOCAL)
+        low.buffers[b].scope == pb.FRAGMENT or
+        (low.buffers[b].scope == pb.LOCAL and b not in private)
         for b, _ in stores(body))
     if writes_replicated:
         # Every thread needs the values (replicated tiles): each runs the whole nest.

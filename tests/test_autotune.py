@@ -165,3 +165,15 @@ def test_prebuilt_kernels_are_tuned_without_compiling(monkeypatch):
     with tuning.prebuilt(pairs):
         again = _scale_factory([{"bm": 16}, {"bm": 32}, {"bm": 64}])(64, 32)
     assert again.from_record and again.config == tuned.config
+
+
+def test_run_is_how_candidates_are_checked_and_timed():
+    calls = []
+
+    def run(kernel, config, args):
+        calls.append(config["bm"])
+        kernel(*args)
+
+    tuned = _scale_factory([{"bm": 16}, {"bm": 32}], run=run)(128, 64)
+    assert tuned.config in ({"bm": 16}, {"bm": 32})
+    assert calls.count(16) > 5 and calls.count(32) > 5  # the check, then every timed run

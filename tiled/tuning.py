@@ -27,7 +27,11 @@ name the tuning. On the first call for a key:
    that makes NaNs, or that fails to compile or launch is skipped, logged with the reason,
    never chosen;
 4. the others are timed as triton.testing.do_bench times (warm-up, then the median of
-   `rep_ms` worth of runs, the L2 flushed before each run on CUDA);
+   `rep_ms` worth of runs, the L2 flushed before each run on CUDA, where the runs are
+   replayed from a CUDA graph so the host's launch cost is not counted); `run(kernel, config,
+   args)`, when given, is how the caller runs a candidate (its checks and timings then
+   count what the caller does around the kernel: a buffer zeroed before split-K, a cast
+   after), else `kernel(*args)`;
 5. the winner is recorded in the kernel cache under a tuning key: the digest of the
    candidates' programs (the template), the key's bucket, the device's name and SM count
    (CPU: model and cores), the toolchain and the cache namespace. The record is a cache entry
@@ -156,7 +160,8 @@ class Tuned:
 def autotune(configs: Sequence[Mapping[str, Any]] | Callable[[], Any], key: Sequence[str], *,
              bucket: Callable[..., Sequence[Any]] | None = None, target: str = "auto",
              inputs: Callable[..., Sequence[Any]] | None = None, warmup_ms: float = 25.0,
-             rep_ms: float = 100.0, tolerance: float | None = None, **options):
+             rep_ms: float = 100.0, tolerance: float | None = None,
+             run: Callable[..., Any] | None = None, **options):
     """The decorator (module docstring). `configs`: a list of keyword dicts for the factory,
     or a callable returning an iterable of them (the space). `key`: names of the factory's
     arguments that select a tuning. `options`: compile options for every candidate."""
@@ -169,7 +174,7 @@ def autotune(configs: Sequence[Mapping[str, Any]] | Callable[[], Any], key: Sequ
 
     def wrap(factory):
         return Autotuner(factory, [dict(c) for c in space], list(key), bucket, target, inputs,
-                         warmup_ms, rep_ms, tolerance, options)
+                         warmup_ms, rep_ms, tolerance, options, run)
     return wrap
 
 
@@ -178,8 +183,9 @@ class Autotuner:
     tuning per key at a time, its result shared."""
 
     def __init__(self, factory, configs, key, bucket, target, inputs, warmup_ms, rep_ms,
-                 tolerance, options):
+                 tolerance, options, run=None):
         self.factory, self.configs, self.key = factory, configs, key
+        self.run = run
         self.bucket, self.target, self.inputs = bucket, target, inputs
         self.warmup_ms, self.rep_ms, self.tolerance = warmup_ms, rep_ms, tolerance
         self.options = options

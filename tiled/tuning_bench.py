@@ -107,8 +107,14 @@ def check_and_time(cands, bound, target: str, tuner, progress) -> None:
             c.skipped = f"no inputs: {type(e).__name__}: {e}"
             continue
         args = [_clone(a) for a in pristine]
+        if tuner.run is None:
+            def launch(c=c, args=args):
+                c.compiled(*args)
+        else:
+            def launch(c=c, args=args):
+                tuner.run(c.compiled, c.config, args)
         try:
-            c.compiled(*args)
+            launch()
             _sync(target)
         except Exception as e:  # a launch that fails skips the candidate
             c.skipped = f"launch failed: {type(e).__name__}: {e}"
@@ -127,8 +133,7 @@ def check_and_time(cands, bound, target: str, tuner, progress) -> None:
             if problem:
                 c.skipped = f"wrong result: {problem} (against the first correct config)"
                 continue
-        c.us = _time(lambda c=c, args=args: c.compiled(*args), target, tuner.warmup_ms,
-                     tuner.rep_ms)
+        c.us = _time(launch, target, tuner.warmup_ms, tuner.rep_ms)
         progress.update("timed", i + 1)
 
 
@@ -249,7 +254,8 @@ def _sync(target: str) -> None:
 
 def _time(fn, target: str, warmup_ms: float, rep_ms: float) -> float:
     """Median microseconds of one call: warm-up for about `warmup_ms`, then runs for about
-    `rep_ms` (at least 5), each after an L2 flush on CUDA."""
+    `rep_ms` (at least 5), each after an L2 flush on CUDA (there replayed from a CUDA graph
+    where fn can be captured: _graph_time)."""
     if target == "cpu":
         fn()
         t0 = time.perf_counter()
@@ -268,6 +274,9 @@ def _time(fn, target: str, warmup_ms: float, rep_ms: float) -> float:
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
     fn()
     torch.cuda.synchronize()
+    graphed = _graph_time(torch, fn, flush[:GRAPH_FLUSH_BYTES], warmup_ms, rep_ms)
+    if graphed is not None:
+        return graphed
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
@@ -288,3 +297,57 @@ def _time(fn, target: str, warmup_ms: float, rep_ms: float) -> float:
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) * 1e3
+
+
+GRAPH_CALLS = 10
+GRAPH_FLUSH_BYTES = 64 << 20  # more than an H100 / H200 L2 (50 MiB), a quarter of the noise
+
+
+def _graph_time(torch, fn, flush, warmup_ms: float, rep_ms: float) -> float | None:
+    """Microseconds of one call as the device runs it, without the host's launch cost (which
+    for a kernel of a few microseconds is most of an event-timed call, and differs with how
+    many launches a candidate's `run` makes): GRAPH_CALLS x (L2 flush, fn) captured in a CUDA
+    graph, less a graph of the flushes alone, the median over replays. None when fn cannot be
+    captured (it synchronizes, or compiles)."""
+    def capture(body):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(GRAPH_CALLS):
+                body()
+        return g
+
+    def flush_only():
+        flush.zero_()
+
+    def flush_and_call():
+        flush.zero_()
+        fn()
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graphs = [capture(flush_only), capture(flush_and_call)]
+    except Exception as e:  # not capturable: the caller times it launch by launch
+        log.debug("autotune: timing without a CUDA graph: %s", e)
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def replay_ms(g) -> float:
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    est = max(replay_ms(graphs[1]), 1e-3)
+    for _ in range(max(1, int(warmup_ms / est))):
+        graphs[1].replay()
+    diffs = []
+    for _ in range(max(5, int(rep_ms / est))):
+        base, with_fn = replay_ms(graphs[0]), replay_ms(graphs[1])
+        diffs.append(max(with_fn - base, 0.0) / GRAPH_CALLS)
+    return statistics.median(diffs) * 1e3

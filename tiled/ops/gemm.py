@@ -103,7 +103,7 @@ def _tuner(target_kind: str):
         space = CUDA_SPACE if target_kind == "cuda" else CPU_SPACE
         t = _TUNERS[target_kind] = tiled.autotune(
             configs=space, key=["M", "N", "K", "dtype", "out_dtype"], bucket=token_bucket,
-            inputs=_inputs)(linear_kernel)
+            inputs=_inputs, run=_run)(linear_kernel)
     return t
 
 
@@ -121,13 +121,40 @@ def _inputs(M, N, K, dtype, out_dtype, **config):
     return [x, w, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out))]
 
 
+def _run(kernel, config, args):
+    """A candidate as linear runs it (so split-K is timed with its zeroing and its cast)."""
+    x, w, y = args
+    if config.get("splits", 1) > 1:
+        y.zero_()
+        kernel(x, w, y)
+        y.to(x.dtype)
+    else:
+        kernel(x, w, y)
+
+
+def _launch(tuned, x2, w, odt):
+    """y = x2 @ w.T in dtype `odt` through the tuned kernel (split-K: into a zeroed float32
+    buffer, cast after)."""
+    import torch
+
+    M, N = x2.shape[0], w.shape[0]
+    if tuned.config.get("splits", 1) > 1:
+        acc = torch.zeros(M, N, device=x2.device, dtype=torch.float32)
+        if M:
+            tuned.compiled(x2, w, acc)
+        return acc.to(odt)
+    y = torch.empty(M, N, device=x2.device, dtype=odt)
+    if M:
+        tuned.compiled(x2, w, y)
+    return y
+
+
 _CHOSEN: dict[tuple, object] = {}
 
 
 def linear(x, w, bias=None, out_dtype=None):
     """x @ w.T (+ bias) for x [..., K] and w [N, K] (bf16 / fp16), in `out_dtype` (default
     x's). The kernel is chosen by tiled.autotune per token-count bucket, then kept."""
-    import torch
 
     from tiled.ops import _dtype, _rows, _target
 
@@ -151,16 +178,7 @@ def linear(x, w, bias=None, out_dtype=None):
     if tuned is None:
         tuned = _CHOSEN[key] = _tuner("cpu" if target == "cpu" else "cuda")(
             M, N, K, dtype, out_name)
-    wc = w.contiguous()
-    if tuned.config.get("splits", 1) > 1:
-        acc = torch.zeros(M, N, device=x.device, dtype=torch.float32)
-        if M:
-            tuned.compiled(x2, wc, acc)
-        y = acc.to(odt)
-    else:
-        y = torch.empty(M, N, device=x.device, dtype=odt)
-        if M:
-            tuned.compiled(x2, wc, y)
+    y = _launch(tuned, x2, w.contiguous(), odt)
     if bias is not None:
         y += bias
     return y.view(*x.shape[:-1], N)

@@ -8,6 +8,9 @@ over torch tensors with vLLM's argument conventions:
     gelu_and_mul(x, approximate="none")       -> gelu(x[..., :d]) * x[..., d:] ("tanh" too)
     softmax(x, dim=-1)                        -> out
     rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)   in place
+    linear(x, w, bias=None, out_dtype=None)   -> x @ w.T, autotuned (tiled.ops.gemm)
+    quantize_fp8(x, block=128)                -> (e4m3 q, float32 scales) (tiled.ops.fp8)
+    fp8_linear(x, w, x_scale, w_scale, bias=None, out_dtype=None)   scaled e4m3 GEMM
 
 Each op compiles its kernel on the first call for a (hidden size, dtype, device) and keeps it
 (the token count is symbolic: one compile serves every batch), through `tiled.compile`, so the
@@ -83,7 +86,7 @@ def _key(op: str, target: str, params: dict) -> tuple:
 def _launch_config(op: str, target: str) -> dict:
     """Rows per block and threads: one row per 128-thread block on CUDA (the conformance
     suite's rms_norm at N = 4096 ran at 1.06x F.rms_norm so), four rows on the CPU."""
-    if op in ("gated_activation", "rotary_embedding"):
+    if op not in ("rms_norm", "fused_add_rms_norm", "layer_norm", "softmax"):
         return {}
     return {"blk_m": 4} if target == "cpu" else {"blk_m": 1, "threads": 128}
 
@@ -274,10 +277,16 @@ def _register_torch_ops() -> None:
                                             e)
 
 
+from tiled.ops import fp8 as _fp8  # noqa: E402
+from tiled.ops.fp8 import fp8_linear, quantize_fp8  # noqa: E402
 from tiled.ops.gemm import linear  # noqa: E402 - it imports the helpers above
+
+_FACTORIES.update({"quantize_fp8_groups": _fp8.quantize_group_kernel,
+                   "fp8_absmax": _fp8.absmax_kernel,
+                   "quantize_fp8_scaled": _fp8.quantize_scaled_kernel})
 
 _register_torch_ops()
 
-__all__ = ["compiled_kernels", "fused_add_rms_norm", "gelu_and_mul", "install",
-           "kernel_factory", "layer_norm", "linear", "rms_norm", "rotary_embedding", "silu_and_mul",
-           "softmax"]
+__all__ = ["compiled_kernels", "fp8_linear", "fused_add_rms_norm", "gelu_and_mul", "install",
+           "kernel_factory", "layer_norm", "linear", "quantize_fp8", "rms_norm",
+           "rotary_embedding", "silu_and_mul", "softmax"]

@@ -96,3 +96,26 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None,
 @linear.register_fake
 def _(x, w, bias=None, out_dtype=None):
     return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype or x.dtype)
+
+
+@torch.library.custom_op("tiled::quantize_fp8", mutates_args=())
+def quantize_fp8(x: Tensor, block: int | None = 128) -> tuple[Tensor, Tensor]:
+    return ops.quantize_fp8(x, block)
+
+
+@quantize_fp8.register_fake
+def _(x, block=128):
+    scales = (1,) if block is None else (*x.shape[:-1], x.shape[-1] // block)
+    return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+            x.new_empty(scales, dtype=torch.float32))
+
+
+@torch.library.custom_op("tiled::fp8_linear", mutates_args=())
+def fp8_linear(x: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor,
+               bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+    return ops.fp8_linear(x, w, x_scale, w_scale, bias, out_dtype)
+
+
+@fp8_linear.register_fake
+def _(x, w, x_scale, w_scale, bias=None, out_dtype=None):
+    return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype or torch.bfloat16)

@@ -119,3 +119,13 @@ def fp8_linear(x: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor,
 @fp8_linear.register_fake
 def _(x, w, x_scale, w_scale, bias=None, out_dtype=None):
     return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype or torch.bfloat16)
+
+
+@torch.library.custom_op("tiled::grouped_linear", mutates_args=())
+def grouped_linear(x: Tensor, w: Tensor, expert_offsets: Tensor) -> Tensor:
+    return ops.grouped_linear(x, w, expert_offsets)
+
+
+@grouped_linear.register_fake
+def _(x, w, expert_offsets):
+    return x.new_empty((x.shape[0], w.shape[1]))

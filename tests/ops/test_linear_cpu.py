@@ -54,3 +54,30 @@ def test_linear_custom_op_passes_opcheck():
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(5, 64, generator=g).half(), torch.randn(32, 64, generator=g).half()
     torch.library.opcheck(torch.ops.tiled.linear, (x, w, None, torch.float32))
+
+
+def test_matmul_matches_torch_and_refuses_a_batched_b():
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(2, 9, 128, generator=g).bfloat16()
+    b = (torch.randn(128, 80, generator=g) / 128 ** 0.5).bfloat16()
+    y = ops.matmul(a, b)
+    want = a.float() @ b.float()
+    assert y.shape == (2, 9, 80) and y.dtype == torch.bfloat16
+    assert ((y.float() - want).norm() / want.norm()).item() < 2e-2
+    assert ops.matmul(a, b, out_dtype=torch.float32).dtype == torch.float32
+    with pytest.raises(ValueError, match="2-D b"):
+        ops.matmul(a, b.expand(2, 128, 80))
+    torch.library.opcheck(torch.ops.tiled.matmul, (a[0], b, None))
+
+
+def test_matmul_kernels_take_the_sm90_warp_specialized_gemm():
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    from tiled.compiler import compile_program
+    from tiled.ops.gemm import matmul_kernel
+
+    src = compile_program(matmul_kernel(256, 4096, 4096, "bfloat16", "bfloat16", BM=128,
+                                        BN=256, threads=256), target="cuda:sm_90a").source
+    assert "tiled::sm90::WsGemm" in src

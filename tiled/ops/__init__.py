@@ -9,6 +9,7 @@ over torch tensors with vLLM's argument conventions:
     softmax(x, dim=-1)                        -> out
     rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)   in place
     linear(x, w, bias=None, out_dtype=None)   -> x @ w.T, autotuned (tiled.ops.gemm)
+    matmul(a, b, out_dtype=None)              -> a @ b (b 2-D [K, N]), autotuned
     quantize_fp8(x, block=128)                -> (e4m3 q, float32 scales) (tiled.ops.fp8)
     fp8_linear(x, w, x_scale, w_scale, bias=None, out_dtype=None)   scaled e4m3 GEMM
     grouped_linear(x, w, expert_offsets)      -> MoE experts' x @ w[e].T in one launch
@@ -280,7 +281,7 @@ def _register_torch_ops() -> None:
 
 from tiled.ops import fp8 as _fp8  # noqa: E402
 from tiled.ops.fp8 import fp8_linear, quantize_fp8  # noqa: E402
-from tiled.ops.gemm import linear  # noqa: E402 - it imports the helpers above
+from tiled.ops.gemm import linear, matmul  # noqa: E402 - it imports the helpers above
 from tiled.ops.grouped import grouped_linear  # noqa: E402
 
 _FACTORIES.update({"quantize_fp8_groups": _fp8.quantize_group_kernel,
@@ -290,5 +291,5 @@ _FACTORIES.update({"quantize_fp8_groups": _fp8.quantize_group_kernel,
 _register_torch_ops()
 
 __all__ = ["compiled_kernels", "fp8_linear", "fused_add_rms_norm", "gelu_and_mul",
-           "grouped_linear", "install", "kernel_factory", "layer_norm", "linear", "quantize_fp8",
-           "rms_norm", "rotary_embedding", "silu_and_mul", "softmax"]
+           "grouped_linear", "install", "kernel_factory", "layer_norm", "linear", "matmul",
+           "quantize_fp8", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax"]

@@ -94,6 +94,30 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
     return linear_swap
 
 
+def matmul_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, threads=128,
+                  stages=4):
+    """C = A @ B for A [M, K] and B [K, N] row-major (B's tiles K x N: wgmma's N-major B
+    operand), M symbolic; the tile configs of linear's space (`kind` must be "tile")."""
+    if kind != "tile":
+        raise ValueError(f"matmul takes tile configs, not {kind!r}")
+    Md = T.dyn("M")
+
+    @tiled.kernel
+    def matmul_tile(A: T.Tensor((Md, K), dtype), B: T.Tensor((K, N), dtype),
+                    C: T.Tensor((Md, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), threads=threads) as (bx, by):
+            a_s = T.alloc_shared((BM, BK), dtype)
+            b_s = T.alloc_shared((BK, BN), dtype)
+            acc = T.alloc_fragment((BM, BN), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(T.ceildiv(K, BK), num_stages=stages):
+                T.copy(A[by * BM, k * BK], a_s)
+                T.copy(B[k * BK, bx * BN], b_s)
+                T.gemm(a_s, b_s, acc)
+            T.copy(acc, C[by * BM, bx * BN])
+    return matmul_tile
+
+
 _TUNERS: dict[str, object] = {}
 
 
@@ -105,6 +129,23 @@ def _tuner(target_kind: str):
             configs=space, key=["M", "N", "K", "dtype", "out_dtype"], bucket=token_bucket,
             inputs=_inputs, run=_run)(linear_kernel)
     return t
+
+
+def _matmul_tuner(target_kind: str):
+    name = f"matmul:{target_kind}"
+    t = _TUNERS.get(name)
+    if t is None:
+        space = [c for c in (CUDA_SPACE if target_kind == "cuda" else CPU_SPACE)
+                 if c["kind"] == "tile"]
+        t = _TUNERS[name] = tiled.autotune(
+            configs=space, key=["M", "N", "K", "dtype", "out_dtype"], bucket=token_bucket,
+            inputs=_matmul_inputs)(matmul_kernel)
+    return t
+
+
+def _matmul_inputs(M, N, K, dtype, out_dtype, **config):
+    x, w, y = _inputs(M, N, K, dtype, out_dtype)
+    return [x, w.t().contiguous(), y]
 
 
 def _inputs(M, N, K, dtype, out_dtype, **config):
@@ -182,3 +223,36 @@ def linear(x, w, bias=None, out_dtype=None):
     if bias is not None:
         y += bias
     return y.view(*x.shape[:-1], N)
+
+
+def matmul(a, b, out_dtype=None):
+    """a @ b for a [..., K] and a 2-D b [K, N] (bf16 / fp16), in `out_dtype` (default a's),
+    by a tile kernel tiled.autotune picks per token-count bucket. A batched b is refused."""
+    import torch
+
+    from tiled.ops import _dtype, _rows, _target
+
+    if b.dim() != 2 or a.dim() < 1 or a.shape[-1] != b.shape[0]:
+        raise ValueError(f"tiled.ops.matmul: a {tuple(a.shape)} and b {tuple(b.shape)} do not "
+                         "multiply as a @ b with a 2-D b")
+    if a.dtype != b.dtype or a.device != b.device:
+        raise ValueError(f"tiled.ops.matmul: a is {a.dtype} on {a.device}, b {b.dtype} on "
+                         f"{b.device}")
+    dtype = _dtype(a, "matmul")
+    if dtype == "float32":
+        raise TypeError("tiled.ops.matmul: float32 inputs are not supported (bf16 or fp16)")
+    odt = out_dtype or a.dtype
+    out_name = str(odt).removeprefix("torch.")
+    a2 = _rows(a.contiguous(), "matmul")
+    M, K = a2.shape
+    N = b.shape[1]
+    target = _target(a)
+    key = ("matmul", target, token_bucket(M, N, K, dtype, out_name))
+    tuned = _CHOSEN.get(key)
+    if tuned is None:
+        tuned = _CHOSEN[key] = _matmul_tuner("cpu" if target == "cpu" else "cuda")(
+            M, N, K, dtype, out_name)
+    y = torch.empty(M, N, device=a.device, dtype=odt)
+    if M:
+        tuned.compiled(a2, b.contiguous(), y)
+    return y.view(*a.shape[:-1], N)

@@ -129,3 +129,13 @@ def grouped_linear(x: Tensor, w: Tensor, expert_offsets: Tensor) -> Tensor:
 @grouped_linear.register_fake
 def _(x, w, expert_offsets):
     return x.new_empty((x.shape[0], w.shape[1]))
+
+
+@torch.library.custom_op("tiled::matmul", mutates_args=())
+def matmul(a: Tensor, b: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+    return ops.matmul(a, b, out_dtype)
+
+
+@matmul.register_fake
+def _(a, b, out_dtype=None):
+    return a.new_empty((*a.shape[:-1], b.shape[1]), dtype=out_dtype or a.dtype)

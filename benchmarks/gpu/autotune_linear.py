@@ -89,9 +89,9 @@ def _phase(bundle: Path, phase: str) -> dict:
                 first_call_s = time.perf_counter() - t0
                 ref = torch.nn.functional.linear(x, w)
                 err = float((y.float() - ref.float()).norm() / ref.float().norm())
-                from tiled.ops.gemm import _CHOSEN, token_bucket
+                from tiled.ops.gemm import LINEAR, token_bucket
 
-                tuned = _CHOSEN[(TARGET, token_bucket(m, N, K, "bfloat16", "bfloat16"))]
+                tuned = LINEAR.chosen[(TARGET, token_bucket(m, N, K, "bfloat16", "bfloat16"))]
                 row = {"shape": shape, "M": m, "N": N, "K": K, "config": tuned.config,
                        "from_record": tuned.from_record, "first_call_s": first_call_s,
                        "rel_err_vs_F.linear": err}

@@ -84,6 +84,22 @@ def graphed(torch, fn, calls: int):
     return replay
 
 
+def time_graphed(torch, calls: dict, rounds: int, graph_calls: int, rep_ms: int = 40) -> dict:
+    """Median microseconds per call of each callable in `calls`, each replayed from a CUDA
+    graph of `graph_calls` calls, do_bench (10 ms warm-up, `rep_ms` of replays) in `rounds`
+    rounds that interleave the callables (the clock drifts as the GPU heats)."""
+    import statistics
+
+    from triton.testing import do_bench
+
+    graphs = {k: graphed(torch, fn, graph_calls) for k, fn in calls.items()}
+    samples = {k: [] for k in graphs}
+    for _ in range(rounds):
+        for k, g in graphs.items():
+            samples[k].append(do_bench(g, warmup=10, rep=rep_ms) / graph_calls)
+    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+
+
 SKIP_ENV = "TILED_SMOKE_SKIP"
 
 

@@ -14,7 +14,6 @@ Each call graph-replayed GRAPH_CALLS times; medians of ROUNDS interleaved rounds
 """
 
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, load_kernel, machine, main, write_results
-from bundle_cli import graphed as graph_replay
+from bundle_cli import compile_into, load_kernel, machine, main, time_graphed, write_results
 
 TARGET = "cuda:sm_90a"
 PER_TENSOR = [(4096, 4096, 4096), (8192, 8192, 8192)]  # (M, N, K)
@@ -67,18 +65,6 @@ def build(out: Path) -> None:
         "target": TARGET, "kernels": index}, indent=1))
 
 
-def _time(torch, calls: dict) -> dict:
-    """Median microseconds per call of each graph-replayed callable, rounds interleaved."""
-    from triton.testing import do_bench
-
-    graphs = {k: graph_replay(torch, f, GRAPH_CALLS) for k, f in calls.items()}
-    samples = {k: [] for k in graphs}
-    for _ in range(ROUNDS):
-        for k, g in graphs.items():
-            samples[k].append(do_bench(g, warmup=10, rep=50) / GRAPH_CALLS)
-    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
-
-
 def _operands(torch, M, N, K, block_scaled):
     """Quantized x and w with their scales, and the float32 product they stand for."""
     import tiled.ops as ops
@@ -118,7 +104,7 @@ def _torch_blockwise(torch, xq, xs, wq, ws):
 def _gemm_row(torch, M, N, K, block_scaled) -> dict:
     """One GEMM shape: the tuned fp8_linear's numerics and its time beside torch's."""
     import tiled.ops as ops
-    from tiled.ops.fp8 import _CHOSEN
+    from tiled.ops.fp8 import FP8_LINEAR
 
     one = torch.ones((), device="cuda", dtype=torch.float32)
     xf, wf, xq, xs, wq, ws = _operands(torch, M, N, K, block_scaled)
@@ -146,11 +132,11 @@ def _gemm_row(torch, M, N, K, block_scaled) -> dict:
     if isinstance(torch_block, torch.Tensor):
         calls["torch._scaled_mm blockwise"] = lambda: _torch_blockwise(
             torch, xq, xs, wq, ws)
-    us = _time(torch, calls)
+    us = time_graphed(torch, calls, ROUNDS, GRAPH_CALLS, rep_ms=50)
     tflops = {k: 2 * M * N * K / (v * 1e-6) / 1e12 for k, v in us.items()}
 
-    tuned = next(v for k, v in _CHOSEN.items() if k[1] == block_scaled and
-                 k[2][1:3] == (N, K) and k[2][0] >= M and k[2][0] < 2 * M)
+    tuned = next(v for (_, (m, n, k, _, bs)), v in FP8_LINEAR.chosen.items()
+                 if bs == block_scaled and (n, k) == (N, K) and M <= m < 2 * M)
     row = {"M": M, "N": N, "K": K, "block_scaled": block_scaled,
            "config": tuned.config, "first_call_s": tune_s, "us": us,
            "TFLOP/s": tflops, "rel_err_vs_dequantized": err,
@@ -190,7 +176,8 @@ def run(bundle: Path, out: Path) -> None:
                 want_q = (x.float() / want_s).clamp(-448, 448).to(torch.float8_e4m3fn)
             mismatch = float((q.view(torch.uint8) != want_q.view(torch.uint8)).float().mean())
             scale_err = float(((s - want_s).abs() / want_s).max())
-            us = _time(torch, {"tiled": lambda x=x, b=block: ops.quantize_fp8(x, block=b)})
+            us = time_graphed(torch, {"tiled": lambda x=x, b=block: ops.quantize_fp8(x, block=b)},
+                              ROUNDS, GRAPH_CALLS, rep_ms=50)
             nbytes = M * 7168 * 3 + s.numel() * 4
             quant.append({"M": M, "N": 7168, "block": block, "us": us["tiled"],
                           "GB/s": nbytes / (us["tiled"] * 1e-6) / 1e9,

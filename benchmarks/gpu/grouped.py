@@ -29,7 +29,6 @@ smoke kernel correct; grouped_linear against the loop 0.70-0.74x (Mixtral w1) an
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -46,9 +45,9 @@ from bundle_cli import (
     main,
     smoke_in_child,
     smoke_order,
+    time_graphed,
     write_results,
 )
-from bundle_cli import graphed as graph_replay
 
 TARGET = "cuda:sm_90a"
 SHAPES = {  # name: (E, N, K) of y = x @ w[e].T, and the routed row counts timed
@@ -177,17 +176,6 @@ def _overlap_identical(torch, kernel, x, w, ends: list[int], BM: int) -> bool | 
     return bool(torch.equal(*out))
 
 
-def _time(torch, calls: dict) -> dict:
-    from triton.testing import do_bench
-
-    graphs = {k: graph_replay(torch, fn, GRAPH_CALLS) for k, fn in calls.items()}
-    samples = {k: [] for k in graphs}
-    for _ in range(ROUNDS):
-        for k, g in graphs.items():
-            samples[k].append(do_bench(g, warmup=10, rep=40) / GRAPH_CALLS)
-    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
-
-
 def _phase(bundle: Path) -> dict:
     """Every (shape, rows, routing) through grouped_linear inside tiled.tuning.prebuilt (the
     first call of a bucket tunes), timed beside the loop and torch._grouped_mm."""
@@ -208,7 +196,7 @@ def _phase(bundle: Path) -> dict:
                     torch.cuda.synchronize()
                     first_call_s = time.perf_counter() - t0
                     ref = _loop(torch, x, w, ends)
-                    tuned = grouped._CHOSEN[(TARGET, grouped.token_bucket(
+                    tuned = grouped.GROUPED.chosen[(TARGET, grouped.token_bucket(
                         rows, E, N, K, "bfloat16"))]
                     row = {"shape": shape, "E": E, "N": N, "K": K, "rows": rows,
                            "routing": kind, "config": tuned.config,
@@ -224,7 +212,7 @@ def _phase(bundle: Path) -> dict:
                                 x, wt, offs=o)
                         except RuntimeError as e:  # its layout or dtype requirements
                             row["grouped_mm_error"] = str(e)[:300]
-                    us = _time(torch, calls)
+                    us = time_graphed(torch, calls, ROUNDS, GRAPH_CALLS)
                     flops = 2 * rows * N * K
                     row.update(us=us, tflops={k: flops / (t * 1e6) for k, t in us.items()},
                                speedup_vs_loop=us["loop"] / us["tiled"])

@@ -15,8 +15,7 @@ E4M3 = torch.float8_e4m3fn
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    fp8._CHOSEN.clear()
-    fp8._TUNERS.clear()
+    fp8.FP8_LINEAR.clear()
     tiered._DEFAULT.clear()
     for k in tuning.STATS:
         tuning.STATS[k] = 0

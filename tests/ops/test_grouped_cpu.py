@@ -20,8 +20,7 @@ TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    grouped._CHOSEN.clear()
-    grouped._TUNERS.clear()
+    grouped.GROUPED.clear()
     tiered._DEFAULT.clear()
     for k in tuning.STATS:
         tuning.STATS[k] = 0

@@ -13,8 +13,8 @@ from tiled.cache import tiered
 def _fresh():
     from tiled.ops import gemm as lin
 
-    lin._CHOSEN.clear()
-    lin._TUNERS.clear()
+    lin.LINEAR.clear()
+    lin.MATMUL.clear()
     tiered._DEFAULT.clear()
     for k in tuning.STATS:
         tuning.STATS[k] = 0

@@ -18,6 +18,7 @@ tuned by tiled.autotune per token-count bucket, as tiled.ops.linear is.
 import tiled
 import tiled.lang as T
 from tiled.ops.gemm import token_bucket
+from tiled.ops.tuned import TunedOp
 
 E4M3 = "float8_e4m3"
 E4M3_MAX = 448.0
@@ -200,7 +201,7 @@ def fp8_linear(x, w, x_scale, w_scale, bias=None, out_dtype=None):
     block scales (x_scale [..., K / 128], w_scale [ceil(N / 128), K / 128])."""
     import torch
 
-    from tiled.ops import _rows, _target
+    from tiled.ops import _rows
 
     op = "fp8_linear"
     for name, t in (("x", x), ("w", w)):
@@ -234,12 +235,7 @@ def fp8_linear(x, w, x_scale, w_scale, bias=None, out_dtype=None):
                              f"float32 on {x.device}")
     if w.device != x.device:
         raise ValueError(f"tiled.ops.{op}: x is on {x.device}, w on {w.device}")
-    target = _target(x)
-    key = (target, block_scaled, token_bucket(M, N, K, "float8_e4m3", out_name))
-    tuned = _CHOSEN.get(key)
-    if tuned is None:
-        tuned = _CHOSEN[key] = _tuner("cpu" if target == "cpu" else "cuda")(
-            M, N, K, out_name, block_scaled)
+    tuned = FP8_LINEAR.tuned(x, M, N, K, out_name, block_scaled)
     y = torch.empty(M, N, device=x.device, dtype=odt)
     if M:
         tuned.compiled(x2, w.contiguous(), sa.contiguous(), sb.contiguous(), y)
@@ -248,22 +244,8 @@ def fp8_linear(x, w, x_scale, w_scale, bias=None, out_dtype=None):
     return y.view(*x.shape[:-1], N)
 
 
-_TUNERS: dict[str, object] = {}
-_CHOSEN: dict[tuple, object] = {}
-
-
 def _kernel_of(M, N, K, out_dtype, block_scaled, **config):
     return scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, **config)
-
-
-def _tuner(target_kind: str):
-    t = _TUNERS.get(target_kind)
-    if t is None:
-        space = CUDA_SPACE if target_kind == "cuda" else CPU_SPACE
-        t = _TUNERS[target_kind] = tiled.autotune(
-            configs=space, key=["M", "N", "K", "out_dtype", "block_scaled"],
-            bucket=_bucket, inputs=_inputs)(_kernel_of)
-    return t
 
 
 def _bucket(M, N, K, out_dtype, block_scaled):
@@ -289,3 +271,8 @@ def _inputs(M, N, K, out_dtype, block_scaled, **config):
         sa = torch.full((1,), K ** -0.5, device=dev)
         sb = torch.full((1,), 1.0, device=dev)
     return [a, b, sa, sb, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out_dtype))]
+
+
+FP8_LINEAR = TunedOp("fp8_linear", _kernel_of, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
+                     key=["M", "N", "K", "out_dtype", "block_scaled"], bucket=_bucket,
+                     inputs=_inputs)

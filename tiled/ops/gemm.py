@@ -12,6 +12,7 @@ Two kernel forms, both with the token count M symbolic (one compile serves a who
 
 import tiled
 import tiled.lang as T
+from tiled.ops.tuned import TunedOp
 
 BK = 64
 
@@ -118,31 +119,6 @@ def matmul_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
     return matmul_tile
 
 
-_TUNERS: dict[str, object] = {}
-
-
-def _tuner(target_kind: str):
-    t = _TUNERS.get(target_kind)
-    if t is None:
-        space = CUDA_SPACE if target_kind == "cuda" else CPU_SPACE
-        t = _TUNERS[target_kind] = tiled.autotune(
-            configs=space, key=["M", "N", "K", "dtype", "out_dtype"], bucket=token_bucket,
-            inputs=_inputs, run=_run)(linear_kernel)
-    return t
-
-
-def _matmul_tuner(target_kind: str):
-    name = f"matmul:{target_kind}"
-    t = _TUNERS.get(name)
-    if t is None:
-        space = [c for c in (CUDA_SPACE if target_kind == "cuda" else CPU_SPACE)
-                 if c["kind"] == "tile"]
-        t = _TUNERS[name] = tiled.autotune(
-            configs=space, key=["M", "N", "K", "dtype", "out_dtype"], bucket=token_bucket,
-            inputs=_matmul_inputs)(matmul_kernel)
-    return t
-
-
 def _matmul_inputs(M, N, K, dtype, out_dtype, **config):
     x, w, y = _inputs(M, N, K, dtype, out_dtype)
     return [x, w.t().contiguous(), y]
@@ -190,35 +166,40 @@ def _launch(tuned, x2, w, odt):
     return y
 
 
-_CHOSEN: dict[tuple, object] = {}
+LINEAR = TunedOp("linear", linear_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
+                 key=["M", "N", "K", "dtype", "out_dtype"], bucket=token_bucket,
+                 inputs=_inputs, run=_run)
+MATMUL = TunedOp("matmul", matmul_kernel,
+                 {kind: [c for c in space if c["kind"] == "tile"]
+                  for kind, space in (("cuda", CUDA_SPACE), ("cpu", CPU_SPACE))},
+                 key=["M", "N", "K", "dtype", "out_dtype"], bucket=token_bucket,
+                 inputs=_matmul_inputs)
+
+
+def _operands(op: str, x, w, out_dtype):
+    """(x as [M, K] rows, its dtype name, the output's torch dtype and name) for a bf16 / fp16
+    GEMM of x and w; raises for operands of other dtypes or devices."""
+    from tiled.ops import _dtype, _rows
+
+    if x.dtype != w.dtype or x.device != w.device:
+        raise ValueError(f"tiled.ops.{op}: the operands are {x.dtype} on {x.device} and "
+                         f"{w.dtype} on {w.device}")
+    dtype = _dtype(x, op)
+    if dtype == "float32":
+        raise TypeError(f"tiled.ops.{op}: float32 inputs are not supported (bf16 or fp16)")
+    odt = out_dtype or x.dtype
+    return _rows(x.contiguous(), op), dtype, odt, str(odt).removeprefix("torch.")
 
 
 def linear(x, w, bias=None, out_dtype=None):
     """x @ w.T (+ bias) for x [..., K] and w [N, K] (bf16 / fp16), in `out_dtype` (default
     x's). The kernel is chosen by tiled.autotune per token-count bucket, then kept."""
-
-    from tiled.ops import _dtype, _rows, _target
-
     if w.dim() != 2 or x.shape[-1] != w.shape[1]:
         raise ValueError(f"tiled.ops.linear: x {tuple(x.shape)} and w {tuple(w.shape)} do not "
                          "multiply as x @ w.T")
-    if x.dtype != w.dtype or x.device != w.device:
-        raise ValueError(f"tiled.ops.linear: x is {x.dtype} on {x.device}, w {w.dtype} on "
-                         f"{w.device}")
-    dtype = _dtype(x, "linear")
-    if dtype == "float32":
-        raise TypeError("tiled.ops.linear: float32 inputs are not supported (bf16 or fp16)")
-    odt = out_dtype or x.dtype
-    out_name = str(odt).removeprefix("torch.")
-    x2 = _rows(x.contiguous(), "linear")
-    M, K = x2.shape
-    N = w.shape[0]
-    target = _target(x)
-    key = (target, token_bucket(M, N, K, dtype, out_name))
-    tuned = _CHOSEN.get(key)
-    if tuned is None:
-        tuned = _CHOSEN[key] = _tuner("cpu" if target == "cpu" else "cuda")(
-            M, N, K, dtype, out_name)
+    x2, dtype, odt, out_name = _operands("linear", x, w, out_dtype)
+    (M, K), N = x2.shape, w.shape[0]
+    tuned = LINEAR.tuned(x, M, N, K, dtype, out_name)
     y = _launch(tuned, x2, w.contiguous(), odt)
     if bias is not None:
         y += bias
@@ -230,28 +211,12 @@ def matmul(a, b, out_dtype=None):
     by a tile kernel tiled.autotune picks per token-count bucket. A batched b is refused."""
     import torch
 
-    from tiled.ops import _dtype, _rows, _target
-
     if b.dim() != 2 or a.dim() < 1 or a.shape[-1] != b.shape[0]:
         raise ValueError(f"tiled.ops.matmul: a {tuple(a.shape)} and b {tuple(b.shape)} do not "
                          "multiply as a @ b with a 2-D b")
-    if a.dtype != b.dtype or a.device != b.device:
-        raise ValueError(f"tiled.ops.matmul: a is {a.dtype} on {a.device}, b {b.dtype} on "
-                         f"{b.device}")
-    dtype = _dtype(a, "matmul")
-    if dtype == "float32":
-        raise TypeError("tiled.ops.matmul: float32 inputs are not supported (bf16 or fp16)")
-    odt = out_dtype or a.dtype
-    out_name = str(odt).removeprefix("torch.")
-    a2 = _rows(a.contiguous(), "matmul")
-    M, K = a2.shape
-    N = b.shape[1]
-    target = _target(a)
-    key = ("matmul", target, token_bucket(M, N, K, dtype, out_name))
-    tuned = _CHOSEN.get(key)
-    if tuned is None:
-        tuned = _CHOSEN[key] = _matmul_tuner("cpu" if target == "cpu" else "cuda")(
-            M, N, K, dtype, out_name)
+    a2, dtype, odt, out_name = _operands("matmul", a, b, out_dtype)
+    (M, K), N = a2.shape, b.shape[1]
+    tuned = MATMUL.tuned(a, M, N, K, dtype, out_name)
     y = torch.empty(M, N, device=a.device, dtype=odt)
     if M:
         tuned.compiled(a2, b.contiguous(), y)

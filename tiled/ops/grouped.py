@@ -31,6 +31,7 @@ import itertools
 
 import tiled
 import tiled.lang as T
+from tiled.ops.tuned import TunedOp
 
 BK = 64
 MAX_BUCKET = 32768  # token counts past it share one tuning
@@ -130,19 +131,6 @@ def tile_table(offsets, tokens: int, BM: int):
     return table.to(torch.int32)
 
 
-_TUNERS: dict[str, object] = {}
-
-
-def _tuner(target_kind: str):
-    t = _TUNERS.get(target_kind)
-    if t is None:
-        space = CUDA_SPACE if target_kind == "cuda" else CPU_SPACE
-        t = _TUNERS[target_kind] = tiled.autotune(
-            configs=space, key=["tokens", "E", "N", "K", "dtype"], bucket=token_bucket,
-            inputs=_inputs, run=_run, **COMPILE_OPTIONS)(grouped_kernel)
-    return t
-
-
 def _inputs(tokens, E, N, K, dtype, **config):
     """x, w, a balanced routing's offsets, y: what a candidate is checked and timed on."""
     import torch
@@ -198,7 +186,9 @@ def _check(x, w, offsets) -> str:
     return dtype
 
 
-_CHOSEN: dict[tuple, object] = {}
+GROUPED = TunedOp("grouped_linear", grouped_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
+                  key=["tokens", "E", "N", "K", "dtype"], bucket=token_bucket, inputs=_inputs,
+                  run=_run, **COMPILE_OPTIONS)
 
 
 def grouped_linear(x, w, expert_offsets):
@@ -211,24 +201,13 @@ def grouped_linear(x, w, expert_offsets):
     CUDA graph capture a bucket not tuned yet raises RuntimeError."""
     import torch
 
-    from tiled.ops import _capturing, _target
-
     dtype = _check(x, w, expert_offsets)
     tokens, K = x.shape
     E, N = w.shape[:2]
     y = torch.empty(tokens, N, device=x.device, dtype=x.dtype)
     if tokens == 0:
         return y
-    target = _target(x)
-    key = (target, token_bucket(tokens, E, N, K, dtype))
-    tuned = _CHOSEN.get(key)
-    if tuned is None:
-        if _capturing(x):
-            raise RuntimeError(f"tiled.ops.grouped_linear: no kernel is tuned yet for {key[1]} "
-                               "and a CUDA graph is being captured; call it once before "
-                               "capturing")
-        tuned = _CHOSEN[key] = _tuner("cpu" if target == "cpu" else "cuda")(
-            tokens, E, N, K, dtype)
+    tuned = GROUPED.tuned(x, tokens, E, N, K, dtype)
     table = tile_table(expert_offsets.to(x.device), tokens, tuned.config["BM"])
     tuned.compiled(x.contiguous(), w.contiguous().view(E * N, K), table, y)
     return y

@@ -9,11 +9,13 @@ Here (the CPU machine, with TVM): every config of tiled.ops.fp8's CUDA space per
     python benchmarks/gpu/fp8.py build --out .gpu/fp8
 There (device tool, carry=[".gpu"]; tiled.tuning.prebuilt hands the tuner the bundle's kernels)
     python3 benchmarks/gpu/fp8.py run --bundle .gpu/fp8 --out $OUT/fp8_h200.json
+(FP8_PARTS=quantize or =gemm runs one part.)
 
 Each call graph-replayed GRAPH_CALLS times; medians of ROUNDS interleaved rounds of do_bench.
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -163,7 +165,8 @@ def run(bundle: Path, out: Path) -> None:
     pairs = [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
              for n, v in index["kernels"].items() if v.get("gemm")]
     rows, quant = [], []
-    for M in QUANT_MS:
+    parts = os.environ.get("FP8_PARTS", "quantize,gemm").split(",")
+    for M in QUANT_MS if "quantize" in parts else ():
         x = torch.randn(M, 7168, device="cuda", dtype=torch.bfloat16) * 3
         for block in (128, None):
             q, s = ops.quantize_fp8(x, block=block)
@@ -185,13 +188,13 @@ def run(bundle: Path, out: Path) -> None:
                           "max_scale_rel_err": scale_err})
             print("quantize", quant[-1], flush=True)
     with tuning.prebuilt(pairs):
-        cases = [(m, n, k, False) for m, n, k in PER_TENSOR]
-        cases += [(m, n, k, True) for n, k in BLOCK_NK for m in BLOCK_MS]
+        cases = [] if "gemm" not in parts else [(m, n, k, False) for m, n, k in PER_TENSOR]
+        cases += [(m, n, k, True) for n, k in BLOCK_NK for m in BLOCK_MS if "gemm" in parts]
         for M, N, K, block_scaled in cases:
             rows.append(_gemm_row(torch, M, N, K, block_scaled))
             torch.cuda.empty_cache()
     write_results(out, "fp8.py", bundle, index, rounds=ROUNDS, graph_calls=GRAPH_CALLS,
-                  gemm=rows, quantize=quant, tuning_stats=dict(tuning.STATS))
+                  parts=parts, gemm=rows, quantize=quant, tuning_stats=dict(tuning.STATS))
 
 
 def smoke(bundle: Path) -> None:

@@ -106,3 +106,19 @@ def test_an_index_below_zero_only_when_a_dim_is_0_is_guarded():
         k(space.tensor(np.arange(n, dtype="float32") + 1), y)
         assert y[0] == n
         space.check()
+
+
+def test_a_block_var_is_below_its_grid_dim():
+    """`Tiles[by]` under a grid of `tiles` blocks, Tiles of `tiles` rows: in bounds, unguarded
+    (a guard there kept tiled.ops.grouped_linear off the sm_90a warp-specialized path)."""
+    from tiled.ir.program import as_program
+
+    tiles = T.dyn("tiles")
+
+    @tiled.kernel
+    def per_block(Tiles: T.Tensor((tiles, 2), "int32"), Y: T.Tensor((tiles,), "int32")):
+        with T.Kernel(tiles, threads=32) as by:
+            Y[by] = Tiles[by, 0] + Tiles[by, 1]
+
+    p = as_program(per_block)
+    assert guard_program(p) is p

@@ -15,8 +15,9 @@ in bounds are touched, so tile loops that cover an exact shape compile exactly a
 
 The analysis is the verifier's own (tiled.ir.verifier._Verifier: integer intervals of every
 index under its enclosing loops, block vars and guards), plus two facts intervals cannot hold
-about symbolic dims: an index that is a loop var over `range(N)` stays below N, and so does
-an index `e` inside `if e < N:` (or the true side of a select on it).
+about symbolic dims: an index that is a loop var over `range(N)`, or the block var of a grid
+dim of N blocks, stays below N, and so does an index `e` inside `if e < N:` (or the true side
+of a select on it).
 
 T.copy / T.fill regions are not rewritten here: their ragged tails are the lowering's
 (tiled.compiler.tir.ExprLowering.region_index guards each element against both ends).
@@ -48,6 +49,14 @@ class _Analysis(_Verifier):
         self.unsafe: dict[str, tuple[bool, bool]] = {}
         self.loop_extent: dict[int, pb.Expr] = {}
         self.below: list[tuple[bytes, int]] = []  # (index expr bytes, dim var) known below it
+
+    def kernel(self) -> None:
+        # A block var stays below its grid dim, as a loop var below its extent: `Tiles[by]`
+        # under a grid of `tiles` blocks, Tiles [tiles, ...], needs no guard.
+        k = self.p.kernel
+        for vid, extent in zip(k.block_vars, k.grid, strict=False):
+            self.loop_extent[vid] = extent
+        super().kernel()
 
     def s_for_(self, f: pb.For, path: tuple, depth: int) -> None:
         self.loop_extent[f.var] = f.extent

@@ -96,6 +96,7 @@ def check_and_time(cands, bound, target: str, tuner, progress) -> None:
     """Runs every compiled candidate on the same inputs, skips those whose outputs differ from
     the first correct one's, and times the rest (`us`)."""
     live = [c for c in cands if c.skipped is None]
+    run = tuner.run or (lambda kernel, config, args: kernel(*args))
     ref = None
     for i, c in enumerate(live):
         # Each candidate's own arguments (configs may differ in an output's dtype), the same
@@ -107,12 +108,9 @@ def check_and_time(cands, bound, target: str, tuner, progress) -> None:
             c.skipped = f"no inputs: {type(e).__name__}: {e}"
             continue
         args = [_clone(a) for a in pristine]
-        if tuner.run is None:
-            def launch(c=c, args=args):
-                c.compiled(*args)
-        else:
-            def launch(c=c, args=args):
-                tuner.run(c.compiled, c.config, args)
+
+        def launch(c=c, args=args):
+            run(c.compiled, c.config, args)
         try:
             launch()
             _sync(target)

@@ -244,10 +244,6 @@ def fp8_linear(x, w, x_scale, w_scale, bias=None, out_dtype=None):
     return y.view(*x.shape[:-1], N)
 
 
-def _kernel_of(M, N, K, out_dtype, block_scaled, **config):
-    return scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, **config)
-
-
 def _bucket(M, N, K, out_dtype, block_scaled):
     m = token_bucket(M, N, K, "float8_e4m3", out_dtype)[0]
     return m, N, K, out_dtype, block_scaled
@@ -273,6 +269,6 @@ def _inputs(M, N, K, out_dtype, block_scaled, **config):
     return [a, b, sa, sb, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out_dtype))]
 
 
-FP8_LINEAR = TunedOp("fp8_linear", _kernel_of, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
+FP8_LINEAR = TunedOp("fp8_linear", scaled_gemm_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
                      key=["M", "N", "K", "out_dtype", "block_scaled"], bucket=_bucket,
                      inputs=_inputs)

@@ -138,32 +138,29 @@ def _inputs(M, N, K, dtype, out_dtype, **config):
     return [x, w, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out))]
 
 
-def _run(kernel, config, args):
-    """A candidate as linear runs it (so split-K is timed with its zeroing and its cast)."""
+def _run(kernel, config, args, out_dtype=None):
+    """y = x @ w.T by `kernel` of `config` into args' y, as linear runs it and so as its
+    candidates are timed: split-K zeroes its float32 y first and returns it cast to
+    `out_dtype` (default x's) after."""
     x, w, y = args
-    if config.get("splits", 1) > 1:
-        y.zero_()
+    if config.get("splits", 1) == 1:
         kernel(x, w, y)
-        y.to(x.dtype)
-    else:
-        kernel(x, w, y)
+        return y
+    y.zero_()
+    kernel(x, w, y)
+    return y.to(out_dtype or x.dtype)
 
 
 def _launch(tuned, x2, w, odt):
-    """y = x2 @ w.T in dtype `odt` through the tuned kernel (split-K: into a zeroed float32
-    buffer, cast after)."""
+    """y = x2 @ w.T in dtype `odt` through the tuned kernel."""
     import torch
 
     M, N = x2.shape[0], w.shape[0]
-    if tuned.config.get("splits", 1) > 1:
-        acc = torch.zeros(M, N, device=x2.device, dtype=torch.float32)
-        if M:
-            tuned.compiled(x2, w, acc)
-        return acc.to(odt)
-    y = torch.empty(M, N, device=x2.device, dtype=odt)
-    if M:
-        tuned.compiled(x2, w, y)
-    return y
+    if not M:
+        return torch.empty(0, N, device=x2.device, dtype=odt)
+    acc = torch.float32 if tuned.config.get("splits", 1) > 1 else odt
+    return _run(tuned.compiled, tuned.config,
+                [x2, w, torch.empty(M, N, device=x2.device, dtype=acc)], odt)
 
 
 LINEAR = TunedOp("linear", linear_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},

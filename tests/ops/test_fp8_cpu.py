@@ -7,19 +7,9 @@ torch = pytest.importorskip("torch")
 
 import tiled.ops as ops
 from tiled import tuning
-from tiled.cache import tiered
 from tiled.ops import fp8
 
 E4M3 = torch.float8_e4m3fn
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    fp8.FP8_LINEAR.clear()
-    tiered._DEFAULT.clear()
-    for k in tuning.STATS:
-        tuning.STATS[k] = 0
-    yield
 
 
 def _rel(a, b) -> float:

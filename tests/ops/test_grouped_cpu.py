@@ -10,21 +10,11 @@ torch = pytest.importorskip("torch")
 
 import tiled
 from tiled import tuning
-from tiled.cache import tiered
 from tiled.ops import grouped
 from tiled.ops.grouped import grouped_linear
 
 F = torch.nn.functional
 TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    grouped.GROUPED.clear()
-    tiered._DEFAULT.clear()
-    for k in tuning.STATS:
-        tuning.STATS[k] = 0
-    yield
 
 
 def _weights(E, N, K, dtype, seed=0):

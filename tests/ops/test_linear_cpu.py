@@ -6,19 +6,6 @@ torch = pytest.importorskip("torch")
 
 import tiled.ops as ops
 from tiled import tuning
-from tiled.cache import tiered
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    from tiled.ops import gemm as lin
-
-    lin.LINEAR.clear()
-    lin.MATMUL.clear()
-    tiered._DEFAULT.clear()
-    for k in tuning.STATS:
-        tuning.STATS[k] = 0
-    yield
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

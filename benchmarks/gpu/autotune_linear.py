@@ -28,7 +28,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, machine, main, write_results
+from bundle_cli import (
+    compile_into,
+    load_kernel,
+    machine,
+    main,
+    smoke_in_child,
+    smoke_order,
+    write_results,
+)
 from bundle_cli import graphed as graph_replay
 
 TARGET = "cuda:sm_90a"
@@ -40,6 +48,8 @@ MS = (1, 16, 64, 256, 1024, 4096, 8192)
 ROUNDS = 3
 GRAPH_CALLS = 20
 PHASE_ENV = "AUTOTUNE_LINEAR_PHASE"
+HUNG_ENV = "AUTOTUNE_LINEAR_HUNG"  # kernels the smoke run found hanging: left out of the tuning
+SMOKED_ENV = "AUTOTUNE_LINEAR_SMOKED"  # set (to the hung kernels, or empty): no smoke run here
 
 
 def build(out: Path) -> None:
@@ -54,18 +64,60 @@ def build(out: Path) -> None:
                 continue
             name = f"{shape}__c{i}"
             kernel = linear_kernel(m, N, K, "bfloat16", "bfloat16", **cfg)
+            if _built(out, name, kernel):  # an earlier build of this bundle made it
+                index[name] = json.loads((out / "index.json").read_text())["kernels"][name] \
+                    if (out / "index.json").exists() else {"N": N, "K": K, "config": cfg}
+                continue
             _, seconds = compile_into(out, name, kernel, TARGET)
             index[name] = {"N": N, "K": K, "config": cfg, "cold_compile_s": round(seconds, 3)}
             print(name, index[name], flush=True)
+    import tiled.ops as ops
+
+    for params in _sums():  # what split-K configs add their partials up with
+        name = _sum_name(params)
+        _, seconds = compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params),
+                                  TARGET)
+        index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
+        print(name, index[name], flush=True)
     (out / "index.json").write_text(json.dumps({
         "command": f"python benchmarks/gpu/autotune_linear.py build --out {out}",
         "machine": machine(), "target": TARGET, "kernels": index}, indent=1))
 
 
+def _built(out: Path, name: str, kernel) -> bool:
+    """Whether out/NAME holds this very program (same digest), compiled already."""
+    m = out / f"{name}.manifest.json"
+    if not m.exists() or not (out / f"{name}.cubin").exists():
+        return False
+    return json.loads(m.read_text()).get("program_digest") == kernel.ir.digest
+
+
+def _sums() -> list[dict]:
+    from tiled.ops.gemm import CUDA_SPACE
+
+    splits = sorted({c.get("splits", 1) for c in CUDA_SPACE} - {1})
+    return [{"N": n, "splits": s, "dtype": "bfloat16"}
+            for n in sorted({n for n, _ in SHAPES.values()}) for s in splits]
+
+
+def _sum_name(params: dict) -> str:
+    return f"splitk_sum__{params['N']}x{params['splits']}"
+
+
 def _pairs(bundle: Path):
     index = json.loads((bundle / "index.json").read_text())
+    hung = set(os.environ.get(HUNG_ENV, "").split(","))
     return [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
-            for n in index["kernels"]]
+            for n, v in index["kernels"].items() if "op" not in v and n not in hung]
+
+
+def _install_sums(bundle: Path) -> None:
+    import tiled.ops as ops
+
+    index = json.loads((bundle / "index.json").read_text())
+    for name, v in index["kernels"].items():
+        if v.get("op") == "splitk_sum":
+            ops.install("splitk_sum", TARGET, load_kernel(bundle, name), **v["params"])
 
 
 def _phase(bundle: Path, phase: str) -> dict:
@@ -78,6 +130,7 @@ def _phase(bundle: Path, phase: str) -> dict:
     from tiled import tuning
 
     rows = []
+    _install_sums(bundle)
     with tuning.prebuilt(_pairs(bundle)):
         for shape, (N, K) in SHAPES.items():
             w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
@@ -94,7 +147,10 @@ def _phase(bundle: Path, phase: str) -> dict:
                 tuned = LINEAR.chosen[(TARGET, token_bucket(m, N, K, "bfloat16", "bfloat16"))]
                 row = {"shape": shape, "M": m, "N": N, "K": K, "config": tuned.config,
                        "from_record": tuned.from_record, "first_call_s": first_call_s,
-                       "rel_err_vs_F.linear": err}
+                       "rel_err_vs_F.linear": err,
+                       "candidates": [{"config": c.config, "us": c.us, "skipped": c.skipped}
+                                      for c in tuned.candidates
+                                      if not (c.skipped or "").endswith(f"M = {m}")]}
                 if phase == "tune":
                     calls = {"tiled": graph_replay(torch, lambda x=x, w=w: ops.linear(x, w),
                                                    GRAPH_CALLS),
@@ -119,10 +175,15 @@ def run(bundle: Path, out: Path) -> None:
     if os.environ.get(PHASE_ENV):
         print("RESULT " + json.dumps(_phase(bundle, os.environ[PHASE_ENV])), flush=True)
         return
+    if os.environ.get(SMOKED_ENV) is not None:  # smoked by an earlier call: its hung list
+        hung = [n for n in os.environ[SMOKED_ENV].split(",") if n]
+    else:
+        hung = smoke_in_child(__file__, bundle, 240, stall_s=20)
     cache = tempfile.mkdtemp(prefix="tiled-autotune-cache-")
     phases = {}
-    for phase, limit in (("tune", 420), ("reuse", 100)):
-        env = dict(os.environ, **{PHASE_ENV: phase, "TILED_CACHE_DIR": cache})
+    for phase, limit in (("tune", 400), ("reuse", 100)):
+        env = dict(os.environ, **{PHASE_ENV: phase, "TILED_CACHE_DIR": cache,
+                                  HUNG_ENV: ",".join(hung)})
         log = out.with_suffix(f".{phase}.log")
         with log.open("w") as f:  # streamed to a file: a child that runs out of time leaves
             try:                  # its finished rows behind
@@ -138,7 +199,8 @@ def run(bundle: Path, out: Path) -> None:
             "error": f"timed out after {limit} s" if timed_out else "no result",
             "rows": [json.loads(line[4:]) for line in lines if line.startswith("ROW ")]}
     reuse = phases["reuse"].get("stats", {})
-    summary = {"second_process_timed_candidates": reuse.get("candidates_timed"),
+    summary = {"hung_in_smoke": hung,
+               "second_process_timed_candidates": reuse.get("candidates_timed"),
                "second_process_tunings": reuse.get("tunings"),
                "second_process_record_hits": reuse.get("record_hits")}
     print(summary, flush=True)
@@ -148,8 +210,27 @@ def run(bundle: Path, out: Path) -> None:
                   summary=summary)
 
 
-def smoke(bundle: Path) -> None:  # the run's children load every kernel; nothing extra here
-    print(f"{len(_pairs(bundle))} kernels in the bundle", flush=True)
+def smoke(bundle: Path) -> None:
+    """Every candidate kernel launched once (as tiled.ops.linear runs it) at the first M it
+    is for, its relative error against F.linear printed: a kernel that hangs is found here
+    (smoke_in_child kills it and the tuning never sees it), not inside a tuning."""
+    import torch
+
+    from tiled.ops.gemm import _fits, _run
+
+    _install_sums(bundle)
+    index = json.loads((bundle / "index.json").read_text())["kernels"]
+    names = [n for n, v in index.items() if "op" not in v]
+    for name in smoke_order(names):
+        meta = index[name]
+        m = next(m for m in MS if _fits(meta["config"], m))
+        x = torch.randn(m, meta["K"], device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(meta["N"], meta["K"], device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(m, meta["N"], device="cuda", dtype=torch.bfloat16)
+        _run(load_kernel(bundle, name), meta["config"], [x, w, y])
+        ref = torch.nn.functional.linear(x, w).float()
+        err = float((y.float() - ref).norm() / ref.norm())
+        print(f"smoke {name}: M={m} {meta['config']} err {err:.1e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -52,8 +52,22 @@ def specs():
     return out
 
 
+# Launch configs (rows per block, threads) the row-norm kernels are also timed with at
+# M >= 4096, beside the default one tiled.ops picks: what chooses that default.
+SWEEP = ((1, 128), (1, 256), (1, 512), (2, 256), (2, 512), (4, 512))
+SWEEP_MS = (4096, 32768)
+
+
+def sweep_specs():
+    """(name, op, params, launch) of the launch-config sweep's kernels."""
+    return [(f"sweep_{op}_{n}_b{b}t{t}", op, {"N": n, "dtype": DTYPE, "eps": EPS},
+             {"blk_m": b, "threads": t})
+            for op in ("rms_norm", "fused_add_rms_norm") for n in HIDDEN for b, t in SWEEP]
+
+
 def build(out: Path) -> None:
     import tiled.ops as ops
+    from tiled.ops import kernels
 
     out.mkdir(parents=True, exist_ok=True)
     index = {}
@@ -62,6 +76,11 @@ def build(out: Path) -> None:
                                          TARGET)
         index[name] = {"op": op, "params": params, "cold_compile_s": round(seconds, 3),
                        "block": list(compiled.manifest.block)}
+        print(name, index[name], flush=True)
+    for name, op, params, launch in sweep_specs():
+        _, seconds = compile_into(out, name, getattr(kernels, op)(**params, **launch), TARGET)
+        index[name] = {"sweep": True, "op": op, "params": params, "launch": launch,
+                       "cold_compile_s": round(seconds, 3)}
         print(name, index[name], flush=True)
     (out / "index.json").write_text(json.dumps({
         "command": f"python benchmarks/gpu/ops.py build --out {out}", "machine": machine(),
@@ -73,6 +92,8 @@ def install(bundle: Path) -> dict:
 
     index = json.loads((bundle / "index.json").read_text())
     for name, meta in index["kernels"].items():
+        if meta.get("sweep"):
+            continue
         ops.install(meta["op"], TARGET, load_kernel(bundle, name), **meta["params"])
     return index
 
@@ -179,8 +200,47 @@ def run(bundle: Path, out: Path) -> None:
                       f"torch, {row['of_copy_bandwidth']:.0%} of copy)", flush=True)
     graph = _graph_stack(torch)
     print("graph stack:", graph, flush=True)
+    sweep = _sweep(torch, bundle, index)
     write_results(out, "ops.py", bundle, index, rounds=ROUNDS, graph_calls=GRAPH_CALLS,
-                  rows=rows, graph_stack=graph)
+                  rows=rows, graph_stack=graph, launch_sweep=sweep)
+
+
+def _sweep(torch, bundle: Path, index: dict) -> list:
+    """Each sweep kernel called directly at M in SWEEP_MS, GB/s beside a copy of the same
+    bytes, interleaved per (op, N, M)."""
+    from triton.testing import do_bench
+
+    rows = []
+    for op in ("rms_norm", "fused_add_rms_norm"):
+        for n in HIDDEN:
+            for m in SWEEP_MS:
+                x, r, w, _ = _norm_inputs(torch, n, m)
+                y = torch.empty_like(x)
+                nbytes = 2 * ((2 if op == "rms_norm" else 4) * m * n + n)
+                calls = {}
+                for name, meta in index["kernels"].items():
+                    if meta.get("sweep") and meta["op"] == op and meta["params"]["N"] == n:
+                        k = load_kernel(bundle, name)
+                        launch = meta["launch"]
+                        key = f"b{launch['blk_m']}t{launch['threads']}"
+                        args = (x, w, y) if op == "rms_norm" else (x, r, w)
+                        calls[key] = lambda k=k, args=args: k(*args)
+                src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
+                dst = torch.empty_like(src)
+                calls["copy"] = lambda s=src, d=dst: d.copy_(s)
+                graphs = {k: graph_replay(torch, f, GRAPH_CALLS) for k, f in calls.items()}
+                samples = {k: [] for k in graphs}
+                for _ in range(ROUNDS):
+                    for k, g in graphs.items():
+                        samples[k].append(do_bench(g) / GRAPH_CALLS)
+                gbs = {k: nbytes / (statistics.median(v) * 1e-3 * 1e-6) / 1e9
+                       for k, v in samples.items()}
+                row = {"op": op, "N": n, "M": m, "GB/s": gbs,
+                       "of_copy_bandwidth": {k: v / gbs["copy"] for k, v in gbs.items()}}
+                rows.append(row)
+                print(f"sweep {op} N={n} M={m}: " + ", ".join(
+                    f"{k} {v:.0%}" for k, v in row["of_copy_bandwidth"].items()), flush=True)
+    return rows
 
 
 def _rel(a, b) -> float:

@@ -68,3 +68,74 @@ def test_matmul_kernels_take_the_sm90_warp_specialized_gemm():
     src = compile_program(matmul_kernel(256, 4096, 4096, "bfloat16", "bfloat16", BM=128,
                                         BN=256, threads=256), target="cuda:sm_90a").source
     assert "tiled::sm90::WsGemm" in src
+
+
+@pytest.mark.parametrize("kind,bm,splits", [("tile", 16, 3), ("swap", 16, 2)])
+def test_split_k_partials_add_up_to_x_at_w_t(kind, bm, splits):
+    """K = 200 is 4 steps of 64: with 3 splits of 2 steps the last split reads only past K
+    (its guarded loads give a zero partial); splitk_sum adds the partials and casts."""
+    import tiled
+    from tiled.ops.gemm import _run, linear_kernel
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(70 if kind == "tile" else 9, 200, generator=g).bfloat16()
+    w = (torch.randn(48, 200, generator=g) / 200 ** 0.5).bfloat16()
+    kernel = tiled.compile(linear_kernel(x.shape[0] if kind == "tile" else bm, 48, 200,
+                                         "bfloat16", "bfloat16", kind=kind, BM=bm, BN=32,
+                                         threads=128, splits=splits), target="cpu")
+    y = torch.full((x.shape[0], 48), float("nan")).bfloat16()
+    out = _run(kernel, {"kind": kind, "splits": splits}, [x, w, y])
+    want = x.float() @ w.float().T
+    assert out is y and ((y.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_decode_token_counts_tune_over_gemv_kernels_and_match_torch():
+    from tiled.ops.gemm import CPU_SPACE, LINEAR, _fits
+
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(40, 1100, generator=g) / 1100 ** 0.5).bfloat16()
+    for m in (1, 2, 3):
+        assert sum(c["kind"] == "gemv" and _fits(c, m) for c in CPU_SPACE) == 1
+        x = torch.randn(m, 1100, generator=g).bfloat16()
+        want = x.float() @ w.float().T
+        y = ops.linear(x, w)
+        assert ((y.float() - want).norm() / want.norm()).item() < 1e-2
+    # every candidate of each bucket ran and matched (the others' factories refused M)
+    assert tuning.STATS["tunings"] == 3 and all(
+        c.us is not None or "is not for M" in c.skipped
+        for t in LINEAR.chosen.values() for c in t.candidates)
+
+
+def test_gemv_kernel_with_split_k_matches_torch():
+    import tiled
+    from tiled.ops.gemm import _run, linear_kernel
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 2500, generator=g).half()
+    w = (torch.randn(20, 2500, generator=g) / 50).half()
+    kernel = tiled.compile(linear_kernel(3, 20, 2500, "float16", "float16", kind="gemv", BM=4,
+                                         BN=8, threads=128, splits=2), target="cpu")
+    y = _run(kernel, {"kind": "gemv", "splits": 2}, [x, w, torch.empty(3, 20).half()])
+    want = x.float() @ w.float().T
+    assert ((y.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_16_token_swaps_and_split_k_tiles_take_the_sm90_warp_specialized_gemm():
+    """wgmma's n16 (B K-major: the tokens' tile [16][64]) and a 3-D grid (split-K's splits
+    walked outermost by the persistent blocks) both stay on the WS path."""
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    from tiled.compiler import compile_program
+    from tiled.ops.gemm import linear_kernel
+
+    swap = compile_program(linear_kernel(16, 4096, 4096, "bfloat16", "bfloat16", kind="swap",
+                                         BM=16, BN=64, threads=128, splits=2),
+                           target="cuda:sm_90a")
+    assert "WsGemm<__nv_bfloat16, 64, 16," in swap.source
+    assert tuple(swap.manifest.grid[1:]) == (1, 1)  # persistent: every block walks x, y and z
+    tile = compile_program(linear_kernel(256, 1024, 8192, "bfloat16", "bfloat16", kind="tile",
+                                         BM=64, BN=128, threads=128, splits=4),
+                           target="cuda:sm_90a")
+    assert "tiled::sm90::WsGemm" in tile.source

@@ -2,12 +2,16 @@
 tuned by tiled.autotune over the kernel shapes benchmarks/gpu/linear.py measured on the H200,
 per bucket of token counts.
 
-Two kernel forms, both with the token count M symbolic (one compile serves a whole bucket):
+Three kernel forms, all with the token count M symbolic (one compile serves a whole bucket):
 - `tile`: BM x BN output tiles, x and w tiles copied per 64-wide K step, T.gemm with
   transpose_B (on sm_90a the whole-kernel warp-specialized GEMM path takes it);
 - `swap`: y^T = w @ x^T for few tokens, so that w's rows fill the MMA's M side and the tokens
-  its N side; with `splits` > 1, split-K over a third grid axis, each split atomically adding
-  its float32 partial into a zeroed float32 buffer that is cast after.
+  its N side;
+- `gemv`: for 1 .. 4 tokens, no MMA: lanes multiply w's rows by the tokens in float32, one
+  cross-lane sum at the end (`_gemv_kernel`).
+Either with `splits` > 1: split-K over a third grid axis, split s writing its float32 partial
+into P[s] of a [splits, M, N] workspace, which one `splitk_sum` kernel adds up and casts into
+y (no zeroing, no atomics: two launches in all).
 """
 
 import tiled
@@ -16,19 +20,33 @@ from tiled.ops.tuned import TunedOp
 
 BK = 64
 
-# (name, kind, args) per target kind; args: tile (BM, BN, threads), swap (BW, BX, threads,
-# splits). The CUDA space is the candidates of benchmarks/results/linear_h200.json.
+# Configs per target kind: tile (BM, BN, threads[, splits]), swap and gemv (BM = tokens per
+# block, BN = w rows per block, threads, splits[, stages]). The CUDA space: the candidates of
+# benchmarks/results/linear_h200.json, split-K tiles for small grids, and for decode deeper
+# pipelines (more bytes in flight per SM), 16-token swaps (wgmma n16 on the warp-specialized
+# path at 128 / 256 threads; mma.sync at 64 threads, where N / 32 blocks fill the GPU without
+# split-K) and, for 1 .. 4 tokens, gemv blocks of 4 or 8 w rows.
 CUDA_SPACE = [
     {"kind": "tile", "BM": 128, "BN": 256, "threads": 256},
     {"kind": "tile", "BM": 128, "BN": 128, "threads": 256},
     {"kind": "tile", "BM": 64, "BN": 128, "threads": 128},
     {"kind": "tile", "BM": 64, "BN": 256, "threads": 128},
+    *({"kind": "tile", "BM": bm, "BN": 128, "threads": t, "splits": s}
+      for bm, t in ((128, 256), (64, 128)) for s in (2, 4)),
     *({"kind": "swap", "BM": bx, "BN": bw, "threads": t, "splits": s}
       for bx in (64, 128) for bw, t in ((128, 256), (64, 128)) for s in (1, 2, 4)),
+    *({"kind": "swap", "BM": 64, "BN": bw, "threads": t, "splits": s, "stages": 8}
+      for bw, t in ((128, 256), (64, 128)) for s in (1, 2, 4)),
+    *({"kind": "swap", "BM": 16, "BN": bw, "threads": t, "splits": s, "stages": st}
+      for bw, t, st in ((64, 128, 12), (32, 64, 8), (128, 256, 8)) for s in (1, 2, 4)),
+    *({"kind": "gemv", "BM": bx, "BN": bw, "threads": 128, "splits": s}
+      for bx in (1, 2, 4) for bw in (4, 8) for s in (1, 2)),
 ]
 CPU_SPACE = [
     {"kind": "tile", "BM": 32, "BN": 32, "threads": 128},
     {"kind": "tile", "BM": 16, "BN": 64, "threads": 128},
+    {"kind": "tile", "BM": 16, "BN": 64, "threads": 128, "splits": 2},
+    *({"kind": "gemv", "BM": bx, "BN": 8, "threads": 128} for bx in (1, 2, 4)),
 ]
 
 
@@ -41,44 +59,59 @@ def token_bucket(M: int, N: int, K: int, dtype: str, out_dtype: str):
 
 
 def _fits(cfg: dict, M: int) -> bool:
-    """Swap kernels are for few tokens (their BX covers M), tiles for the rest."""
+    """Which configs a token count M is tuned over: gemvs of M's bucket (1, 2 or 3..4 tokens
+    per block); swaps whose token tile (BM) covers M, the 128-token ones only past 16
+    tokens; tiles from 64 tokens (64-row tiles below too); split-K tiles for 64 .. 1024
+    tokens, where the tiles alone leave SMs idle."""
+    if cfg["kind"] == "gemv":
+        return cfg["BM"] >= M and cfg["BM"] < 2 * M
     if cfg["kind"] == "swap":
-        return cfg["BM"] >= M
+        return cfg["BM"] >= M and (cfg["BM"] <= 64 or M > 16)
+    if cfg.get("splits", 1) > 1:
+        return 64 <= M <= 1024
     return M >= 64 or cfg["BM"] == 64 or cfg["BM"] <= 32
 
 
 def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, threads=128,
                   splits=1, stages=4):
-    """The kernel of one config (M only selects: the kernel's M is symbolic)."""
-    if not _fits({"kind": kind, "BM": BM}, M):
+    """The kernel of one config (M only selects: the kernel's M is symbolic). With `splits`
+    > 1 the K loop is split over a third grid axis and split s writes its float32 partial
+    into P[s] ([splits, M, N]), which `splitk_sum` adds up and casts (`_run`)."""
+    if not _fits({"kind": kind, "BM": BM, "splits": splits}, M):
         raise ValueError(f"config {kind} {BM}x{BN} is not for M = {M}")
     Md = T.dyn("M")
+    steps = -(-K // BK)
+    per_split = -(-steps // splits)  # K steps per split
+    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
+    extra = (splits,) if splits > 1 else ()  # the split axis of the grid
     if kind == "tile":
         @tiled.kernel
-        def linear_tile(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype),
-                        Y: T.Tensor((Md, N), out_dtype)):
-            with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), threads=threads) as (bx, by):
+        def linear_tile(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype), Y: out):
+            with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as g:
+                bx, by, bz = g[0], g[1], (g[2] if splits > 1 else 0)
                 xs = T.alloc_shared((BM, BK), dtype)
                 ws = T.alloc_shared((BN, BK), dtype)
                 acc = T.alloc_fragment((BM, BN), "float32")
                 T.clear(acc)
-                for k in T.Pipelined(T.ceildiv(K, BK), num_stages=stages):
-                    T.copy(X[by * BM, k * BK], xs)
-                    T.copy(Wt[bx * BN, k * BK], ws)
+                for k in T.Pipelined(per_split, num_stages=stages):
+                    T.copy(X[by * BM, (bz * per_split + k) * BK], xs)
+                    T.copy(Wt[bx * BN, (bz * per_split + k) * BK], ws)
                     T.gemm(xs, ws, acc, transpose_B=True)
-                T.copy(acc, Y[by * BM, bx * BN])
+                if splits == 1:
+                    T.copy(acc, Y[by * BM, bx * BN])
+                else:
+                    T.copy(acc, Y[bz, by * BM, bx * BN])
         return linear_tile
 
+    if kind == "gemv":
+        return _gemv_kernel(Md, N, K, dtype, BM, BN, threads, splits, out, extra)
+
     BW, BX = BN, BM  # swap: w rows per block, tokens per block
-    steps = -(-K // BK)
-    per_split = -(-steps // splits)
-    acc_dtype = out_dtype if splits == 1 else "float32"
 
     @tiled.kernel
-    def linear_swap(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype),
-                    Y: T.Tensor((Md, N), acc_dtype)):
-        with T.Kernel(T.ceildiv(N, BW), T.ceildiv(Md, BX), splits, threads=threads) as (
-                bx, by, bz):
+    def linear_swap(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype), Y: out):
+        with T.Kernel(T.ceildiv(N, BW), T.ceildiv(Md, BX), *extra, threads=threads) as g:
+            bx, by, bz = g[0], g[1], (g[2] if splits > 1 else 0)
             ws = T.alloc_shared((BW, BK), dtype)
             xs = T.alloc_shared((BX, BK), dtype)
             acc = T.alloc_fragment((BW, BX), "float32")
@@ -91,8 +124,51 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
                 if splits == 1:
                     Y[by * BX + j, bx * BW + i] = acc[i, j]
                 else:
-                    T.atomic_add(Y[by * BX + j, bx * BW + i], acc[i, j])
+                    Y[bz, by * BX + j, bx * BW + i] = acc[i, j]
     return linear_swap
+
+
+def _gemv_kernel(Md, N, K, dtype, BX, BW, threads, splits, out, extra):
+    """The `gemv` form for a few tokens (BX of them per block), without MMA: each block takes
+    BW rows of w and walks K 8 x threads lanes at a time, every lane keeping its own float32
+    partial products per (token, row), summed across lanes once at the end. Tokens share
+    each w vector they load, so w streams from memory once; BW small enough fills the GPU
+    with N / BW blocks (split-K when that is not enough). A step is 8 lanes per thread
+    (16-byte loads), so every row spans whole rounds of the block and the final sum is
+    thread-local, then shuffles (reduce.py's rounds case); K is walked in such steps,
+    `per_split` of them per split."""
+    width = 8 * threads
+    rows = BX * BW
+    steps = -(-K // width)
+    per_split = -(-steps // splits)
+
+    @tiled.kernel
+    def linear_gemv(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype), Y: out):
+        with T.Kernel(T.ceildiv(N, BW), T.ceildiv(Md, BX), *extra, threads=threads) as g:
+            bx, by, bz = g[0], g[1], (g[2] if splits > 1 else 0)
+            part = T.alloc_fragment((rows, width), "float32")
+            total = T.alloc_fragment((rows,), "float32")
+            if BX == 1:  # w through a fragment of its own: 16-byte loads, all rows at once
+                wf = T.alloc_fragment((BW, width), dtype)
+            T.clear(part)
+            for k in T.serial(per_split):
+                base = (bz * per_split + k) * width
+                if BX == 1:
+                    T.copy(Wt[bx * BW, base], wf)
+                    for r, j in T.Parallel(rows, width):
+                        part[r, j] += T.cast(wf[r, j], "float32") * \
+                            T.cast(X[by, base + j], "float32")
+                else:  # (a [BW, width] fragment read as wf[r % BW] would be replicated)
+                    for r, j in T.Parallel(rows, width):
+                        part[r, j] += T.cast(Wt[bx * BW + r % BW, base + j], "float32") * \
+                            T.cast(X[by * BX + r // BW, base + j], "float32")
+            T.reduce_sum(part, total, dim=1)
+            for r in T.Parallel(rows):  # tokens past M, rows past N: the guards drop them
+                if splits == 1:
+                    Y[by * BX + r // BW, bx * BW + r % BW] = total[r]
+                else:
+                    Y[bz, by * BX + r // BW, bx * BW + r % BW] = total[r]
+    return linear_gemv
 
 
 def matmul_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, threads=128,
@@ -134,33 +210,37 @@ def _inputs(M, N, K, dtype, out_dtype, **config):
     dt = _torch_dtype(torch, dtype)
     x = torch.randn(M, K, device=dev, generator=g).to(dt)
     w = (torch.randn(N, K, device=dev, generator=g) / K ** 0.5).to(dt)
-    out = "float32" if config.get("splits", 1) > 1 else out_dtype
-    return [x, w, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out))]
+    return [x, w, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out_dtype))]
 
 
-def _run(kernel, config, args, out_dtype=None):
+def _run(kernel, config, args):
     """y = x @ w.T by `kernel` of `config` into args' y, as linear runs it and so as its
-    candidates are timed: split-K zeroes its float32 y first and returns it cast to
-    `out_dtype` (default x's) after."""
+    candidates are timed: split-K writes float32 partials into a workspace that
+    tiled.ops' `splitk_sum` kernel adds up into y."""
+    import torch
+
+    import tiled.ops as ops
+
     x, w, y = args
-    if config.get("splits", 1) == 1:
+    splits = config.get("splits", 1)
+    if splits == 1:
         kernel(x, w, y)
         return y
-    y.zero_()
-    kernel(x, w, y)
-    return y.to(out_dtype or x.dtype)
+    M, N = y.shape
+    partials = torch.empty(splits, M, N, device=y.device, dtype=torch.float32)
+    kernel(x, w, partials)
+    ops._kernel("splitk_sum", x, N=N, splits=splits,
+                dtype=str(y.dtype).removeprefix("torch."))(partials, y)
+    return y
 
 
 def _launch(tuned, x2, w, odt):
     """y = x2 @ w.T in dtype `odt` through the tuned kernel."""
     import torch
 
-    M, N = x2.shape[0], w.shape[0]
-    if not M:
-        return torch.empty(0, N, device=x2.device, dtype=odt)
-    acc = torch.float32 if tuned.config.get("splits", 1) > 1 else odt
-    return _run(tuned.compiled, tuned.config,
-                [x2, w, torch.empty(M, N, device=x2.device, dtype=acc)], odt)
+    y = torch.empty(x2.shape[0], w.shape[0], device=x2.device, dtype=odt)
+    _run(tuned.compiled, tuned.config, [x2, w, y])
+    return y
 
 
 LINEAR = TunedOp("linear", linear_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
@@ -196,8 +276,12 @@ def linear(x, w, bias=None, out_dtype=None):
                          "multiply as x @ w.T")
     x2, dtype, odt, out_name = _operands("linear", x, w, out_dtype)
     (M, K), N = x2.shape, w.shape[0]
-    tuned = LINEAR.tuned(x, M, N, K, dtype, out_name)
-    y = _launch(tuned, x2, w.contiguous(), odt)
+    if not M:  # nothing to tune or launch for
+        import torch
+
+        y = torch.empty(0, N, device=x.device, dtype=odt)
+    else:
+        y = _launch(LINEAR.tuned(x, M, N, K, dtype, out_name), x2, w.contiguous(), odt)
     if bias is not None:
         y += bias
     return y.view(*x.shape[:-1], N)

@@ -180,3 +180,21 @@ def rotary(heads: int, kv_heads: int, head_size: int, rot_dim: int, dtype: str,
                     K[t, kb] = T.cast(x2 * cos + x1 * sin, dtype)
 
     return rotary_kernel
+
+
+def splitk_sum(N: int, splits: int, dtype: str, block_n: int = 1024, threads: int = 128):
+    """Y = P[0] + ... + P[splits - 1] in `dtype`, for the float32 split-K partials P
+    [splits, M, N] of tiled.ops.linear: one pass that both reduces and casts."""
+    M = T.dyn("M")
+    bn = min(block_n, N)
+
+    @tiled.kernel
+    def splitk_sum_kernel(P: T.Tensor((splits, M, N), "float32"), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, bn), M, threads=threads) as (bx, by):
+            for j in T.Parallel(bn):
+                total = P[0, by, bx * bn + j]
+                for s in range(1, splits):
+                    total = total + P[s, by, bx * bn + j]
+                Y[by, bx * bn + j] = T.cast(total, dtype)
+
+    return splitk_sum_kernel

@@ -143,7 +143,7 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
     top = body_statements(p.kernel.body)
     loops = [s.for_ for s in top if s.WhichOneof("kind") == "for_"
              and s.for_.kind == pb.PIPELINED and s.for_.num_stages >= 2]
-    if len(loops) != 1 or p.kernel.threads not in (128, 256) or len(p.kernel.grid) > 2:
+    if len(loops) != 1 or p.kernel.threads not in (128, 256) or len(p.kernel.grid) > 3:
         return None
     f = loops[0]
     if (n := const_int(f.extent)) is not None and n < 1:
@@ -177,7 +177,8 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
     merge = BK // k_a if k_a == k_b and k_a in (BK, BK // 2) else 0
     if merge == 2 and not _merge_is_exact(p, f, copies[g.a], copies[g.b], bool(g.transpose_b)):
         merge = 0
-    if not merge or BN % 64 or BN > 256 or BM % (64 * nwg) or BM > 256 or \
+    narrow_ok = g.transpose_b and BN in (16, 32)  # K-major B: one box of 16 / 32 rows
+    if not merge or (BN % 64 and not narrow_ok) or BN > 256 or BM % (64 * nwg) or BM > 256 or \
             list(d.size for d in c.shape) != [BM, BN] or BM // nwg // 64 * BN // 2 > 128:
         return None
     # The shared tiles feed this loop only (the accumulator may be used anywhere).
@@ -352,7 +353,11 @@ def bind_block(low, linear, grid: list, group: int = 8) -> None:
     if len(grid) == 1:
         low.vars[block_vars[0]] = linear
         return
-    gx, gy = grid
+    if len(grid) == 3:  # z outermost (split-K's splits): each z walks the x-y plane as 2-D
+        plane = grid[0] * grid[1]
+        low.vars[block_vars[2]] = tirx.truncdiv(linear, plane)
+        linear = tirx.truncmod(linear, plane)
+    gx, gy = grid[:2]
     per_group = group * gx
     first = tirx.truncdiv(linear, per_group) * group
     rows = tirx.min(gy - first, group)
@@ -370,7 +375,9 @@ def program_blocks(low, grid: list):
     if low.ws.cluster == 2:
         yield from _cluster_blocks(low, grid)
         return
-    blocks = grid[0] if len(grid) == 1 else grid[0] * grid[1]
+    blocks = grid[0]
+    for extent in grid[1:]:
+        blocks = blocks * extent
     with persistent_walk(low, blocks) as (_, linear):
         bind_block(low, linear, grid)
         yield

@@ -373,12 +373,16 @@ struct WgmmaSS;
   TILED_WGMMA_OPS8(c, d, (i) + 0), TILED_WGMMA_OPS8(c, d, (i) + 8),                             \
   TILED_WGMMA_OPS8(c, d, (i) + 16), TILED_WGMMA_OPS8(c, d, (i) + 24)
 #define TILED_WGMMA_D32(d, i) TILED_WGMMA_OPS32("+f", d, i)
+#define TILED_WGMMA_D_8(d) TILED_WGMMA_OPS8("+f", d, 0)
+#define TILED_WGMMA_D_16(d) TILED_WGMMA_OPS8("+f", d, 0), TILED_WGMMA_OPS8("+f", d, 8)
 #define TILED_WGMMA_D_32(d) TILED_WGMMA_D32(d, 0)
 #define TILED_WGMMA_D_64(d) TILED_WGMMA_D32(d, 0), TILED_WGMMA_D32(d, 32)
 #define TILED_WGMMA_D_128(d)                                                                    \
   TILED_WGMMA_D32(d, 0), TILED_WGMMA_D32(d, 32), TILED_WGMMA_D32(d, 64), TILED_WGMMA_D32(d, 96)
+#define TILED_WGMMA_REGS_8 "%0,%1,%2,%3,%4,%5,%6,%7"
+#define TILED_WGMMA_REGS_16 TILED_WGMMA_REGS_8 ",%8,%9,%10,%11,%12,%13,%14,%15"
 #define TILED_WGMMA_REGS_32                                                                     \
-  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"                                       \
+  TILED_WGMMA_REGS_16                                                                           \
   ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 #define TILED_WGMMA_REGS_64                                                                     \
   TILED_WGMMA_REGS_32                                                                           \
@@ -413,6 +417,10 @@ struct WgmmaSS<T, N, SCALE_A, SCALE_B, TRANS_A, TRANS_B> {                      
           "n"(TRANS_B));                                                                        \
   }                                                                                             \
 };
+TILED_WGMMA_SS(half, "f16", 16, 8, "%10", "%8, %9, p, %11, %12, %13, %14")
+TILED_WGMMA_SS(__nv_bfloat16, "bf16", 16, 8, "%10", "%8, %9, p, %11, %12, %13, %14")
+TILED_WGMMA_SS(half, "f16", 32, 16, "%18", "%16, %17, p, %19, %20, %21, %22")
+TILED_WGMMA_SS(__nv_bfloat16, "bf16", 32, 16, "%18", "%16, %17, p, %19, %20, %21, %22")
 TILED_WGMMA_SS(half, "f16", 64, 32, "%34", "%32, %33, p, %35, %36, %37, %38")
 TILED_WGMMA_SS(__nv_bfloat16, "bf16", 64, 32, "%34", "%32, %33, p, %35, %36, %37, %38")
 TILED_WGMMA_SS(half, "f16", 128, 64, "%66", "%64, %65, p, %67, %68, %69, %70")
@@ -455,7 +463,8 @@ TILED_WGMMA_RS(__nv_bfloat16, "bf16", 256, 128, "%133",
 template <typename T, int N, int TRANS_A = 0, int TRANS_B = 0, int SCALE_A = 1, int SCALE_B = 1>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          uint32_t scale_d) {
-  static_assert(N == 64 || N == 128 || N == 256, "wgmma_ss: N must be 64, 128 or 256");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 256,
+                "wgmma_ss: N must be 16, 32, 64, 128 or 256");
   WgmmaSS<T, N, SCALE_A, SCALE_B, TRANS_A, TRANS_B>::run(d, desc_a, desc_b, scale_d);
 }
 
@@ -558,7 +567,8 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
   const int t = threadIdx.x & 127;
   const int q = t & 3;
   const int row_base = row0 + 16 * (t >> 5) + ((t & 31) >> 2);
-  const bool vec16 = ((ldc | col0) & 7) == 0 && (reinterpret_cast<uint64_t>(C) & 15) == 0;
+  const bool vec16 = N % 32 == 0 && ((ldc | col0) & 7) == 0 &&
+                     (reinterpret_cast<uint64_t>(C) & 15) == 0;  // whole groups of 32 columns
   if (vec16) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -644,7 +654,9 @@ struct WsGemm {
   static constexpr int kRowsPerWg = BM / NWG;
   static constexpr int kMBlocks = kRowsPerWg / 64;
   static constexpr int kAcc = kMBlocks * BN / 2;
-  static_assert(BM % (64 * NWG) == 0 && BN % 64 == 0 && BN <= 256 && BM <= 256, "WsGemm tile");
+  static_assert(BM % (64 * NWG) == 0 && BM <= 256 && BN <= 256 &&
+                    (BN % 64 == 0 || (B_KMAJOR && (BN == 16 || BN == 32))),
+                "WsGemm tile: BN a multiple of 64, or 16 / 32 with B K-major");
   static_assert(MCAST == 0 || MCAST == 1 || (MCAST == 2 && (B_KMAJOR || BN % 128 == 0)),
                 "WsGemm multicast: A, or B K-major, or B MN-major in pairs of 64-wide boxes");
   static constexpr uint16_t kPair = 0x3;  // the cluster's two CTAs

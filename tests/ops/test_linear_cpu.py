@@ -139,3 +139,12 @@ def test_16_token_swaps_and_split_k_tiles_take_the_sm90_warp_specialized_gemm():
                                          BM=64, BN=128, threads=128, splits=4),
                            target="cuda:sm_90a")
     assert "tiled::sm90::WsGemm" in tile.source
+
+
+def test_every_config_of_the_cuda_space_defines_a_kernel_for_its_token_counts():
+    from tiled.ops.gemm import CUDA_SPACE, _fits, linear_kernel
+
+    for cfg in CUDA_SPACE:
+        ms = [m for m in (1, 2, 4, 16, 64, 128, 256, 1024, 4096) if _fits(cfg, m)]
+        assert ms, cfg
+        linear_kernel(ms[0], 4096, 4096, "bfloat16", "bfloat16", **cfg)

@@ -38,7 +38,7 @@ CUDA_SPACE = [
     *({"kind": "swap", "BM": 64, "BN": bw, "threads": t, "splits": s, "stages": 8}
       for bw, t in ((128, 256), (64, 128)) for s in (1, 2, 4)),
     *({"kind": "swap", "BM": 16, "BN": bw, "threads": t, "splits": s, "stages": st}
-      for bw, t, st in ((64, 128, 12), (32, 64, 8), (128, 256, 8)) for s in (1, 2, 4)),
+      for bw, t, st in ((64, 128, 8), (32, 64, 8), (128, 256, 8)) for s in (1, 2, 4)),
     *({"kind": "gemv", "BM": bx, "BN": bw, "threads": 128, "splits": s}
       for bx in (1, 2, 4) for bw in (4, 8) for s in (1, 2)),
 ]

@@ -2,6 +2,7 @@
 per expert: uneven routings, experts without tokens, token counts off the tile; the tile
 table's invariant; the kernel's row guard; errors for bad inputs; the sm_90a compile."""
 
+import itertools
 import shutil
 
 import pytest
@@ -153,3 +154,23 @@ def test_grouped_linear_custom_op_passes_opcheck():
     w = torch.randn(3, 32, 64, generator=g).half()
     offsets = torch.tensor([0, 10, 10, 40])
     torch.library.opcheck(torch.ops.tiled.grouped_linear, (x, w, offsets))
+
+
+def test_swapped_tiles_match_the_loop_for_ragged_experts():
+    """The swap form (w[e] rows x the tile's tokens) over a routing with an empty expert, one
+    of fewer rows than the tile, and one of several tiles whose last overlaps."""
+    import tiled
+    from tiled.ops import grouped
+
+    g = torch.Generator().manual_seed(7)
+    counts = [0, 5, 37, 16]
+    E, N, K = len(counts), 40, 96
+    x = torch.randn(sum(counts), K, generator=g).bfloat16()
+    w = (torch.randn(E, N, K, generator=g) / K ** 0.5).bfloat16()
+    offsets = torch.tensor([0, *itertools.accumulate(counts)])
+    kernel = tiled.compile(grouped.grouped_kernel(x.shape[0], E, N, K, "bfloat16", kind="swap",
+                                                  BM=16, BN=32, threads=128), target="cpu")
+    y = torch.full((x.shape[0], N), float("nan")).bfloat16()
+    kernel(x, w.view(E * N, K), grouped.tile_table(offsets, x.shape[0], 16), y)
+    want = torch.cat([x[offsets[e]:offsets[e + 1]].float() @ w[e].float().T for e in range(E)])
+    assert ((y.float() - want).norm() / want.norm()).item() < 1e-2

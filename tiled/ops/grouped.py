@@ -51,10 +51,15 @@ CUDA_SPACE = [
     {"BM": 128, "BN": 128, "threads": 256},
     {"BM": 64, "BN": 256, "threads": 128},
     {"BM": 64, "BN": 128, "threads": 128},
+    # Few rows per expert (decode; 256 routed rows over 8 experts is 32 each): swapped tiles of
+    # 16 / 32 / 64 rows against 64 or 128 rows of w, all on the WS path (wgmma n16 .. n64).
+    *({"kind": "swap", "BM": bx, "BN": bw, "threads": t, "stages": 8}
+      for bx in (16, 32, 64) for bw, t in ((64, 128), (128, 256))),
 ]
 CPU_SPACE = [
     {"BM": 32, "BN": 32, "threads": 128},
     {"BM": 16, "BN": 64, "threads": 128},
+    {"kind": "swap", "BM": 16, "BN": 32, "threads": 128},
 ]
 
 
@@ -67,11 +72,24 @@ def token_bucket(tokens: int, E: int, N: int, K: int, dtype: str):
     return m, E, N, K, dtype
 
 
-def grouped_kernel(tokens, E, N, K, dtype, BM=128, BN=128, threads=256, stages=4):
+def _fits(cfg: dict, tokens: int, E: int) -> bool:
+    """Swap configs are for few rows per expert (at most 2 BM on average), tiles for any."""
+    return cfg.get("kind", "tile") != "swap" or tokens <= 2 * cfg["BM"] * E
+
+
+def grouped_kernel(tokens, E, N, K, dtype, BM=128, BN=128, threads=256, stages=4,
+                   kind="tile"):
     """The kernel of one config (`tokens` only selects the tuning: the kernel's T is symbolic).
-    Arguments: X [T, K], W [E * N, K] (w viewed flat), Tiles [tiles, 3] int32, Y [T, N]."""
+    Arguments: X [T, K], W [E * N, K] (w viewed flat), Tiles [tiles, 3] int32, Y [T, N].
+    kind "swap" computes y^T = w[e] @ x^T per tile: BN rows of w[e] fill the MMA's M side,
+    the tile's BM rows of x its N side (16 .. 64: wgmma's n16 / n32 / n64), for experts of
+    few rows, where a tile of 64 or more rows would mostly multiply padding."""
+    if not _fits({"kind": kind, "BM": BM}, tokens, E):
+        raise ValueError(f"config {kind} {BM}x{BN} is not for {tokens} rows over {E} experts")
     Td, tiles = T.dyn("tokens"), T.dyn("tiles")
     steps = -(-K // BK)
+    if kind == "swap":
+        return _grouped_swap(Td, tiles, E, N, K, dtype, BM, BN, threads, stages, steps)
 
     @tiled.kernel
     def grouped_tile(X: T.Tensor((Td, K), dtype), W: T.Tensor((E * N, K), dtype),
@@ -100,6 +118,27 @@ def grouped_kernel(tokens, E, N, K, dtype, BM=128, BN=128, threads=256, stages=4
                         Y[first + i, bx * BN + j] = acc[i, j]
 
     return grouped_tile
+
+
+def _grouped_swap(Td, tiles, E, N, K, dtype, BX, BW, threads, stages, steps):
+    @tiled.kernel
+    def grouped_swap(X: T.Tensor((Td, K), dtype), W: T.Tensor((E * N, K), dtype),
+                     Tiles: T.Tensor((tiles, 3), "int32"), Y: T.Tensor((Td, N), dtype)):
+        with T.Kernel(T.ceildiv(N, BW), tiles, threads=threads) as (bx, by):
+            expert, first, rows = Tiles[by, 0], Tiles[by, 1], Tiles[by, 2]
+            ws = T.alloc_shared((BW, BK), dtype)
+            xs = T.alloc_shared((BX, BK), dtype)
+            acc = T.alloc_fragment((BW, BX), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(T.if_then_else(rows > 0, steps, 0), num_stages=stages):
+                T.copy(W[expert * N + bx * BW, k * BK], ws)  # past N: dropped below
+                T.copy(X[first, k * BK], xs)
+                T.gemm(ws, xs, acc, transpose_B=True)
+            for i, j in T.Parallel(BW, BX):  # the tile's own rows, transposed back
+                if j < rows and 0 <= first + j < Td and (N % BW == 0 or bx * BW + i < N):
+                    Y[first + j, bx * BW + i] = acc[i, j]
+
+    return grouped_swap
 
 
 def table_rows(tokens: int, experts: int, BM: int) -> int:

@@ -20,11 +20,12 @@ dims (w.transpose(1, 2) of F.linear's weights: no copy) and the int32 group ends
 offsets[1:]. Timing: each call captured GRAPH_CALLS times in a CUDA graph, the replay timed
 by do_bench, medians of ROUNDS interleaved rounds.
 
-One run on the H200 (torch 2.11, with a 64 x 64 config since dropped: it never won): every
-smoke kernel correct; grouped_linear against the loop 0.70-0.74x (Mixtral w1) and 0.89-0.90x
-(w2) at 256 rows, 0.84-0.93x at 8192; with 64 experts 1.13-1.59x at 256 rows, 0.87-1.54x at
-8192, 0.83-1.08x at 32768; against torch._grouped_mm 0.85-1.18x (ahead at 256 rows over
-64 experts, up to 15% behind on the 64-expert w2 at 8192+ rows).
+Runs on the H200 (torch 2.11): grouped_h200_before_swap.json (tiles only): against the loop
+0.70-0.74x (Mixtral w1) and 0.89-0.90x (w2) at 256 rows, 1.13-1.59x over 64 experts.
+grouped_h200.json (2026-12-02, with the swapped tiles): at 256 rows Mixtral w1 0.80-0.87x,
+w2 0.82-0.95x, 64 experts 1.27-1.70x the loop (swaps chosen everywhere there); at 8192 and
+32768 rows (tiles) 0.83-0.94x over 8 experts, 0.88-1.56x over 64; against
+torch._grouped_mm 0.86-1.34x.
 """
 
 import json

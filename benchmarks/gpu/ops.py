@@ -20,6 +20,7 @@ beside the op. A launch-config sweep of the row norms
 """
 
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -83,11 +84,35 @@ SWEEP = ((1, 128), (1, 256), (1, 512), (2, 256), (2, 512), (4, 512))
 SWEEP_MS = (4096, 32768)
 
 
+GATED_SWEEP = ((4, 1024, 128), (2, 2048, 256), (8, 1024, 256), (1, 4096, 512), (4, 2048, 256))
+
+
 def sweep_specs():
-    """(name, op, params, launch) of the launch-config sweep's kernels."""
-    return [(f"sweep_{op}_{n}_b{b}t{t}", op, {"N": n, "dtype": DTYPE, "eps": EPS},
-             {"blk_m": b, "threads": t})
-            for op in ("rms_norm", "fused_add_rms_norm") for n in HIDDEN for b, t in SWEEP]
+    """(name, op, params, launch) of the launch-config sweep's kernels: the row norms at both
+    hidden sizes, softmax fp32 and silu_and_mul at 4096 columns."""
+    out = [(f"sweep_{op}_{n}_b{b}t{t}", op, {"N": n, "dtype": DTYPE, "eps": EPS},
+            {"blk_m": b, "threads": t})
+           for op in ("rms_norm", "fused_add_rms_norm") for n in HIDDEN for b, t in SWEEP]
+    out += [(f"sweep_softmax_4096_b{b}t{t}", "softmax", {"N": 4096, "dtype": "float32"},
+             {"blk_m": b, "threads": t}) for b, t in SWEEP]
+    out += [(f"sweep_gated_activation_4096_m{bm}n{bn}t{t}", "gated_activation",
+             {"N": 4096, "dtype": DTYPE, "act": "silu"},
+             {"block_m": bm, "block_n": bn, "threads": t}) for bm, bn, t in GATED_SWEEP]
+    return out
+
+
+def _sweep_case(torch, op, n, m):
+    """(the sweep kernels' arguments, the bytes they move) for op at [m, n]."""
+    if op == "softmax":
+        x = torch.randn(m, n, device="cuda", dtype=torch.float32)
+        return (x, torch.empty_like(x)), 4 * 2 * m * n
+    if op == "gated_activation":
+        h = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+        return (h, h.new_empty(m, n)), 2 * 3 * m * n
+    x, r, w, _ = _norm_inputs(torch, n, m)
+    if op == "rms_norm":
+        return (x, w, torch.empty_like(x)), 2 * (2 * m * n + n)
+    return (x, r, w), 2 * (4 * m * n + n)
 
 
 def build(out: Path) -> None:
@@ -195,10 +220,12 @@ def run(bundle: Path, out: Path) -> None:
     import torch
     from triton.testing import do_bench
 
+    parts = os.environ.get("OPS_PARTS", "ops,sweep").split(",")  # "sweep": the sweep alone
     smoke_in_child(__file__, bundle, 200)
     index = install(bundle)
     rows = []
-    for n, m in [(n, m) for n in HIDDEN for m in MS] + [(None, 4096), (None, 32768)]:
+    shapes = [(n, m) for n in HIDDEN for m in MS] + [(None, 4096), (None, 32768)]
+    for n, m in shapes if "ops" in parts else []:
         if n is None:
             cases, errs = _extra_cases(torch, m), {}
         else:
@@ -230,9 +257,9 @@ def run(bundle: Path, out: Path) -> None:
                   f"{gbs['torch']:7.0f}, copy {gbs['copy']:7.0f} / {gbs['rw_kernel']:7.0f} "
                   f"({row['vs_torch']:.2f}x "
                   f"torch, {row['of_copy_bandwidth']:.0%} of copy)", flush=True)
-    graph = _graph_stack(torch)
+    graph = _graph_stack(torch) if "ops" in parts else None
     print("graph stack:", graph, flush=True)
-    sweep = _sweep(torch, bundle, index)
+    sweep = _sweep(torch, bundle, index) if "sweep" in parts else []
     write_results(out, "ops.py", bundle, index, rounds=ROUNDS, graph_calls=GRAPH_CALLS,
                   rows=rows, graph_stack=graph, launch_sweep=sweep)
 
@@ -243,38 +270,37 @@ def _sweep(torch, bundle: Path, index: dict) -> list:
     from triton.testing import do_bench
 
     rows = []
-    for op in ("rms_norm", "fused_add_rms_norm"):
-        for n in HIDDEN:
-            for m in SWEEP_MS:
-                x, r, w, _ = _norm_inputs(torch, n, m)
-                y = torch.empty_like(x)
-                nbytes = 2 * ((2 if op == "rms_norm" else 4) * m * n + n)
-                calls = {}
-                for name, meta in index["kernels"].items():
-                    if meta.get("sweep") and meta["op"] == op and meta["params"]["N"] == n:
-                        k = load_kernel(bundle, name)
-                        launch = meta["launch"]
-                        key = f"b{launch['blk_m']}t{launch['threads']}"
-                        args = (x, w, y) if op == "rms_norm" else (x, r, w)
-                        calls[key] = lambda k=k, args=args: k(*args)
-                src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
-                dst = torch.empty_like(src)
-                calls["copy"] = lambda s=src, d=dst: d.copy_(s)
-                calls["rw_kernel"] = torch.empty(RW_FLOATS, device="cuda",
-                                                 dtype=torch.float32).neg_
-                graphs = {k: graph_replay(torch, f, GRAPH_CALLS) for k, f in calls.items()}
-                samples = {k: [] for k in graphs}
-                for _ in range(ROUNDS):
-                    for k, g in graphs.items():
-                        samples[k].append(do_bench(g) / GRAPH_CALLS)
-                gbs = {k: (RW_BYTES if k == "rw_kernel" else nbytes) /
-                       (statistics.median(v) * 1e-3 * 1e-6) / 1e9 for k, v in samples.items()}
-                best = max(gbs["copy"], gbs["rw_kernel"])
-                row = {"op": op, "N": n, "M": m, "GB/s": gbs,
-                       "of_copy_bandwidth": {k: v / best for k, v in gbs.items()}}
-                rows.append(row)
-                print(f"sweep {op} N={n} M={m}: " + ", ".join(
-                    f"{k} {v:.0%}" for k, v in row["of_copy_bandwidth"].items()), flush=True)
+    swept = sorted({(meta["op"], meta["params"]["N"]) for meta in index["kernels"].values()
+                    if meta.get("sweep")}, key=str)
+    for op, n in swept:
+        for m in SWEEP_MS:
+            args, nbytes = _sweep_case(torch, op, n, m)
+            calls = {}
+            for name, meta in index["kernels"].items():
+                if meta.get("sweep") and meta["op"] == op and meta["params"]["N"] == n:
+                    k = load_kernel(bundle, name)
+                    key = "".join(f"{a[0]}{v}" for a, v in meta["launch"].items())
+                    if op == "gated_activation":
+                        key = "m{block_m}n{block_n}t{threads}".format(**meta["launch"])
+                    calls[key] = lambda k=k, args=args: k(*args)
+            src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
+            dst = torch.empty_like(src)
+            calls["copy"] = lambda s=src, d=dst: d.copy_(s)
+            calls["rw_kernel"] = torch.empty(RW_FLOATS, device="cuda",
+                                             dtype=torch.float32).neg_
+            graphs = {k: graph_replay(torch, f, GRAPH_CALLS) for k, f in calls.items()}
+            samples = {k: [] for k in graphs}
+            for _ in range(ROUNDS):
+                for k, g in graphs.items():
+                    samples[k].append(do_bench(g) / GRAPH_CALLS)
+            gbs = {k: (RW_BYTES if k == "rw_kernel" else nbytes) /
+                   (statistics.median(v) * 1e-3 * 1e-6) / 1e9 for k, v in samples.items()}
+            best = max(gbs["copy"], gbs["rw_kernel"])
+            row = {"op": op, "N": n, "M": m, "GB/s": gbs,
+                   "of_copy_bandwidth": {k: v / best for k, v in gbs.items()}}
+            rows.append(row)
+            print(f"sweep {op} N={n} M={m}: " + ", ".join(
+                f"{k} {v:.0%}" for k, v in row["of_copy_bandwidth"].items()), flush=True)
     return rows
 
 

@@ -86,23 +86,30 @@ def _key(op: str, target: str, params: dict) -> tuple:
     return op, target, tuple(sorted(params.items()))
 
 
-def _launch_config(op: str, target: str, N: int | None = None, **_) -> dict:
-    """Rows per block and threads. CPU: four rows per block. CUDA: one row per block, and
-    for rms_norm / fused_add_rms_norm 256 threads at N = 4096 (multiples of 2048) and 512 at
-    N = 8192 (multiples of 4096): on the H200 those read 94-95% of copy bandwidth at M = 4096
-    where 128 threads read 82-93% (benchmarks/results/ops_h200.json, launch_sweep). The row
-    stays whole rounds of the block (N a multiple of 8 x threads), so its sum is shuffles."""
+def _launch_config(op: str, target: str, N: int | None = None, dtype: str | None = None,
+                   **_) -> dict:
+    """Rows per block and threads. CPU: four rows per block. CUDA: one row per block of 128
+    threads, except where the H200 measured better (benchmarks/results/ops_sweep_h200.json,
+    against a 4.2 TB/s streaming reference): rms_norm / fused_add_rms_norm take 256 threads
+    at N = 4096 (multiples of 2048) and 512 at N = 8192 (multiples of 4096) — rms_norm 85% /
+    90% of the reference at M = 4096 where 128 threads read 74% / 80%; float32 softmax over
+    4096 columns (multiples of 1024) takes two rows per 256-thread block, 74% / 83% at
+    M = 4096 / 32768 against 67% / 74%. Each row stays whole rounds of the block (N a
+    multiple of threads x the 16-byte run), so its sums are shuffles."""
     if op not in ("rms_norm", "fused_add_rms_norm", "layer_norm", "softmax"):
         return {}
     if target == "cpu":
         return {"blk_m": 4}
-    threads = 128
+    blk_m, threads = 1, 128
     if op in ("rms_norm", "fused_add_rms_norm") and N is not None:
         if N >= 8192 and N % 4096 == 0:
             threads = 512
         elif N >= 4096 and N % 2048 == 0:
             threads = 256
-    return {"blk_m": 1, "threads": threads}
+    if op == "softmax" and dtype == "float32" and N is not None and N >= 4096 and \
+            N % 1024 == 0:
+        blk_m, threads = 2, 256
+    return {"blk_m": blk_m, "threads": threads}
 
 
 def _rows(x, op: str):

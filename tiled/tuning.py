@@ -30,8 +30,8 @@ name the tuning. On the first call for a key:
    `rep_ms` worth of runs, the L2 flushed before each run on CUDA, where the runs are
    replayed from a CUDA graph so the host's launch cost is not counted); `run(kernel, config,
    args)`, when given, is how the caller runs a candidate (its checks and timings then
-   count what the caller does around the kernel: a buffer zeroed before split-K, a cast
-   after), else `kernel(*args)`;
+   count what the caller does around the kernel: a workspace allocated for split-K, the
+   kernel that sums its partials), else `kernel(*args)`;
 5. the winner is recorded in the kernel cache under a tuning key: the digest of the
    candidates' programs (the template), the key's bucket, the device's name and SM count
    (CPU: model and cores), the toolchain and the cache namespace. The record is a cache entry

@@ -57,6 +57,8 @@ def build(out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     index = {}
+    old = out / "index.json"  # what an earlier build recorded of the kernels it made
+    before = json.loads(old.read_text())["kernels"] if old.exists() else {}
     for shape, (N, K) in SHAPES.items():
         for i, cfg in enumerate(CUDA_SPACE):
             m = next((m for m in MS if _fits(cfg, m)), None)
@@ -65,8 +67,7 @@ def build(out: Path) -> None:
             name = f"{shape}__c{i}"
             kernel = linear_kernel(m, N, K, "bfloat16", "bfloat16", **cfg)
             if _built(out, name, kernel):  # an earlier build of this bundle made it
-                index[name] = json.loads((out / "index.json").read_text())["kernels"][name] \
-                    if (out / "index.json").exists() else {"N": N, "K": K, "config": cfg}
+                index[name] = before.get(name, {"N": N, "K": K, "config": cfg})
                 continue
             _, seconds = compile_into(out, name, kernel, TARGET)
             index[name] = {"N": N, "K": K, "config": cfg, "cold_compile_s": round(seconds, 3)}

@@ -11,8 +11,9 @@ at commit 73d750a, when this script's kernels had a static M):
   (64 per warpgroup) and the tokens its N (64 or 128, the rows past M read as zeros); the
   epilogue stores the tile transposed;
 - `swap` with `splits` > 1: split-K over a third grid axis for sizes whose output tiles
-  cannot fill the SMs; each split atomically adds its float32 partial into a zeroed float32
-  buffer, cast to bf16 after. The timed call is what a caller runs: zero, the kernel, cast;
+  cannot fill the SMs; each split writes its float32 partial into P[s] of a [splits, M, N]
+  workspace, summed and cast to bf16 after (here by torch; tiled.ops.linear uses its
+  splitk_sum kernel). The timed call is the kernel and that sum;
 - `per_op_*`: the `tile` kernel compiled with whole_kernel_paths=False (the generic
   TMA-fed loop, ws_loop.py, instead of the whole-kernel GEMM path), one block per tile and
   with persistent=2: whether the generic path can replace the recognizer at these sizes.

@@ -279,9 +279,7 @@ def _sweep(torch, bundle: Path, index: dict) -> list:
             for name, meta in index["kernels"].items():
                 if meta.get("sweep") and meta["op"] == op and meta["params"]["N"] == n:
                     k = load_kernel(bundle, name)
-                    key = "".join(f"{a[0]}{v}" for a, v in meta["launch"].items())
-                    if op == "gated_activation":
-                        key = "m{block_m}n{block_n}t{threads}".format(**meta["launch"])
+                    key = name.rsplit("_", 1)[1]  # the launch, as sweep_specs names it
                     calls[key] = lambda k=k, args=args: k(*args)
             src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
             dst = torch.empty_like(src)

@@ -86,11 +86,15 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
     per_split = -(-steps // splits)  # K steps per split
     out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
     extra = (splits,) if splits > 1 else ()  # the split axis of the grid
+
+    def split_of(g):
+        """(the block's split: 0 without one, Y's leading index for it: none without one)."""
+        return (g[2], (g[2],)) if splits > 1 else (0, ())
     if kind == "tile":
         @tiled.kernel
         def linear_tile(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype), Y: out):
             with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as g:
-                bx, by, bz = g[0], g[1], (g[2] if splits > 1 else 0)
+                (bx, by), (bz, lead) = g[:2], split_of(g)
                 xs = T.alloc_shared((BM, BK), dtype)
                 ws = T.alloc_shared((BN, BK), dtype)
                 acc = T.alloc_fragment((BM, BN), "float32")
@@ -99,21 +103,18 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
                     T.copy(X[by * BM, (bz * per_split + k) * BK], xs)
                     T.copy(Wt[bx * BN, (bz * per_split + k) * BK], ws)
                     T.gemm(xs, ws, acc, transpose_B=True)
-                if splits == 1:
-                    T.copy(acc, Y[by * BM, bx * BN])
-                else:
-                    T.copy(acc, Y[bz, by * BM, bx * BN])
+                T.copy(acc, Y[*lead, by * BM, bx * BN])
         return linear_tile
 
     if kind == "gemv":
-        return _gemv_kernel(Md, N, K, dtype, BM, BN, threads, splits, out, extra)
+        return _gemv_kernel(Md, N, K, dtype, BM, BN, threads, splits, out, extra, split_of)
 
     BW, BX = BN, BM  # swap: w rows per block, tokens per block
 
     @tiled.kernel
     def linear_swap(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype), Y: out):
         with T.Kernel(T.ceildiv(N, BW), T.ceildiv(Md, BX), *extra, threads=threads) as g:
-            bx, by, bz = g[0], g[1], (g[2] if splits > 1 else 0)
+            (bx, by), (bz, lead) = g[:2], split_of(g)
             ws = T.alloc_shared((BW, BK), dtype)
             xs = T.alloc_shared((BX, BK), dtype)
             acc = T.alloc_fragment((BW, BX), "float32")
@@ -123,14 +124,11 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
                 T.copy(X[by * BX, (bz * per_split + k) * BK], xs)
                 T.gemm(ws, xs, acc, transpose_B=True)
             for i, j in T.Parallel(BW, BX):  # rows past M or N: the guards drop them
-                if splits == 1:
-                    Y[by * BX + j, bx * BW + i] = acc[i, j]
-                else:
-                    Y[bz, by * BX + j, bx * BW + i] = acc[i, j]
+                Y[*lead, by * BX + j, bx * BW + i] = acc[i, j]
     return linear_swap
 
 
-def _gemv_kernel(Md, N, K, dtype, BX, BW, threads, splits, out, extra):
+def _gemv_kernel(Md, N, K, dtype, BX, BW, threads, splits, out, extra, split_of):
     """The `gemv` form for a few tokens (BX of them per block), without MMA: each block takes
     BW rows of w and walks K 8 x threads lanes at a time, every lane keeping its own float32
     partial products per (token, row), summed across lanes once at the end. Tokens share
@@ -147,7 +145,7 @@ def _gemv_kernel(Md, N, K, dtype, BX, BW, threads, splits, out, extra):
     @tiled.kernel
     def linear_gemv(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype), Y: out):
         with T.Kernel(T.ceildiv(N, BW), T.ceildiv(Md, BX), *extra, threads=threads) as g:
-            bx, by, bz = g[0], g[1], (g[2] if splits > 1 else 0)
+            (bx, by), (bz, lead) = g[:2], split_of(g)
             part = T.alloc_fragment((rows, width), "float32")
             total = T.alloc_fragment((rows,), "float32")
             if BX == 1:  # w through a fragment of its own: 16-byte loads, all rows at once
@@ -166,10 +164,7 @@ def _gemv_kernel(Md, N, K, dtype, BX, BW, threads, splits, out, extra):
                             T.cast(X[by * BX + r // BW, base + j], "float32")
             T.reduce_sum(part, total, dim=1)
             for r in T.Parallel(rows):  # tokens past M, rows past N: the guards drop them
-                if splits == 1:
-                    Y[by * BX + r // BW, bx * BW + r % BW] = total[r]
-                else:
-                    Y[bz, by * BX + r // BW, bx * BW + r % BW] = total[r]
+                Y[*lead, by * BX + r // BW, bx * BW + r % BW] = total[r]
     return linear_gemv
 
 

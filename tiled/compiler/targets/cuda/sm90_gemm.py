@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -375,9 +376,7 @@ def program_blocks(low, grid: list):
     if low.ws.cluster == 2:
         yield from _cluster_blocks(low, grid)
         return
-    blocks = grid[0]
-    for extent in grid[1:]:
-        blocks = blocks * extent
+    blocks = math.prod(grid)
     with persistent_walk(low, blocks) as (_, linear):
         bind_block(low, linear, grid)
         yield

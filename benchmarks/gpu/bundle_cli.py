@@ -47,13 +47,14 @@ def machine() -> dict:
 
 
 def write_results(out: Path, script: str, bundle: Path, build: dict, **fields) -> None:
-    """A GPU run's JSON: the command that made it, the build's index, the device, versions,
-    the date, then `fields` (the rows)."""
+    """A GPU run's JSON: the command that made it (with the *_PARTS variables that chose its
+    parts), the build's index, the device, versions, the date, then `fields` (the rows)."""
     import torch
     import triton
 
+    env = "".join(f"{k}={v} " for k, v in sorted(os.environ.items()) if k.endswith("_PARTS"))
     out.write_text(json.dumps({
-        "command": f"python3 benchmarks/gpu/{script} run --bundle {bundle} --out {out}",
+        "command": f"{env}python3 benchmarks/gpu/{script} run --bundle {bundle} --out {out}",
         "build": build, "device": torch.cuda.get_device_name(),
         "versions": {"torch": torch.__version__, "triton": triton.__version__,
                      "cuda": torch.version.cuda},

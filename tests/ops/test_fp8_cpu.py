@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import tiled
 import tiled.ops as ops
 from tiled import tuning
 from tiled.ops import fp8
@@ -78,6 +79,50 @@ def test_block_scaled_fp8_linear():
     assert _rel(y, xf @ wf.T) < 0.08
 
 
+def _block_scaled_operands(M, N, K, g):
+    xq = torch.randn(M, K, generator=g).to(E4M3)
+    wq = torch.randn(N, K, generator=g).to(E4M3)
+    xs = torch.rand(M, K // 128, generator=g) + 0.5
+    ws = torch.rand(-(-N // 128), K // 128, generator=g) + 0.5
+    return xq, wq, xs, ws
+
+
+@pytest.mark.parametrize("BM,BN", [(16, 64), (16, 128), (16, 256)])
+def test_block_scaled_tiles_of_one_and_of_two_weight_blocks(BM, BN):
+    """BN <= 128: one weight scale per K step, folded into the row scales loaded before the
+    MMA; BN = 256: the tile spans two weight blocks, each column takes its own."""
+    g = torch.Generator().manual_seed(4)
+    M, N, K = 24, 256, 256
+    xq, wq, xs, ws = _block_scaled_operands(M, N, K, g)
+    kernel = fp8.scaled_gemm_kernel(M, N, K, "float32", True, BM=BM, BN=BN, threads=128,
+                                    stages=2)
+    y = torch.zeros(M, N)
+    tiled.compile(kernel, target="cpu")(xq, wq, xs, ws, y)
+    xd = (xq.float().view(M, 2, 128) * xs[..., None]).view(M, K)
+    wd = (wq.float().view(N, 2, 128) * ws.repeat_interleave(128, 0)[:, :, None]).view(N, K)
+    assert _rel(y, xd @ wd.T) < 1e-5
+
+
+def test_fp8_gemms_on_sm90a_take_the_ws_gemm_and_keep_row_scales_in_registers():
+    """Per-tensor: the whole-kernel WS GEMM (WsGemm over e4m3, 128-element K rows, its
+    16-byte stores); block-scaled: the generic WS loop with each thread's two row scales
+    in registers (layout inference gives the vector its readers' rows)."""
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    from tiled.compiler import compile_program
+
+    pt = compile_program(fp8.scaled_gemm_kernel(4096, 4096, 4096, "bfloat16", False, BM=128,
+                                                BN=256, threads=256), target="cuda:sm_90a")
+    assert "WsGemm<__nv_fp8_e4m3, 128, 256, 4, 2, true, 0>::store<__nv_bfloat16>" in pt.source
+    assert [a.box for a in pt.manifest.kernel_args if a.kind == "tensor_map"] == \
+        [(128, 128), (128, 256)]
+    bs = compile_program(fp8.scaled_gemm_kernel(4096, 7168, 2048, "bfloat16", True, BM=128,
+                                                BN=128, threads=256), target="cuda:sm_90a")
+    assert "float sa_ptr[2];" in bs.source
+
+
 def test_fp8_linear_refuses_what_it_cannot_run():
     x = torch.zeros(4, 128, dtype=E4M3)
     w = torch.zeros(64, 128, dtype=E4M3)
@@ -110,8 +155,8 @@ def test_fp8_kernels_compile_for_sm90a(name):
               "gemm_blockscaled": lambda: fp8.scaled_gemm_kernel(256, 7168, 2048, "bfloat16",
                                                                  True)}[name]()
     src = compile_program(kernel, target="cuda:sm_90a").source
-    if name.startswith("gemm"):
-        assert "wgmma" in src
+    if name.startswith("gemm"):  # the generic WS loop's wgmma, or the whole-kernel WsGemm
+        assert "wgmma" in src or "WsGemm<__nv_fp8_e4m3" in src
 
 
 def test_fp8_custom_ops_pass_opcheck():

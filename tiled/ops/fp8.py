@@ -131,7 +131,8 @@ def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads
                     T.gemm(a_s, b_s, acc, transpose_B=True)
                 scale = SA[0] * SB[0]
                 for i, j in T.Parallel(BM, BN):
-                    Y[by * BM + i, bx * BN + j] = T.cast(acc[i, j] * scale, out_dtype)
+                    acc[i, j] *= scale
+                T.copy(acc, Y[by * BM, bx * BN])
         return fp8_gemm
 
     if BN % SCALE_BLOCK and SCALE_BLOCK % BN:
@@ -139,6 +140,7 @@ def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads
                          f"of the {SCALE_BLOCK}-row weight scale blocks")
     G = steps
     NB = -(-N // SCALE_BLOCK)
+    one_block = BN <= SCALE_BLOCK  # a tile's columns share one weight scale block
 
     @tiled.kernel
     def fp8_gemm_blockscaled(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),
@@ -150,14 +152,23 @@ def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads
             b_s = T.alloc_shared((BN, BK), E4M3)
             part = T.alloc_fragment((BM, BN), "float32")
             acc = T.alloc_fragment((BM, BN), "float32")
+            sa = T.alloc_fragment((BM,), "float32")
             T.clear(acc)
             for k in T.Pipelined(steps, num_stages=stages):
                 T.copy(A[by * BM, k * BK], a_s)
                 T.copy(B[bx * BN, k * BK], b_s)
+                # The row scales are loaded before the MMA, so their latency hides behind it
+                # (read after it, they cost a global round trip per K step: 0.22-0.29x
+                # _scaled_mm in fp8_h200_before_ws.json); with BN <= 128 one weight block
+                # covers the tile and is folded in too. (Loading them a whole step ahead, or
+                # two K steps per iteration, measured the same: fp8_h200_prefetch_pair.json.)
+                for i in T.Parallel(BM):
+                    sa[i] = SA[by * BM + i, k] * (SB[bx * BN // SCALE_BLOCK, k] if one_block
+                                                  else 1.0)
                 T.gemm(a_s, b_s, part, transpose_B=True, clear_accum=True)
                 for i, j in T.Parallel(BM, BN):
-                    acc[i, j] += part[i, j] * SA[by * BM + i, k] * \
-                        SB[(bx * BN + j) // SCALE_BLOCK, k]
+                    acc[i, j] += part[i, j] * sa[i] * (
+                        1.0 if one_block else SB[(bx * BN + j) // SCALE_BLOCK, k])
             T.copy(acc, Y[by * BM, bx * BN])
     return fp8_gemm_blockscaled
 

@@ -162,22 +162,18 @@ def rotary(heads: int, kv_heads: int, head_size: int, rot_dim: int, dtype: str,
                       C: T.Tensor((P, rot_dim), cache_dtype)):
         with T.Kernel(Tn, threads=threads) as t:
             p = pos[t]
-            for h, i in T.Parallel(heads + kv_heads, half):
-                cos = T.cast(C[p, i], "float32")
-                sin = T.cast(C[p, half + i], "float32")
-                a = h * head_size + (i if is_neox else 2 * i)
-                b = a + (half if is_neox else 1)
-                if h < heads:  # x1, x2: the values read before either lane is written
-                    x1 = T.cast(Q[t, a], "float32")
-                    x2 = T.cast(Q[t, b], "float32")
-                    Q[t, a] = T.cast(x1 * cos - x2 * sin, dtype)
-                    Q[t, b] = T.cast(x2 * cos + x1 * sin, dtype)
-                else:
-                    ka, kb = a - heads * head_size, b - heads * head_size
-                    x1 = T.cast(K[t, ka], "float32")
-                    x2 = T.cast(K[t, kb], "float32")
-                    K[t, ka] = T.cast(x1 * cos - x2 * sin, dtype)
-                    K[t, kb] = T.cast(x2 * cos + x1 * sin, dtype)
+            # One nest per tensor (no branch in the body): a lane's x1 and x2 are read
+            # before either is written, and consecutive lanes touch consecutive elements.
+            for X, nh in ((Q, heads), (K, kv_heads)):
+                for h, i in T.Parallel(nh, half):
+                    cos = T.cast(C[p, i], "float32")
+                    sin = T.cast(C[p, half + i], "float32")
+                    a = h * head_size + (i if is_neox else 2 * i)
+                    b = a + (half if is_neox else 1)
+                    x1 = T.cast(X[t, a], "float32")
+                    x2 = T.cast(X[t, b], "float32")
+                    X[t, a] = T.cast(x1 * cos - x2 * sin, dtype)
+                    X[t, b] = T.cast(x2 * cos + x1 * sin, dtype)
 
     return rotary_kernel
 

@@ -302,7 +302,8 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
     def propagate() -> None:
         changed = True
         while changed:
-            changed = _spread(nests, moves, reduces, layouts, replicated, buffers)
+            changed = _spread(nests, moves, reduces, layouts, replicated, buffers,
+                              row_reads)
 
     propagate()
     # An A operand nothing else placed takes the layout its gemm reads from registers.
@@ -357,10 +358,13 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
     return layouts, set()
 
 
-def _spread(nests, moves, reduces, layouts, replicated, buffers) -> bool:
-    """One round of layout propagation through the nests, the fragment moves and the row
-    reductions; True when a layout was assigned. A move between fragments of different
-    layouts is allowed (it goes through shared memory); a nest of them is not."""
+def _spread(nests, moves, reduces, layouts, replicated, buffers, row_reads) -> bool:
+    """One round of layout propagation through the nests, the fragment moves, the row
+    reductions and the row vectors read over a tile (m[i] in an (i, j) nest: it takes the
+    tile's rows layout, so a vector filled element by element in its own nest, such as a
+    per-row scale, lives in the rows its readers hold); True when a layout was assigned. A
+    move between fragments of different layouts is allowed (it goes through shared memory);
+    a nest of them is not."""
     changed = False
     for group in nests + moves:
         known = {layouts[b] for b in group if b in layouts and b not in replicated}
@@ -384,4 +388,12 @@ def _spread(nests, moves, reduces, layouts, replicated, buffers) -> bool:
             continue
         layouts[r.dst] = rows
         changed = True
+    for bid, nest in row_reads:
+        if bid in layouts or bid in replicated:
+            continue
+        held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
+        rows = rows_of(next(iter(held))) if len(held) == 1 else None
+        if rows is not None:  # (a row read's shape is its tile's first dim: see _infer)
+            layouts[bid] = rows
+            changed = True
     return changed

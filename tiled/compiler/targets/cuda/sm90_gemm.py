@@ -2,8 +2,10 @@
 
 A kernel takes the path on `cuda:sm_90a` when its body holds, at top level, a T.Pipelined loop
 whose body is exactly "copy an A tile and a B tile from global to shared, T.gemm them into a
-float32 fragment", with 16-bit A and B, A not transposed, a 64-wide K tile, tiles the wgmma
-shapes fit, and 128 or 256 threads; the two shared tiles may be used by nothing else; A's and
+float32 fragment", with 16-bit A and B and a 64-wide K tile, or float8 A and B (e4m3 / e5m2,
+B transposed: wgmma reads 8-bit operands K-major only) and a 128-wide K tile (one 128-byte
+swizzle row either way), A not transposed, tiles the wgmma shapes fit, and 128 or 256
+threads; the two shared tiles may be used by nothing else; A's and
 B's rows are a multiple of 16 bytes apart, or (symbolic dims) that is a launch precondition
 and the kernel ships with a variant for the launches that fail it (tma). A 32-wide
 K tile is run two iterations per 64-wide stage when that provably changes nothing (`_merge`).
@@ -49,6 +51,8 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128
 BK = 64  # 64 16-bit elements: one 128-byte swizzle row
+ROW_BYTES = 128  # a K tile's bytes per row: BK 16-bit or 128 8-bit elements
+WS_DTYPES = {"float16": 2, "bfloat16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 RING_SLACK = 1024  # the ring is aligned to 1024 bytes inside the dynamic pool
 # The seed's 128x128x32, 3-stage GEMM (K tiles merged in pairs) on the H200 at 4096^3 fp16:
@@ -70,7 +74,7 @@ class WsGemmPlan:
     a: int  # shared tile ids
     b: int
     c: int  # accumulator fragment id
-    dtype: str  # float16 | bfloat16
+    dtype: str  # float16 | bfloat16 | float8_e4m3 | float8_e5m2 (WS_DTYPES)
     BM: int
     BN: int
     stages: int
@@ -95,15 +99,20 @@ class WsGemmPlan:
         return self.pairing[0] if self.mcast else -1
 
     @property
+    def bk(self) -> int:
+        """The K elements of one ring stage: one 128-byte row."""
+        return ROW_BYTES // WS_DTYPES[self.dtype]
+
+    @property
     def box_a(self) -> list[int]:
         """A's TMA box (K, M): half the rows when each CTA of a pair loads half of A."""
-        return [BK, self.BM // 2 if self.mcast == 1 else self.BM]
+        return [self.bk, self.BM // 2 if self.mcast == 1 else self.BM]
 
     @property
     def box_b(self) -> list[int]:
         if not self.b_kmajor:
             return [64, 64]  # 64-wide N sub-tiles; a pair splits them between its CTAs
-        return [BK, self.BN // 2 if self.mcast == 2 else self.BN]
+        return [self.bk, self.BN // 2 if self.mcast == 2 else self.BN]
 
     def with_cluster(self, cluster: int) -> WsGemmPlan:
         """The plan with the compile option `cluster` applied: 0 keeps the plan's choice,
@@ -117,7 +126,7 @@ class WsGemmPlan:
 
     @property
     def stage_bytes(self) -> int:
-        return (self.BM + self.BN) * BK * 2
+        return (self.BM + self.BN) * ROW_BYTES
 
     @property
     def ring_bytes(self) -> int:
@@ -158,7 +167,7 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
         return None
     a, b, c = buffers[g.a], buffers[g.b], buffers[g.c]
     dt = {dtypes.canonical_name(a.dtype), dtypes.canonical_name(b.dtype)}
-    if len(dt) != 1 or not dt <= {"float16", "bfloat16"} or c.scope != pb.FRAGMENT or \
+    if len(dt) != 1 or not dt <= set(WS_DTYPES) or c.scope != pb.FRAGMENT or \
             dtypes.canonical_name(c.dtype) != "float32" or not isinstance(layouts.get(g.c),
                                                                        MmaLayout):
         return None
@@ -175,11 +184,15 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
     rows_b, cols_b = (d.size for d in b.shape)
     BN, k_b = (rows_b, cols_b) if g.transpose_b else (cols_b, rows_b)
     nwg = p.kernel.threads // 128
-    merge = BK // k_a if k_a == k_b and k_a in (BK, BK // 2) else 0
-    if merge == 2 and not _merge_is_exact(p, f, copies[g.a], copies[g.b], bool(g.transpose_b)):
+    wide = WS_DTYPES[next(iter(dt))] == 2
+    bk = ROW_BYTES // WS_DTYPES[next(iter(dt))]
+    merge = bk // k_a if k_a == k_b and k_a in (bk, bk // 2) else 0
+    if merge == 2 and not (wide and _merge_is_exact(p, f, copies[g.a], copies[g.b],
+                                                    bool(g.transpose_b))):
         merge = 0
-    narrow_ok = g.transpose_b and BN in (16, 32)  # K-major B: one box of 16 / 32 rows
+    narrow_ok = g.transpose_b and BN in (16, 32) and wide  # K-major B: one box of 16 / 32 rows
     if not merge or (BN % 64 and not narrow_ok) or BN > 256 or BM % (64 * nwg) or BM > 256 or \
+            not (wide or g.transpose_b) or \
             list(d.size for d in c.shape) != [BM, BN] or BM // nwg // 64 * BN // 2 > 128:
         return None
     # The shared tiles feed this loop only (the accumulator may be used anywhere).
@@ -195,7 +208,7 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
         requires += [r for r in req if r not in requires]
     # At least MIN_RING stages where shared memory holds them: the loop's num_stages counts
     # its own K tiles, and fewer ring stages starve the consumers.
-    stages = min(max(f.num_stages, MIN_RING), max(2, (200 * 1024) // ((BM + BN) * BK * 2)))
+    stages = min(max(f.num_stages, MIN_RING), max(2, (200 * 1024) // ((BM + BN) * ROW_BYTES)))
     pairing = _pairing(p, f, copies[g.a], copies[g.b], BM, BN, bool(g.transpose_b))
     return WsGemmPlan(f, merge, copies[g.a], copies[g.b], g.a, g.b, g.c, dt.pop(), BM, BN,
                       stages, nwg, bool(g.transpose_b), pairing,

@@ -29,6 +29,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #ifdef __CUDACC_RTC__
 #include <cuda/std/cstdint>
 using cuda::std::int32_t;
@@ -430,6 +431,33 @@ TILED_WGMMA_SS(__nv_bfloat16, "bf16", 256, 128, "%130", "%128, %129, p, %131, %1
 #undef TILED_WGMMA_SS
 
 
+// float8 (e4m3, e5m2) and tf32 wgmma: both operands K-major (the only form PTX has for them).
+template <typename T, int N>
+struct WgmmaSSK;
+
+#define TILED_WGMMA_SSK(T, TY, N, K, NREG, TAIL)                                                \
+template <>                                                                                     \
+struct WgmmaSSK<T, N> {                                                                         \
+  __device__ __forceinline__ static void run(float (&d)[NREG], uint64_t desc_a,                 \
+                                             uint64_t desc_b) {                                 \
+    asm volatile(                                                                               \
+        "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." TY "." TY " {"                    \
+        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n"                                                \
+        : TILED_WGMMA_D_##NREG(d)                                                               \
+        : "l"(desc_a), "l"(desc_b));                                                            \
+  }                                                                                             \
+};
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 64, 32, 32, "%32, %33, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 128, 32, 64, "%64, %65, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 256, 32, 128, "%128, %129, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 64, 32, 32, "%32, %33, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 128, 32, 64, "%64, %65, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 256, 32, 128, "%128, %129, 1, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 64, 8, 32, "%32, %33, 1, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 128, 8, 64, "%64, %65, 1, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 256, 8, 128, "%128, %129, 1, 1, 1")
+#undef TILED_WGMMA_SSK
+
 // D[64 x N] (+)= A[64 x 16] * B[16 x N] for one warpgroup, A from registers: a[0..3]
 // hold the thread's 8 16-bit elements of A in the accumulator layout of an m64n16 tile
 // (acc_coord), two per word, B in shared memory (TRANS_B: 1 = MN-major).
@@ -633,7 +661,8 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
 // BM / NWG / 64 m64 blocks of BN / 2 floats per thread (acc_coord layout).
 // A is K-major ([BM][64], one TMA box {64, BM}); B is MN-major ([64][BN],
 // BN / 64 boxes {64, 64}) or, with B_KMAJOR, K-major ([BN][64], one box
-// {64, BN}). All boxes use the 128-byte swizzle, so BK is 64 (16-bit types).
+// {64, BN}). All boxes use the 128-byte swizzle, so BK is one 128-byte row: 64 16-bit or
+// 128 8-bit elements (float8 wgmma reads B K-major only).
 //
 // MCAST != 0: the kernel runs in clusters of two CTAs (cluster ranks 0 and 1) whose output
 // tiles share one operand, A (MCAST 1: same rows, adjacent columns) or B (MCAST 2: same
@@ -647,9 +676,10 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
 // produces (its own operand then reads as zeros) and `drain`s the ring instead of consuming.
 template <typename T, int BM, int BN, int STAGES, int NWG, bool B_KMAJOR, int MCAST = 0>
 struct WsGemm {
-  static constexpr int kBK = 64;
-  static constexpr uint32_t kABytes = BM * kBK * 2;
-  static constexpr uint32_t kBBytes = kBK * BN * 2;
+  static constexpr int kBK = 128 / sizeof(T);  // one 128-byte swizzle row of K
+  static constexpr int kSlices = 4;             // wgmmas per stage: 32 bytes of K each
+  static constexpr uint32_t kABytes = BM * 128;
+  static constexpr uint32_t kBBytes = BN * 128;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   static constexpr int kRowsPerWg = BM / NWG;
   static constexpr int kMBlocks = kRowsPerWg / 64;
@@ -657,6 +687,8 @@ struct WsGemm {
   static_assert(BM % (64 * NWG) == 0 && BM <= 256 && BN <= 256 &&
                     (BN % 64 == 0 || (B_KMAJOR && (BN == 16 || BN == 32))),
                 "WsGemm tile: BN a multiple of 64, or 16 / 32 with B K-major");
+  static_assert(sizeof(T) == 2 || (sizeof(T) == 1 && B_KMAJOR && BN % 64 == 0),
+                "WsGemm float8: B K-major, BN a multiple of 64");
   static_assert(MCAST == 0 || MCAST == 1 || (MCAST == 2 && (B_KMAJOR || BN % 128 == 0)),
                 "WsGemm multicast: A, or B K-major, or B MN-major in pairs of 64-wide boxes");
   static constexpr uint16_t kPair = 0x3;  // the cluster's two CTAs
@@ -740,14 +772,17 @@ struct WsGemm {
     const unsigned char* sb = ring(pool) + stage * kStageBytes + kABytes;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
+    for (int kk = 0; kk < kSlices; ++kk) {
       const uint64_t db = B_KMAJOR ? desc_kmajor_sw128(sb + 32 * kk)
                                    : make_smem_desc(sb + 2048 * kk, 8192, 1024);
 #pragma unroll
       for (int h = 0; h < kMBlocks; ++h) {
         const uint64_t da = desc_kmajor_sw128(sa + h * 64 * 128 + 32 * kk);
-        wgmma_ss<T, BN, 0, B_KMAJOR ? 0 : 1>(
-            *reinterpret_cast<float(*)[BN / 2]>(acc + h * (BN / 2)), da, db, 1u);
+        float(&d)[BN / 2] = *reinterpret_cast<float(*)[BN / 2]>(acc + h * (BN / 2));
+        if constexpr (sizeof(T) == 1)
+          WgmmaSSK<T, BN>::run(d, da, db);
+        else
+          wgmma_ss<T, BN, 0, B_KMAJOR ? 0 : 1>(d, da, db, 1u);
       }
     }
     wgmma_commit_group();

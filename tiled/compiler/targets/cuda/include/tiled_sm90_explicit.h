@@ -60,32 +60,7 @@ __device__ __forceinline__ void tma_load_panels(void* region, int32_t offset, co
   for (int p = 0; p < PANELS; ++p) tma_load_2d(dst + p * PANEL_BYTES, m, b, c0 + 64 * p, c1);
 }
 
-// float8 (e4m3, e5m2) and tf32 wgmma: both operands K-major (the only form PTX has for them).
-template <typename T, int N>
-struct WgmmaSSK;
-
-#define TILED_WGMMA_SSK(T, TY, N, K, NREG, TAIL)                                                \
-template <>                                                                                     \
-struct WgmmaSSK<T, N> {                                                                         \
-  __device__ __forceinline__ static void run(float (&d)[NREG], uint64_t desc_a,                 \
-                                             uint64_t desc_b) {                                 \
-    asm volatile(                                                                               \
-        "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." TY "." TY " {"                    \
-        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n"                                                \
-        : TILED_WGMMA_D_##NREG(d)                                                               \
-        : "l"(desc_a), "l"(desc_b));                                                            \
-  }                                                                                             \
-};
-TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 64, 32, 32, "%32, %33, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 128, 32, 64, "%64, %65, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 256, 32, 128, "%128, %129, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 64, 32, 32, "%32, %33, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 128, 32, 64, "%64, %65, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 256, 32, 128, "%128, %129, 1, 1, 1")
-TILED_WGMMA_SSK(float, "tf32", 64, 8, 32, "%32, %33, 1, 1, 1")
-TILED_WGMMA_SSK(float, "tf32", 128, 8, 64, "%64, %65, 1, 1, 1")
-TILED_WGMMA_SSK(float, "tf32", 256, 8, 128, "%128, %129, 1, 1, 1")
-#undef TILED_WGMMA_SSK
+// (WgmmaSSK, the float8 and tf32 wgmma, is in tiled_sm90.h: WsGemm takes float8 too.)
 
 // int8 x int8 -> int32 wgmma (m64nNk32, both operands K-major): int32 accumulators, so
 // the registers are "r" operands where the float forms have "f".

@@ -13,6 +13,8 @@ over torch tensors with vLLM's argument conventions:
     quantize_fp8(x, block=128)                -> (e4m3 q, float32 scales) (tiled.ops.fp8)
     fp8_linear(x, w, x_scale, w_scale, bias=None, out_dtype=None)   scaled e4m3 GEMM
     grouped_linear(x, w, expert_offsets)      -> MoE experts' x @ w[e].T in one launch
+    paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, k_scale=None,
+                    v_scale=None)            -> decode attention over vLLM's paged KV cache
 
 Each op compiles its kernel on the first call for a (hidden size, dtype, device) and keeps it
 (the token count is symbolic: one compile serves every batch), through `tiled.compile`, so the
@@ -302,13 +304,17 @@ from tiled.ops import fp8 as _fp8  # noqa: E402
 from tiled.ops.fp8 import fp8_linear, quantize_fp8  # noqa: E402
 from tiled.ops.gemm import linear, matmul  # noqa: E402 - it imports the helpers above
 from tiled.ops.grouped import grouped_linear  # noqa: E402
+from tiled.ops.paged import combine_kernel as _paged_combine  # noqa: E402
+from tiled.ops.paged import paged_attention  # noqa: E402
 
 _FACTORIES.update({"quantize_fp8_groups": _fp8.quantize_group_kernel,
                    "fp8_absmax": _fp8.absmax_kernel,
-                   "quantize_fp8_scaled": _fp8.quantize_scaled_kernel})
+                   "quantize_fp8_scaled": _fp8.quantize_scaled_kernel,
+                   "paged_combine": _paged_combine})
 
 _register_torch_ops()
 
 __all__ = ["compiled_kernels", "fp8_linear", "fused_add_rms_norm", "gelu_and_mul",
            "grouped_linear", "install", "kernel_factory", "layer_norm", "linear", "matmul",
-           "quantize_fp8", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax"]
+           "paged_attention", "quantize_fp8", "rms_norm", "rotary_embedding", "silu_and_mul",
+           "softmax"]

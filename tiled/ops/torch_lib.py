@@ -139,3 +139,16 @@ def matmul(a: Tensor, b: Tensor, out_dtype: torch.dtype | None = None) -> Tensor
 @matmul.register_fake
 def _(a, b, out_dtype=None):
     return a.new_empty((*a.shape[:-1], b.shape[1]), dtype=out_dtype or a.dtype)
+
+
+@torch.library.custom_op("tiled::paged_attention", mutates_args=())
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                    seq_lens: Tensor, scale: float | None = None,
+                    k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
+    return ops.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale,
+                               v_scale)
+
+
+@paged_attention.register_fake
+def _(q, k_cache, v_cache, block_tables, seq_lens, scale=None, k_scale=None, v_scale=None):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)

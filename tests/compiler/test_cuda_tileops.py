@@ -102,6 +102,35 @@ def test_the_sm90_gemm_path_takes_over_rows_layouts():
     assert type(low.layouts[_bid(k, "m")]).__name__ == "WgmmaRows"
 
 
+def test_a_row_vector_filled_in_its_own_nest_takes_the_rows_of_its_readers():
+    """A per-row scale loaded element by element (no reduction places it) and read as s[i]
+    over a FullRow accumulator lives in the accumulator's rows (two floats per thread), not
+    replicated (128 per thread)."""
+    import tiled
+    import tiled.lang as T
+
+    @tiled.kernel
+    def row_scaled(A: T.Tensor((128, 32), "float16"), B: T.Tensor((128, 32), "float16"),
+                   S: T.Tensor((128,), "float32"), C: T.Tensor((128, 128), "float32")):
+        with T.Kernel(1, threads=128):
+            a = T.alloc_shared((128, 32), "float16")
+            b = T.alloc_shared((128, 32), "float16")
+            acc = T.alloc_fragment((128, 128), "float32")
+            s = T.alloc_fragment((128,), "float32")
+            T.copy(A[0, 0], a)
+            T.copy(B[0, 0], b)
+            for i in T.Parallel(128):
+                s[i] = S[i] * 2.0
+            T.clear(acc)
+            T.gemm(a, b, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            for i, j in T.Parallel(128, 128):
+                acc[i, j] *= s[i]
+            T.copy(acc, C[0, 0])
+
+    lay = layouts_by_name(row_scaled)
+    assert lay["s"] == MmaRows(128, 4) == lay["acc"].rows()
+
+
 def _bid(kernel, name: str) -> int:
     return next(b.id for b in as_program(kernel).proto.buffers if b.name == name)
 

@@ -39,7 +39,7 @@ def _rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("H,KVH,bs", [(8, 2, 16), (4, 4, 32), (20, 1, 16)])
+@pytest.mark.parametrize("H,KVH,bs", [(8, 2, 16), (4, 4, 32), (20, 1, 16), (8, 2, 64)])
 def test_paged_attention_matches_torch_over_gathered_blocks(H, KVH, bs):
     """GQA (4 heads a kv head), plain MHA, and a group wider than one 16-row tile (20 heads
     over one kv head: two row tiles); sequences of 1 token, a ragged last block, an empty

@@ -35,7 +35,7 @@ NEG_INF = float("-inf")
 CUDA_SPACE = [{"BN": bn, "threads": t, "stages": st, "splits": s}
               for bn, t, st in ((32, 32, 2), (64, 32, 2), (32, 128, 2), (64, 128, 2),
                                 (64, 128, 3))
-              for s in (1, 2, 4, 8, 16, 32)]
+              for s in (1, 2, 4, 8, 16, 32, 64)]
 CPU_SPACE = [{"BN": 16, "threads": 32, "splits": 1}, {"BN": 16, "threads": 32, "splits": 2}]
 
 

@@ -185,9 +185,16 @@ def infer_layouts(program: pb.Program, anchors: Anchors,
     """Every fragment's layout. `anchors`: the target's instruction layouts; `accumulators`
     fixes the layouts of some gemm accumulators (a path that issues other instructions);
     others are chosen here."""
+    try:
+        return _infer_all(program, anchors, accumulators, row_vectors=True)
+    except CompileError:  # row vectors placed by their readers clash: place them as before
+        return _infer_all(program, anchors, accumulators, row_vectors=False)
+
+
+def _infer_all(program, anchors, accumulators, row_vectors: bool) -> dict[int, object]:
     forced: set[int] = set()
     while True:  # a row vector read over a tile with other rows falls back to replicated
-        layouts, misfits = _infer(program, anchors, accumulators or {}, forced)
+        layouts, misfits = _infer(program, anchors, accumulators or {}, forced, row_vectors)
         if not misfits:
             return layouts
         forced |= misfits
@@ -223,7 +230,7 @@ def fragment_pair(st: pb.Stmt, buffers) -> tuple[int, int] | None:
 
 
 def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object],
-           forced: set[int]) -> tuple[dict[int, object], set[int]]:
+           forced: set[int], row_vectors: bool = True) -> tuple[dict[int, object], set[int]]:
     threads = program.kernel.threads
     buffers = {b.id: b for b in program.buffers}
     frags = {b.id for b in program.buffers if b.scope == pb.FRAGMENT}
@@ -303,7 +310,7 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
         changed = True
         while changed:
             changed = _spread(nests, moves, reduces, layouts, replicated, buffers,
-                              row_reads)
+                              row_reads if row_vectors else [])
 
     propagate()
     # An A operand nothing else placed takes the layout its gemm reads from registers.

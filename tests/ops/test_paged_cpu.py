@@ -124,4 +124,6 @@ def test_paged_kernels_compile_for_sm90a(splits, threads):
                                                 splits=splits), target="cuda:sm_90a")
         if threads == 32:
             assert "float m_ptr[2];" in c.source
+        if kv == "float8_e4m3":  # the float8 blocks are converted 4 elements a step
+            assert "tiled::fp8_tile_convert<__nv_fp8_e4m3, __nv_bfloat16, 64, 128," in c.source
     compile_program(paged.combine_kernel(32, 128, 4, "bfloat16"), target="cuda:sm_90a")

@@ -32,6 +32,7 @@ from tiled.compiler.passes.layout import (
     whole_region,
 )
 from tiled.compiler.passes.vectorize import lane_cap, multiple_of, rows_keep_runs
+from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.parallel import slot_runs
 from tiled.compiler.tir import and_all
 from tiled.ir import dtypes
@@ -217,6 +218,33 @@ def copy_element(low, c: pb.Copy, tile) -> None:
         value = tirx.if_then_else(ok, value, tirx.const(0, str(value.ty)))
     with low.maybe_if(and_all(dst_conds)):
         low.store(c.dst.buffer, value, dst_idx)
+
+
+FP8_NAMES = ("float8_e4m3", "float8_e5m2")
+
+
+def convert_fp8_tile(low, c: pb.Copy) -> bool:
+    """A whole 2-D shared float8 tile into a whole 16-bit shared tile of its shape (a float8
+    KV block converted for the MMA) with tiled_cuda.h's fp8_tile_convert: four elements per
+    32-bit load and paired conversions, where an element loop converts one at a time. False
+    (the copy is lowered element by element) for anything else, swizzled panel tiles
+    included."""
+    src, dst = low.buffers[c.src.buffer], low.buffers[c.dst.buffer]
+    s_dt, d_dt = dtypes.canonical_name(src.dtype), dtypes.canonical_name(dst.dtype)
+    if src.scope != pb.SHARED or dst.scope != pb.SHARED or s_dt not in FP8_NAMES or \
+            d_dt not in ("float16", "bfloat16") or len(src.shape) != 2 or \
+            [d.size for d in src.shape] != [d.size for d in dst.shape] or \
+            not whole_region(c.src, src) or not whole_region(c.dst, dst):
+        return False
+    rows, cols = (d.size for d in src.shape)
+    lds, ldd = low.shared_stride(src.id), low.shared_stride(dst.id)
+    if cols % 4 or lds % 4 or ldd % 2 or min(lds, ldd) < cols:  # (panels: stride 1)
+        return False
+    zero = [tirx.const(0, "int32")] * 2
+    T.evaluate(T.call_extern(
+        "void", f"tiled::fp8_tile_convert<{CTYPE[s_dt]}, {CTYPE[d_dt]}, {rows}, {cols}, "
+        f"{lds}, {ldd}, {low.threads}>", low.addr(src.id, zero), low.addr(dst.id, zero)))
+    return True
 
 
 def issue_async_copy(low, c: pb.Copy, vec: int, pred=None) -> None:

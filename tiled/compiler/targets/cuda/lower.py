@@ -34,6 +34,7 @@ from tiled.compiler.passes.resources import SharedTile, align_up
 from tiled.compiler.passes.vectorize import vector_lanes_ok
 from tiled.compiler.targets.cuda.copy import (
     async_vector,
+    convert_fp8_tile,
     copy_element,
     copy_scratch_bytes,
     copy_uses_scratch,
@@ -514,6 +515,8 @@ class CudaLowering(ExprLowering):
             return
         if pb.FRAGMENT in (src_b.scope, dst_b.scope):
             return lower_fragment_copy(self, c)
+        if convert_fp8_tile(self, c):
+            return
         tile_shape = [e for e in c.src.extents if e != 1] or [1]
         numel = math.prod(tile_shape)
         n_iter = -(-numel // self.threads)

@@ -488,6 +488,43 @@ __device__ __forceinline__ void fp8_tile_to_half(const void* src, half* dst) {
   }
 }
 
+// dst = src converted: a ROWS x COLS tile of 8-bit floats (FP8: __nv_fp8_e4m3 or
+// __nv_fp8_e5m2, passed as its bytes; row stride LDS) into T (half or __nv_bfloat16; row
+// stride LDD), four elements per step of a thread (one 32-bit load, two paired conversions,
+// two 32-bit stores), over THREADS threads counted from TID_BASE. Exact: every e4m3 and e5m2
+// value is a half and a bfloat16. No barrier inside.
+template <typename FP8, typename T, int ROWS, int COLS, int LDS, int LDD, int THREADS,
+          int TID_BASE = 0>
+__device__ __forceinline__ void fp8_tile_convert(const void* src, T* dst) {
+  static_assert(sizeof(FP8) == 1 && sizeof(T) == 2, "fp8_tile_convert: 8-bit to 16-bit");
+  static_assert(COLS % 4 == 0 && LDS % 4 == 0 && LDD % 2 == 0,
+                "fp8_tile_convert: rows of whole 4-element groups");
+  constexpr __nv_fp8_interpretation_t kind =
+      detail::is_same<FP8, __nv_fp8_e5m2>::value ? __NV_E5M2 : __NV_E4M3;
+  const unsigned char* s = static_cast<const unsigned char*>(src);
+  const int t = static_cast<int>(threadIdx.x) - TID_BASE;
+  constexpr int kGroups = COLS / 4;
+#pragma unroll 4
+  for (int e = t; e < ROWS * kGroups; e += THREADS) {
+    const int r = e / kGroups, c = (e % kGroups) * 4;
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(s + r * LDS + c);
+    const __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), kind));
+    const __half2 hi = __half2(__nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(w >> 16), kind));
+    uint32_t* d = reinterpret_cast<uint32_t*>(dst + r * LDD + c);
+    if constexpr (!detail::is_same<T, __nv_bfloat16>::value) {
+      d[0] = *reinterpret_cast<const uint32_t*>(&lo);
+      d[1] = *reinterpret_cast<const uint32_t*>(&hi);
+    } else {
+      const __nv_bfloat162 blo = __float22bfloat162_rn(__half22float2(lo));
+      const __nv_bfloat162 bhi = __float22bfloat162_rn(__half22float2(hi));
+      d[0] = *reinterpret_cast<const uint32_t*>(&blo);
+      d[1] = *reinterpret_cast<const uint32_t*>(&bhi);
+    }
+  }
+}
+
 // Number of accumulators per thread for gemm_ss_simt: ceil(M*N / THREADS).
 template <int M, int N, int THREADS>
 __host__ __device__ constexpr int simt_acc_size() {

@@ -152,3 +152,24 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
 @paged_attention.register_fake
 def _(q, k_cache, v_cache, block_tables, seq_lens, scale=None, k_scale=None, v_scale=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("tiled::linear_w4a16", mutates_args=())
+def linear_w4a16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None = None,
+                 group_size: int = 128) -> Tensor:
+    return ops.linear_w4a16(x, qweight, scales, zeros, group_size)
+
+
+@linear_w4a16.register_fake
+def _(x, qweight, scales, zeros=None, group_size=128):
+    return x.new_empty((*x.shape[:-1], qweight.shape[1]))
+
+
+@torch.library.custom_op("tiled::linear_w8a16", mutates_args=())
+def linear_w8a16(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
+    return ops.linear_w8a16(x, qweight, scales)
+
+
+@linear_w8a16.register_fake
+def _(x, qweight, scales):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))

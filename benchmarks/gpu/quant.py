@@ -1,0 +1,136 @@
+"""tiled.ops.linear_w4a16 on the H200 (issue 14's quantized GEMV table): GPTQ 4-bit weights
+(symmetric, group 128) at batch 1, 16, 64 for (K, N) = 4096 x 14336, 14336 x 4096 and
+8192 x 28672, fp16, beside F.linear on the dequantized fp16 weights (cuBLAS) in the same
+process; weight GB/s beside an in-place 512 MiB stream.
+
+Here (the CPU machine, with TVM): every config of tiled.ops.quant's CUDA space per shape, and
+the splitk_sum kernels its split configs add their partials with
+    python benchmarks/gpu/quant.py build --out .gpu/quant
+There (device tool, carry=[".gpu"]; tiled.tuning.prebuilt hands the tuner the bundle)
+    python3 benchmarks/gpu/quant.py run --bundle .gpu/quant --out $OUT/quant_h200.json
+
+Each call graph-replayed GRAPH_CALLS times; medians of ROUNDS interleaved rounds of do_bench.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from bundle_cli import compile_into, load_kernel, machine, main, time_graphed, write_results
+
+TARGET = "cuda:sm_90a"
+SHAPES = [(4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
+MS = (1, 16, 64)
+DTYPE, GROUP = "float16", 128
+ROUNDS = 3
+GRAPH_CALLS = 20
+RW_FLOATS = 128 << 20
+
+
+def _sums() -> list[dict]:
+    from tiled.ops.quant import CUDA_SPACE
+
+    splits = sorted({c["splits"] for c in CUDA_SPACE} - {1})
+    return [{"N": n, "splits": s, "dtype": DTYPE} for n in sorted({n for _, n in SHAPES})
+            for s in splits]
+
+
+def build(out: Path) -> None:
+    import tiled.ops as ops
+    from tiled.ops import quant
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for K, N in SHAPES:
+        for i, cfg in enumerate(quant.CUDA_SPACE):
+            if not any(quant._fits(cfg, m) for m in MS):
+                continue  # a token tile no row of this run tunes
+            name = f"w4_{K}x{N}__c{i}"
+            kernel = quant.quant_linear_kernel(cfg["BM"], N, K, DTYPE, DTYPE, 4, GROUP, False,
+                                               **cfg)
+            _, seconds = compile_into(out, name, kernel, TARGET)
+            index[name] = {"K": K, "N": N, "config": cfg, "cold_compile_s": round(seconds, 3)}
+            print(name, index[name], flush=True)
+    for params in _sums():
+        name = f"splitk_sum__{params['N']}x{params['splits']}"
+        _, seconds = compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params),
+                                  TARGET)
+        index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
+    (out / "index.json").write_text(json.dumps({
+        "command": f"python benchmarks/gpu/quant.py build --out {out}", "machine": machine(),
+        "target": TARGET, "kernels": index}, indent=1))
+
+
+def _gptq(torch, q):
+    """int32 [K / 8, N] words of 4-bit q [K, N] (0..15), the lowest nibble first."""
+    words = torch.zeros(q.shape[0] // 8, q.shape[1], device=q.device, dtype=torch.int64)
+    for i in range(8):
+        words |= q[i::8].to(torch.int64) << (4 * i)
+    return (words - ((words >> 31) << 32)).to(torch.int32)
+
+
+def _row(torch, K, N, M) -> dict:
+    import torch.nn.functional as F
+
+    import tiled.ops as ops
+    from tiled.ops import quant
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randint(0, 16, (K, N), device="cuda", generator=g)
+    scales = (torch.rand(K // GROUP, N, device="cuda", generator=g) / K ** 0.5 + 1e-3).half()
+    qweight = _gptq(torch, q)
+    w = ((q.float() - 8) * scales.float().repeat_interleave(GROUP, 0)).t().contiguous().half()
+    x = torch.randn(M, K, device="cuda", generator=g).half()
+    y = ops.linear_w4a16(x, qweight, scales, group_size=GROUP)  # tunes this bucket
+    ref = x.float() @ w.float().T
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    tuned = quant.QUANT_LINEAR.chosen[(TARGET, quant._bucket(M, N, K, DTYPE, DTYPE, 4, GROUP,
+                                                             False))]
+    rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
+    us = time_graphed(torch, {
+        "tiled": lambda: ops.linear_w4a16(x, qweight, scales, group_size=GROUP),
+        "F.linear_fp16": lambda: F.linear(x, w), "rw_kernel": rw.neg_}, ROUNDS, GRAPH_CALLS)
+    wbytes = K * N // 2 + scales.numel() * 2
+    row = {"K": K, "N": N, "M": M, "config": tuned.config, "us": us,
+           "vs_F_linear_fp16": us["F.linear_fp16"] / us["tiled"],
+           "weight_GB/s": wbytes / (us["tiled"] * 1e-6) / 1e9,
+           "stream_GB/s": 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9,
+           "rel_err_vs_dequantized": err}
+    print(f"w4a16 K={K:5d} N={N:5d} M={M:3d}: {us['tiled']:7.1f} us, "
+          f"{row['vs_F_linear_fp16']:.2f}x F.linear fp16, {row['weight_GB/s']:.0f} GB/s of "
+          f"weights, config {tuned.config}, err {err:.1e}", flush=True)
+    return row
+
+
+def run(bundle: Path, out: Path) -> None:
+    import torch
+
+    import tiled.ops as ops
+    from tiled import tuning
+
+    index = json.loads((bundle / "index.json").read_text())
+    for name, v in index["kernels"].items():
+        if v.get("op") == "splitk_sum":
+            ops.install("splitk_sum", TARGET, load_kernel(bundle, name), **v["params"])
+    pairs = [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
+             for n, v in index["kernels"].items() if "op" not in v]
+    rows = []
+    with tuning.prebuilt(pairs):
+        for K, N in SHAPES:
+            for M in MS:
+                rows.append(_row(torch, K, N, M))
+                torch.cuda.empty_cache()
+    write_results(out, "quant.py", bundle, index, rounds=ROUNDS, graph_calls=GRAPH_CALLS,
+                  rows=rows, tuning_stats=dict(tuning.STATS))
+
+
+def smoke(bundle: Path) -> None:
+    print(len(json.loads((bundle / "index.json").read_text())["kernels"]), "kernels")
+
+
+if __name__ == "__main__":
+    main(build, run, smoke, str(ROOT / ".gpu" / "quant"))

@@ -1,0 +1,96 @@
+"""tiled.ops.linear_w4a16 / linear_w8a16 on CPU tensors (the cpu target) against the dequantized
+weights' product in torch; their CUDA kernels compile for sm_90a."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tiled.ops as ops
+from tiled.ops import quant
+
+
+def gptq_pack(q):
+    """int32 [K / 8, N] of 4-bit values q [K, N] (0..15): eight along K a word, the lowest
+    nibble first (GPTQ's qweight)."""
+    K, N = q.shape
+    words = torch.zeros(K // 8, N, dtype=torch.int64)
+    for i in range(8):
+        words |= q[i::8].to(torch.int64) << (4 * i)
+    return (words - ((words >> 31) << 32)).to(torch.int32)  # as signed 32-bit words
+
+
+def _rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("zeros", [False, True])
+@pytest.mark.parametrize("M", [1, 3, 20])
+def test_w4a16_matches_the_dequantized_product(M, zeros):
+    g = torch.Generator().manual_seed(M)
+    K, N, group = 256, 96, 64
+    q = torch.randint(0, 16, (K, N), generator=g)
+    scales = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.bfloat16)
+    z = (torch.rand(K // group, N, generator=g) * 15).round().to(torch.bfloat16) if zeros \
+        else None
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
+    w = (q.float() - zz) * scales.float().repeat_interleave(group, 0)  # [K, N]
+    y = ops.linear_w4a16(x, gptq_pack(q), scales, z, group_size=group)
+    assert y.shape == (M, N) and y.dtype == torch.bfloat16
+    assert _rel(y, x.float() @ w) < 1e-2
+
+
+@pytest.mark.parametrize("M", [1, 5])
+def test_w8a16_matches_the_dequantized_product(M):
+    g = torch.Generator().manual_seed(7)
+    K, N = 128, 80
+    q = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+    s = (torch.rand(N, generator=g) / 64).to(torch.float16)
+    x = torch.randn(2, M, K, generator=g).to(torch.float16)  # leading dims are tokens
+    y = ops.linear_w8a16(x, q, s)
+    assert y.shape == (2, M, N)
+    assert _rel(y, x.float() @ (q.float() * s.float()[:, None]).T) < 1e-2
+
+
+def test_quantized_linears_refuse_bad_arguments():
+    x = torch.zeros(2, 256, dtype=torch.bfloat16)
+    qw = torch.zeros(32, 64, dtype=torch.int32)
+    s = torch.ones(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"not int32 \[K / 8 = 32, N\]"):
+        ops.linear_w4a16(x, qw[:16], s)
+    with pytest.raises(ValueError, match="group_size 100"):
+        ops.linear_w4a16(x, qw, s, group_size=100)
+    with pytest.raises(ValueError, match="expected x's"):
+        ops.linear_w4a16(x, qw, s.half())
+    with pytest.raises(TypeError, match="float32 activations"):
+        ops.linear_w4a16(x.float(), qw, s.float())
+    with pytest.raises(ValueError, match="not int8"):
+        ops.linear_w8a16(x, qw, torch.ones(64, dtype=torch.bfloat16))
+
+
+def test_quantized_custom_ops_pass_opcheck():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 128, generator=g).to(torch.bfloat16)
+    qw = gptq_pack(torch.randint(0, 16, (128, 64), generator=g))
+    s = torch.rand(1, 64, generator=g).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.tiled.linear_w4a16.default, (x, qw, s))
+    q8 = torch.randint(-128, 128, (64, 128), generator=g, dtype=torch.int8)
+    torch.library.opcheck(torch.ops.tiled.linear_w8a16.default,
+                          (x, q8, torch.rand(64, generator=g).to(torch.bfloat16)))
+
+
+def test_quantized_kernels_compile_for_sm90a():
+    """Llama-3-8B's gate/up at decode: 16-byte weight loads (four GPTQ words a lane)."""
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    from tiled.compiler import compile_program
+
+    c = compile_program(quant.quant_linear_kernel(1, 14336, 4096, "bfloat16", "bfloat16", 4,
+                                                  128, False, BM=1, BN=512, threads=128,
+                                                  splits=2), target="cuda:sm_90a")
+    assert "int4" in c.source
+    compile_program(quant.quant_linear_kernel(16, 4096, 4096, "float16", "float16", 8, 0,
+                                              False, BM=16, BN=512, threads=128),
+                    target="cuda:sm_90a")

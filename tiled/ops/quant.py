@@ -1,0 +1,230 @@
+"""Weight-only quantized linears in tiled.ops (this module, tiled.ops.quant): 16-bit activations
+times 4- or 8-bit weights, dequantized in the main loop.
+
+    linear_w4a16(x, qweight, scales, zeros=None, group_size=128) -> x @ W.T
+        qweight int32 [K / 8, N], GPTQ's packing: word [k8, n] holds W[n, 8 k8 .. 8 k8 + 7]
+        as eight 4-bit values, the lowest nibble first; scales [K / group_size, N] in x's
+        dtype; W[n, k] = (q - z) * scales[k / group_size, n] with z = 8 when `zeros` is None
+        (symmetric: vLLM's uint4b8), else zeros[k / group_size, n] (unpacked zero points, in
+        the scales' dtype).
+    linear_w8a16(x, qweight, scales) -> x @ W.T
+        qweight int8 [N, K] (F.linear's layout), scales [N] per output channel:
+        W[n, k] = qweight[n, k] * scales[n].
+
+Kernels (tuned by tiled.autotune per token bucket, the token count symbolic): each lane owns
+consecutive output columns and walks K, unpacking its 16-byte weight vectors in registers and
+multiplying them by the tokens in float32 (no MMA: for decode the weights' bytes are the
+cost); `splits` > 1 splits K over a grid axis into float32 partials that tiled.ops' splitk_sum
+adds up, as tiled.ops.linear does.
+"""
+
+import tiled
+import tiled.lang as T
+from tiled.ops.gemm import token_bucket
+from tiled.ops.tuned import TunedOp
+
+# (BM tokens per block, BN columns per block, threads, splits, WPI: 32-bit words per column
+# and step, i.e. 8 * WPI K values for w4, 4 * WPI for w8)
+CUDA_SPACE = [{"BM": bm, "BN": bn, "threads": t, "splits": s, "WPI": 2}
+              for bm in (1, 2, 4, 8, 16) for bn, t in ((512, 128), (1024, 256))
+              for s in (1, 2, 4, 8)]
+CPU_SPACE = [*({"BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
+               for bm in (1, 2, 4, 8, 16)),
+             {"BM": 4, "BN": 64, "threads": 32, "splits": 2, "WPI": 2}]
+
+
+def _fits(cfg: dict, M: int) -> bool:
+    """Token tiles of M's bucket: BM the power of two covering M, 16 past 16 tokens."""
+    m = min(M, 16)
+    return m <= cfg["BM"] < 2 * m
+
+
+def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, BM=1, BN=512,
+                        threads=128, splits=1, WPI=2):
+    """The kernel of one config (M only selects: the kernel's M is symbolic). bits 4: GPTQ
+    words [K / 8, N] with group scales (and zeros); bits 8: int8 [N, K] with channel
+    scales."""
+    if not _fits({"BM": BM}, M):
+        raise ValueError(f"a {BM}-token tile is not for M = {M}")
+    per_word = 8 if bits == 4 else 4  # K values per 32-bit word
+    if K % (per_word * WPI * splits):
+        raise ValueError(f"K = {K} does not split into {splits} x {WPI}-word steps")
+    if bits == 4 and (group_size % (per_word * WPI) or K % group_size):
+        raise ValueError(f"group size {group_size} does not hold whole {WPI}-word steps of K "
+                         f"= {K}")
+    Md = T.dyn("M")
+    KW = K // per_word
+    per = KW // WPI // splits  # steps per split
+    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
+    extra = (splits,) if splits > 1 else ()
+    if bits == 4:
+        G = K // group_size
+        wt, st = T.Tensor((KW, N), "int32"), T.Tensor((G, N), dtype)
+        zt = T.Tensor((G, N), dtype) if zeros else T.Tensor((1,), dtype)
+    else:
+        wt, st, zt = T.Tensor((N, KW), "int32"), T.Tensor((N,), dtype), T.Tensor((1,), dtype)
+
+    @tiled.kernel
+    def linear_wq(X: T.Tensor((Md, K), dtype), Wq: wt, S: st, Z: zt, Y: out):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as g:
+            bx, by = g[0], g[1]
+            bz = g[2] if splits > 1 else 0
+            acc = T.alloc_fragment((BM, BN), "float32")
+            T.clear(acc)
+            for step in T.serial(per):
+                for m, n in T.Parallel(BM, BN):
+                    col = bx * BN + n
+                    row = by * BM + m
+                    total = 0.0
+                    for u in range(WPI):
+                        w = (bz * per + step) * WPI + u  # the word's index along K
+                        k0 = w * per_word
+                        if bits == 4:
+                            word = Wq[w, col]
+                            zero = T.cast(Z[k0 // group_size, col], "float32") if zeros \
+                                else 8.0
+                            part = 0.0
+                            for i in range(8):
+                                q = T.cast((word >> (4 * i)) & 15, "float32")
+                                part = part + (q - zero) * T.cast(X[row, k0 + i], "float32")
+                            total = total + part * T.cast(S[k0 // group_size, col], "float32")
+                        else:
+                            word = Wq[col, w]
+                            for i in range(4):  # sign-extended bytes, lowest first
+                                q = T.cast(((word << (24 - 8 * i)) >> 24), "float32")
+                                total = total + q * T.cast(X[row, k0 + i], "float32")
+                    acc[m, n] += total
+            if bits == 8:
+                for m, n in T.Parallel(BM, BN):
+                    acc[m, n] *= T.cast(S[bx * BN + n], "float32")
+            if splits > 1:
+                for m, n in T.Parallel(BM, BN):
+                    Y[bz, by * BM + m, bx * BN + n] = acc[m, n]
+            else:
+                for m, n in T.Parallel(BM, BN):
+                    Y[by * BM + m, bx * BN + n] = T.cast(acc[m, n], out_dtype)
+
+    return linear_wq
+
+
+def _bucket(M, N, K, dtype, out_dtype, bits, group_size, zeros):
+    return (*token_bucket(M, N, K, dtype, out_dtype), bits, group_size, zeros)
+
+
+def _inputs(M, N, K, dtype, out_dtype, bits, group_size, zeros, **config):
+    import torch
+
+    from tiled.jit import _torch_dtype
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(0)
+    dt = _torch_dtype(torch, dtype)
+    x = torch.randn(M, K, device=dev, generator=g).to(dt)
+    if bits == 4:
+        w = torch.randint(-2**31, 2**31 - 1, (K // 8, N), device=dev, generator=g,
+                          dtype=torch.int32)
+        s = (torch.rand(K // group_size, N, device=dev, generator=g) / K ** 0.5).to(dt)
+        z = (torch.rand(K // group_size, N, device=dev, generator=g) * 15).to(dt) if zeros \
+            else torch.zeros(1, device=dev, dtype=dt)
+    else:
+        w = torch.randint(-2**31, 2**31 - 1, (N, K // 4), device=dev, generator=g,
+                          dtype=torch.int32)
+        s = (torch.rand(N, device=dev, generator=g) / K ** 0.5).to(dt)
+        z = torch.zeros(1, device=dev, dtype=dt)
+    return [x, w, s, z, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out_dtype))]
+
+
+def _run(kernel, config, args):
+    """y by `kernel` of `config` into args' y: with splits, float32 partials that splitk_sum
+    adds up (as tiled.ops.linear's split-K)."""
+    import torch
+
+    import tiled.ops as ops
+
+    x, w, s, z, y = args
+    splits = config.get("splits", 1)
+    if splits == 1:
+        kernel(x, w, s, z, y)
+        return y
+    M, N = y.shape
+    partials = torch.empty(splits, M, N, device=y.device, dtype=torch.float32)
+    kernel(x, w, s, z, partials)
+    ops._kernel("splitk_sum", x, N=N, splits=splits,
+                dtype=str(y.dtype).removeprefix("torch."))(partials, y)
+    return y
+
+
+QUANT_LINEAR = TunedOp("quant_linear", quant_linear_kernel,
+                       {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
+                       key=["M", "N", "K", "dtype", "out_dtype", "bits", "group_size", "zeros"],
+                       bucket=_bucket, inputs=_inputs, run=_run)
+
+
+def _activations(op: str, x, scales):
+    from tiled.ops import _dtype, _rows
+
+    dtype = _dtype(x, op)
+    if dtype == "float32":
+        raise TypeError(f"tiled.ops.{op}: float32 activations are not supported (bf16 or fp16)")
+    if scales.dtype != x.dtype or scales.device != x.device:
+        raise ValueError(f"tiled.ops.{op}: scales are {scales.dtype} on {scales.device}; "
+                         f"expected x's {x.dtype} on {x.device}")
+    return _rows(x.contiguous(), op), dtype
+
+
+def _launch(op, x, x2, dtype, N, K, bits, group, zeros_t, qweight, scales):
+    import torch
+
+    M = x2.shape[0]
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    if M:
+        tuned = QUANT_LINEAR.tuned(x, M, N, K, dtype, dtype, bits, group, zeros_t is not None)
+        z = zeros_t if zeros_t is not None else scales.new_zeros(1)
+        _run(tuned.compiled, tuned.config, [x2, qweight.contiguous(), scales.contiguous(),
+                                            z.contiguous(), y])
+    return y.view(*x.shape[:-1], N)
+
+
+def linear_w4a16(x, qweight, scales, zeros=None, group_size: int = 128):
+    """x @ W.T for GPTQ-packed 4-bit W (module docstring), in x's dtype."""
+    import torch
+
+    op = "linear_w4a16"
+    x2, dtype = _activations(op, x, scales)
+    K = x.shape[-1]
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] * 8 != K:
+        raise ValueError(f"tiled.ops.{op}: qweight {tuple(qweight.shape)} {qweight.dtype} is "
+                         f"not int32 [K / 8 = {K // 8}, N] for x's K = {K}")
+    N = qweight.shape[1]
+    if not isinstance(group_size, int) or group_size < 8 or group_size % 8 or K % group_size:
+        raise ValueError(f"tiled.ops.{op}: group_size {group_size!r} is not a multiple of 8 "
+                         f"dividing K = {K}")
+    G = K // group_size
+    if tuple(scales.shape) != (G, N):
+        raise ValueError(f"tiled.ops.{op}: scales {tuple(scales.shape)}, expected {(G, N)}")
+    if zeros is not None and (tuple(zeros.shape) != (G, N) or zeros.dtype != scales.dtype or
+                              zeros.device != x.device):
+        raise ValueError(f"tiled.ops.{op}: zeros {tuple(zeros.shape)} {zeros.dtype}, expected "
+                         f"{(G, N)} {scales.dtype} (unpacked zero points) on {x.device}")
+    if qweight.device != x.device:
+        raise ValueError(f"tiled.ops.{op}: qweight is on {qweight.device}, x on {x.device}")
+    return _launch(op, x, x2, dtype, N, K, 4, group_size, zeros, qweight, scales)
+
+
+def linear_w8a16(x, qweight, scales):
+    """x @ W.T for int8 W [N, K] with per-output-channel scales [N], in x's dtype."""
+    import torch
+
+    op = "linear_w8a16"
+    x2, dtype = _activations(op, x, scales)
+    K = x.shape[-1]
+    if qweight.dtype != torch.int8 or qweight.dim() != 2 or qweight.shape[1] != K or K % 4:
+        raise ValueError(f"tiled.ops.{op}: qweight {tuple(qweight.shape)} {qweight.dtype} is "
+                         f"not int8 [N, K = {K}] (K a multiple of 4)")
+    N = qweight.shape[0]
+    if tuple(scales.shape) != (N,):
+        raise ValueError(f"tiled.ops.{op}: scales {tuple(scales.shape)}, expected ({N},)")
+    if qweight.device != x.device:
+        raise ValueError(f"tiled.ops.{op}: qweight is on {qweight.device}, x on {x.device}")
+    words = qweight.contiguous().view(torch.int32)  # [N, K / 4]: four bytes a word
+    return _launch(op, x, x2, dtype, N, K, 8, 0, None, words, scales)

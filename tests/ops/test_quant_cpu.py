@@ -40,6 +40,30 @@ def test_w4a16_matches_the_dequantized_product(M, zeros):
     assert _rel(y, x.float() @ w) < 1e-2
 
 
+@pytest.mark.parametrize("kind,zeros", [("lanes", False), ("tile", False), ("tile", True)])
+def test_each_w4a16_kernel_form(kind, zeros):
+    """The lanes and the tile (dequantized into a shared tile, then T.gemm) forms directly,
+    on 40 tokens (a ragged second token tile) and 80 columns (a ragged column tile)."""
+    import tiled
+
+    g = torch.Generator().manual_seed(11)
+    M, K, N, group = 40, 256, 80, 128
+    q = torch.randint(0, 16, (K, N), generator=g)
+    s = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.bfloat16)
+    z = (torch.rand(K // group, N, generator=g) * 15).round().to(torch.bfloat16) if zeros \
+        else torch.zeros(1, dtype=torch.bfloat16)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    cfg = ({"BM": 16, "BN": 64, "threads": 32, "splits": 1, "WPI": 2} if kind == "lanes" else
+           {"BM": 32, "BN": 32, "threads": 32, "stages": 2})
+    kernel = quant.quant_linear_kernel(64, N, K, "bfloat16", "bfloat16", 4, group, zeros,
+                                       kind=kind, **cfg)
+    y = torch.zeros(M, N, dtype=torch.bfloat16)
+    tiled.compile(kernel, target="cpu")(x, gptq_pack(q), s, z, y)
+    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
+    w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
+    assert _rel(y, x.float() @ w) < 1e-2
+
+
 @pytest.mark.parametrize("M", [1, 5])
 def test_w8a16_matches_the_dequantized_product(M):
     g = torch.Generator().manual_seed(7)
@@ -94,3 +118,7 @@ def test_quantized_kernels_compile_for_sm90a():
     compile_program(quant.quant_linear_kernel(16, 4096, 4096, "float16", "float16", 8, 0,
                                               False, BM=16, BN=512, threads=128),
                     target="cuda:sm_90a")
+    tile = compile_program(quant.quant_linear_kernel(64, 4096, 4096, "float16", "float16", 4,
+                                                     128, False, kind="tile", BM=64, BN=128,
+                                                     threads=128), target="cuda:sm_90a")
+    assert "mma" in tile.source

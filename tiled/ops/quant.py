@@ -11,11 +11,13 @@ times 4- or 8-bit weights, dequantized in the main loop.
         qweight int8 [N, K] (F.linear's layout), scales [N] per output channel:
         W[n, k] = qweight[n, k] * scales[n].
 
-Kernels (tuned by tiled.autotune per token bucket, the token count symbolic): each lane owns
-consecutive output columns and walks K, unpacking its 16-byte weight vectors in registers and
-multiplying them by the tokens in float32 (no MMA: for decode the weights' bytes are the
-cost); `splits` > 1 splits K over a grid axis into float32 partials that tiled.ops' splitk_sum
-adds up, as tiled.ops.linear does.
+Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
+- `lanes`: each lane owns consecutive output columns and walks K, unpacking its 16-byte
+  weight vectors in registers and multiplying them by the block's tokens in float32 (no MMA:
+  for decode the weights' bytes are the cost); `splits` > 1 splits K over a grid axis into
+  float32 partials that tiled.ops' splitk_sum adds up, as tiled.ops.linear does;
+- `tile` (4-bit, from 8 tokens): the weights of each 64-deep K step unpacked into a 16-bit
+  shared tile that T.gemm multiplies with the tokens' tile.
 """
 
 import tiled
@@ -23,29 +25,41 @@ import tiled.lang as T
 from tiled.ops.gemm import token_bucket
 from tiled.ops.tuned import TunedOp
 
-# (BM tokens per block, BN columns per block, threads, splits, WPI: 32-bit words per column
-# and step, i.e. 8 * WPI K values for w4, 4 * WPI for w8)
-CUDA_SPACE = [{"BM": bm, "BN": bn, "threads": t, "splits": s, "WPI": 2}
-              for bm in (1, 2, 4, 8, 16) for bn, t in ((512, 128), (1024, 256))
-              for s in (1, 2, 4, 8)]
-CPU_SPACE = [*({"BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
+# lanes (CUDA cores): BM tokens per block, BN columns per block, threads, splits, WPI: 32-bit
+# words per column and step (8 * WPI K values for w4, 4 * WPI for w8). tile (w4 only): BM x
+# BN output tiles over 64-deep K steps, the weights dequantized into a 16-bit shared tile
+# that T.gemm multiplies (tensor cores) — CPU-tested, not yet measured on the H200.
+CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s, "WPI": 2}
+                for bm in (1, 2, 4, 8, 16) for bn, t in ((512, 128), (1024, 256))
+                for s in (1, 2, 4, 8)),
+              *({"kind": "tile", "BM": bm, "BN": bn, "threads": t, "stages": 2}
+                for bm in (16, 64, 128) for bn, t in ((128, 128), (256, 256)))]
+CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
                for bm in (1, 2, 4, 8, 16)),
-             {"BM": 4, "BN": 64, "threads": 32, "splits": 2, "WPI": 2}]
+             {"kind": "lanes", "BM": 4, "BN": 64, "threads": 32, "splits": 2, "WPI": 2},
+             {"kind": "tile", "BM": 16, "BN": 32, "threads": 32, "stages": 2}]
+TILE_BK = 64  # K values per tile step: eight GPTQ words
 
 
 def _fits(cfg: dict, M: int) -> bool:
-    """Token tiles of M's bucket: BM the power of two covering M, 16 past 16 tokens."""
+    """lanes: BM the power of two covering M (16 past 16 tokens); tile: from 8 tokens, BM at
+    most twice M's bucket."""
+    if cfg.get("kind", "lanes") == "tile":
+        return M >= 8 and cfg["BM"] <= max(16, 2 * M)
     m = min(M, 16)
     return m <= cfg["BM"] < 2 * m
 
 
-def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, BM=1, BN=512,
-                        threads=128, splits=1, WPI=2):
+def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind="lanes",
+                        BM=1, BN=512, threads=128, splits=1, WPI=2, stages=2):
     """The kernel of one config (M only selects: the kernel's M is symbolic). bits 4: GPTQ
     words [K / 8, N] with group scales (and zeros); bits 8: int8 [N, K] with channel
     scales."""
-    if not _fits({"BM": BM}, M):
-        raise ValueError(f"a {BM}-token tile is not for M = {M}")
+    if not _fits({"kind": kind, "BM": BM}, M):
+        raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
+    if kind == "tile":
+        return _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
+                               threads, stages)
     per_word = 8 if bits == 4 else 4  # K values per 32-bit word
     if K % (per_word * WPI * splits):
         raise ValueError(f"K = {K} does not split into {splits} x {WPI}-word steps")
@@ -107,6 +121,44 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, BM=1
     return linear_wq
 
 
+def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, threads, stages):
+    """Y = X @ W.T in BM x BN tiles: per 64-deep K step, X's tile copied to shared memory and
+    W's eight words per column unpacked, scaled and cast into a 16-bit [64, BN] shared tile,
+    then T.gemm (tensor cores) accumulates in float32."""
+    if bits != 4:
+        raise ValueError("the tile form takes 4-bit weights")
+    if K % TILE_BK or group_size % TILE_BK:
+        raise ValueError(f"K = {K} / group size {group_size} do not hold whole {TILE_BK}-deep "
+                         "steps")
+    Md = T.dyn("M")
+    KW, G = K // 8, K // group_size
+    zt = T.Tensor((G, N), dtype) if zeros else T.Tensor((1,), dtype)
+
+    @tiled.kernel
+    def linear_w4a16_tile(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((KW, N), "int32"),
+                          S: T.Tensor((G, N), dtype), Z: zt, Y: T.Tensor((Md, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), threads=threads) as (bx, by):
+            xs = T.alloc_shared((BM, TILE_BK), dtype)
+            ws = T.alloc_shared((TILE_BK, BN), dtype)
+            acc = T.alloc_fragment((BM, BN), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(K // TILE_BK, num_stages=stages):
+                T.copy(X[by * BM, k * TILE_BK], xs)
+                for kw, n in T.Parallel(TILE_BK // 8, BN):
+                    col = bx * BN + n
+                    word = Wq[k * (TILE_BK // 8) + kw, col]
+                    g = k * TILE_BK // group_size
+                    scale = T.cast(S[g, col], "float32")
+                    zero = T.cast(Z[g, col], "float32") if zeros else 8.0
+                    for i in range(8):
+                        q = T.cast((word >> (4 * i)) & 15, "float32")
+                        ws[kw * 8 + i, n] = T.cast((q - zero) * scale, dtype)
+                T.gemm(xs, ws, acc)
+            T.copy(acc, Y[by * BM, bx * BN])
+
+    return linear_w4a16_tile
+
+
 def _bucket(M, N, K, dtype, out_dtype, bits, group_size, zeros):
     return (*token_bucket(M, N, K, dtype, out_dtype), bits, group_size, zeros)
 
@@ -142,7 +194,7 @@ def _run(kernel, config, args):
     import tiled.ops as ops
 
     x, w, s, z, y = args
-    splits = config.get("splits", 1)
+    splits = config.get("splits", 1) if config.get("kind", "lanes") == "lanes" else 1
     if splits == 1:
         kernel(x, w, s, z, y)
         return y

@@ -15,6 +15,8 @@ over torch tensors with vLLM's argument conventions:
     grouped_linear(x, w, expert_offsets)      -> MoE experts' x @ w[e].T in one launch
     paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, k_scale=None,
                     v_scale=None)            -> decode attention over vLLM's paged KV cache
+    mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v=512, scale=None)
+                                              -> DeepSeek MLA decode, FlashMLA's layout
     linear_w4a16(x, qweight, scales, zeros=None, group_size=128)   GPTQ 4-bit weights
     linear_w8a16(x, qweight, scales)          -> int8 weights, per-channel scales
 
@@ -306,6 +308,7 @@ from tiled.ops import fp8 as _fp8  # noqa: E402
 from tiled.ops.fp8 import fp8_linear, quantize_fp8  # noqa: E402
 from tiled.ops.gemm import linear, matmul  # noqa: E402 - it imports the helpers above
 from tiled.ops.grouped import grouped_linear  # noqa: E402
+from tiled.ops.mla import mla_decode  # noqa: E402
 from tiled.ops.paged import combine_kernel as _paged_combine  # noqa: E402
 from tiled.ops.paged import paged_attention  # noqa: E402
 from tiled.ops.quant import linear_w4a16, linear_w8a16  # noqa: E402
@@ -319,5 +322,5 @@ _register_torch_ops()
 
 __all__ = ["compiled_kernels", "fp8_linear", "fused_add_rms_norm", "gelu_and_mul",
            "grouped_linear", "install", "kernel_factory", "layer_norm", "linear",
-           "linear_w4a16", "linear_w8a16", "matmul", "paged_attention", "quantize_fp8",
-           "rms_norm", "rotary_embedding", "silu_and_mul", "softmax"]
+           "linear_w4a16", "linear_w8a16", "matmul", "mla_decode", "paged_attention",
+           "quantize_fp8", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax"]

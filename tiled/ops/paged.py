@@ -40,17 +40,21 @@ CPU_SPACE = [{"BN": 16, "threads": 32, "splits": 1}, {"BN": 16, "threads": 32, "
 
 
 def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, threads=32,
-                  splits=1, stages=2):
+                  splits=1, stages=2, rows=None, dv=None):
     """The decode kernel of one config (`B` and `MB` only select: batch, cache size and table
     width are symbolic). KVS holds (k_scale, v_scale). splits == 1 writes Out directly;
-    otherwise Part [B, H, splits, D] and LSE [B, H, splits] (base 2) for paged_combine."""
+    otherwise Part [B, H, splits, DV] and LSE [B, H, splits] (base 2) for paged_combine.
+    `rows`: query heads per block (ROWS, or more so that a wide group reads the cache once:
+    MLA's 128 heads over one latent kv head); `dv`: the value head dim DV, V being the first
+    dv lanes of its cache's rows (MLA: 512 of the 576), D by default."""
     if H % KVH:
         raise ValueError(f"paged attention: {H} query heads do not group over {KVH} kv heads")
     if splits > 1 and splits > -(-MB * block_size // BN):
         raise ValueError(f"{splits} splits of a {MB * block_size}-token context leave some "
                          f"without a {BN}-token step")
     G = H // KVH
-    HT = -(-G // ROWS)  # row tiles per kv head
+    rows, DV = rows or ROWS, dv or D
+    HT = -(-G // rows)  # row tiles per kv head
     CB = min(BN, block_size)  # tokens per copy: one block's, or the whole step in one block
     if max(BN, block_size) % CB:
         raise ValueError(f"paged attention: {BN}-token steps and {block_size}-token blocks do "
@@ -68,23 +72,23 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
         """The block's online softmax over its split's tokens: (o unnormalized, the row
         sums, the row maxima, the base-2 score scale)."""
         h, ht = hx // HT, hx % HT
-        row0 = h * G + ht * ROWS
-        q = T.alloc_shared((ROWS, D), dtype)
+        row0 = h * G + ht * rows
+        q = T.alloc_shared((rows, D), dtype)
         k = T.alloc_shared((BN, D), dtype)
-        v = T.alloc_shared((BN, D), dtype)
+        v = T.alloc_shared((BN, DV), dtype)
         k_in, v_in = k, v  # the tiles the copies land in: float8 ones of their own
         if convert:
             k_in = T.alloc_shared((BN, D), kv_dtype)
-            v_in = T.alloc_shared((BN, D), kv_dtype)
-        sc = T.alloc_fragment((ROWS, BN), "float32")
-        p = T.alloc_fragment((ROWS, BN), dtype)
-        o = T.alloc_fragment((ROWS, D), "float32")
-        m = T.alloc_fragment((ROWS,), "float32")
-        m_prev = T.alloc_fragment((ROWS,), "float32")
-        alpha = T.alloc_fragment((ROWS,), "float32")
-        row_sum = T.alloc_fragment((ROWS,), "float32")
-        total = T.alloc_fragment((ROWS,), "float32")
-        T.copy(Q[b, row0:row0 + ROWS, :], q)  # rows past the heads read as zeros
+            v_in = T.alloc_shared((BN, DV), kv_dtype)
+        sc = T.alloc_fragment((rows, BN), "float32")
+        p = T.alloc_fragment((rows, BN), dtype)
+        o = T.alloc_fragment((rows, DV), "float32")
+        m = T.alloc_fragment((rows,), "float32")
+        m_prev = T.alloc_fragment((rows,), "float32")
+        alpha = T.alloc_fragment((rows,), "float32")
+        row_sum = T.alloc_fragment((rows,), "float32")
+        total = T.alloc_fragment((rows,), "float32")
+        T.copy(Q[b, row0:row0 + rows, :], q)  # rows past the heads read as zeros
         T.fill(o, 0)
         T.fill(total, 0)
         T.fill(m, NEG_INF)
@@ -105,25 +109,25 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
             for c in range(copies):
                 j = (lo + step) * BN + c * CB
                 page = T.if_then_else(j < seq, BT[b, T.min(j // block_size, MBd - 1)], 0)
-                T.copy(Vc[page, j % block_size:j % block_size + CB, h, :],
+                T.copy(Vc[page, j % block_size:j % block_size + CB, h, 0:DV],
                        v_in[c * CB:(c + 1) * CB, :])
             if convert:  # (tiled_cuda.h's fp8_tile_convert on CUDA: 4 elements a step)
                 T.copy(k_in, k)
                 T.copy(v_in, v)
-            for i, t in T.Parallel(ROWS, BN):
+            for i, t in T.Parallel(rows, BN):
                 sc[i, t] = T.if_then_else((lo + step) * BN + t < seq, 0, NEG_INF)
             T.gemm(q, k, sc, transpose_B=True)
             T.copy(m, m_prev)
             T.reduce_max(sc, m, dim=1, clear=False)
-            for i in T.Parallel(ROWS):
+            for i in T.Parallel(rows):
                 alpha[i] = T.exp2((m_prev[i] - m[i]) * step_scale)
-            for i, t in T.Parallel(ROWS, BN):
+            for i, t in T.Parallel(rows, BN):
                 sc[i, t] = T.exp2((sc[i, t] - m[i]) * step_scale)
             T.reduce_sum(sc, row_sum, dim=1)
-            for i in T.Parallel(ROWS):
+            for i in T.Parallel(rows):
                 total[i] = total[i] * alpha[i] + row_sum[i]
             T.copy(sc, p)
-            for i, d in T.Parallel(ROWS, D):
+            for i, d in T.Parallel(rows, DV):
                 o[i, d] *= alpha[i]
             T.gemm(p, v, o)
         return o, total, m, step_scale
@@ -132,28 +136,28 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
     if splits == 1:
         @tiled.kernel
         def paged_decode(Q: q_t, Kc: cache_t, Vc: cache_t, BT: table_t, L: lens_t,
-                         KVS: scales_t, Out: q_t):
+                         KVS: scales_t, Out: T.Tensor((Bd, H, DV), dtype)):
             with T.Kernel(KVH * HT, Bd, 1, threads=threads) as (hx, b, s):
                 o, total, _, _ = attend(Q, Kc, Vc, BT, L, KVS, hx, b, s)
-                row0, ht = (hx // HT) * G + (hx % HT) * ROWS, hx % HT
-                for i, d in T.Parallel(ROWS, D):
-                    if ht * ROWS + i < G:
+                row0, ht = (hx // HT) * G + (hx % HT) * rows, hx % HT
+                for i, d in T.Parallel(rows, DV):
+                    if ht * rows + i < G:
                         Out[b, row0 + i, d] = T.cast(
                             o[i, d] * KVS[1] / T.max(total[i], 1e-30), dtype)
         return paged_decode
 
     @tiled.kernel
     def paged_decode_split(Q: q_t, Kc: cache_t, Vc: cache_t, BT: table_t, L: lens_t,
-                           KVS: scales_t, Part: T.Tensor((Bd, H, splits, D), "float32"),
+                           KVS: scales_t, Part: T.Tensor((Bd, H, splits, DV), "float32"),
                            LSE: T.Tensor((Bd, H, splits), "float32")):
         with T.Kernel(KVH * HT, Bd, splits, threads=threads) as (hx, b, s):
             o, total, m, step_scale = attend(Q, Kc, Vc, BT, L, KVS, hx, b, s)
-            row0, ht = (hx // HT) * G + (hx % HT) * ROWS, hx % HT
-            for i, d in T.Parallel(ROWS, D):
-                if ht * ROWS + i < G:
+            row0, ht = (hx // HT) * G + (hx % HT) * rows, hx % HT
+            for i, d in T.Parallel(rows, DV):
+                if ht * rows + i < G:
                     Part[b, row0 + i, s, d] = o[i, d] * KVS[1] / T.max(total[i], 1e-30)
-            for i in T.Parallel(ROWS):
-                if ht * ROWS + i < G:
+            for i in T.Parallel(rows):
+                if ht * rows + i < G:
                     LSE[b, row0 + i, s] = T.log2(total[i]) + m[i] * step_scale
     return paged_decode_split
 
@@ -232,11 +236,11 @@ def _run(kernel, config, args):
     if splits == 1:
         kernel(q, kc, vc, bt, seq, kvs, out)
         return out
-    B, H, D = q.shape
-    o = torch.empty(B, H, splits, D, device=q.device, dtype=torch.float32)
+    (B, H), DV = q.shape[:2], out.shape[-1]
+    o = torch.empty(B, H, splits, DV, device=q.device, dtype=torch.float32)
     lse = torch.empty(B, H, splits, device=q.device, dtype=torch.float32)
     kernel(q, kc, vc, bt, seq, kvs, o, lse)
-    ops._kernel("paged_combine", q, H=H, D=D, splits=splits,
+    ops._kernel("paged_combine", q, H=H, D=DV, splits=splits,
                 dtype=str(q.dtype).removeprefix("torch."))(o, lse, out)
     return out
 

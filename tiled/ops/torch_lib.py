@@ -173,3 +173,14 @@ def linear_w8a16(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
 @linear_w8a16.register_fake
 def _(x, qweight, scales):
     return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+@torch.library.custom_op("tiled::mla_decode", mutates_args=())
+def mla_decode(q: Tensor, kv_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+               head_dim_v: int = 512, scale: float | None = None) -> Tensor:
+    return ops.mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v, scale)
+
+
+@mla_decode.register_fake
+def _(q, kv_cache, block_tables, seq_lens, head_dim_v=512, scale=None):
+    return q.new_empty((*q.shape[:3], head_dim_v))

@@ -1,0 +1,113 @@
+"""tiled.ops.mla_decode (this module, tiled.ops.mla): DeepSeek's multi-head latent attention at
+decode, laid out as FlashMLA's.
+
+    mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v=512, scale=None) -> out
+        q [batch, q_len, heads, d] (d = kv_lora_rank + rope dim: 512 + 64 = 576 for
+        DeepSeek-V2/V3, the absorbed weights' form); kv_cache [num_blocks, block_size, 1, d]
+        (one latent head: keys are whole rows, values their first head_dim_v lanes);
+        block_tables int32 [batch, max_blocks]; seq_lens int32 [batch] (the cache's tokens,
+        the q_len new ones included); out [batch, q_len, heads, head_dim_v] in q's dtype.
+        Query token t of q_len sees the first seq_len - q_len + t + 1 tokens (causal), as
+        speculative decoding needs. `scale` defaults to d ** -0.5 (FlashMLA's default).
+
+It is tiled.ops.paged's decode kernel with one kv head, ROWS_MLA query heads per block (so
+that the cache is read once per 64 heads, not once per 16) and values narrower than keys;
+tuned by tiled.autotune on its own space per (batch bucket, table width bucket). The q_len
+query tokens become q_len rows of the batch (their table rows repeated, their lengths
+computed on the device: no host read).
+"""
+
+import math
+
+from tiled.ops.paged import _pow2, _run, decode_kernel
+from tiled.ops.tuned import TunedOp
+
+ROWS_MLA = 64
+CUDA_SPACE = [{"BN": bn, "threads": t, "splits": s, "stages": 2}
+              for bn in (16, 32) for t in (128, 256) for s in (1, 2, 4, 8, 16, 32)]
+CPU_SPACE = [{"BN": 16, "threads": 32, "splits": 1}, {"BN": 16, "threads": 32, "splits": 2}]
+
+
+def mla_kernel(B, H, D, DV, block_size, dtype, MB, scale, BN=32, threads=128, splits=1,
+               stages=2):
+    """decode_kernel for MLA: one kv head, up to ROWS_MLA query heads a block, DV-wide
+    values."""
+    return decode_kernel(B, H, 1, D, block_size, dtype, dtype, MB, scale, BN=BN,
+                         threads=threads, splits=splits, stages=stages,
+                         rows=min(ROWS_MLA, 16 * -(-H // 16)), dv=DV)
+
+
+def _bucket(B, H, D, DV, block_size, dtype, MB, scale):
+    return _pow2(B, 1024), H, D, DV, block_size, dtype, _pow2(MB, 1 << 20), scale
+
+
+def _inputs(B, H, D, DV, block_size, dtype, MB, scale, **config):
+    import torch
+
+    from tiled.jit import _torch_dtype
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(0)
+    dt = _torch_dtype(torch, dtype)
+    NB = max(1, min(B * MB, (1 << 30) // (block_size * D * 2)))
+    q = torch.randn(B, H, D, device=dev, generator=g).to(dt)
+    kv = torch.randn(NB, block_size, 1, D, device=dev, generator=g).to(dt)
+    bt = (torch.randperm(B * MB, device=dev, generator=g) % NB).to(torch.int32).view(B, MB)
+    seq = torch.full((B,), MB * block_size, device=dev, dtype=torch.int32)
+    kvs = torch.ones(2, device=dev, dtype=torch.float32)
+    return [q, kv, kv, bt, seq, kvs, torch.zeros(B, H, DV, device=dev, dtype=dt)]
+
+
+MLA = TunedOp("mla_decode", mla_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
+              key=["B", "H", "D", "DV", "block_size", "dtype", "MB", "scale"], bucket=_bucket,
+              inputs=_inputs, run=_run)
+
+
+def mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v: int = 512, scale=None):
+    """MLA decode attention (module docstring)."""
+    import torch
+
+    from tiled.ops import _dtype
+    from tiled.ops.paged import _kv_scales
+
+    op = "mla_decode"
+    dtype = _dtype(q, op)
+    if q.dim() != 4 or kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or \
+            kv_cache.shape[3] != q.shape[3]:
+        raise ValueError(f"tiled.ops.{op}: q {tuple(q.shape)} must be [batch, q_len, heads, d] "
+                         f"and kv_cache {tuple(kv_cache.shape)} [num_blocks, block_size, 1, d]")
+    B, QL, H, D = q.shape
+    block_size = kv_cache.shape[1]
+    if not isinstance(head_dim_v, int) or not 0 < head_dim_v <= D:
+        raise ValueError(f"tiled.ops.{op}: head_dim_v {head_dim_v!r} is not in 1 .. {D}")
+    if kv_cache.dtype != q.dtype:
+        raise TypeError(f"tiled.ops.{op}: kv_cache is {kv_cache.dtype}, expected q's {q.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or \
+            block_tables.dtype != torch.int32 or seq_lens.shape != (B,) or \
+            seq_lens.dtype != torch.int32:
+        raise ValueError(f"tiled.ops.{op}: block_tables {tuple(block_tables.shape)} "
+                         f"{block_tables.dtype} and seq_lens {tuple(seq_lens.shape)} "
+                         f"{seq_lens.dtype} must be int32 [{B}, max_blocks] and [{B}]")
+    for name, t in (("kv_cache", kv_cache), ("block_tables", block_tables),
+                    ("seq_lens", seq_lens)):
+        if t.device != q.device:
+            raise ValueError(f"tiled.ops.{op}: {name} is on {t.device}, q on {q.device}")
+    if scale is None:
+        scale = D ** -0.5
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"tiled.ops.{op}: scale {scale!r} is not a positive float")
+    MB = block_tables.shape[1]
+    out = torch.empty(B * QL, H, head_dim_v, device=q.device, dtype=q.dtype)
+    if not B or not QL or not MB:
+        return out.zero_().view(B, QL, H, head_dim_v)
+    qf = q.reshape(B * QL, H, D).contiguous()
+    if QL == 1:
+        bt, seq = block_tables.contiguous(), seq_lens.contiguous()
+    else:  # query token t sees seq_len - QL + t + 1 tokens
+        bt = block_tables.repeat_interleave(QL, 0).contiguous()
+        ahead = torch.arange(QL - 1, -1, -1, device=q.device, dtype=torch.int32)
+        seq = (seq_lens[:, None] - ahead[None, :]).clamp_min(0).reshape(-1).contiguous()
+    tuned = MLA.tuned(q, B * QL, H, D, head_dim_v, block_size, dtype, MB, float(scale))
+    kv = kv_cache.contiguous()
+    _run(tuned.compiled, tuned.config, [qf, kv, kv, bt, seq, _kv_scales(q, None, None), out])
+    return out.view(B, QL, H, head_dim_v)

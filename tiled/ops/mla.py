@@ -17,8 +17,6 @@ query tokens become q_len rows of the batch (their table rows repeated, their le
 computed on the device: no host read).
 """
 
-import math
-
 from tiled.ops.paged import _pow2, _run, decode_kernel
 from tiled.ops.tuned import TunedOp
 
@@ -68,7 +66,7 @@ def mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v: int = 512, scale
     import torch
 
     from tiled.ops import _dtype
-    from tiled.ops.paged import _kv_scales
+    from tiled.ops.paged import _kv_scales, check_table
 
     op = "mla_decode"
     dtype = _dtype(q, op)
@@ -82,20 +80,7 @@ def mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v: int = 512, scale
         raise ValueError(f"tiled.ops.{op}: head_dim_v {head_dim_v!r} is not in 1 .. {D}")
     if kv_cache.dtype != q.dtype:
         raise TypeError(f"tiled.ops.{op}: kv_cache is {kv_cache.dtype}, expected q's {q.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != B or \
-            block_tables.dtype != torch.int32 or seq_lens.shape != (B,) or \
-            seq_lens.dtype != torch.int32:
-        raise ValueError(f"tiled.ops.{op}: block_tables {tuple(block_tables.shape)} "
-                         f"{block_tables.dtype} and seq_lens {tuple(seq_lens.shape)} "
-                         f"{seq_lens.dtype} must be int32 [{B}, max_blocks] and [{B}]")
-    for name, t in (("kv_cache", kv_cache), ("block_tables", block_tables),
-                    ("seq_lens", seq_lens)):
-        if t.device != q.device:
-            raise ValueError(f"tiled.ops.{op}: {name} is on {t.device}, q on {q.device}")
-    if scale is None:
-        scale = D ** -0.5
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"tiled.ops.{op}: scale {scale!r} is not a positive float")
+    scale = check_table(op, q, B, block_tables, seq_lens, scale, D, kv_cache=kv_cache)
     MB = block_tables.shape[1]
     out = torch.empty(B * QL, H, head_dim_v, device=q.device, dtype=q.dtype)
     if not B or not QL or not MB:
@@ -107,7 +92,7 @@ def mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v: int = 512, scale
         bt = block_tables.repeat_interleave(QL, 0).contiguous()
         ahead = torch.arange(QL - 1, -1, -1, device=q.device, dtype=torch.int32)
         seq = (seq_lens[:, None] - ahead[None, :]).clamp_min(0).reshape(-1).contiguous()
-    tuned = MLA.tuned(q, B * QL, H, D, head_dim_v, block_size, dtype, MB, float(scale))
+    tuned = MLA.tuned(q, B * QL, H, D, head_dim_v, block_size, dtype, MB, scale)
     kv = kv_cache.contiguous()
     _run(tuned.compiled, tuned.config, [qf, kv, kv, bt, seq, _kv_scales(q, None, None), out])
     return out.view(B, QL, H, head_dim_v)

@@ -281,6 +281,28 @@ def _kv_scales(q, k_scale, v_scale):
     return torch.cat(parts)
 
 
+def check_table(op: str, q, B: int, block_tables, seq_lens, scale, D: int, **caches) -> float:
+    """Raises for a block table / lengths pair that is not int32 [B, max_blocks] / [B], for
+    tensors off q's device, or for a scale that is not a positive float; returns the scale
+    (D ** -0.5 for None). Shared by paged_attention and mla_decode."""
+    import torch
+
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or \
+            block_tables.dtype != torch.int32 or seq_lens.shape != (B,) or \
+            seq_lens.dtype != torch.int32:
+        raise ValueError(f"tiled.ops.{op}: block_tables {tuple(block_tables.shape)} "
+                         f"{block_tables.dtype} and seq_lens {tuple(seq_lens.shape)} "
+                         f"{seq_lens.dtype} must be int32 [{B}, max_blocks] and [{B}]")
+    for name, t in (*caches.items(), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if t.device != q.device:
+            raise ValueError(f"tiled.ops.{op}: {name} is on {t.device}, q on {q.device}")
+    if scale is None:
+        scale = D ** -0.5
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"tiled.ops.{op}: scale {scale!r} is not a positive float")
+    return float(scale)
+
+
 def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, k_scale=None,
                     v_scale=None):
     """Decode attention of q [batch, heads, head_dim] over the paged caches (module
@@ -306,25 +328,13 @@ def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, k_s
     elif kv_dtype != dtype or v_cache.dtype != k_cache.dtype:
         raise TypeError(f"tiled.ops.{op}: the caches are {k_cache.dtype} / {v_cache.dtype}; "
                         f"expected {q.dtype} (q's) or torch.float8_e4m3fn")
-    if block_tables.dim() != 2 or block_tables.shape[0] != B or \
-            block_tables.dtype != torch.int32 or seq_lens.shape != (B,) or \
-            seq_lens.dtype != torch.int32:
-        raise ValueError(f"tiled.ops.{op}: block_tables {tuple(block_tables.shape)} "
-                         f"{block_tables.dtype} and seq_lens {tuple(seq_lens.shape)} "
-                         f"{seq_lens.dtype} must be int32 [{B}, max_blocks] and [{B}]")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache),
-                    ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if t.device != q.device:
-            raise ValueError(f"tiled.ops.{op}: {name} is on {t.device}, q on {q.device}")
-    if scale is None:
-        scale = D ** -0.5
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"tiled.ops.{op}: scale {scale!r} is not a positive float")
+    scale = check_table(op, q, B, block_tables, seq_lens, scale, D,
+                        k_cache=k_cache, v_cache=v_cache)
     MB = block_tables.shape[1]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if not B or not MB:
         return out.zero_()
-    tuned = PAGED.tuned(q, B, H, KVH, D, block_size, dtype, kv_dtype, MB, float(scale))
+    tuned = PAGED.tuned(q, B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale)
     kvs = _kv_scales(q, k_scale, v_scale)
     return _run(tuned.compiled, tuned.config,
                 [q.contiguous(), k_cache.contiguous(), v_cache.contiguous(),

@@ -13,6 +13,8 @@ over torch tensors with vLLM's argument conventions:
     quantize_fp8(x, block=128)                -> (e4m3 q, float32 scales) (tiled.ops.fp8)
     fp8_linear(x, w, x_scale, w_scale, bias=None, out_dtype=None)   scaled e4m3 GEMM
     grouped_linear(x, w, expert_offsets)      -> MoE experts' x @ w[e].T in one launch
+    attention(q, k, v, causal=False, cu_seqlens_q=None, cu_seqlens_k=None, window=None,
+              softcap=None, scale=None, return_lse=False)   prefill attention (tiled.ops.prefill)
     paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, k_scale=None,
                     v_scale=None)            -> decode attention over vLLM's paged KV cache
     mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v=512, scale=None)
@@ -311,6 +313,7 @@ from tiled.ops.grouped import grouped_linear  # noqa: E402
 from tiled.ops.mla import mla_decode  # noqa: E402
 from tiled.ops.paged import combine_kernel as _paged_combine  # noqa: E402
 from tiled.ops.paged import paged_attention  # noqa: E402
+from tiled.ops.prefill import attention  # noqa: E402
 from tiled.ops.quant import linear_w4a16, linear_w8a16  # noqa: E402
 
 _FACTORIES.update({"quantize_fp8_groups": _fp8.quantize_group_kernel,
@@ -320,7 +323,7 @@ _FACTORIES.update({"quantize_fp8_groups": _fp8.quantize_group_kernel,
 
 _register_torch_ops()
 
-__all__ = ["compiled_kernels", "fp8_linear", "fused_add_rms_norm", "gelu_and_mul",
+__all__ = ["attention", "compiled_kernels", "fp8_linear", "fused_add_rms_norm", "gelu_and_mul",
            "grouped_linear", "install", "kernel_factory", "layer_norm", "linear",
            "linear_w4a16", "linear_w8a16", "matmul", "mla_decode", "paged_attention",
            "quantize_fp8", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax"]

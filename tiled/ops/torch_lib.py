@@ -184,3 +184,19 @@ def mla_decode(q: Tensor, kv_cache: Tensor, block_tables: Tensor, seq_lens: Tens
 @mla_decode.register_fake
 def _(q, kv_cache, block_tables, seq_lens, head_dim_v=512, scale=None):
     return q.new_empty((*q.shape[:3], head_dim_v))
+
+
+@torch.library.custom_op("tiled::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+              cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+              window: int | None = None, softcap: float | None = None,
+              scale: float | None = None, layout: str = "bshd",
+              max_seqlen_q: int | None = None) -> Tensor:
+    return ops.attention(q, k, v, causal, cu_seqlens_q, cu_seqlens_k, window, softcap, scale,
+                         False, layout, max_seqlen_q)
+
+
+@attention.register_fake
+def _(q, k, v, causal=False, cu_seqlens_q=None, cu_seqlens_k=None, window=None, softcap=None,
+      scale=None, layout="bshd", max_seqlen_q=None):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)

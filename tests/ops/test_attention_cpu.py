@@ -1,0 +1,117 @@
+"""tiled.ops.attention (prefill) on CPU tensors (the cpu target) against attention written out
+in torch: BSHD / BHSD, GQA, causal with the last query on the last key, sliding windows,
+softcap, the log-sum-exp, varlen packed sequences; its CUDA kernel compiles for sm_90a."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tiled.ops as ops
+from tiled.ops import prefill as att
+
+
+def _reference(q, k, v, causal=False, window=None, softcap=None, scale=None):
+    """q [Sq, H, D], k / v [Sk, KVH, D] of one sequence -> (out [Sq, H, D], lse [H, Sq])."""
+    Sq, H, D = q.shape
+    Sk, KVH = k.shape[:2]
+    scale = scale or D ** -0.5
+    k, v = (t.float().repeat_interleave(H // KVH, 1) for t in (k, v))
+    s = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(Sq)[:, None] + (Sk - Sq)
+    j = torch.arange(Sk)[None, :]
+    seen = torch.ones(Sq, Sk, dtype=torch.bool)
+    if causal:
+        seen &= j <= i
+        if window:
+            seen &= j > i - window
+    s = s.masked_fill(~seen, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return torch.einsum("hqk,khd->qhd", p, v), lse
+
+
+def _rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("causal,window,softcap", [(False, None, None), (True, None, None),
+                                                   (True, 24, None), (False, None, 5.0)])
+def test_dense_attention_matches_torch(layout, causal, window, softcap):
+    g = torch.Generator().manual_seed(0)
+    B, Sq, Sk, H, KVH, D = 2, 40, 56, 4, 2, 64  # Sk > Sq: causal aligns the last rows
+    q = torch.randn(B, Sq, H, D, generator=g)
+    k = torch.randn(B, Sk, KVH, D, generator=g)
+    v = torch.randn(B, Sk, KVH, D, generator=g)
+    if layout == "bhsd":
+        args = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+    else:
+        args = [q, k, v]
+    out, lse = ops.attention(*args, causal=causal, window=window, softcap=softcap,
+                             return_lse=True, layout=layout)
+    if layout == "bhsd":
+        out = out.transpose(1, 2)
+    for b in range(B):
+        want, want_lse = _reference(q[b], k[b], v[b], causal, window, softcap)
+        assert _rel(out[b], want) < 1e-5
+        assert torch.allclose(lse[b], want_lse, atol=1e-4)
+
+
+def test_varlen_attention_matches_each_sequence():
+    g = torch.Generator().manual_seed(1)
+    H, KVH, D = 4, 1, 64
+    lens_q, lens_k = [5, 33, 1, 20], [5, 40, 17, 20]
+    cq = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    ck = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(int(cq[-1]), H, D, generator=g)
+    k = torch.randn(int(ck[-1]), KVH, D, generator=g)
+    v = torch.randn(int(ck[-1]), KVH, D, generator=g)
+    for kwargs in ({}, {"max_seqlen_q": 33, "max_seqlen_k": 40}):
+        out, lse = ops.attention(q, k, v, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                 return_lse=True, **kwargs)
+        for b in range(4):
+            qs, ks = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+            want, want_lse = _reference(q[qs], k[ks], v[ks], causal=True)
+            assert _rel(out[qs], want) < 1e-5
+            assert torch.allclose(lse[:, qs], want_lse, atol=1e-4)
+
+
+def test_bf16_attention_and_its_custom_op():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 24, 2, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    out = ops.attention(q, k, v, causal=True, scale=0.1)
+    want, _ = _reference(q[0], k[0], v[0], causal=True, scale=0.1)
+    assert out.dtype == torch.bfloat16 and _rel(out[0], want) < 1e-2
+    torch.library.opcheck(torch.ops.tiled.attention.default, (q, k, v, True))
+
+
+def test_attention_refuses_bad_arguments():
+    q = torch.zeros(1, 8, 4, 64)
+    k = torch.zeros(1, 8, 3, 64)
+    with pytest.raises(ValueError, match="divide into kv heads"):
+        ops.attention(q, k, k)
+    with pytest.raises(ValueError, match="with causal=True"):
+        ops.attention(q, q, q, window=4)
+    with pytest.raises(ValueError, match="layout 'sbhd'"):
+        ops.attention(q, q, q, layout="sbhd")
+    with pytest.raises(ValueError, match="varlen takes both"):
+        ops.attention(q, q, q, cu_seqlens_q=torch.zeros(2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_prefill_kernel_compiles_for_sm90a(D):
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    from tiled.compiler import compile_program
+
+    for varlen in (False, True):
+        compile_program(att.prefill_kernel(16, 4, D, "bfloat16", "bshd", True, 0, 0.0,
+                                           D ** -0.5, varlen, True, 4096, BM=64, BN=64,
+                                           threads=128), target="cuda:sm_90a")
+    assert math.isfinite(D ** -0.5)

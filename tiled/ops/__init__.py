@@ -20,6 +20,7 @@ over torch tensors with vLLM's argument conventions:
     mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v=512, scale=None)
                                               -> DeepSeek MLA decode, FlashMLA's layout
     linear_w4a16(x, qweight, scales, zeros=None, group_size=128)   GPTQ 4-bit weights
+    conv2d(x, w, bias=None, stride=1, padding=0, dilation=1)   implicit-GEMM F.conv2d
     linear_w8a16(x, qweight, scales)          -> int8 weights, per-channel scales
 
 Each op compiles its kernel on the first call for a (hidden size, dtype, device) and keeps it
@@ -307,6 +308,7 @@ def _register_torch_ops() -> None:
 
 
 from tiled.ops import fp8 as _fp8  # noqa: E402
+from tiled.ops.conv import conv2d  # noqa: E402
 from tiled.ops.fp8 import fp8_linear, quantize_fp8  # noqa: E402
 from tiled.ops.gemm import linear, matmul  # noqa: E402 - it imports the helpers above
 from tiled.ops.grouped import grouped_linear  # noqa: E402
@@ -323,7 +325,7 @@ _FACTORIES.update({"quantize_fp8_groups": _fp8.quantize_group_kernel,
 
 _register_torch_ops()
 
-__all__ = ["attention", "compiled_kernels", "fp8_linear", "fused_add_rms_norm", "gelu_and_mul",
-           "grouped_linear", "install", "kernel_factory", "layer_norm", "linear",
+__all__ = ["attention", "compiled_kernels", "conv2d", "fp8_linear", "fused_add_rms_norm",
+           "gelu_and_mul", "grouped_linear", "install", "kernel_factory", "layer_norm", "linear",
            "linear_w4a16", "linear_w8a16", "matmul", "mla_decode", "paged_attention",
            "quantize_fp8", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax"]

@@ -200,3 +200,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
 def _(q, k, v, causal=False, cu_seqlens_q=None, cu_seqlens_k=None, window=None, softcap=None,
       scale=None, layout="bshd", max_seqlen_q=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("tiled::conv2d", mutates_args=())
+def conv2d(x: Tensor, w: Tensor, bias: Tensor | None = None, stride: int = 1, padding: int = 0,
+           dilation: int = 1) -> Tensor:
+    return ops.conv2d(x, w, bias, stride, padding, dilation)
+
+
+@conv2d.register_fake
+def _(x, w, bias=None, stride=1, padding=0, dilation=1):
+    def size(n, k):
+        return (n + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+    N, _, H, W = x.shape
+    F, _, R, S = w.shape
+    return x.new_empty((N, F, size(H, R), size(W, S))).to(memory_format=torch.channels_last)

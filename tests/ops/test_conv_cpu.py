@@ -1,0 +1,65 @@
+"""tiled.ops.conv2d on CPU tensors (the cpu target) against F.conv2d: 3x3 and 1x1 filters,
+strides, padding, dilation, channel counts that do not fill a channel step, bias; its CUDA
+kernel compiles for sm_90a at a ResNet-50 layer's shape."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = pytest.importorskip("torch.nn.functional")
+
+import tiled.ops as ops
+from tiled.ops import conv
+
+
+def _rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("N,C,H,W,Fo,R,stride,pad,dil,bias", [
+    (2, 8, 9, 7, 24, 3, 1, 1, 1, True),     # 3x3 same-size, a ragged pixel tile
+    (1, 20, 10, 10, 16, 3, 2, 1, 1, False),  # stride 2; 20 channels: a partial channel step
+    (2, 16, 8, 8, 8, 1, 1, 0, 1, True),     # 1x1
+    (1, 3, 11, 11, 8, 3, 1, 2, 2, False),   # RGB input, dilation 2
+])
+def test_conv2d_matches_torch(N, C, H, W, Fo, R, stride, pad, dil, bias):
+    g = torch.Generator().manual_seed(C)
+    x = torch.randn(N, C, H, W, generator=g)
+    w = torch.randn(Fo, C, R, R, generator=g)
+    b = torch.randn(Fo, generator=g) if bias else None
+    y = ops.conv2d(x, w, b, stride, pad, dil)
+    want = F.conv2d(x, w, b, stride, pad, dil)
+    assert y.shape == want.shape and _rel(y, want) < 1e-5
+    assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_conv2d_bf16_channels_last_and_its_custom_op():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 16, 6, 6, generator=g).to(torch.bfloat16).to(
+        memory_format=torch.channels_last)
+    w = torch.randn(8, 16, 3, 3, generator=g).to(torch.bfloat16).to(
+        memory_format=torch.channels_last)
+    y = ops.conv2d(x, w, padding=1)
+    assert _rel(y, F.conv2d(x.float(), w.float(), padding=1)) < 1e-2
+    torch.library.opcheck(torch.ops.tiled.conv2d.default, (x, w, None, 1, 1, 1))
+
+
+def test_conv2d_refuses_bad_arguments():
+    x = torch.zeros(1, 4, 8, 8)
+    with pytest.raises(ValueError, match="groups = 1"):
+        ops.conv2d(x, torch.zeros(8, 2, 3, 3))
+    with pytest.raises(ValueError, match="one int"):
+        ops.conv2d(x, torch.zeros(8, 4, 3, 3), stride=(1, 2))
+    with pytest.raises(ValueError, match="leaves no output"):
+        ops.conv2d(x, torch.zeros(8, 4, 9, 9))
+
+
+def test_conv2d_kernel_compiles_for_sm90a():
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    from tiled.compiler import compile_program
+
+    compile_program(conv.conv2d_kernel(64, 56, 56, 64, 3, 3, 1, 1, 1, "bfloat16", False,
+                                       BM=128, BN=128, BC=32, threads=256),
+                    target="cuda:sm_90a")

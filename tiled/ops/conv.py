@@ -1,0 +1,131 @@
+"""tiled.ops.conv2d (this module, tiled.ops.conv): 2-D convolution as an implicit GEMM.
+
+    conv2d(x, w, bias=None, stride=1, padding=0, dilation=1) -> y
+        as F.conv2d: x [N, C, H, W], w [F, C, R, S], y [N, F, P, Q] (groups = 1). The kernel
+        reads x and w channels-last (x.permute(0, 2, 3, 1), w.permute(0, 2, 3, 1): free for
+        channels_last tensors, a copy otherwise) and returns y channels_last.
+
+The GEMM is Y[n p q, f] = sum over (r, s, c) of X[n, p stride + r dil - pad, q stride + s dil
+- pad, c] * W[f, r, s, c]: M = N P Q output pixels, N = F filters, K = R S C. Each K step is
+one (r, s) tap and BC channels: the pixels' input rows gathered into a shared tile (zero where
+the tap falls in the padding), the filters' tile copied, T.gemm. Tuned by tiled.autotune per
+layer shape (the batch symbolic).
+"""
+
+import tiled
+import tiled.lang as T
+from tiled.ops.tuned import TunedOp
+
+CUDA_SPACE = [{"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": 2}
+              for bm, bn, t in ((128, 128, 256), (64, 128, 128), (128, 64, 128))
+              for bc in (32, 64)]
+CPU_SPACE = [{"BM": 16, "BN": 16, "BC": 16, "threads": 32, "stages": 2}]
+
+
+def _out_size(size: int, k: int, stride: int, pad: int, dil: int) -> int:
+    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
+
+
+def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, BM=128, BN=128, BC=32,
+                  threads=256, stages=2):
+    """The implicit-GEMM kernel of one layer shape and config (the batch symbolic)."""
+    P, Q = _out_size(H, R, stride, pad, dil), _out_size(W, S, stride, pad, dil)
+    if P < 1 or Q < 1:
+        raise ValueError(f"conv2d: a {R}x{S} filter leaves no output of a {H}x{W} input")
+    chunks = -(-C // BC)
+    Nd, Md = T.dyn("N"), T.dyn("M")  # images, and output pixels N P Q
+
+    @tiled.kernel
+    def conv2d_igemm(X: T.Tensor((Nd, H, W, C), dtype), Wt: T.Tensor((F, R, S, C), dtype),
+                     Bias: T.Tensor((F if bias else 1,), dtype),
+                     Y: T.Tensor((Md, F), dtype)):
+        with T.Kernel(T.ceildiv(F, BN), T.ceildiv(Md, BM), threads=threads) as (bx, by):
+            xs = T.alloc_shared((BM, BC), dtype)
+            ws = T.alloc_shared((BN, BC), dtype)
+            acc = T.alloc_fragment((BM, BN), "float32")
+            T.clear(acc)
+            for step in T.Pipelined(R * S * chunks, num_stages=stages):
+                tap, c0 = step // chunks, step % chunks * BC
+                r, s = tap // S, tap % S
+                T.copy(Wt[bx * BN:bx * BN + BN, r, s, c0:c0 + BC], ws)
+                for i, c in T.Parallel(BM, BC):
+                    m = by * BM + i
+                    n, pq = m // (P * Q), m % (P * Q)
+                    h = pq // Q * stride + r * dil - pad
+                    w = pq % Q * stride + s * dil - pad
+                    inside = (m < Md) & (h >= 0) & (h < H) & (w >= 0) & (w < W) & (c0 + c < C)
+                    xs[i, c] = T.if_then_else(inside, X[n, h, w, c0 + c], 0)
+                T.gemm(xs, ws, acc, transpose_B=True)
+            for i, j in T.Parallel(BM, BN):
+                if bias:
+                    acc[i, j] += T.cast(Bias[bx * BN + j], "float32")
+                Y[by * BM + i, bx * BN + j] = T.cast(acc[i, j], dtype)
+
+    return conv2d_igemm
+
+
+def _bucket(C, H, W, F, R, S, stride, pad, dil, dtype, bias):
+    return C, H, W, F, R, S, stride, pad, dil, dtype, bias
+
+
+def _inputs(C, H, W, F, R, S, stride, pad, dil, dtype, bias, **config):
+    import torch
+
+    from tiled.jit import _torch_dtype
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(0)
+    dt = _torch_dtype(torch, dtype)
+    N = 8 if dev == "cuda" else 1
+    P, Q = _out_size(H, R, stride, pad, dil), _out_size(W, S, stride, pad, dil)
+    x = torch.randn(N, H, W, C, device=dev, generator=g).to(dt)
+    w = (torch.randn(F, R, S, C, device=dev, generator=g) / (R * S * C) ** 0.5).to(dt)
+    b = torch.randn(F if bias else 1, device=dev, generator=g).to(dt)
+    return [x, w, b, torch.zeros(N * P * Q, F, device=dev, dtype=dt)]
+
+
+CONV2D = TunedOp("conv2d", conv2d_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
+                 key=["C", "H", "W", "F", "R", "S", "stride", "pad", "dil", "dtype", "bias"],
+                 bucket=_bucket, inputs=_inputs)
+
+
+def _pair(v, name: str) -> int:
+    vals = (v, v) if isinstance(v, int) else tuple(v)
+    if len(vals) != 2 or vals[0] != vals[1] or not all(isinstance(x, int) for x in vals):
+        raise ValueError(f"tiled.ops.conv2d: {name} {v!r}: one int (or an equal pair) only")
+    return vals[0]
+
+
+def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1):
+    """F.conv2d(x, w, bias, stride, padding, dilation) (module docstring)."""
+    import torch
+
+    from tiled.ops import _dtype
+
+    op = "conv2d"
+    dtype = _dtype(x, op)
+    stride, pad, dil = _pair(stride, "stride"), _pair(padding, "padding"), \
+        _pair(dilation, "dilation")
+    if stride < 1 or dil < 1 or pad < 0:
+        raise ValueError(f"tiled.ops.{op}: stride {stride}, padding {pad}, dilation {dil}")
+    if x.dim() != 4 or w.dim() != 4 or w.shape[1] != x.shape[1]:
+        raise ValueError(f"tiled.ops.{op}: x {tuple(x.shape)} and w {tuple(w.shape)} are not "
+                         "[N, C, H, W] and [F, C, R, S] with one C (groups = 1)")
+    if w.dtype != x.dtype or w.device != x.device:
+        raise ValueError(f"tiled.ops.{op}: w is {w.dtype} on {w.device}, x {x.dtype} on "
+                         f"{x.device}")
+    if bias is not None and (bias.shape != (w.shape[0],) or bias.dtype != x.dtype):
+        raise ValueError(f"tiled.ops.{op}: bias {tuple(bias.shape)} {bias.dtype}, expected "
+                         f"({w.shape[0]},) {x.dtype}")
+    N, C, H, W = x.shape
+    F, _, R, S = w.shape
+    P, Q = _out_size(H, R, stride, pad, dil), _out_size(W, S, stride, pad, dil)
+    if P < 1 or Q < 1:
+        raise ValueError(f"tiled.ops.{op}: a {R}x{S} filter leaves no output of {H}x{W}")
+    y = torch.empty(N, P, Q, F, device=x.device, dtype=x.dtype)  # NHWC: channels_last
+    if N:
+        tuned = CONV2D.tuned(x, C, H, W, F, R, S, stride, pad, dil, dtype, bias is not None)
+        b = bias.contiguous() if bias is not None else x.new_zeros(1)
+        tuned.compiled(x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous(),
+                       b, y.view(N * P * Q, F))
+    return y.permute(0, 3, 1, 2)

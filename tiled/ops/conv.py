@@ -125,7 +125,7 @@ def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1):
     y = torch.empty(N, P, Q, F, device=x.device, dtype=x.dtype)  # NHWC: channels_last
     if N:
         tuned = CONV2D.tuned(x, C, H, W, F, R, S, stride, pad, dil, dtype, bias is not None)
-        b = bias.contiguous() if bias is not None else x.new_zeros(1)
+        b = bias.contiguous() if bias is not None else x.new_empty(1)  # (unread placeholder)
         tuned.compiled(x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous(),
                        b, y.view(N * P * Q, F))
     return y.permute(0, 3, 1, 2)

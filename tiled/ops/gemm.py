@@ -210,25 +210,29 @@ def _inputs(M, N, K, dtype, out_dtype, **config):
     return [x, w, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out_dtype))]
 
 
-def _run(kernel, config, args):
-    """y = x @ w.T by `kernel` of `config` into args' y, as linear runs it and so as its
-    candidates are timed: split-K writes float32 partials into a workspace that
-    tiled.ops' `splitk_sum` kernel adds up into y."""
+def run_split_k(y, splits: int, launch):
+    """y [M, N] by `launch(out)`: out is y itself, or with `splits` > 1 a float32 [splits, M,
+    N] workspace of split-K partials that tiled.ops' `splitk_sum` kernel adds up into y."""
     import torch
 
     import tiled.ops as ops
 
-    x, w, y = args
-    splits = config.get("splits", 1)
     if splits == 1:
-        kernel(x, w, y)
+        launch(y)
         return y
     M, N = y.shape
     partials = torch.empty(splits, M, N, device=y.device, dtype=torch.float32)
-    kernel(x, w, partials)
-    ops._kernel("splitk_sum", x, N=N, splits=splits,
+    launch(partials)
+    ops._kernel("splitk_sum", y, N=N, splits=splits,
                 dtype=str(y.dtype).removeprefix("torch."))(partials, y)
     return y
+
+
+def _run(kernel, config, args):
+    """y = x @ w.T by `kernel` of `config` into args' y, as linear runs it and so as its
+    candidates are timed (split-K through run_split_k)."""
+    x, w, y = args
+    return run_split_k(y, config.get("splits", 1), lambda out: kernel(x, w, out))
 
 
 def _launch(tuned, x2, w, odt):

@@ -17,7 +17,7 @@ query tokens become q_len rows of the batch (their table rows repeated, their le
 computed on the device: no host read).
 """
 
-from tiled.ops.paged import _pow2, _run, decode_kernel
+from tiled.ops.paged import _pow2, _run, cache_problem, decode_kernel
 from tiled.ops.tuned import TunedOp
 
 ROWS_MLA = 64
@@ -40,20 +40,7 @@ def _bucket(B, H, D, DV, block_size, dtype, MB, scale):
 
 
 def _inputs(B, H, D, DV, block_size, dtype, MB, scale, **config):
-    import torch
-
-    from tiled.jit import _torch_dtype
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    g = torch.Generator(device=dev).manual_seed(0)
-    dt = _torch_dtype(torch, dtype)
-    NB = max(1, min(B * MB, (1 << 30) // (block_size * D * 2)))
-    q = torch.randn(B, H, D, device=dev, generator=g).to(dt)
-    kv = torch.randn(NB, block_size, 1, D, device=dev, generator=g).to(dt)
-    bt = (torch.randperm(B * MB, device=dev, generator=g) % NB).to(torch.int32).view(B, MB)
-    seq = torch.full((B,), MB * block_size, device=dev, dtype=torch.int32)
-    kvs = torch.ones(2, device=dev, dtype=torch.float32)
-    return [q, kv, kv, bt, seq, kvs, torch.zeros(B, H, DV, device=dev, dtype=dt)]
+    return cache_problem(B, H, 1, D, block_size, dtype, dtype, MB, dv=DV, shared=True)
 
 
 MLA = TunedOp("mla_decode", mla_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},

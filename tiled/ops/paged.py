@@ -204,24 +204,30 @@ def _bucket(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale):
 CACHE_BUDGET = 1 << 30  # bytes per cache the tuning inputs may take (pages are reused past it)
 
 
-def _inputs(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, **config):
-    """Full-length sequences over random distinct blocks (wrapping past CACHE_BUDGET)."""
+def cache_problem(B, H, KVH, D, block_size, dtype, kv_dtype, MB, dv=None, shared=False):
+    """A decode kernel's arguments for tuning: full-length sequences over random distinct
+    blocks (wrapping past CACHE_BUDGET), out [B, H, dv or D]; `shared`: one cache for keys
+    and values (MLA's latent rows)."""
     import torch
 
     from tiled.jit import _torch_dtype
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(device=dev).manual_seed(0)
-    kvt = _torch_dtype(torch, kv_dtype)
+    dt, kvt = _torch_dtype(torch, dtype), _torch_dtype(torch, kv_dtype)
     page = block_size * KVH * D * torch.empty((), dtype=kvt).element_size()
     NB = max(1, min(B * MB, CACHE_BUDGET // page))
-    q = torch.randn(B, H, D, device=dev, generator=g).to(_torch_dtype(torch, dtype))
+    q = torch.randn(B, H, D, device=dev, generator=g).to(dt)
     kc = torch.randn(NB, block_size, KVH, D, device=dev, generator=g).to(kvt)
-    vc = torch.randn(NB, block_size, KVH, D, device=dev, generator=g).to(kvt)
+    vc = kc if shared else torch.randn(NB, block_size, KVH, D, device=dev, generator=g).to(kvt)
     bt = (torch.randperm(B * MB, device=dev, generator=g) % NB).to(torch.int32).view(B, MB)
     seq = torch.full((B,), MB * block_size, device=dev, dtype=torch.int32)
     kvs = torch.ones(2, device=dev, dtype=torch.float32)
-    return [q, kc, vc, bt, seq, kvs, torch.zeros_like(q)]
+    return [q, kc, vc, bt, seq, kvs, torch.zeros(B, H, dv or D, device=dev, dtype=dt)]
+
+
+def _inputs(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, **config):
+    return cache_problem(B, H, KVH, D, block_size, dtype, kv_dtype, MB)
 
 
 def _run(kernel, config, args):
@@ -296,6 +302,12 @@ def check_table(op: str, q, B: int, block_tables, seq_lens, scale, D: int, **cac
     for name, t in (*caches.items(), ("block_tables", block_tables), ("seq_lens", seq_lens)):
         if t.device != q.device:
             raise ValueError(f"tiled.ops.{op}: {name} is on {t.device}, q on {q.device}")
+    return softmax_scale(op, scale, D)
+
+
+def softmax_scale(op: str, scale, D: int) -> float:
+    """An attention op's score scale: D ** -0.5 for None; raises for one that is not a
+    positive float."""
     if scale is None:
         scale = D ** -0.5
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):

@@ -24,10 +24,9 @@ only the key tiles they can see. Tuned by tiled.autotune per (layout, heads, kv 
 dtype, the mask's options, Sq bucket).
 """
 
-import math
-
 import tiled
 import tiled.lang as T
+from tiled.ops.paged import softmax_scale
 from tiled.ops.tuned import TunedOp
 
 LOG2E = 1.4426950408889634
@@ -58,7 +57,7 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
         q_t, kv_t = T.Tensor((Bd, H, SQ, D), dtype), T.Tensor((Bd, KVH, SK, D), dtype)
         lse_t = T.Tensor((Bd, H, SQ), "float32")
     cu_t = T.Tensor((B1,), "int32")  # batch + 1 offsets
-    ends_t = T.Tensor((1,), "int32")  # (varlen only: unused placeholder in the dense form)
+    unused_t = T.Tensor((1,), "int32")  # a parameter this variant does not read or write
 
     def rows(X, b, h, start, n):
         """[n, D] rows start.. of head h of sequence b (varlen: `start` is absolute)."""
@@ -69,9 +68,10 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
         return X[b, h, start:start + n, :]
 
     @tiled.kernel
-    def attention_fwd(Q: q_t, K: kv_t, V: kv_t, CQ: cu_t if varlen else ends_t,
-                      CK: cu_t if varlen else ends_t, Out: q_t, LSE: lse_t if lse else ends_t,
-                      Grid: T.Tensor((MQ,), "int8") if varlen else ends_t):
+    def attention_fwd(Q: q_t, K: kv_t, V: kv_t, CQ: cu_t if varlen else unused_t,
+                      CK: cu_t if varlen else unused_t, Out: q_t,
+                      LSE: lse_t if lse else unused_t,
+                      Grid: T.Tensor((MQ,), "int8") if varlen else unused_t):
         with T.Kernel(T.ceildiv(MQ if varlen else SQ, BM), H, B1 - 1 if varlen else Bd,
                       threads=threads) as (bx, h, b):
             q0 = CQ[b] if varlen else 0  # the sequence's first row in the packed tensors
@@ -248,23 +248,19 @@ def attention(q, k, v, causal: bool = False, cu_seqlens_q=None, cu_seqlens_k=Non
                          "causal=True (a window before the diagonal)")
     if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
         raise ValueError(f"tiled.ops.{op}: softcap {softcap!r} is not a positive float")
-    if scale is None:
-        scale = D ** -0.5
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"tiled.ops.{op}: scale {scale!r} is not a positive float")
+    scale = softmax_scale(op, scale, D)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse_shape = (H, q.shape[0]) if varlen else (B, H, S_bucket)
-    lse = torch.empty(lse_shape, device=q.device, dtype=torch.float32) if return_lse else \
-        torch.zeros(1, device=q.device, dtype=torch.int32)
+    unused = torch.empty(1, device=q.device, dtype=torch.int32)  # the variant's unread params
+    lse = torch.empty(lse_shape, device=q.device, dtype=torch.float32) if return_lse else unused
     if out.numel() and S_bucket:
         tuned = ATTENTION.tuned(q, H, KVH, D, dtype, layout, bool(causal), window or 0,
-                                float(softcap or 0.0), float(scale), varlen, bool(return_lse),
+                                float(softcap or 0.0), scale, varlen, bool(return_lse),
                                 S_bucket)
-        dummy = torch.zeros(1, device=q.device, dtype=torch.int32)
-        cq = cu_seqlens_q.contiguous() if varlen else dummy
-        ck = cu_seqlens_k.contiguous() if varlen else dummy
+        cq = cu_seqlens_q.contiguous() if varlen else unused
+        ck = cu_seqlens_k.contiguous() if varlen else unused
         grid = torch.empty(int(S_bucket), device=q.device, dtype=torch.int8) if varlen else \
-            dummy
+            unused
         tuned.compiled(q.contiguous(), k.contiguous(), v.contiguous(), cq, ck, out, lse, grid)
     elif return_lse:
         lse = torch.full(lse_shape, NEG_INF, device=q.device)

@@ -22,7 +22,7 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
 
 import tiled
 import tiled.lang as T
-from tiled.ops.gemm import token_bucket
+from tiled.ops.gemm import run_split_k, token_bucket
 from tiled.ops.tuned import TunedOp
 
 # lanes (CUDA cores): BM tokens per block, BN columns per block, threads, splits, WPI: 32-bit
@@ -188,22 +188,10 @@ def _inputs(M, N, K, dtype, out_dtype, bits, group_size, zeros, **config):
 
 def _run(kernel, config, args):
     """y by `kernel` of `config` into args' y: with splits, float32 partials that splitk_sum
-    adds up (as tiled.ops.linear's split-K)."""
-    import torch
-
-    import tiled.ops as ops
-
+    adds up (tiled.ops.gemm.run_split_k, as tiled.ops.linear's split-K)."""
     x, w, s, z, y = args
     splits = config.get("splits", 1) if config.get("kind", "lanes") == "lanes" else 1
-    if splits == 1:
-        kernel(x, w, s, z, y)
-        return y
-    M, N = y.shape
-    partials = torch.empty(splits, M, N, device=y.device, dtype=torch.float32)
-    kernel(x, w, s, z, partials)
-    ops._kernel("splitk_sum", x, N=N, splits=splits,
-                dtype=str(y.dtype).removeprefix("torch."))(partials, y)
-    return y
+    return run_split_k(y, splits, lambda out: kernel(x, w, s, z, out))
 
 
 QUANT_LINEAR = TunedOp("quant_linear", quant_linear_kernel,
@@ -231,7 +219,7 @@ def _launch(op, x, x2, dtype, N, K, bits, group, zeros_t, qweight, scales):
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     if M:
         tuned = QUANT_LINEAR.tuned(x, M, N, K, dtype, dtype, bits, group, zeros_t is not None)
-        z = zeros_t if zeros_t is not None else scales.new_zeros(1)
+        z = zeros_t if zeros_t is not None else scales.new_empty(1)  # (unread placeholder)
         _run(tuned.compiled, tuned.config, [x2, qweight.contiguous(), scales.contiguous(),
                                             z.contiguous(), y])
     return y.view(*x.shape[:-1], N)

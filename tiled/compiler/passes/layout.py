@@ -230,7 +230,7 @@ def fragment_pair(st: pb.Stmt, buffers) -> tuple[int, int] | None:
 
 
 def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object],
-           forced: set[int], row_vectors: bool = True) -> tuple[dict[int, object], set[int]]:
+           forced: set[int], row_vectors: bool) -> tuple[dict[int, object], set[int]]:
     threads = program.kernel.threads
     buffers = {b.id: b for b in program.buffers}
     frags = {b.id for b in program.buffers if b.scope == pb.FRAGMENT}

@@ -50,8 +50,7 @@ from tiled.ir.walk import element_accesses, expr_vars, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128
-BK = 64  # 64 16-bit elements: one 128-byte swizzle row
-ROW_BYTES = 128  # a K tile's bytes per row: BK 16-bit or 128 8-bit elements
+ROW_BYTES = 128  # a K tile's row: one 128-byte swizzle row (64 16-bit / 128 8-bit elements)
 WS_DTYPES = {"float16": 2, "bfloat16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 RING_SLACK = 1024  # the ring is aligned to 1024 bytes inside the dynamic pool
@@ -184,8 +183,8 @@ def find_ws_gemm(p: pb.Program, layouts: dict[int, object]) -> WsGemmPlan | None
     rows_b, cols_b = (d.size for d in b.shape)
     BN, k_b = (rows_b, cols_b) if g.transpose_b else (cols_b, rows_b)
     nwg = p.kernel.threads // 128
-    wide = WS_DTYPES[next(iter(dt))] == 2
-    bk = ROW_BYTES // WS_DTYPES[next(iter(dt))]
+    esize = WS_DTYPES[next(iter(dt))]
+    wide, bk = esize == 2, ROW_BYTES // esize
     merge = bk // k_a if k_a == k_b and k_a in (bk, bk // 2) else 0
     if merge == 2 and not (wide and _merge_is_exact(p, f, copies[g.a], copies[g.b],
                                                     bool(g.transpose_b))):

@@ -119,3 +119,18 @@ def test_a_row_vector_read_over_a_tile_with_other_rows_is_replicated():
     s = next(st.gemm.c for st in walk(p.kernel.body) if st.WhichOneof("kind") == "gemm")
     m = next(st.reduce.dst for st in walk(p.kernel.body) if st.WhichOneof("kind") == "reduce")
     assert isinstance(infer_layouts(p, {s: WgmmaLayout(128, 128, 2)})[m], ReplicatedLayout)
+
+
+@pytest.mark.parametrize("layout,causal,varlen", [("bshd", False, False), ("bhsd", True, False),
+                                                  ("bshd", True, True)])
+def test_the_attention_ops_kernels_take_the_path(layout, causal, varlen):
+    """tiled.ops.attention's kernel (a mask, GQA, varlen offsets read from cu_seqlens, and a
+    T.copy between fragments in the loop) has the FlashAttention shape the path takes."""
+    from tiled.ops import prefill
+
+    k = prefill.prefill_kernel(32, 8, 128, "bfloat16", layout, causal, 0, 0.0, 128 ** -0.5,
+                               varlen, False, BM=128, BN=128, threads=256)
+    c = tiled.compile(k, "cuda:sm_90a", cache=False)
+    assert "WsAttn<" in c.source and c.manifest.block[0] == 256 + 128
+    persistent = "tiled_sm_count" in expr_names(c.manifest.grid[0])
+    assert persistent == (not causal and not varlen)  # only then do all blocks walk alike

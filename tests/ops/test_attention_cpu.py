@@ -115,3 +115,22 @@ def test_prefill_kernel_compiles_for_sm90a(D):
                                            D ** -0.5, varlen, True, 4096, BM=64, BN=64,
                                            threads=128), target="cuda:sm_90a")
     assert math.isfinite(D ** -0.5)
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_rows_that_see_no_key_are_zero_with_lse_minus_inf(window):
+    """Causal with more queries than keys (the last query on the last key): the first
+    Sq - Sk rows see no key; their output is 0 and their log-sum-exp -inf, the others as
+    torch computes them (no NaN leaks into a tile's other rows)."""
+    g = torch.Generator().manual_seed(2)
+    Sq, Sk, H, D = 56, 40, 2, 64
+    q = torch.randn(1, Sq, H, D, generator=g)
+    k = torch.randn(1, Sk, H, D, generator=g)
+    v = torch.randn(1, Sk, H, D, generator=g)
+    out, lse = ops.attention(q, k, v, causal=True, window=window, return_lse=True)
+    empty = Sq - Sk
+    assert torch.equal(out[0, :empty], torch.zeros_like(out[0, :empty]))
+    assert torch.all(lse[0, :, :empty] == float("-inf"))
+    want, want_lse = _reference(q[0, empty:], k[0], v[0], True, window)
+    assert _rel(out[0, empty:], want) < 1e-5
+    assert torch.allclose(lse[0, :, empty:], want_lse, atol=1e-4)

@@ -43,6 +43,25 @@ def test_conv2d_bf16_channels_last_and_its_custom_op():
     torch.library.opcheck(torch.ops.tiled.conv2d.default, (x, w, None, 1, 1, 1))
 
 
+def test_a_bf16_1x1_conv2d_runs_as_linear(monkeypatch):
+    """1x1, stride 1, no padding: the GEMM of the pixels' channel rows, by tiled.ops.linear
+    (x read in place: channels_last), with the bias; y channels_last."""
+    from tiled.ops import gemm
+
+    calls = []
+    real = gemm.linear
+    monkeypatch.setattr(gemm, "linear", lambda *a, **k: calls.append(a) or real(*a, **k))
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 16, 5, 7, generator=g).to(torch.bfloat16).to(
+        memory_format=torch.channels_last)
+    w = torch.randn(24, 16, 1, 1, generator=g).to(torch.bfloat16)
+    b = torch.randn(24, generator=g).to(torch.bfloat16)
+    y = ops.conv2d(x, w, b)
+    assert len(calls) == 1 and calls[0][0].data_ptr() == x.data_ptr()
+    assert _rel(y, F.conv2d(x.float(), w.float(), b.float())) < 1e-2
+    assert y.shape == (2, 24, 5, 7) and y.is_contiguous(memory_format=torch.channels_last)
+
+
 def test_conv2d_refuses_bad_arguments():
     x = torch.zeros(1, 4, 8, 8)
     with pytest.raises(ValueError, match="groups = 1"):

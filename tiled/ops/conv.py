@@ -8,17 +8,19 @@
 The GEMM is Y[n p q, f] = sum over (r, s, c) of X[n, p stride + r dil - pad, q stride + s dil
 - pad, c] * W[f, r, s, c]: M = N P Q output pixels, N = F filters, K = R S C. Each K step is
 one (r, s) tap and BC channels: the pixels' input rows gathered into a shared tile (zero where
-the tap falls in the padding), the filters' tile copied, T.gemm. Tuned by tiled.autotune per
-layer shape (the batch symbolic).
+the tap falls in the padding), the filters' tile copied, T.gemm; on CUDA both tiles are
+cp.async producers issued stages ahead (the gather too, when the channels fill whole steps:
+targets/cuda/gather.py). Tuned by tiled.autotune per layer shape (the batch symbolic). A 1x1
+convolution with stride 1 and no padding is a plain GEMM and runs as tiled.ops.linear.
 """
 
 import tiled
 import tiled.lang as T
 from tiled.ops.tuned import TunedOp
 
-CUDA_SPACE = [{"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": 2}
+CUDA_SPACE = [{"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
               for bm, bn, t in ((128, 128, 256), (64, 128, 128), (128, 64, 128))
-              for bc in (32, 64)]
+              for bc, st in ((32, 2), (64, 2), (64, 3))]
 CPU_SPACE = [{"BM": 16, "BN": 16, "BC": 16, "threads": 32, "stages": 2}]
 
 
@@ -53,7 +55,9 @@ def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, BM=128, BN=12
                     n, pq = m // (P * Q), m % (P * Q)
                     h = pq // Q * stride + r * dil - pad
                     w = pq % Q * stride + s * dil - pad
-                    inside = (m < Md) & (h >= 0) & (h < H) & (w >= 0) & (w < W) & (c0 + c < C)
+                    inside = (m < Md) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+                    if C % BC:  # (whole channel steps: a row's test holds for all of it)
+                        inside = inside & (c0 + c < C)
                     xs[i, c] = T.if_then_else(inside, X[n, h, w, c0 + c], 0)
                 T.gemm(xs, ws, acc, transpose_B=True)
             for i, j in T.Parallel(BM, BN):
@@ -122,6 +126,15 @@ def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1):
     P, Q = _out_size(H, R, stride, pad, dil), _out_size(W, S, stride, pad, dil)
     if P < 1 or Q < 1:
         raise ValueError(f"tiled.ops.{op}: a {R}x{S} filter leaves no output of {H}x{W}")
+    if R == S == 1 and stride == 1 and pad == 0 and dtype in ("bfloat16", "float16"):
+        # A 1x1 convolution is a GEMM of the pixels' channel rows: tiled.ops.linear's
+        # kernels (the sm_90a warp-specialized GEMM) take it, x read in place when it is
+        # channels_last.
+        from tiled.ops.gemm import linear
+
+        rows = x.permute(0, 2, 3, 1).reshape(N * H * W, C)
+        y = linear(rows, w.reshape(F, C), bias)
+        return y.view(N, H, W, F).permute(0, 3, 1, 2)
     y = torch.empty(N, P, Q, F, device=x.device, dtype=x.dtype)  # NHWC: channels_last
     if N:
         tuned = CONV2D.tuned(x, C, H, W, F, R, S, stride, pad, dil, dtype, bias is not None)

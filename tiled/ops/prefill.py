@@ -59,6 +59,12 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
     cu_t = T.Tensor((B1,), "int32")  # batch + 1 offsets
     unused_t = T.Tensor((1,), "int32")  # a parameter this variant does not read or write
 
+    def score(x):
+        """A raw score (q . k) as the softmax's log2 exponent: scaled, softcapped."""
+        if softcap:
+            return softcap * LOG2E * T.tanh(x * (scale / softcap))
+        return x * (scale * LOG2E)
+
     def rows(X, b, h, start, n):
         """[n, D] rows start.. of head h of sequence b (varlen: `start` is absolute)."""
         if varlen:
@@ -83,12 +89,12 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
             k = T.alloc_shared((BN, D), dtype)
             v = T.alloc_shared((BN, D), dtype)
             sc = T.alloc_fragment((BM, BN), "float32")
-            p = T.alloc_fragment((BM, BN), dtype)
+            p = T.alloc_shared((BM, BN), dtype)
             o = T.alloc_fragment((BM, D), "float32")
             m = T.alloc_fragment((BM,), "float32")
             m_prev = T.alloc_fragment((BM,), "float32")
             alpha = T.alloc_fragment((BM,), "float32")
-            row_sum = T.alloc_fragment((BM,), "float32")
+            m_use = T.alloc_fragment((BM,), "float32")
             total = T.alloc_fragment((BM,), "float32")
             T.copy(rows(Q, b, h, q0 + bx * BM, BM), q)
             T.fill(o, 0)
@@ -100,46 +106,61 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
                 hi = T.max(T.min(hi, T.ceildiv((bx + 1) * BM + off, BN)), 0)
                 if window:
                     lo = T.max(bx * BM + off - window + 1, 0) // BN
-            n = T.if_then_else(bx * BM < n_q, T.max(hi - lo, 0), 0)
+            # varlen: blocks past a short sequence's rows walk nothing. Dense, the grid covers
+            # the rows exactly, and without a mask every block walks the same count (which
+            # lets sm_90a's attention path make the grid persistent).
+            n = T.if_then_else(bx * BM < n_q, T.max(hi - lo, 0), 0) if varlen else \
+                T.max(hi - lo, 0)
             for step in T.Pipelined(n, num_stages=stages):
                 T.copy(rows(K, b, h // G, k0 + (lo + step) * BN, BN), k)
                 T.copy(rows(V, b, h // G, k0 + (lo + step) * BN, BN), v)
-                T.gemm(q, k, sc, transpose_B=True, clear_accum=True)
-                for i, t in T.Parallel(BM, BN):
-                    j = (lo + step) * BN + t
-                    seen = j < n_k
-                    if causal:
-                        seen = seen & (j <= bx * BM + i + off)
-                        if window:
-                            seen = seen & (j > bx * BM + i + off - window)
-                    s = sc[i, t] * scale
-                    if softcap:
-                        s = softcap * T.tanh(s / softcap)
-                    sc[i, t] = T.if_then_else(seen, s * LOG2E, NEG_INF)
+                T.clear(sc)
+                T.gemm(q, k, sc, transpose_B=True)
+                # Only a tile reaching past the keys, or (causal) past the block's first
+                # row's diagonal or before its last row's window, masks keys: the others are
+                # only scaled (log2 units, as exp2 takes them).
+                t0 = (lo + step) * BN
+                whole = t0 + BN <= n_k
+                if causal:
+                    whole = whole & (t0 + BN - 1 <= bx * BM + off)
+                    if window:
+                        whole = whole & (t0 > bx * BM + BM - 1 + off - window)
+                if whole:
+                    for i, t in T.Parallel(BM, BN):
+                        sc[i, t] = score(sc[i, t])
+                else:
+                    for i, t in T.Parallel(BM, BN):
+                        j = t0 + t
+                        seen = j < n_k
+                        if causal:
+                            seen = seen & (j <= bx * BM + i + off)
+                            if window:
+                                seen = seen & (j > bx * BM + i + off - window)
+                        sc[i, t] = T.if_then_else(seen, score(sc[i, t]), NEG_INF)
                 T.copy(m, m_prev)
                 T.reduce_max(sc, m, dim=1, clear=False)
-                for i in T.Parallel(BM):  # a row that has seen nothing yet keeps m = -inf
-                    alpha[i] = T.if_then_else(m[i] == NEG_INF, 1.0, T.exp2(m_prev[i] - m[i]))
-                for i, t in T.Parallel(BM, BN):
-                    sc[i, t] = T.if_then_else(m[i] == NEG_INF, 0.0, T.exp2(sc[i, t] - m[i]))
-                T.reduce_sum(sc, row_sum, dim=1)
                 for i in T.Parallel(BM):
-                    total[i] = total[i] * alpha[i] + row_sum[i]
+                    # A row that has seen no key yet (a mask) has m = -inf: subtracting 0
+                    # instead keeps its exponentials 0, not NaN.
+                    m_use[i] = T.if_then_else(m[i] == NEG_INF, 0.0, m[i])
+                    alpha[i] = T.exp2(m_prev[i] - m_use[i])
+                    total[i] = total[i] * alpha[i]
+                for i, t in T.Parallel(BM, BN):
+                    sc[i, t] = T.exp2(sc[i, t] - m_use[i])
+                T.reduce_sum(sc, total, dim=1, clear=False)
                 T.copy(sc, p)
                 for i, d in T.Parallel(BM, D):
                     o[i, d] *= alpha[i]
                 T.gemm(p, v, o)
-            for i, d in T.Parallel(BM, D):
-                if bx * BM + i < n_q:
-                    if varlen:
+            if varlen:  # rows past the sequence's are the next sequence's: not written
+                for i, d in T.Parallel(BM, D):
+                    if bx * BM + i < n_q:
                         Out[q0 + bx * BM + i, h, d] = T.cast(o[i, d] / T.max(total[i], 1e-30),
                                                              dtype)
-                    elif layout == "bshd":
-                        Out[b, bx * BM + i, h, d] = T.cast(o[i, d] / T.max(total[i], 1e-30),
-                                                           dtype)
-                    else:
-                        Out[b, h, bx * BM + i, d] = T.cast(o[i, d] / T.max(total[i], 1e-30),
-                                                           dtype)
+            else:  # (the copy stops at the tensor's end; sm_90a stores 16-byte rows)
+                for i, d in T.Parallel(BM, D):
+                    o[i, d] = o[i, d] / T.max(total[i], 1e-30)
+                T.copy(o, rows(Out, b, h, bx * BM, BM))
             if lse:
                 for i in T.Parallel(BM):
                     if bx * BM + i < n_q:

@@ -41,6 +41,7 @@ from tiled.compiler.targets.cuda.copy import (
     issue_async_copy,
     lower_fragment_copy,
 )
+from tiled.compiler.targets.cuda.gather import find_gather
 from tiled.compiler.targets.cuda.gemm import (
     converted,
     lower_gemm,
@@ -154,6 +155,7 @@ class CudaLowering(ExprLowering):
         self.pool_bytes = 0
         self.scratch_offset = 0
         self.pipelines: dict[int, tuple[int, list[int]]] = {}  # For var -> (stages, producers)
+        self.gathers: dict = {}  # a producer gather nest's outer var -> gather.Gather
         self.vec_plan: dict[tuple, int] = {}
 
     def block_sync(self) -> SyncTracker:
@@ -195,6 +197,9 @@ class CudaLowering(ExprLowering):
                 for s in stmts:
                     if s.WhichOneof("kind") == "copy" and self.copy_vector(s.copy):
                         producers.append(s.copy.dst.buffer)
+                    elif (g := find_gather(self, s)) is not None:  # (gather.py)
+                        producers.append(g.tile)
+                        self.gathers[s.for_.var] = g
                     else:
                         break
                 if producers:

@@ -1,9 +1,10 @@
 """T.Pipelined on the CUDA lowering's generic path: a multi-stage cp.async pipeline. The
-loop's leading global -> shared copies (its producers, found by lower.plan) write stage
-k % stages of their tiles `stages - 1` iterations ahead: the first stages are issued before
-the loop; each iteration issues the copies of iteration k + stages - 1, waits for those of
-iteration k (cp.async.wait_group), fences them for wgmma's async proxy where a wgmma gemm
-reads them, synchronizes, and runs the rest of the body on stage k % stages.
+loop's leading global -> shared copies and gather nests (its producers, found by lower.plan;
+gather.py) write stage k % stages of their tiles `stages - 1` iterations ahead: the first
+stages are issued before the loop; each iteration issues the copies of iteration
+k + stages - 1, waits for those of iteration k (cp.async.wait_group), fences them for wgmma's
+async proxy where a wgmma gemm reads them, synchronizes, and runs the rest of the body on
+stage k % stages.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.targets.cuda.copy import async_vector, issue_async_copy
+from tiled.compiler.targets.cuda.gather import issue_async_gather
 from tiled.v1 import tile_ir_pb2 as pb
+
+
+def _issue(low, ps: pb.Stmt, pred) -> None:
+    """A producer's cp.async vectors: a T.copy's, or a gather nest's (gather.py)."""
+    if ps.WhichOneof("kind") == "copy":
+        issue_async_copy(low, ps.copy, async_vector(low, ps.copy), pred=pred)
+    else:
+        issue_async_gather(low, low.gathers[ps.for_.var], pred=pred)
 
 
 def lower_pipeline(low, f: pb.For, s: pb.Stmt) -> None:
@@ -30,7 +40,7 @@ def lower_pipeline(low, f: pb.For, s: pb.Stmt) -> None:
         for bid in producers:
             low.stage[bid] = st
         for ps in prod_stmts:
-            issue_async_copy(low, ps.copy, async_vector(low, ps.copy), pred=st < n)
+            _issue(low, ps, pred=st < n)
         T.evaluate(T.call_extern("void", "tiled::cp_async_commit"))
     with T.serial(0, n) as k:
         ahead = k + (stages - 1)
@@ -38,7 +48,7 @@ def lower_pipeline(low, f: pb.For, s: pb.Stmt) -> None:
         for bid in producers:
             low.stage[bid] = tirx.floormod(ahead, stages)
         for ps in prod_stmts:
-            issue_async_copy(low, ps.copy, async_vector(low, ps.copy), pred=ahead < n)
+            _issue(low, ps, pred=ahead < n)
         T.evaluate(T.call_extern("void", "tiled::cp_async_commit"))
         T.evaluate(T.call_extern("void", f"tiled::cp_async_wait<{stages - 1}>"))
         if set(producers) & low.wgmma_ops.panels:  # wgmma reads them: async proxy

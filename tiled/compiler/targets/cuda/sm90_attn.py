@@ -149,9 +149,12 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
         return None
 
     # The statements of the loop: K / V copies first, then S = Q K^T, ..., P <- fragment,
-    # acc += P V; nothing else in the loop touches shared memory.
+    # acc += P V; nothing else in the loop touches shared memory (copies between fragments,
+    # as T.copy(m, m_prev), are fragment code).
     kinds = [st.WhichOneof("kind") for st in body]
-    copies = [st.copy for st in body if st.WhichOneof("kind") == "copy"]
+    copies = [st.copy for st in body if st.WhichOneof("kind") == "copy" and not
+              buffers[st.copy.src.buffer].scope == buffers[st.copy.dst.buffer].scope
+              == pb.FRAGMENT]
     ring_copies = {c.dst.buffer: c for c in copies if c.dst.buffer in (k, v)}
     p_copies = [c for c in copies if c.dst.buffer == pt]
     if set(ring_copies) != {k, v} or len(p_copies) != 1 or len(copies) != 3:
@@ -176,10 +179,14 @@ def find_ws_attention(p: pb.Program) -> AttnPlan | None:
                 and s.copy.dst.buffer == q]
     if len(q_copies) != 1:
         return None
+    # The tiles' origins: of the block vars, the loop var (K / V) and symbolic dims (as the
+    # safety pass's clamps bring in), values the producer computes as the consumers do.
     block_vars = set(p.kernel.block_vars)
-    for c, rows, allowed in ((q_copies[0], BM, block_vars),
-                             (ring_copies[k], BN, block_vars | {f.var}),
-                             (ring_copies[v], BN, block_vars | {f.var})):
+    uniform = block_vars | {d.var for b in p.buffers for d in b.shape
+                            if d.WhichOneof("kind") == "var"}
+    for c, rows, allowed in ((q_copies[0], BM, uniform),
+                             (ring_copies[k], BN, uniform | {f.var}),
+                             (ring_copies[v], BN, uniform | {f.var})):
         src = buffers[c.src.buffer]
         if src.scope != pb.GLOBAL or not 2 <= len(src.shape) <= 5 or \
                 dtypes.canonical_name(src.dtype) not in dt:

@@ -329,25 +329,38 @@ def lower_ws_producer(low, tmap_a, tmap_b) -> None:
     T.buffer_store(low.ws_k, base + n, [0])
 
 def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: int) -> bool:
-    """The whole wgmma-layout fragment `acc` (rows x cols) to a 16-bit global tile whose rows
-    are the last dim but one (leading dims of extent 1, e.g. Out[b, h, rows, :]), with
-    `template`::store's 16-byte stores; False when the copy is not that (it is then lowered
-    generically)."""
+    """The whole wgmma-layout fragment `acc` (rows x cols) to a 16-bit global tile of one
+    row dim and the last dim, every other dim of extent 1 (Out[b, h, rows, :]; or
+    Out[b, rows, h, :], the dims between static), with `template`::store's 16-byte stores;
+    False when the copy is not that (it is then lowered generically)."""
     dst = low.buffers[c.dst.buffer]
     dt = dtypes.canonical_name(dst.dtype)
     ext = list(c.dst.extents)
-    if dst.scope != pb.GLOBAL or len(dst.shape) < 2 or dt not in ("float16", "bfloat16") or \
-            ext[-2:] != [rows, cols] or any(e != 1 for e in ext[:-2]) or \
+    rank = len(dst.shape)
+    if dst.scope != pb.GLOBAL or rank < 2 or dt not in ("float16", "bfloat16") or \
+            ext[-1] != cols or \
             any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
         return False
+    if ext[-2] == rows and all(e == 1 for e in ext[:-2]):
+        r = rank - 2
+    else:
+        wide = [d for d, e in enumerate(ext[:-1]) if e != 1]
+        if len(wide) != 1 or ext[wide[0]] != rows:
+            return False
+        r = wide[0]
+    between = list(dst.shape)[r + 1:]
+    if r < rank - 2 and any(d.WhichOneof("kind") != "size" for d in between):
+        return False
     offsets = [low.expr(o) for o in c.dst.offsets]
-    rank = len(dst.shape)
-    m, n = global_extent(low, dst, rank - 2), global_extent(low, dst, rank - 1)
+    m, n = global_extent(low, dst, r), global_extent(low, dst, rank - 1)
+    ld = tirx.Cast("int64", n) if r == rank - 2 else \
+        tirx.const(math.prod(d.size for d in between), "int64")
     zero = tirx.const(0, "int32")
-    base = T.address_of(low.tir[dst.id][(*offsets[:-2], zero, zero)])
+    base = T.address_of(low.tir[dst.id][tuple(zero if d in (r, rank - 1) else o
+                                              for d, o in enumerate(offsets))])
     T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>",
-                             T.address_of(low.tir[acc][0]), base, tirx.Cast("int64", n),
-                             offsets[-2], offsets[-1], m, n))
+                             T.address_of(low.tir[acc][0]), base, ld, offsets[r],
+                             offsets[-1], m, n))
     return True
 
 

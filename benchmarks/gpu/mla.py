@@ -9,7 +9,6 @@ combine kernels
     python benchmarks/gpu/mla.py build --out .gpu/mla
 There (device tool, carry=[".gpu"]; tiled.tuning.prebuilt hands the tuner the bundle)
     python3 benchmarks/gpu/mla.py run --bundle .gpu/mla --out $OUT/mla_h200.json
-(Written 2026-12-02 without device time left: not run yet.)
 """
 
 import json
@@ -91,14 +90,16 @@ def _row(torch, B, ctx) -> dict:
                                                 D ** -0.5))]
     rows = kv[bt.long()].reshape(B, 1, ctx, D)  # the gathered latent cache [B, 1, S, D]
     k, v = rows.contiguous(), rows[..., :DV].contiguous()
-    q4 = q.view(B, H, 1, D)
-    ref = F.scaled_dot_product_attention(q4.float(), k.float(), v.float(),
-                                         enable_gqa=True).view(B, 1, H, DV)
-    err = ((out.float() - ref).norm() / ref.norm()).item()
+    # One latent head: the 128 query heads are 128 query rows of it (no GQA expansion).
+    q4 = q.view(B, 1, H, D)
+    ref = torch.cat([F.scaled_dot_product_attention(q4[b:b + 1].float(), k[b:b + 1].float(),
+                                                    v[b:b + 1].float()) for b in range(B)])
+    err = ((out.float() - ref.view(B, 1, H, DV)).norm() / ref.norm()).item()
+    del ref
     rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
     us = time_graphed(torch, {
         "tiled": lambda: ops.mla_decode(q, kv, bt, seq, head_dim_v=DV),
-        "sdpa_gathered": lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True),
+        "sdpa_gathered": lambda: F.scaled_dot_product_attention(q4, k, v),
         "rw_kernel": rw.neg_}, ROUNDS, GRAPH_CALLS)
     kv_bytes = B * ctx * D * 2
     flops = 2 * B * H * ctx * (D + DV)

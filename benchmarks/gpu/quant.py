@@ -34,7 +34,7 @@ RW_FLOATS = 128 << 20
 def _sums() -> list[dict]:
     from tiled.ops.quant import CUDA_SPACE
 
-    splits = sorted({c["splits"] for c in CUDA_SPACE} - {1})
+    splits = sorted({c.get("splits", 1) for c in CUDA_SPACE} - {1})
     return [{"N": n, "splits": s, "dtype": DTYPE} for n in sorted({n for _, n in SHAPES})
             for s in splits]
 

@@ -9,6 +9,8 @@ combine kernels
     python benchmarks/gpu/mla.py build --out .gpu/mla
 There (device tool, carry=[".gpu"]; tiled.tuning.prebuilt hands the tuner the bundle)
     python3 benchmarks/gpu/mla.py run --bundle .gpu/mla --out $OUT/mla_h200.json
+benchmarks/results/mla_h200_vsplit.json was made with a trial space (value columns split over
+2 or 4 blocks, a `vsplit` parameter of paged.decode_kernel) that was slower and not kept.
 """
 
 import json

@@ -152,14 +152,19 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
                 for i, d in T.Parallel(BM, D):
                     o[i, d] *= alpha[i]
                 T.gemm(p, v, o)
-            if varlen:  # rows past the sequence's are the next sequence's: not written
-                for i, d in T.Parallel(BM, D):
-                    if bx * BM + i < n_q:
-                        Out[q0 + bx * BM + i, h, d] = T.cast(o[i, d] / T.max(total[i], 1e-30),
-                                                             dtype)
-            else:  # (the copy stops at the tensor's end; sm_90a stores 16-byte rows)
-                for i, d in T.Parallel(BM, D):
-                    o[i, d] = o[i, d] / T.max(total[i], 1e-30)
+            for i, d in T.Parallel(BM, D):
+                o[i, d] = o[i, d] / T.max(total[i], 1e-30)
+            # A whole tile leaves by T.copy (sm_90a: 16-byte row stores; the copy stops at
+            # the tensor's end). Varlen rows past the sequence's are the next sequence's:
+            # a tile that reaches past them is written row by row.
+            if varlen:
+                if bx * BM + BM <= n_q:
+                    T.copy(o, rows(Out, b, h, q0 + bx * BM, BM))
+                else:
+                    for i, d in T.Parallel(BM, D):
+                        if bx * BM + i < n_q:
+                            Out[q0 + bx * BM + i, h, d] = T.cast(o[i, d], dtype)
+            else:
                 T.copy(o, rows(Out, b, h, bx * BM, BM))
             if lse:
                 for i in T.Parallel(BM):

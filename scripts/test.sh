@@ -15,4 +15,9 @@ command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y 
 # torch, so the runtime's torch-tensor paths run too (a CPU build where the machine's wheel
 # store has one, as this project's machines do).
 .venv/bin/python -m pip install -q torch==2.13.0
+# The vLLM plugin's tests (tests/integrations) run the real vllm in a venv of its own.
+t0=$SECONDS
+scripts/vllm_venv.sh
+echo "vLLM venv ready in $((SECONDS - t0)) s"
+export TILED_REQUIRE_VLLM=1
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

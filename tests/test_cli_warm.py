@@ -197,3 +197,27 @@ def test_autotune_through_a_daemon_compiles_there_and_times_here(daemon, tmp_pat
         assert tuning.STATS["candidates_timed"] == timed + 2
     after = daemon["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60).compiles_total
     assert after == before + 2
+
+
+def test_model_config_warms_the_ops_kernels_of_that_model(daemon, tmp_path):
+    """`tiled warm --model-config`: the norms', the gated activation's and the rotary's
+    kernels for the daemon's local target (cpu here), compiled once, hits after."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "hidden_act": "silu", "torch_dtype": "float32"}))
+    first = tiled_cli("warm", "--model-config", str(cfg), env=daemon["env"])
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "4 requests: 0 cache hits, 4 compiled, 0 failed" in first.stdout
+    for op in ("rms_norm", "fused_add_rms_norm", "gated_activation", "rotary_embedding"):
+        assert f"tiled.ops:{op}(" in first.stdout, first.stdout
+    again = tiled_cli("warm", "--model-config", str(cfg), "--target", "cpu",
+                      "--tensor-parallel-size", "1", env=daemon["env"])
+    assert "4 requests: 4 cache hits, 0 compiled, 0 failed" in again.stdout, again.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hidden_size": 64}))
+    out = tiled_cli("warm", "--model-config", str(bad), "--target", "cpu", env=daemon["env"])
+    assert out.returncode == 2 and "intermediate_size" in out.stdout + out.stderr
+    both = tiled_cli("warm", str(bad), "--model-config", str(cfg), env=daemon["env"])
+    assert both.returncode == 2 and "one" in both.stdout + both.stderr

@@ -390,11 +390,45 @@ def _warm(client, items: list[Item], progress: _Progress) -> list[tuple[Item, st
     return failures
 
 
+def model_items(path: Path, target: str, tensor_parallel_size: int = 1) -> list[Item]:
+    """The requests of tiled.ops' kernels for the model whose Hugging Face config.json is at
+    `path` (tiled.ops.model_warm), for `target`. Raises ManifestError."""
+    from tiled.client.client import compile_request
+    from tiled.ops import kernel_factory
+    from tiled.ops.model_warm import ModelConfigError, warm_set
+
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestError(f"{path}: not a readable JSON config.json: {e}") from None
+    try:
+        ops = warm_set(config, tensor_parallel_size)
+    except ModelConfigError as e:
+        raise ManifestError(f"{path}: {e}") from None
+    return [Item(i, f"tiled.ops:{op}", params, target, {},
+                 compile_request(kernel_factory(op, target, **params), target, {}))
+            for i, (op, params) in enumerate(ops)]
+
+
+def _items(args, address: str) -> list[Item]:
+    if (args.manifest is None) == (args.model_config is None):
+        raise ManifestError("tiled warm takes a manifest or --model-config CONFIG.json (one)")
+    if args.manifest is not None:
+        return load_manifest(Path(args.manifest))
+    target = args.target
+    if target is None:  # the daemon's own: the kernels' launch configs depend on it
+        from tiled.client import Client
+
+        with Client(address, timeout_s=args.timeout) as client:
+            target = client.capabilities().local_target
+    return model_items(Path(args.model_config), target, args.tensor_parallel_size)
+
+
 def cmd_warm(args) -> int:
     from tiled.client import Client
 
-    items = load_manifest(Path(args.manifest))
     address = daemon_address(args.server)
+    items = _items(args, address)
     if args.dry_run:
         return _dry_run(items, address, args.timeout)
     runs = chunks(items)
@@ -459,7 +493,14 @@ def add_parser(sub) -> None:
     w = sub.add_parser("warm", help="compile a manifest's kernels on the daemon (deploy time)",
                        description=__doc__.split("\n\n", 1)[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    w.add_argument("manifest", help="a .yaml, .yml or .json warm manifest")
+    w.add_argument("manifest", nargs="?", help="a .yaml, .yml or .json warm manifest")
+    w.add_argument("--model-config", metavar="CONFIG.json", help="instead of a manifest: the "
+                   "tiled.ops kernels a serving plugin compiles for this Hugging Face model "
+                   "config (norms, gated activation, rotary)")
+    w.add_argument("--tensor-parallel-size", type=int, default=1, help="with --model-config: "
+                   "the ranks the heads and the MLP are split over (default 1)")
+    w.add_argument("--target", help="with --model-config: the target to compile for "
+                   "(default: the daemon's local target)")
     w.add_argument("--server", help="daemon address (default: TILED_SERVER, else "
                    "unix://TILED_SOCKET)")
     w.add_argument("--timeout", type=float, help="deadline of each Warm call, s (default: "

@@ -86,3 +86,4 @@ def test_conv2d_im2col_tiles_are_async(arch):
     ragged = conv.conv2d_kernel(48, 14, 14, 64, 3, 3, 1, 1, 1, "bfloat16", False, BM=64,
                                 BN=64, BC=32, threads=128)
     assert _gathers(ragged) == {}
+

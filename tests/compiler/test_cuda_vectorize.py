@@ -78,3 +78,20 @@ def test_float8_stays_scalar_where_it_is_converted_by_integer_code():
     k = absmax_quant(M=64, N=256, out_dtype="float8_e4m3").kernel
     src, _, _ = CudaBackend().generate_source(guard_program(as_program(k)), "sm_80")
     assert compile_cubin(src, "sm_80")[:4] == b"\x7fELF"
+
+
+def test_a_nest_that_sets_locals_is_not_vectorized():
+    """A local is one element per thread: vector lanes would share it (each lane reading what
+    another left). The rotary kernel keeps x1 / x2 in locals; its nest runs one element a
+    step, every store reading its own element's values (the H200 saw 0.71 relative error
+    while the lanes shared them)."""
+    import tiled.ops as ops
+
+    k = ops.kernel_factory("rotary_embedding", "cuda:sm_90a", heads=4, kv_heads=2,
+                           head_size=64, rot_dim=64, dtype="bfloat16", cache_dtype="bfloat16",
+                           is_neox=True)
+    src = CudaBackend().generate_source(as_program(k), "sm_90a")[0]
+    body = src[src.index('extern "C" __global__'):]
+    assert "x1_ptr[0] = " in body and "x2_ptr[0] = " in body
+    assert not re.search(r"make_float2\(x[12]_ptr\[0\]", body)  # no broadcast of a local
+    assert "nv_bfloat162" not in body

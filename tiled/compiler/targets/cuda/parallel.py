@@ -99,7 +99,7 @@ def _slots(low, anchor, body: pb.Stmt, inner: int):
     its lanes, where the anchor is a cyclic layout with runs and the body's accesses allow."""
     lanes = run_lanes(body, inner, anchor.vec, low.buffers, low.shared_stride) \
         if isinstance(anchor, CyclicLayout) and anchor.numel % (anchor.threads * anchor.vec) == 0 \
-        else 1
+        and not _sets_locals(low, body) else 1
     with slot_runs(low, anchor.local_size, lanes) as idx:
         yield idx
 
@@ -116,10 +116,18 @@ def slot_runs(low, size: int, lanes: int):
         yield run * lanes + lane
 
 
+def _sets_locals(low, body: pb.Stmt) -> bool:
+    """Whether the body stores to a local (a scalar it names, or an element it keeps to read
+    after a store to its tensor): one element per thread, which vector lanes would share,
+    each lane reading the value another lane left (seen on the H200: the rotary kernel's x1 /
+    x2 broadcast from one lane, relative error 0.71). Such nests run one element a step."""
+    return any(low.buffers[b].scope == pb.LOCAL for b, _ in stores(body))
+
+
 def _flat_lanes(low, body: pb.Stmt, inner: int, static: list) -> int:
     """Vector lanes for a nest dealt flat over the threads: runs of consecutive iterations of
     the innermost loop, where its extent and the nest's size allow whole runs per thread."""
-    if any(x is None for x in static):
+    if any(x is None for x in static) or _sets_locals(low, body):
         return 1
     vec = cyclic_vector(tuple(static), low.threads, CudaAnchors.max_vector)
     return run_lanes(body, inner, vec, low.buffers, low.shared_stride)

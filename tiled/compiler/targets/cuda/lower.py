@@ -156,6 +156,7 @@ class CudaLowering(ExprLowering):
         self.scratch_offset = 0
         self.pipelines: dict[int, tuple[int, list[int]]] = {}  # For var -> (stages, producers)
         self.gathers: dict = {}  # a producer gather nest's outer var -> gather.Gather
+        self.lane_index: dict = {}  # scalar local -> the vector lane indexing it (parallel.py)
         self.vec_plan: dict[tuple, int] = {}
 
     def block_sync(self) -> SyncTracker:
@@ -326,6 +327,8 @@ class CudaLowering(ExprLowering):
             return self.tir[bid], self.shared_index(bid, indices)
         if scope == pb.FRAGMENT:
             return self.tir[bid], [self.frag_slot(bid, indices, ir_indices)]
+        if bid in self.lane_index:  # a scalar local, one element per vector lane (parallel.py)
+            return self.tir[bid], [self.lane_index[bid]]
         return self.tir[bid], indices
 
     def load(self, bid, indices, ir_indices=None):

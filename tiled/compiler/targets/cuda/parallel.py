@@ -80,15 +80,15 @@ def lower_parallel(low, s: pb.Stmt) -> None:
     total = extents[0]
     for e in extents[1:]:
         total = total * e
-    lanes = _flat_lanes(low, body, loop_vars[-1], static)
+    lanes = _flat_lanes(low, body, loop_vars[-1], static, private)
     n_iter = tirx.floordiv(total + low.threads * lanes - 1, low.threads * lanes)
     exact = all(x is not None for x in static) and \
         math.prod(static) % (low.threads * lanes) == 0
-    with _flat(low, n_iter, lanes) as flat:
+    with _flat(low, n_iter, lanes) as (flat, lane):
         for v, c in zip(loop_vars, unravel_dyn(flat, extents), strict=True):
             low.vars[v] = c
         low.nest_vars = loop_vars
-        with low.maybe_if(None if exact else flat < total):
+        with low.maybe_if(None if exact else flat < total), _lane_locals(low, body, lane, lanes):
             low.stmt(body)
         low.nest_vars = outer_vars
 
@@ -117,31 +117,60 @@ def slot_runs(low, size: int, lanes: int):
 
 
 def _sets_locals(low, body: pb.Stmt) -> bool:
-    """Whether the body stores to a local (a scalar it names, or an element it keeps to read
-    after a store to its tensor): one element per thread, which vector lanes would share,
-    each lane reading the value another lane left (seen on the H200: the rotary kernel's x1 /
-    x2 broadcast from one lane, relative error 0.71). Such nests run one element a step."""
+    """Whether the body stores to a local: one element per thread, which vector lanes would
+    share, each lane reading the value another lane left (seen on the H200: the rotary
+    kernel's x1 / x2 broadcast from one lane, relative error 0.71)."""
     return any(low.buffers[b].scope == pb.LOCAL for b, _ in stores(body))
 
 
-def _flat_lanes(low, body: pb.Stmt, inner: int, static: list) -> int:
+def _lane_scalars(low, body: pb.Stmt, private: set) -> bool:
+    """Whether every local the body stores is a one-element scalar it sets before reading
+    (`private`): those can become one element per lane (_lane_locals)."""
+    return all(b in private and math.prod(d.size for d in low.buffers[b].shape) == 1
+               for b, _ in stores(body) if low.buffers[b].scope == pb.LOCAL)
+
+
+def _flat_lanes(low, body: pb.Stmt, inner: int, static: list, private: set) -> int:
     """Vector lanes for a nest dealt flat over the threads: runs of consecutive iterations of
-    the innermost loop, where its extent and the nest's size allow whole runs per thread."""
-    if any(x is None for x in static) or _sets_locals(low, body):
+    the innermost loop, where its extent and the nest's size allow whole runs per thread, and
+    its locals, if any, are scalars each lane can keep (module docstring of _lane_locals)."""
+    if any(x is None for x in static) or not _lane_scalars(low, body, private):
         return 1
     vec = cyclic_vector(tuple(static), low.threads, CudaAnchors.max_vector)
     return run_lanes(body, inner, vec, low.buffers, low.shared_stride)
 
 
 @contextlib.contextmanager
+def _lane_locals(low, body: pb.Stmt, lane, lanes: int):
+    """Within a vectorized nest, each scalar local the body sets gets one element per lane
+    (a [lanes] local indexed by the lane: a vector register), instead of the one element
+    every lane would share."""
+    locals_ = sorted({b for b, _ in stores(body) if low.buffers[b].scope == pb.LOCAL})
+    if lanes < 2 or not locals_:
+        yield
+        return
+    saved = {b: low.tir[b] for b in locals_}
+    for b in locals_:
+        low.tir[b] = T.alloc_buffer((lanes,), saved[b].dtype, scope="local")
+        low.lane_index[b] = lane
+    try:
+        yield
+    finally:
+        for b in locals_:
+            low.tir[b] = saved[b]
+            low.lane_index.pop(b, None)
+
+
+@contextlib.contextmanager
 def _flat(low, n_iter, lanes: int):
-    """The flat element index of each of the calling thread's iterations."""
+    """(The flat element index of each of the calling thread's iterations, the vector lane
+    or None)."""
     with low.loop(n_iter) as it:
         if lanes < 2:
-            yield it * low.threads + low.tx
+            yield it * low.threads + low.tx, None
             return
         with T.vectorized(0, lanes) as lane:
-            yield (it * low.threads + low.tx) * lanes + lane
+            yield (it * low.threads + low.tx) * lanes + lane, lane
 
 
 def lower_fill(low, f: pb.Fill, s: pb.Stmt) -> None:

@@ -46,12 +46,39 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
+BAD_ERROR = 0.1  # a relative error above this is a wrong kernel, not rounding
+
+
+def bad_numerics(value, path: str = "") -> list[str]:
+    """The places in a results tree whose relative-error entries (keys naming `err`, not
+    absolute ones) exceed BAD_ERROR or are NaN: a speed number of a wrong kernel means
+    nothing (the rotary kernel's 0.71 went unnoticed in a JSON once)."""
+    out = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            here = f"{path}.{k}" if path else str(k)
+            if "err" in str(k) and "abs" not in str(k) and isinstance(v, float) and \
+                    not v <= BAD_ERROR:
+                out.append(f"{here} = {v}")
+            else:
+                out += bad_numerics(v, here)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += bad_numerics(v, f"{path}[{i}]")
+    return out
+
+
 def write_results(out: Path, script: str, bundle: Path, build: dict, **fields) -> None:
     """A GPU run's JSON: the command that made it (with the *_PARTS variables that chose its
-    parts), the build's index, the device, versions, the date, then `fields` (the rows)."""
+    parts), the build's index, the device, versions, the date, then `fields` (the rows), and
+    `bad_numerics` (bad_numerics's list, printed too: empty for a run to trust)."""
     import torch
     import triton
 
+    bad = bad_numerics(fields)
+    for line in bad:
+        print(f"BAD NUMERICS {line}", flush=True)
+    fields["bad_numerics"] = bad
     env = "".join(f"{k}={v} " for k, v in sorted(os.environ.items()) if k.endswith("_PARTS"))
     out.write_text(json.dumps({
         "command": f"{env}python3 benchmarks/gpu/{script} run --bundle {bundle} --out {out}",

@@ -341,13 +341,10 @@ def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: in
             ext[-1] != cols or \
             any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
         return False
-    if ext[-2] == rows and all(e == 1 for e in ext[:-2]):
-        r = rank - 2
-    else:
-        wide = [d for d, e in enumerate(ext[:-1]) if e != 1]
-        if len(wide) != 1 or ext[wide[0]] != rows:
-            return False
-        r = wide[0]
+    wide = [d for d, e in enumerate(ext[:-1]) if e != 1]  # the row dim (none: one row)
+    r = wide[0] if wide else rank - 2
+    if len(wide) > 1 or ext[r] != rows:
+        return False
     between = list(dst.shape)[r + 1:]
     if r < rank - 2 and any(d.WhichOneof("kind") != "size" for d in between):
         return False

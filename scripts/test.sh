@@ -15,9 +15,12 @@ command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y 
 # torch, so the runtime's torch-tensor paths run too (a CPU build where the machine's wheel
 # store has one, as this project's machines do).
 .venv/bin/python -m pip install -q torch==2.13.0
-# The vLLM plugin's tests (tests/integrations) run the real vllm in a venv of its own.
-t0=$SECONDS
-scripts/vllm_venv.sh
-echo "vLLM venv ready in $((SECONDS - t0)) s"
-export TILED_REQUIRE_VLLM=1
+# The serving plugins' tests (tests/integrations) run the real vllm and sglang, each in a venv
+# of its own.
+for fw in vllm sglang; do
+  t0=$SECONDS
+  scripts/plugin_venv.sh $fw
+  echo "$fw venv ready in $((SECONDS - t0)) s"
+done
+export TILED_REQUIRE_VLLM=1 TILED_REQUIRE_SGLANG=1
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

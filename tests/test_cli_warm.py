@@ -215,6 +215,9 @@ def test_model_config_warms_the_ops_kernels_of_that_model(daemon, tmp_path):
     again = tiled_cli("warm", "--model-config", str(cfg), "--target", "cpu",
                       "--tensor-parallel-size", "1", env=daemon["env"])
     assert "4 requests: 4 cache hits, 0 compiled, 0 failed" in again.stdout, again.stdout
+    sglang = tiled_cli("warm", "--model-config", str(cfg), "--framework", "sglang",
+                       env=daemon["env"])  # on CPU SGLang's plugin asks for the same kernels
+    assert "4 requests: 4 cache hits, 0 compiled, 0 failed" in sglang.stdout, sglang.stdout
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"hidden_size": 64}))
     out = tiled_cli("warm", "--model-config", str(bad), "--target", "cpu", env=daemon["env"])

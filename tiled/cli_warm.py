@@ -390,7 +390,8 @@ def _warm(client, items: list[Item], progress: _Progress) -> list[tuple[Item, st
     return failures
 
 
-def model_items(path: Path, target: str, tensor_parallel_size: int = 1) -> list[Item]:
+def model_items(path: Path, target: str, tensor_parallel_size: int = 1,
+                framework: str = "vllm") -> list[Item]:
     """The requests of tiled.ops' kernels for the model whose Hugging Face config.json is at
     `path` (tiled.ops.model_warm), for `target`. Raises ManifestError."""
     from tiled.client.client import compile_request
@@ -402,7 +403,7 @@ def model_items(path: Path, target: str, tensor_parallel_size: int = 1) -> list[
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ManifestError(f"{path}: not a readable JSON config.json: {e}") from None
     try:
-        ops = warm_set(config, tensor_parallel_size)
+        ops = warm_set(config, tensor_parallel_size, framework, target)
     except ModelConfigError as e:
         raise ManifestError(f"{path}: {e}") from None
     return [Item(i, f"tiled.ops:{op}", params, target, {},
@@ -421,7 +422,8 @@ def _items(args, address: str) -> list[Item]:
 
         with Client(address, timeout_s=args.timeout) as client:
             target = client.capabilities().local_target
-    return model_items(Path(args.model_config), target, args.tensor_parallel_size)
+    return model_items(Path(args.model_config), target, args.tensor_parallel_size,
+                       args.framework)
 
 
 def cmd_warm(args) -> int:
@@ -499,6 +501,9 @@ def add_parser(sub) -> None:
                    "config (norms, gated activation, rotary)")
     w.add_argument("--tensor-parallel-size", type=int, default=1, help="with --model-config: "
                    "the ranks the heads and the MLP are split over (default 1)")
+    w.add_argument("--framework", choices=("vllm", "sglang"), default="vllm",
+                   help="with --model-config: the serving plugin whose kernels to compile "
+                   "(default vllm; they differ in the rotary cache's dtype on GPUs)")
     w.add_argument("--target", help="with --model-config: the target to compile for "
                    "(default: the daemon's local target)")
     w.add_argument("--server", help="daemon address (default: TILED_SERVER, else "

@@ -1,5 +1,5 @@
 """integrations/vllm (the tiled_vllm plugin) against the real vllm 0.33.0 on CPU: the checks
-run in the vLLM venv (vllm_checks.py; scripts/vllm_venv.sh builds it from
+run in the vLLM venv (vllm_checks.py; scripts/plugin_venv.sh vllm builds it from
 integrations/vllm/constraints.txt), their kernels compiled by a real `tiled serve` started
 here, since the plugin's venv has only the thin tiled (vLLM pins an apache-tvm-ffi the
 compiler cannot use).
@@ -7,44 +7,27 @@ compiler cannot use).
 The venv is TILED_VLLM_PYTHON, default .venvs/vllm/bin/python. Without it the tests skip,
 saying so, unless TILED_REQUIRE_VLLM=1 (scripts/test.sh sets it): then they fail."""
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.daemon_util import start_daemon, stop_daemon
+from tests.integrations.plugin_util import framework_python
+from tests.integrations.plugin_util import run_checks as _run
 
-ROOT = Path(__file__).resolve().parents[2]
 CHECKS = Path(__file__).with_name("vllm_checks.py")
-PYTHON = Path(os.environ.get("TILED_VLLM_PYTHON", ROOT / ".venvs" / "vllm" / "bin" / "python"))
 ALL = ["gelu_and_mul", "rms_norm", "rotary_embedding", "silu_and_mul"]
 LAYERS = ["RMSNorm", "SiluAndMul", "GeluAndMul", "GeluAndMul_tanh", "RotaryEmbedding",
           "RotaryEmbedding_gptj", "Llama3RotaryEmbedding"]
 
 
-def _venv():
-    if not PYTHON.exists():
-        if os.environ.get("TILED_REQUIRE_VLLM") == "1":
-            pytest.fail(f"the vLLM venv is missing ({PYTHON}): scripts/vllm_venv.sh builds it")
-        pytest.skip(f"no vLLM venv at {PYTHON} (scripts/vllm_venv.sh builds it)")
-    return PYTHON
-
-
 def run_checks(mode: str, env: dict) -> dict:
-    r = subprocess.run([str(_venv()), str(CHECKS), mode], env={**os.environ, **env},
-                       capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, f"vllm_checks {mode} failed:\n{r.stdout}\n{r.stderr}"
-    out = json.loads(lines[-1][len("RESULT "):])
-    out["log"] = r.stderr
-    return out
+    return _run(framework_python("vllm"), CHECKS, mode, env)
 
 
 @pytest.fixture(scope="module")
 def main(tmp_path_factory):
-    _venv()
+    framework_python("vllm")
     d = start_daemon(tmp_path_factory.mktemp("vllm-daemon"), "--workers", "1", "--timeout",
                      "300")
     try:

@@ -65,3 +65,16 @@ def test_configs_it_cannot_read_name_the_key(change, message):
         warm_set(cfg)
     with pytest.raises(ModelConfigError, match="does not split over 3"):
         warm_set(LLAMA3_8B, tensor_parallel_size=3)
+
+
+def test_sglang_on_a_gpu_passes_a_float32_rotary_cache():
+    vllm = dict(warm_set(LLAMA3_8B, target="cuda:sm_90a"))
+    sglang_gpu = dict(warm_set(LLAMA3_8B, framework="sglang", target="cuda:sm_90a"))
+    sglang_cpu = dict(warm_set(LLAMA3_8B, framework="sglang", target="cpu"))
+    assert vllm["rotary_embedding"]["cache_dtype"] == "bfloat16"  # vLLM casts it
+    assert sglang_gpu["rotary_embedding"]["cache_dtype"] == "float32"  # SGLang keeps fp32
+    assert sglang_cpu == dict(warm_set(LLAMA3_8B))  # and casts on CPU
+    assert {k: v for k, v in sglang_gpu.items() if k != "rotary_embedding"} == \
+        {k: v for k, v in vllm.items() if k != "rotary_embedding"}
+    with pytest.raises(ModelConfigError, match="framework 'tgi'"):
+        warm_set(LLAMA3_8B, framework="tgi")

@@ -1,16 +1,17 @@
 """The kernels tiled.ops compiles for one model's layers, from its Hugging Face config.json
-(`tiled warm --model-config`): what a serving plugin (integrations/vllm) asks for at its
-first forward, so that a deployment can compile it on the daemon beforehand and the server's
-start finds every kernel in the cache.
+(`tiled warm --model-config`): what a serving plugin (integrations/vllm, integrations/sglang)
+asks for at its first forward, so that a deployment can compile it on the daemon beforehand
+and the server's start finds every kernel in the cache.
 
-    warm_set(config, tensor_parallel_size=1) -> [(op, params)]
+    warm_set(config, tensor_parallel_size=1, framework="vllm", target="cpu") -> [(op, params)]
 
 Each (op, params) is what the op passes to its kernel factory (tiled.ops.kernel_factory), the
 program digest equal to the one the op compiles at run time: rms_norm and fused_add_rms_norm
 over hidden_size (eps rms_norm_eps), the gated activation over intermediate_size / tp
 (hidden_act silu, gelu or gelu_pytorch_tanh), the rotary embedding over the heads of one
 tensor-parallel rank (num_attention_heads / tp, num_key_value_heads / tp; head_dim, and
-partial_rotary_factor of it rotated; Llama's neox layout), all in the config's dtype.
+partial_rotary_factor of it rotated; Llama's neox layout), all in the config's dtype but
+the rotary cache under SGLang on a GPU (float32, as SGLang keeps it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,17 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gel
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16",
           "float32": "float32", "float": "float32"}
+
+
+FRAMEWORKS = ("vllm", "sglang")
+
+
+def _cache_dtype(framework: str, target: str, dtype: str) -> str:
+    """The dtype of the rotary cos / sin cache the plugin passes: vLLM casts it to the
+    model's; SGLang keeps it in float32 on GPUs (CUDA, ROCm) and casts it on CPU."""
+    if framework == "sglang" and not target.startswith("cpu"):
+        return "float32"
+    return dtype
 
 
 class ModelConfigError(ValueError):
@@ -39,8 +51,12 @@ def _int(cfg: dict, key: str, default=None) -> int:
     return v
 
 
-def warm_set(config: dict, tensor_parallel_size: int = 1) -> list[tuple[str, dict]]:
-    """(op, params) per kernel (module docstring). Raises ModelConfigError."""
+def warm_set(config: dict, tensor_parallel_size: int = 1, framework: str = "vllm",
+             target: str = "cpu") -> list[tuple[str, dict]]:
+    """(op, params) per kernel (module docstring) for the plugin of `framework` on `target`.
+    Raises ModelConfigError."""
+    if framework not in FRAMEWORKS:
+        raise ModelConfigError(f"framework {framework!r} is not one of {sorted(FRAMEWORKS)}")
     if not isinstance(config, dict):
         raise ModelConfigError("config.json: expected a JSON object")
     cfg = _text_config(config)
@@ -79,5 +95,6 @@ def warm_set(config: dict, tensor_parallel_size: int = 1) -> list[tuple[str, dic
         ("gated_activation", {"N": inter // tp, "dtype": dtype, "act": ACTIVATIONS[act]}),
         ("rotary_embedding", {"heads": heads // tp, "kv_heads": max(1, kv_heads // tp),
                               "head_size": head_dim, "rot_dim": rot_dim, "dtype": dtype,
-                              "cache_dtype": dtype, "is_neox": True}),
+                              "cache_dtype": _cache_dtype(framework, target, dtype),
+                              "is_neox": True}),
     ]

@@ -19,24 +19,15 @@ import os
 
 log = logging.getLogger("tiled_vllm")
 
-OPS = ("rms_norm", "silu_and_mul", "gelu_and_mul", "rotary_embedding")
 _registered: dict[str, object] = {}  # op -> what register() installed for it
 _state = {"done": False, "error": None}
 
 
 def selected_ops(value: str | None = None) -> tuple[str, ...]:
     """The ops TILED_OPS (or `value`) asks for; unknown names are logged and ignored."""
-    value = os.environ.get("TILED_OPS", "all") if value is None else value
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    if not names or names == ["all"]:
-        return OPS
-    if names == ["none"]:
-        return ()
-    unknown = [n for n in names if n not in OPS]
-    if unknown:
-        log.warning("tiled_vllm: TILED_OPS names unknown ops %s (known: %s); ignoring them",
-                    unknown, ", ".join(OPS))
-    return tuple(n for n in OPS if n in names)
+    from tiled.ops.serving_plugin import selected_ops as select
+
+    return select(value, log)
 
 
 def register() -> None:

@@ -153,6 +153,8 @@ class ExprLowering:
             return self.binary(e.binary, dt)
         if kind == "call":
             args = [self.expr(a) for a in e.call.args]
+            if e.call.op == pb.REINTERPRET:
+                return tirx.reinterpret(dt, args[0])
             if dt in FP8_DTYPES:  # fp8 has no arithmetic of its own: compute in float32
                 f32 = [self.cast(a, "float32", tvm_dtype(x.dtype))
                        for a, x in zip(args, e.call.args, strict=True)]

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from tiled.v1 import tile_ir_pb2 as pb
 
-# Intrinsics: arity, and which dtypes each accepts. All of them return their argument dtype.
+# Intrinsics: arity, and which dtypes each accepts. All but REINTERPRET return their argument
+# dtype; REINTERPRET returns its argument's bits as another dtype of the same width.
 INTRINSIC_ARITY: dict[int, int] = {
     pb.NEG: 1, pb.NOT: 1, pb.EXP: 1, pb.EXP2: 1, pb.LOG: 1, pb.LOG2: 1, pb.SQRT: 1, pb.RSQRT: 1,
     pb.TANH: 1, pb.ABS: 1, pb.SIGMOID: 1, pb.FLOOR: 1, pb.CEIL: 1, pb.POW: 2, pb.ERF: 1,
-    pb.SIN: 1, pb.COS: 1,
+    pb.SIN: 1, pb.COS: 1, pb.REINTERPRET: 1,
 }
-FLOAT_INTRINSICS = frozenset(INTRINSIC_ARITY) - {pb.NEG, pb.NOT, pb.ABS}
+FLOAT_INTRINSICS = frozenset(INTRINSIC_ARITY) - {pb.NEG, pb.NOT, pb.ABS, pb.REINTERPRET}
 NUMERIC_INTRINSICS = frozenset({pb.NEG, pb.ABS})  # ints or floats, not bool
 BOOL_INTRINSICS = frozenset({pb.NOT})  # logical not
 
@@ -69,7 +70,7 @@ INTRINSIC_NAME: dict[int, str] = {
     pb.NEG: "neg", pb.NOT: "not_", pb.EXP: "exp", pb.EXP2: "exp2", pb.LOG: "log",
     pb.LOG2: "log2", pb.SQRT: "sqrt", pb.RSQRT: "rsqrt", pb.TANH: "tanh", pb.ABS: "abs",
     pb.SIGMOID: "sigmoid", pb.FLOOR: "floor", pb.CEIL: "ceil", pb.POW: "pow", pb.ERF: "erf",
-    pb.SIN: "sin", pb.COS: "cos",
+    pb.SIN: "sin", pb.COS: "cos", pb.REINTERPRET: "reinterpret",
 }
 LOOP_KIND_NAME: dict[int, str] = {
     pb.SERIAL: "range", pb.PARALLEL: "Parallel", pb.PIPELINED: "Pipelined", pb.UNROLL: "unroll",

@@ -283,6 +283,8 @@ class _Printer:
             return self.binary(e.binary, d)
         if kind == "call":
             name = ops.INTRINSIC_NAME.get(e.call.op, "?")
+            if e.call.op == pb.REINTERPRET:  # TileLang's T.reinterpret(dtype, value)
+                return f'{name}("{_dtype(e.dtype)}", {self.exprs(e.call.args, d)})', _ATOM
             return f"{name}({self.exprs(e.call.args, d)})", _ATOM
         if kind == "cast":
             return f"{_dtype(e.dtype)}({self.expr(e.cast.value, d)[0]})", _ATOM

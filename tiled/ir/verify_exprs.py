@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tiled.ir import ops
+from tiled.ir import dtypes, ops
 from tiled.ir.intervals import _binary_exact, _binary_iv, _const, _fit, _full, _Iv
 from tiled.ir.verify_arith import _float_const
 from tiled.ir.verify_base import _MAX_DIM, Rules, _dt
@@ -175,6 +175,8 @@ class ExprRules(Rules):
         if len(c.args) != ops.INTRINSIC_ARITY[op]:
             self.fail(f"{name} takes {ops.INTRINSIC_ARITY[op]} argument(s), got {len(c.args)}",
                       (path, ".args"))
+        if op == pb.REINTERPRET:
+            return self.reinterpret(c, dt, path, depth, launch)
         ivs = []
         for i, a in enumerate(c.args):
             ivs.append(self.expr(a, (path, f".args[{i}]"), depth + 1, launch))
@@ -200,6 +202,19 @@ class ExprRules(Rules):
         if op == pb.ABS and a.lo >= 0:
             return a
         return _full(dt)
+
+    def reinterpret(self, c: pb.Call, dt: int, path: tuple, depth: int, launch: bool):
+        """The argument's bits as `dt`: another dtype of the same width, neither bool."""
+        a = c.args[0]
+        self.expr(a, (path, ".args[0]"), depth + 1, launch)
+        width = [dtypes.BITS.get(_dt(d)) for d in (a.dtype, dt)]
+        if pb.BOOL in (a.dtype, dt) or a.dtype == dt or None in width or width[0] != width[1]:
+            self.fail(f"reinterpret of {_dt(a.dtype)} as {_dt(dt)}: it takes a non-bool "
+                      "value to another non-bool dtype of the same width", path)
+        if {a.dtype, dt} & {pb.FLOAT8_E4M3, pb.FLOAT8_E5M2}:
+            self.fail(f"reinterpret of {_dt(a.dtype)} as {_dt(dt)}: float8 values are not "
+                      "reinterpreted yet (tiled computes float8 through float32)", path)
+        return _full(dt) if dt in ops.INT_DTYPES else None
 
     def select(self, e: pb.Expr, s: pb.Select, path: tuple, depth: int, launch: bool):
         for part in ("cond", "true_value", "false_value"):

@@ -70,6 +70,7 @@ from tiled.lang.math import (
     max_value,
     min,
     min_value,
+    reinterpret,
     rsqrt,
     sigmoid,
     sin,
@@ -107,7 +108,7 @@ __all__ = [
     # layout hints, vectorized loops, absmax / cumsum / atomic max-min, dtype extremes
     "Fragment", "GemmWarpPolicy", "Layout", "Vectorized", "annotate_layout", "atomic_max",
     "atomic_min", "clamp", "cumsum", "make_swizzled_layout", "max_value", "min_value",
-    "reduce_absmax", "use_swizzle", "vectorized",
+    "reduce_absmax", "reinterpret", "use_swizzle", "vectorized",
     # TileLang's surface: macros, tile annotations, variables, more dtypes
     "Buffer", "FragmentBuffer", "LocalBuffer", "Macro", "SharedBuffer", "alloc_var", "dtype",
     "dynamic", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "int16", "macro", "prim_func",

@@ -76,6 +76,30 @@ def if_then_else(cond, a, b):
     return select(cond, a, b)
 
 
+def reinterpret(dtype, value):
+    """`value`'s bits read as `dtype`, a dtype of the same width (TileLang's and TVM's
+    T.reinterpret(dtype, value)): the int32 <-> float32 and int16 <-> float16 / bfloat16 bit
+    tricks of dequantization kernels (float8 not yet).
+
+    >>> f = T.reinterpret("float32", (word & 15) | 0x4B000000) - 8388608.0  # 2^23 + q - 2^23
+    """
+    if isinstance(value, (str, Scalar)) and not isinstance(dtype, (str, Scalar)):
+        raise definition_error("T.reinterpret takes (dtype, value), as TileLang's: "
+                               f"T.reinterpret({value!r}, ...)")
+    dt = _dtype_arg(dtype, "reinterpret")
+    e = as_expr(value)
+    if "bool" in (dt, e.dtype) or dtypes.bits(dt) != dtypes.bits(e.dtype) or dt == e.dtype:
+        raise definition_error(f"T.reinterpret: {e.dtype} cannot be read as {dt}; it takes a "
+                               "value to another dtype of the same width (not bool)")
+    if "float8" in dt + e.dtype:
+        raise definition_error(f"T.reinterpret of {e.dtype} as {dt}: float8 values are not "
+                               "reinterpreted yet; store the bytes as uint8 and T.cast")
+    node = pb.Expr(dtype=dtypes.to_enum(dt))
+    node.call.op = pb.REINTERPRET
+    node.call.args.add().CopyFrom(e.node)
+    return Expr(node, dt)
+
+
 def _dtype_arg(dtype, what: str) -> str:
     if isinstance(dtype, Scalar):  # T.float16 and friends
         dtype = dtype.dtype
@@ -151,4 +175,4 @@ def any_of(*conds):
 
 __all__ = ["abs", "all_of", "any_of", "cast", "ceil", "ceildiv", "clamp", "cos", "erf", "exp",
            "exp2", "floor", "if_then_else", "infinity", "log", "log2", "max", "max_value", "min",
-           "min_value", "rsqrt", "sigmoid", "sin", "sqrt", "tanh"]
+           "min_value", "reinterpret", "rsqrt", "sigmoid", "sin", "sqrt", "tanh"]

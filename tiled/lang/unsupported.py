@@ -32,8 +32,9 @@ _SYNC = ("tiled places the synchronization and picks the instructions itself; wr
 _WS = ("TileLang's warp-specialization schedule API has no Tile IR form; schedule by hand with "
        "`with T.ws(group, regs=...)` and T.alloc_barrier / T.mbarrier_*, or let tiled "
        "warp-specialize a T.Pipelined loop on cuda:sm_90a")
-_POINTERS = ("the Tile IR addresses buffers by index only (no pointers, views or "
-             "reinterpretation); pass the data as another T.Tensor parameter")
+_POINTERS = ("the Tile IR addresses buffers by index only (no pointers, views or buffer "
+             "reinterpretation; T.reinterpret reads one value's bits as another dtype); pass "
+             "the data as another T.Tensor parameter")
 _SM100 = "tiled targets cuda:sm_80 and cuda:sm_90a; Blackwell tensor memory and tcgen05 are not"
 _CLUSTER = "thread-block clusters have no Tile IR form; launch independent blocks"
 _DTYPE = ("the Tile IR has no such dtype (it has bool, int8..int64, uint8..uint64, float16, "
@@ -65,7 +66,7 @@ UNSUPPORTED: dict[str, str] = {
         "disable_warp_group_reg_alloc", "annotate_producer_reg_dealloc",
         "annotate_consumer_reg_alloc"), _WS),
     **dict.fromkeys((
-        "access_ptr", "ptr", "make_tensor", "make_tensor_from_addr", "reinterpret", "view",
+        "access_ptr", "ptr", "make_tensor", "make_tensor_from_addr", "view",
         "reshape", "StridedTensor", "address_of"), _POINTERS),
     **dict.fromkeys((
         "alloc_tmem", "tcgen05_gemm", "tcgen05_gemm_blockscaled", "tcgen05_mma_arrive",

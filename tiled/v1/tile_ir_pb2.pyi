@@ -80,6 +80,7 @@ class Intrinsic(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERF: _ClassVar[Intrinsic]
     SIN: _ClassVar[Intrinsic]
     COS: _ClassVar[Intrinsic]
+    REINTERPRET: _ClassVar[Intrinsic]
 
 class LoopKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -178,6 +179,7 @@ POW: Intrinsic
 ERF: Intrinsic
 SIN: Intrinsic
 COS: Intrinsic
+REINTERPRET: Intrinsic
 LOOP_KIND_UNSPECIFIED: LoopKind
 SERIAL: LoopKind
 PARALLEL: LoopKind

@@ -1,10 +1,12 @@
 """A Llama-3-8B decoder block end to end on the H200 from tiled.ops (issue 15's GPU check of
-what the vLLM plugin's layers call), beside the same block in plain torch, in the same
-process: RMSNorm, the fused QKV linear, the rotary embedding (neox), causal prefill attention
-(GQA 32 / 8 heads, d 128), the output linear, the fused residual add + RMSNorm, the fused
-gate / up linear, SiluAndMul, the down linear and the residual (bf16, hidden 4096, MLP 14336,
-one sequence of T tokens). Each block is captured in a CUDA graph at every token count and
-replayed; numerics of both against the block in float32 torch.
+what the vLLM and SGLang plugins' layers call), beside the same block in plain torch, in the
+same process: RMSNorm, the fused QKV linear, the rotary embedding (neox), causal prefill
+attention (GQA 32 / 8 heads, d 128), the output linear, the fused residual add + RMSNorm, the
+fused gate / up linear, SiluAndMul, the down linear and the residual (bf16, hidden 4096, MLP
+14336, one sequence of T = 16, 256, 2048 tokens). Each block is captured in a CUDA graph at
+every token count and replayed; numerics of both against the block in float32 torch, and each
+tiled op's (also the rotary with the float32 cos / sin cache the SGLang plugin passes) against
+torch.
 
 Here (the CPU machine, with TVM): the norm / activation / rotary kernels, linear's configs
 for the four weight shapes at these token counts, attention's configs, and split-K sums
@@ -27,7 +29,7 @@ TARGET = "cuda:sm_90a"
 DTYPE = "bfloat16"
 HIDDEN, INTER, HEADS, KV, D = 4096, 14336, 32, 8, 128
 EPS, THETA, MAX_POS = 1e-5, 500000.0, 8192
-TOKENS = (256, 2048)
+TOKENS = (16, 256, 2048)
 LINEARS = {"qkv": ((HEADS + 2 * KV) * D, HIDDEN), "o": (HIDDEN, HEADS * D),
            "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}  # (N, K)
 ROUNDS = 3
@@ -41,7 +43,11 @@ def _op_specs():
             ("silu_and_mul", "gated_activation", {"N": INTER, "dtype": DTYPE, "act": "silu"}),
             ("rotary", "rotary_embedding", {"heads": HEADS, "kv_heads": KV, "head_size": D,
                                             "rot_dim": D, "dtype": DTYPE, "cache_dtype": DTYPE,
-                                            "is_neox": True})]
+                                            "is_neox": True}),
+            # SGLang's plugin passes the float32 cos / sin cache SGLang keeps on GPUs
+            ("rotary_f32cache", "rotary_embedding", {
+                "heads": HEADS, "kv_heads": KV, "head_size": D, "rot_dim": D, "dtype": DTYPE,
+                "cache_dtype": "float32", "is_neox": True})]
 
 
 def build(out: Path) -> None:
@@ -94,7 +100,8 @@ def _weights(torch):
     W["norm2"] = (1 + 0.1 * torch.randn(HIDDEN, device=dev, generator=g)).bfloat16()
     inv = 1.0 / THETA ** (torch.arange(0, D, 2, device=dev).float() / D)
     f = torch.outer(torch.arange(MAX_POS, device=dev).float(), inv)
-    W["cos_sin"] = torch.cat([f.cos(), f.sin()], -1).bfloat16()  # [max_pos, D]: cos | sin
+    W["cos_sin_f32"] = torch.cat([f.cos(), f.sin()], -1)  # [max_pos, D]: cos | sin
+    W["cos_sin"] = W["cos_sin_f32"].bfloat16()
     return W
 
 
@@ -166,6 +173,11 @@ def stage_errors(torch, x, pos, W) -> dict:
     out["linear_qkv"] = rel(qkv, h.float() @ W["qkv"].float().T)
     q, k, v = (t.contiguous() for t in qkv.split([HEADS * D, KV * D, KV * D], -1))
     rq, rk = _rope_torch(pos, q, W["cos_sin"], HEADS), _rope_torch(pos, k, W["cos_sin"], KV)
+    q32, k32 = q.clone(), k.clone()  # SGLang's float32 cache
+    ops.rotary_embedding(pos, q32, k32, D, W["cos_sin_f32"], True)
+    rq32 = _rope_torch(pos, q, W["cos_sin_f32"], HEADS)
+    rk32 = _rope_torch(pos, k, W["cos_sin_f32"], KV)
+    out["rotary_q_f32cache"], out["rotary_k_f32cache"] = rel(q32, rq32), rel(k32, rk32)
     ops.rotary_embedding(pos, q, k, D, W["cos_sin"], True)
     out["rotary_q"], out["rotary_k"] = rel(q, rq), rel(k, rk)
     a = ops.attention(q.view(1, T, HEADS, D), k.view(1, T, KV, D), v.view(1, T, KV, D),

@@ -40,10 +40,15 @@ def test_w4a16_matches_the_dequantized_product(M, zeros):
     assert _rel(y, x.float() @ w) < 1e-2
 
 
-@pytest.mark.parametrize("kind,zeros", [("lanes", False), ("tile", False), ("tile", True)])
-def test_each_w4a16_kernel_form(kind, zeros):
+@pytest.mark.parametrize("kind,zeros,splits,kg,xs", [
+    ("lanes", False, 1, 1, 0), ("tile", False, 1, 1, 0), ("tile", True, 1, 1, 0),
+    ("tile", True, 2, 1, 0), ("lanes", True, 2, 1, 0), ("lanes", False, 2, 2, 0),
+    ("lanes", False, 2, 2, 1), ("lanes", True, 1, 1, 1)])
+def test_each_w4a16_kernel_form(kind, zeros, splits, kg, xs):
     """The lanes and the tile (dequantized into a shared tile, then T.gemm) forms directly,
-    on 40 tokens (a ragged second token tile) and 80 columns (a ragged column tile)."""
+    on 40 tokens (a ragged second token tile) and 80 columns (a ragged column tile); split
+    over K into float32 partials that splitk_sum adds (quant._run, as the op runs them), and
+    over K inside a block (lanes' KG lane groups), with the tokens staged in shared (XS)."""
     import tiled
 
     g = torch.Generator().manual_seed(11)
@@ -53,12 +58,14 @@ def test_each_w4a16_kernel_form(kind, zeros):
     z = (torch.rand(K // group, N, generator=g) * 15).round().to(torch.bfloat16) if zeros \
         else torch.zeros(1, dtype=torch.bfloat16)
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
-    cfg = ({"BM": 16, "BN": 64, "threads": 32, "splits": 1, "WPI": 2} if kind == "lanes" else
-           {"BM": 32, "BN": 32, "threads": 32, "stages": 2})
+    cfg = ({"BM": 16, "BN": 64, "threads": 32, "splits": splits, "WPI": 2, "KG": kg, "XS": xs}
+           if kind == "lanes"
+           else {"BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits})
     kernel = quant.quant_linear_kernel(64, N, K, "bfloat16", "bfloat16", 4, group, zeros,
                                        kind=kind, **cfg)
     y = torch.zeros(M, N, dtype=torch.bfloat16)
-    tiled.compile(kernel, target="cpu")(x, gptq_pack(q), s, z, y)
+    quant._run(tiled.compile(kernel, target="cpu"), {"kind": kind, **cfg},
+               [x, gptq_pack(q), s, z, y])
     zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
     w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
     assert _rel(y, x.float() @ w) < 1e-2

@@ -17,7 +17,8 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   for decode the weights' bytes are the cost); `splits` > 1 splits K over a grid axis into
   float32 partials that tiled.ops' splitk_sum adds up, as tiled.ops.linear does;
 - `tile` (4-bit, from 8 tokens): the weights of each 64-deep K step unpacked into a 16-bit
-  shared tile that T.gemm multiplies with the tokens' tile.
+  shared tile that T.gemm multiplies with the tokens' tile; `splits` as the lanes form.
+Both unpack a nibble without an int-to-float conversion (`_nibble`).
 """
 
 import tiled
@@ -26,19 +27,56 @@ from tiled.ops.gemm import run_split_k, token_bucket
 from tiled.ops.tuned import TunedOp
 
 # lanes (CUDA cores): BM tokens per block, BN columns per block, threads, splits, WPI: 32-bit
-# words per column and step (8 * WPI K values for w4, 4 * WPI for w8). tile (w4 only): BM x
-# BN output tiles over 64-deep K steps, the weights dequantized into a 16-bit shared tile
-# that T.gemm multiplies (tensor cores) — CPU-tested, not yet measured on the H200.
+# words per column and step (8 * WPI K values for w4, 4 * WPI for w8), KG: lane groups that
+# each take 1 / KG of a split's K (threads = KG * BN / 4), XS: the split's tokens staged in
+# shared memory as float32 (4-bit: scaled for _nibble_at, with their 8-sums). tile (w4 only): BM x
+# BN output tiles over 64-deep K steps (split `splits` ways), the weights dequantized into a
+# 16-bit shared tile that T.gemm multiplies (tensor cores).
 CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s, "WPI": 2}
                 for bm in (1, 2, 4, 8, 16) for bn, t in ((512, 128), (1024, 256))
                 for s in (1, 2, 4, 8)),
-              *({"kind": "tile", "BM": bm, "BN": bn, "threads": t, "stages": 2}
-                for bm in (16, 64, 128) for bn, t in ((128, 128), (256, 256)))]
+              # decode: more blocks (16, 32 splits), more bytes in flight per lane (4 words),
+              # more warps per block (KG lane groups over a split's K, summed in shared)
+              *({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s, "WPI": wpi}
+                for bm in (1, 2) for bn, t in ((512, 128), (1024, 256))
+                for s, wpi in ((16, 2), (32, 2), (4, 4), (8, 4), (16, 4))),
+              *({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s, "WPI": 2,
+                 "KG": kg, "XS": xs}
+                for bm in (1, 2) for bn, t, kg in ((512, 256, 2), (512, 512, 4), (1024, 512, 2),
+                                                    (512, 1024, 8), (256, 512, 8))
+                for s in (4, 8, 16) for xs in (0, 1)),
+              *({"kind": "tile", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
+                for bm in (16, 64, 128) for bn, t in ((128, 128), (256, 256))
+                for s in (1, 4, 8))]
 CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
                for bm in (1, 2, 4, 8, 16)),
              {"kind": "lanes", "BM": 4, "BN": 64, "threads": 32, "splits": 2, "WPI": 2},
-             {"kind": "tile", "BM": 16, "BN": 32, "threads": 32, "stages": 2}]
+             {"kind": "lanes", "BM": 1, "BN": 64, "threads": 32, "splits": 2, "WPI": 1, "KG": 2},
+             {"kind": "lanes", "BM": 2, "BN": 64, "threads": 32, "splits": 2, "WPI": 2, "KG": 2,
+              "XS": 1},
+             {"kind": "tile", "BM": 16, "BN": 32, "threads": 32, "stages": 2},
+             {"kind": "tile", "BM": 16, "BN": 32, "threads": 32, "stages": 2, "splits": 2}]
 TILE_BK = 64  # K values per tile step: eight GPTQ words
+
+
+def _nibble(word, i: int, zero):
+    """(q - zero) in float32 for the i-th nibble q of an int32 GPTQ word; zero None: 8. The
+    nibble or-ed into the bits of the float 2^23 reads as 2^23 + q, so one subtraction gives
+    it, exactly, without an int-to-float conversion (a quarter-rate instruction on NVIDIA
+    GPUs, the bound of a dequantizing GEMV's inner loop)."""
+    q = ((word >> (4 * i)) & 15) if i else (word & 15)
+    f = T.reinterpret("float32", q | 0x4B000000)
+    return f - 8388616.0 if zero is None else (f - 8388608.0) - zero
+
+
+def _nibble_at(word, i: int):
+    """q * 16^j for the i-th nibble q of an int32 word, j = i for i < 5, else i - 5: the
+    nibble masked in place (the low three shifted down by 20 first) and or-ed into the bits of
+    the float 2^23, minus 2^23, exactly; one integer instruction for most nibbles. XS's tokens
+    are staged times 16^-j to match."""
+    src, j = (word, i) if i < 5 else (word >> 20, i - 5)
+    f = T.reinterpret("float32", (src & (15 << (4 * j))) | 0x4B000000)
+    return f - 8388608.0
 
 
 def _fits(cfg: dict, M: int) -> bool:
@@ -51,7 +89,7 @@ def _fits(cfg: dict, M: int) -> bool:
 
 
 def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind="lanes",
-                        BM=1, BN=512, threads=128, splits=1, WPI=2, stages=2):
+                        BM=1, BN=512, threads=128, splits=1, WPI=2, stages=2, KG=1, XS=0):
     """The kernel of one config (M only selects: the kernel's M is symbolic). bits 4: GPTQ
     words [K / 8, N] with group scales (and zeros); bits 8: int8 [N, K] with channel
     scales."""
@@ -59,16 +97,20 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
     if kind == "tile":
         return _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
-                               threads, stages)
+                               threads, stages, splits)
     per_word = 8 if bits == 4 else 4  # K values per 32-bit word
-    if K % (per_word * WPI * splits):
-        raise ValueError(f"K = {K} does not split into {splits} x {WPI}-word steps")
+    if K % (per_word * WPI * splits * KG):
+        raise ValueError(f"K = {K} does not split into {splits} x {KG} x {WPI}-word steps")
     if bits == 4 and (group_size % (per_word * WPI) or K % group_size):
         raise ValueError(f"group size {group_size} does not hold whole {WPI}-word steps of K "
                          f"= {K}")
     Md = T.dyn("M")
     KW = K // per_word
     per = KW // WPI // splits  # steps per split
+    KS = K // splits  # K values per split
+    if XS and (bits != 4 or BM * KS * 4 * 9 // 8 > 96 << 10):
+        raise ValueError(f"XS stages 4-bit tokens' {BM} x {KS} split in shared memory: "
+                         "too large" if bits == 4 else "XS is for 4-bit weights")
     out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
     extra = (splits,) if splits > 1 else ()
     if bits == 4:
@@ -83,78 +125,123 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
         with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as g:
             bx, by = g[0], g[1]
             bz = g[2] if splits > 1 else 0
-            acc = T.alloc_fragment((BM, BN), "float32")
+            acc = T.alloc_fragment((BM, BN) if KG == 1 else (KG, BM, BN), "float32")
             T.clear(acc)
-            for step in T.serial(per):
-                for m, n in T.Parallel(BM, BN):
-                    col = bx * BN + n
-                    row = by * BM + m
-                    total = 0.0
-                    for u in range(WPI):
-                        w = (bz * per + step) * WPI + u  # the word's index along K
-                        k0 = w * per_word
-                        if bits == 4:
-                            word = Wq[w, col]
-                            zero = T.cast(Z[k0 // group_size, col], "float32") if zeros \
-                                else 8.0
-                            part = 0.0
-                            for i in range(8):
-                                q = T.cast((word >> (4 * i)) & 15, "float32")
-                                part = part + (q - zero) * T.cast(X[row, k0 + i], "float32")
-                            total = total + part * T.cast(S[k0 // group_size, col], "float32")
-                        else:
-                            word = Wq[col, w]
-                            for i in range(4):  # sign-extended bytes, lowest first
-                                q = T.cast(((word << (24 - 8 * i)) >> 24), "float32")
-                                total = total + q * T.cast(X[row, k0 + i], "float32")
-                    acc[m, n] += total
-            if bits == 8:
-                for m, n in T.Parallel(BM, BN):
-                    acc[m, n] *= T.cast(S[bx * BN + n], "float32")
-            if splits > 1:
-                for m, n in T.Parallel(BM, BN):
-                    Y[bz, by * BM + m, bx * BN + n] = acc[m, n]
-            else:
-                for m, n in T.Parallel(BM, BN):
-                    Y[by * BM + m, bx * BN + n] = T.cast(acc[m, n], out_dtype)
+            if XS:  # the split's tokens in float32, nibble-scaled, and their 8-sums
+                xs = T.alloc_shared((BM, KS), "float32")
+                xsum = T.alloc_shared((BM, KS // 8), "float32")
+                for m, k in T.Parallel(BM, KS):
+                    j = k % 8
+                    j = T.if_then_else(j < 5, j, j - 5)  # the nibble's place in _nibble_at
+                    xs[m, k] = T.cast(X[by * BM + m, bz * KS + k], "float32") * \
+                        T.reinterpret("float32", (127 - 4 * j) << 23)  # 16^-j
+                for m, k8 in T.Parallel(BM, KS // 8):
+                    t = 0.0
+                    for i in range(8):
+                        t = t + T.cast(X[by * BM + m, bz * KS + k8 * 8 + i], "float32")
+                    xsum[m, k8] = t
+
+            def term(step, kg, m, n):
+                """This step's sum of (dequantized weight x token) for column n, token m."""
+                col = bx * BN + n
+                row = by * BM + m
+                total = 0.0
+                for u in range(WPI):
+                    # the word's index along K: split bz, lane group kg, step, word u
+                    w = (bz * per + kg * (per // KG) + step) * WPI + u
+                    k0 = w * per_word
+                    if bits == 4 and XS:
+                        word = Wq[w, col]
+                        zero = T.cast(Z[k0 // group_size, col], "float32") if zeros else 8.0
+                        kl = k0 - bz * KS  # in the split's staged tokens
+                        part = 0.0
+                        for i in range(8):
+                            part = part + _nibble_at(word, i) * xs[m, kl + i]
+                        part = part - zero * xsum[m, kl // 8]
+                        total = total + part * T.cast(S[k0 // group_size, col], "float32")
+                    elif bits == 4:
+                        word = Wq[w, col]
+                        zero = T.cast(Z[k0 // group_size, col], "float32") if zeros else None
+                        part = 0.0
+                        for i in range(8):
+                            part = part + _nibble(word, i, zero) * \
+                                T.cast(X[row, k0 + i], "float32")
+                        total = total + part * T.cast(S[k0 // group_size, col], "float32")
+                    else:
+                        word = Wq[col, w]
+                        for i in range(4):  # sign-extended bytes, lowest first
+                            q = T.cast(((word << (24 - 8 * i)) >> 24), "float32")
+                            total = total + q * T.cast(X[row, k0 + i], "float32")
+                return total
+
+            for step in T.serial(per // KG):
+                if KG == 1:
+                    for m, n in T.Parallel(BM, BN):
+                        acc[m, n] += term(step, 0, m, n)
+                else:  # KG lane groups, each over its own part of the split's K
+                    for kg, m, n in T.Parallel(KG, BM, BN):
+                        acc[kg, m, n] += term(step, kg, m, n)
+            if KG > 1:  # the lane groups' sums through shared memory
+                red = T.alloc_shared((KG, BM, BN), "float32")
+                T.copy(acc, red)
+            for m, n in T.Parallel(BM, BN):
+                v = acc[m, n] if KG == 1 else red[0, m, n]
+                for kg in range(1, KG):
+                    v = v + red[kg, m, n]
+                if bits == 8:
+                    v = v * T.cast(S[bx * BN + n], "float32")
+                if splits > 1:
+                    Y[bz, by * BM + m, bx * BN + n] = v
+                else:
+                    Y[by * BM + m, bx * BN + n] = T.cast(v, out_dtype)
 
     return linear_wq
 
 
-def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, threads, stages):
+def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, threads, stages,
+                    splits=1):
     """Y = X @ W.T in BM x BN tiles: per 64-deep K step, X's tile copied to shared memory and
     W's eight words per column unpacked, scaled and cast into a 16-bit [64, BN] shared tile,
-    then T.gemm (tensor cores) accumulates in float32."""
+    then T.gemm (tensor cores) accumulates in float32; `splits` > 1 splits K over a grid axis
+    into float32 partials (as the lanes form)."""
     if bits != 4:
         raise ValueError("the tile form takes 4-bit weights")
-    if K % TILE_BK or group_size % TILE_BK:
+    if K % (TILE_BK * splits) or group_size % TILE_BK:
         raise ValueError(f"K = {K} / group size {group_size} do not hold whole {TILE_BK}-deep "
-                         "steps")
+                         f"steps in {splits} splits")
     Md = T.dyn("M")
     KW, G = K // 8, K // group_size
+    per = K // TILE_BK // splits  # steps per split
     zt = T.Tensor((G, N), dtype) if zeros else T.Tensor((1,), dtype)
+    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
+    extra = (splits,) if splits > 1 else ()
 
     @tiled.kernel
     def linear_w4a16_tile(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((KW, N), "int32"),
-                          S: T.Tensor((G, N), dtype), Z: zt, Y: T.Tensor((Md, N), out_dtype)):
-        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), threads=threads) as (bx, by):
+                          S: T.Tensor((G, N), dtype), Z: zt, Y: out):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as grid:
+            bx, by = grid[0], grid[1]
+            bz = grid[2] if splits > 1 else 0
             xs = T.alloc_shared((BM, TILE_BK), dtype)
             ws = T.alloc_shared((TILE_BK, BN), dtype)
             acc = T.alloc_fragment((BM, BN), "float32")
             T.clear(acc)
-            for k in T.Pipelined(K // TILE_BK, num_stages=stages):
+            for kk in T.Pipelined(per, num_stages=stages):
+                k = bz * per + kk
                 T.copy(X[by * BM, k * TILE_BK], xs)
                 for kw, n in T.Parallel(TILE_BK // 8, BN):
                     col = bx * BN + n
                     word = Wq[k * (TILE_BK // 8) + kw, col]
                     g = k * TILE_BK // group_size
                     scale = T.cast(S[g, col], "float32")
-                    zero = T.cast(Z[g, col], "float32") if zeros else 8.0
+                    zero = T.cast(Z[g, col], "float32") if zeros else None
                     for i in range(8):
-                        q = T.cast((word >> (4 * i)) & 15, "float32")
-                        ws[kw * 8 + i, n] = T.cast((q - zero) * scale, dtype)
+                        ws[kw * 8 + i, n] = T.cast(_nibble(word, i, zero) * scale, dtype)
                 T.gemm(xs, ws, acc)
-            T.copy(acc, Y[by * BM, bx * BN])
+            if splits > 1:
+                T.copy(acc, Y[bz, by * BM, bx * BN])
+            else:
+                T.copy(acc, Y[by * BM, bx * BN])
 
     return linear_w4a16_tile
 
@@ -190,8 +277,7 @@ def _run(kernel, config, args):
     """y by `kernel` of `config` into args' y: with splits, float32 partials that splitk_sum
     adds up (tiled.ops.gemm.run_split_k, as tiled.ops.linear's split-K)."""
     x, w, s, z, y = args
-    splits = config.get("splits", 1) if config.get("kind", "lanes") == "lanes" else 1
-    return run_split_k(y, splits, lambda out: kernel(x, w, s, z, out))
+    return run_split_k(y, config.get("splits", 1), lambda out: kernel(x, w, s, z, out))
 
 
 QUANT_LINEAR = TunedOp("quant_linear", quant_linear_kernel,

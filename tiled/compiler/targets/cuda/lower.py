@@ -411,6 +411,10 @@ class CudaLowering(ExprLowering):
             kind = T.vectorized if self.vectorizable(f, extent.value) else \
                 T.unroll if extent.value <= VECTOR_LIMIT else T.serial
         reads, writes = self.effects(f.body)
+        tracker = self.sync
+        if (writes and (tracker.pending_read or tracker.pending_write)) or \
+                (reads and tracker.pending_write):
+            tracker.sync()  # once before the loop, not in every iteration of its body
         with kind(0, extent) as v:
             self.vars[f.var] = v
             self.stmt(f.body)

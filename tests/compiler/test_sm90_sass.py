@@ -119,3 +119,51 @@ def test_int8_gemm_takes_integer_wgmma(tmp_path):
     assert "IGMMA.64x128x32.S8.S8" in text and "HMMA" not in text and "IMMA" not in text
     _tma_fed(text)
     _no_local(text)
+
+
+def _ptxas_remarks(source: str, tmp_path) -> list[str]:
+    """ptxas's performance remarks on `source` (it prints them on success, as `ptxas info`
+    lines naming a C75xx code, e.g. C7515: wgmma serialized because ordinary instructions
+    define an accumulator register while a wgmma is in flight)."""
+    import subprocess
+
+    from tiled import config
+    from tiled.compiler.toolchain.nvcc import INCLUDE_DIR
+
+    src = tmp_path / "k.cu"
+    src.write_text(source)
+    proc = subprocess.run([config.get("nvcc"), "-cubin", "-O3", "-std=c++17", "-w",
+                           "-gencode=arch=compute_90a,code=sm_90a", "-I", str(INCLUDE_DIR),
+                           "-o", str(tmp_path / "k.cubin"), str(src)],
+                          capture_output=True, text=True, check=True)
+    return [line for line in (proc.stdout + proc.stderr).splitlines()
+            if re.search(r"\(C75\d\d\)", line)]
+
+
+@pytest.mark.parametrize("name,gpu", [("mha_fwd_bshd", True), ("mha_fwd_bshd_causal", True),
+                                      ("gqa_fwd_bshd", False),
+                                      ("mha_fwd_bhsd_wgmma_pipelined", False),
+                                      ("gemm_nt", True)])
+def test_no_wgmma_is_serialized(tmp_path, name, gpu):
+    """The wgmma schedules the lowering picks (the software-pipelined attention loop of
+    ws_rotate.py, the GEMM loop of wgmma_waits.py) never make ptxas serialize the wgmmas."""
+    import tiled
+
+    case = load_all()[name]
+    k = case.factory(**{**case.cpu, **(case.gpu if gpu else {})}).kernel
+    c = tiled.compile(k, target="cuda:sm_90a", cache=False)
+    assert "wgmma_rows" in c.source
+    assert _ptxas_remarks(c.source, tmp_path) == []
+
+
+def test_the_serialization_check_sees_a_serialized_wgmma(tmp_path):
+    """The check above is not blind: an accumulator register written between a wgmma's
+    issue and its wait is reported (C7515)."""
+    import tiled
+
+    case = load_all()["mha_fwd_bshd"]
+    c = tiled.compile(case.factory(**case.gpu).kernel, target="cuda:sm_90a", cache=False)
+    src = c.source
+    at = src.index(";", src.index("wgmma_rows_rs_issue<", src.index("for (int v_1"))) + 1
+    bad = src[:at] + "\n o_ptr[3] = 1.0f;\n" + src[at:]
+    assert any("C7515" in line for line in _ptxas_remarks(bad, tmp_path))

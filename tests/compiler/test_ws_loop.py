@@ -77,7 +77,9 @@ def test_attention_loads_k_and_v_from_the_producer():
     body = src[src.index("attention_kernel(half* __restrict__ Out_ptr"):]
     assert "setmaxnreg_inc<232>" in body and "setmaxnreg_dec<40>" in body
     assert body.count("tiled::sm90::tma_load(") == 4  # two 64-wide panels each
-    assert body.count("tiled::sm90::ring_release(") == 2
+    # K's stage freed after S = Q K^T in the peeled first step and in the loop, V's after
+    # the deferred P V in the loop and after it (ws_rotate.py)
+    assert body.count("tiled::sm90::ring_release(") == 4
     loop = body[body.index("for (int v_1"):body.index("tiled::sm90::consumer_sync", body.index(
         "for (int v_1"))]
     assert "consumer_sync" not in loop and "__syncthreads" not in loop  # no barrier per step
@@ -175,8 +177,13 @@ def test_pingpong_is_an_option():
     assert low.wsloop.pingpong
     assert turns.count("tiled::sm90::turn_first()") == turns.count("tiled::sm90::turn_last()") \
         == 1
-    assert "wgmma_rows_issue<half, 64, 128, 128, 128, true, true>" in turns  # S = Q K^T
-    assert "wgmma_rows_rs_issue<half, 64, 128, 128, false, true>" in turns  # O += P V
+    # S = Q K^T and the deferred O += P V are issued as a pair in the warpgroup's turn
+    loop = _loop_text(turns)
+    assert loop.index("turn_wait()") < loop.index("wgmma_rows_issue<half, 64, 128, 128, 128, "
+                                                  "true>") < \
+        loop.index("wgmma_rows_rs_issue<half, 64, 128, 128, false>") < \
+        loop.index("turn_pass()")
+    assert turns.count("turn_wait()") == turns.count("turn_pass()") == 3  # step 0, loop, last
 
 
 def _loop_text(src: str) -> str:
@@ -186,9 +193,11 @@ def _loop_text(src: str) -> str:
 
 def test_gemms_stay_in_flight_until_something_needs_them():
     """A GEMM main loop keeps one wgmma in flight and frees the previous iteration's stages
-    behind it; its `if k == 0: T.clear(acc)` runs once before the loop. FlashAttention: S is
-    retired just before the row max reads it (which frees K's stage); its mask writes S, so
-    nothing is carried over the back edge and P V is retired at the end of the step."""
+    behind it; its `if k == 0: T.clear(acc)` runs once before the loop. FlashAttention is
+    software-pipelined (ws_rotate.py): step k issues S = Q K(k)^T, then the P V(k - 1) it
+    deferred, waits for S alone (retire<1>, which frees K's stage) and computes the softmax
+    while P V runs; the statement that writes P waits for P V and frees V's previous stage.
+    The first step (no P V before it) is peeled; the last P V runs after the loop."""
     from tests.conformance.cases import load_all
 
     cases = load_all()
@@ -203,13 +212,20 @@ def test_gemms_stay_in_flight_until_something_needs_them():
 
     case = cases["mha_fwd_bshd"]
     src, _, _ = _lower(case.factory(**case.gpu).kernel, persistent=1)
+    assert "for (int v_1 = 1; v_1 <" in src
     loop = _loop_text(src)
     s_issue = loop.index("wgmma_rows_issue<")
-    assert s_issue < loop.index("retire<0>") < loop.index("max(")
-    assert "if (0 < v_1)" not in loop and "retire<1>" not in loop
     pv = loop.index("wgmma_rows_rs_issue<")
-    assert loop.index("retire<0>", pv) < loop.index("hold_words<32>(", pv) < \
-        loop.index("ring_release", pv)
+    waited = loop.index("retire<1>")
+    assert s_issue < pv < waited < loop.index("hold_f32<64>(", waited) < \
+        loop.index("ring_release", waited) < loop.index("max(")
+    p_wait = loop.index("retire<0>")
+    assert loop.index("max(") < p_wait < loop.index("hold_words<32>(") < \
+        loop.index("ring_release", p_wait) < loop.index("_cast_ptr[0] =", p_wait)
+    assert loop.count("wgmma_rows_rs_issue<") == 1 and loop.count("retire<") == 2
+    first, after = src[:src.index("for (int v_1")], src[src.index("for (int v_1"):]
+    assert "wgmma_rows_rs_issue<" not in first[first.rindex("wgmma_rows_issue<"):]
+    assert after.count("wgmma_rows_rs_issue<") == 2  # the loop's and the last P V
 
 
 def test_blocks_walk_the_grid_when_they_run_alike():

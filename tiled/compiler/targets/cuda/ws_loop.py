@@ -26,8 +26,11 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
 - with two consumer warpgroups and two or more wgmma gemms in the loop's body (attention:
   S = Q K^T, then O += P V), the compile option `pingpong` makes the warpgroups take turns
   issuing the gemms (so that one's softmax meets the other's gemm). Off by default: on the
-  H200 it changed TileLang-style attention by -1.6..+0.4% (benchmarks/results/
-  tl_attention_h200.json, the `_pingpong` rows);
+  H200 it changed TileLang-style attention by -1.6..+0.4% before the loop was
+  software-pipelined and by -2.5..+0.4% after (benchmarks/results/
+  tl_attention_h200_before_rotation.json, tl_attention_h200.json, the `_pingpong` rows);
+- a body of two wgmma gemms that ends with the second (attention) is software-pipelined
+  (ws_rotate.py);
 - when the loop's trip count grows with a block index (a causal mask), blocks are launched
   longest first along that axis (`longest_first`): the hardware hands blocks out about in
   launch order, and the short ones then fill the tail instead of the long ones (not
@@ -69,6 +72,7 @@ from tiled.compiler.targets.cuda.wgmma_waits import (
     retire_after_loop,
     wgmma_gemm,
 )
+from tiled.compiler.targets.cuda.ws_rotate import find_rotation, lower_rotated_loop
 from tiled.ir import dtypes
 from tiled.ir.walk import expr_vars, walk
 from tiled.v1 import tile_ir_pb2 as pb
@@ -424,8 +428,37 @@ def lower_ring_consumer(low, f: pb.For) -> None:
         with T.If(n > 0), T.Then():
             for i in sorted(peeled):
                 low.stmt(body[i].if_then_else.then_body)
-    waits = plan_waits(low, body, peeled) if w.in_flight else None
+    rot = find_rotation(low, body, ring, peeled) if w.in_flight else None
+    waits = plan_waits(low, body, peeled) if w.in_flight and rot is None else None
     base = _ring_base(low)
+    if rot is not None:
+        def release_at(j, at):  # copy j's stage of ring step `at`
+            _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
+        lower_rotated_loop(low, f, body, ring, peeled, rot, base, n,
+                           lambda k: _stage_phase(w, k), release_at, writes)
+    else:
+        _lower_loop(low, f, body, ring, peeled, waits, base, n, writes)
+    _ring_advance(low, n)
+    if waits is not None:
+        def release_last(j):  # the ring's count is past the loop's last step now
+            with T.If(n > 0), T.Then():
+                at = tirx.floormod(_ring_base(low) - 1, w.stages)
+                _call("ring_release", _bar(low, w.empty(j, at)))
+        retire_after_loop(low, waits, body, release_last if w.persistent else None)
+    if w.pingpong:
+        _call("turn_last")
+    for rc in w.copies:
+        low.stage.pop(rc.tile, None)
+    if writes:
+        low.sync.pending_read = low.sync.pending_write = False
+    low.sync.pending_read |= reads
+
+
+def _lower_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int], waits, base, n,
+                writes: bool) -> None:
+    """The consumers' loop as written, its gemms retired where `waits` says (else each
+    before the next statement)."""
+    w = low.wsloop
     with T.serial(0, n) as k:
         low.vars[f.var] = k
         stage, phase = _stage_phase(w, base + k)
@@ -457,17 +490,3 @@ def lower_ring_consumer(low, f: pb.For) -> None:
                 release(j)
         if writes:
             low.sync.sync()
-    _ring_advance(low, n)
-    if waits is not None:
-        def release_last(j):  # the ring's count is past the loop's last step now
-            with T.If(n > 0), T.Then():
-                at = tirx.floormod(_ring_base(low) - 1, w.stages)
-                _call("ring_release", _bar(low, w.empty(j, at)))
-        retire_after_loop(low, waits, body, release_last if w.persistent else None)
-    if w.pingpong:
-        _call("turn_last")
-    for rc in w.copies:
-        low.stage.pop(rc.tile, None)
-    if writes:
-        low.sync.pending_read = low.sync.pending_write = False
-    low.sync.pending_read |= reads

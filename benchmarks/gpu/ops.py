@@ -281,6 +281,13 @@ def _sweep(torch, bundle: Path, index: dict) -> list:
                     k = load_kernel(bundle, name)
                     key = name.rsplit("_", 1)[1]  # the launch, as sweep_specs names it
                     calls[key] = lambda k=k, args=args: k(*args)
+            errs = {}
+            if op == "softmax":  # each kernel's output against torch's
+                want = torch.softmax(args[0], -1)
+                for key, call in calls.items():
+                    args[1].fill_(float("nan"))
+                    call()
+                    errs[f"{key}_rel_err"] = ((args[1] - want).norm() / want.norm()).item()
             src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
             dst = torch.empty_like(src)
             calls["copy"] = lambda s=src, d=dst: d.copy_(s)
@@ -295,7 +302,8 @@ def _sweep(torch, bundle: Path, index: dict) -> list:
                    (statistics.median(v) * 1e-3 * 1e-6) / 1e9 for k, v in samples.items()}
             best = max(gbs["copy"], gbs["rw_kernel"])
             row = {"op": op, "N": n, "M": m, "GB/s": gbs,
-                   "of_copy_bandwidth": {k: v / best for k, v in gbs.items()}}
+                   "of_copy_bandwidth": {k: v / best for k, v in gbs.items()},
+                   "rel_err_vs_torch": errs}
             rows.append(row)
             print(f"sweep {op} N={n} M={m}: " + ", ".join(
                 f"{k} {v:.0%}" for k, v in row["of_copy_bandwidth"].items()), flush=True)

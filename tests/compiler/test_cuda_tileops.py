@@ -171,11 +171,12 @@ def test_flash_attention_on_sm90a_takes_wgmma_per_op():
     each, a full and an empty barrier per stage, two blocks per SM."""
     src, pool, low = source(cases.flash_attention(1, 2, 256, 64, False), "sm_90a")
     body = kernel_body(src)
-    # Issued and left in flight in the TMA-fed loop (wgmma_waits.py)
-    assert "tiled::sm90::wgmma_rows_issue<half, 64, 64, 64, 64, true>" in body
+    # Issued and left in flight in the TMA-fed loop (ws_rotate.py), S set by its gemm (its
+    # clear folded into the first wgmma's zero scale-d: acc_init.py)
+    assert "tiled::sm90::wgmma_rows_issue<half, 64, 64, 64, 64, true, false, true>" in body
     assert "tiled::sm90::wgmma_rows_rs_issue<half, 64, 64, 64, false>" in body
     assert "gemm_ss" not in body and "gemm_rs" not in body
-    assert body.count("__shfl_xor_sync") == 2 * 2 * 2
+    assert body.count("__shfl_xor_sync") == 2 * (2 * 2 * 2)  # the loop and its peeled step
     assert low.attn is None and low.ws is None and low.wgmma_ops
     names = {bid: b.name for bid, b in low.buffers.items()}
     assert {names[b] for b in low.wgmma_ops.panels} == {"Q_shared", "K_shared", "V_shared"}

@@ -180,7 +180,7 @@ def test_pingpong_is_an_option():
     # S = Q K^T and the deferred O += P V are issued as a pair in the warpgroup's turn
     loop = _loop_text(turns)
     assert loop.index("turn_wait()") < loop.index("wgmma_rows_issue<half, 64, 128, 128, 128, "
-                                                  "true>") < \
+                                                  "true, false, true>") < \
         loop.index("wgmma_rows_rs_issue<half, 64, 128, 128, false>") < \
         loop.index("turn_pass()")
     assert turns.count("turn_wait()") == turns.count("turn_pass()") == 3  # step 0, loop, last

@@ -162,7 +162,12 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     K = _shape(a)[-1]
     WM = BM // lay.nwg
     acc = low.tir[g.c]
-    if g.clear_accum:
+    # C = A @ B: 16-bit operands take the first wgmma's zero scale-d (no instruction writes
+    # the accumulator registers, which ptxas would have to order against wgmmas in flight);
+    # other dtypes store zeros first. `low.zero_init`: a gemm whose C the caller folded an
+    # initialization of into it (ws_rotate.py).
+    zero_init = (g.clear_accum or low.zero_init) and dtypes.nbytes(a.dtype) == 2
+    if (g.clear_accum or low.zero_init) and not zero_init:
         with low.loop(lay.local_size) as idx:
             T.buffer_store(acc, tirx.const(0, acc.dtype), [idx])
     zero = tirx.const(0, "int32")
@@ -173,6 +178,8 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     ct = CTYPE[dtypes.canonical_name(a.dtype)]
     kmajor = str(g.transpose_b).lower()
     turn = ", true" if low.turn else ""  # issued on its warpgroup's turn (ws_loop.py)
+    if zero_init:
+        turn = f", {str(bool(low.turn)).lower()}, true"
     issue = "_issue" if low.in_flight else ""  # left in flight, retired by wgmma_waits.py
     if a.scope == pb.FRAGMENT:  # RS: A's words from registers, in the wgmma layout
         pa = T.address_of(low.tir[g.a][0])

@@ -105,6 +105,7 @@ class CudaLowering(ExprLowering):
     tid_base = 0  # the first thread running the current statement (a T.ws region's)
     turn = False  # a wgmma gemm issued on its warpgroup's turn (ws_loop.py, pingpong)
     in_flight = False  # a wgmma gemm left in flight (wgmma_waits.py)
+    zero_init = False  # a wgmma gemm that sets its accumulator, C = A @ B (ws_rotate.py)
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                  whole_kernel: bool = True):

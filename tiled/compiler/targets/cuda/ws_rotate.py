@@ -15,7 +15,9 @@ kernel whose waits it cannot follow. After the loop the last D runs. Statements 
 two waits may read and write G's registers while D is in flight (the schedule of
 FlashAttention-3, and of sm90_attn.py); none touches D's.
 
-With `pingpong` the consumer warpgroups take turns issuing the pair G(k), D(k - 1).
+With `pingpong` the consumer warpgroups take turns issuing the pair G(k), D(k - 1). A
+statement that initializes G's accumulator just before it (a clear, a causal mask) is
+folded into G (acc_init.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.pipeline import touched
+from tiled.compiler.targets.cuda.acc_init import AccInit, find_acc_init, lower_mask_add
 from tiled.compiler.targets.cuda.wgmma_waits import hold, wgmma_gemm
 from tiled.ir.walk import walk, written
 from tiled.v1 import tile_ir_pb2 as pb
@@ -35,6 +38,7 @@ from tiled.v1 import tile_ir_pb2 as pb
 class Rotation:
     first: int  # body position of G
     last: int  # body position of D (the body's last statement)
+    init: AccInit | None = None  # G's accumulator initialization, folded into G (acc_init.py)
 
     def deferred_copies(self, copies) -> list[int]:
         """The ring copies whose stage D is the last to read (freed after D's wait)."""
@@ -73,7 +77,7 @@ def find_rotation(low, body: list, ring: dict, peeled: set[int]) -> Rotation | N
             continue
         if touched(st) & d_regs or any(written(x) & tiles for x in walk(st)):
             return None
-    return Rotation(first, last)
+    return Rotation(first, last, find_acc_init(low, body, set(ring) | peeled, first))
 
 
 def _call(fn: str, *args) -> None:
@@ -92,7 +96,7 @@ def lower_rotated_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int],
     d_regs = _registers(d, low.buffers)
     late = rot.deferred_copies(w.copies)
 
-    def issue(st, k):
+    def issue(st, k, zero_init=False):
         """Lowers gemm statement `st` of step k, left in flight."""
         saved = low.vars[f.var]
         low.vars[f.var] = k
@@ -100,9 +104,9 @@ def lower_rotated_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int],
         old = {rc.tile: low.stage.get(rc.tile) for rc in w.copies}
         for rc in w.copies:
             low.stage[rc.tile] = stage
-        low.in_flight = True
+        low.in_flight, low.zero_init = True, zero_init
         low.stmt(st)
-        low.in_flight = False
+        low.in_flight = low.zero_init = False
         low.stage.update(old)
         low.vars[f.var] = saved
 
@@ -120,7 +124,7 @@ def lower_rotated_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int],
             low.stage[rc.tile] = stage
         pending = not first  # D(k - 1) issued and not yet waited for
         for i, st in enumerate(body):
-            if i == rot.last:
+            if i == rot.last or (rot.init is not None and i == rot.init.pos):
                 continue
             if pending and i > rot.first and touched(st) & d_regs:
                 wait_deferred(k - 1)
@@ -130,13 +134,15 @@ def lower_rotated_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int],
             elif i == rot.first:
                 if w.pingpong:
                     _call("turn_wait")
-                issue(g_stmt, k)
+                issue(g_stmt, k, rot.init is not None)
                 if not first:
                     issue(d_stmt, k - 1)
                 if w.pingpong:
                     _call("turn_pass")
                 _call(f"retire<{0 if first else 1}>")
                 hold(low, g_stmt.gemm, d_regs if not first else frozenset())
+                if rot.init is not None:
+                    lower_mask_add(low, rot.init)
             elif i not in peeled:
                 low.stmt(st)
             for j, rc in enumerate(w.copies):

@@ -97,14 +97,16 @@ TILED_WGMMA_S8(256, 128, "%128, %129, 1")
 #undef TILED_WGMMA_S8
 
 // One m64nNk(32 bytes) wgmma from shared memory, accumulating (float, or int32 for int8).
+// scale_d 0 (16-bit operands only): D = A * B, the accumulator's old values ignored.
 template <typename T, int N, bool B_KMAJOR, typename Acc>
-__device__ __forceinline__ void wgmma_any(Acc* acc, uint64_t da, uint64_t db) {
+__device__ __forceinline__ void wgmma_any(Acc* acc, uint64_t da, uint64_t db,
+                                          uint32_t scale_d = 1u) {
   Acc(&d)[N / 2] = *reinterpret_cast<Acc(*)[N / 2]>(acc);
   if constexpr (IsS8<T>::value) {
     static_assert(B_KMAJOR, "int8 wgmma reads B K-major only");
     WgmmaS8<N>::run(d, da, db);
   } else if constexpr (sizeof(T) == 2) {
-    wgmma_ss<T, N, 0, B_KMAJOR ? 0 : 1>(d, da, db, 1u);
+    wgmma_ss<T, N, 0, B_KMAJOR ? 0 : 1>(d, da, db, scale_d);
   } else {
     static_assert(B_KMAJOR, "float8 and tf32 wgmma read B K-major only");
     WgmmaSSK<T, N>::run(d, da, db);
@@ -130,10 +132,11 @@ __host__ __device__ constexpr int cols_width() {
 
 template <typename T, int BN, int K, bool B_KMAJOR, int COL = 0, typename Acc>
 __device__ __forceinline__ void wgmma_cols_any(Acc* acc, uint64_t da, const unsigned char* sb,
-                                               int kk) {
+                                               int kk, uint32_t scale_d = 1u) {
   constexpr int kW = cols_width<BN, COL>();
-  wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da, b_desc<BN, K, B_KMAJOR, COL>(sb, kk));
-  if constexpr (COL + kW < BN) wgmma_cols_any<T, BN, K, B_KMAJOR, COL + kW>(acc, da, sb, kk);
+  wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da, b_desc<BN, K, B_KMAJOR, COL>(sb, kk), scale_d);
+  if constexpr (COL + kW < BN)
+    wgmma_cols_any<T, BN, K, B_KMAJOR, COL + kW>(acc, da, sb, kk, scale_d);
 }
 
 // acc[BM x BN] += A[BM x K] @ B for one warpgroup, A and B panel tiles at byte offsets

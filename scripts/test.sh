@@ -12,6 +12,13 @@ command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y 
 { command -v node && command -v npm; } >/dev/null || {
   apt-get update -q && apt-get install -y -q nodejs npm; }
 (cd clients/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+# --- the C++ client (clients/cpp): its tests (tests/clients/test_cpp_client.py) build it with
+# CMake against Debian's gRPC C++, protobuf and nlohmann/json, installed here where missing.
+{ command -v cmake && command -v c++ && command -v protoc && command -v grpc_cpp_plugin &&
+  pkg-config --exists grpc++ protobuf && [ -f /usr/include/nlohmann/json.hpp ]; } >/dev/null 2>&1 || {
+  apt-get update -q && apt-get install -y -q cmake g++ pkg-config libgrpc++-dev libprotobuf-dev \
+    protobuf-compiler protobuf-compiler-grpc nlohmann-json3-dev; }
+# --- end of the C++ client's block
 # torch, so the runtime's torch-tensor paths run too (a CPU build where the machine's wheel
 # store has one, as this project's machines do).
 .venv/bin/python -m pip install -q torch==2.13.0

@@ -46,7 +46,9 @@ def cpp():
     assert not missing, (f"{', '.join(missing)} not on PATH: scripts/test.sh installs cmake, "
                          f"g++, libgrpc++-dev, protobuf-compiler-grpc and nlohmann-json3-dev")
     env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(min(4, os.cpu_count() or 2))}
-    for cmd in (["cmake", "-S", str(CPP), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=RelWithDebInfo"],
+    # Build type None: no optimization and no debug info, the quickest to compile (67 s of CPU
+    # against 115 s for RelWithDebInfo, measured on a 2-core machine); these tests time nothing.
+    for cmd in (["cmake", "-S", str(CPP), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=None"],
                 ["cmake", "--build", str(BUILD)]):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
@@ -293,9 +295,14 @@ def late_tls_daemon(cpp, tmp_path_factory, library_memo):
     time.sleep(1.0)
     assert waiting.poll() is None, waiting.communicate()
     port = free_port()
-    d = start_daemon(base, "--workers", "1", "--tcp", f"127.0.0.1:{port}", "--tls-cert",
-                     str(base / "cert.pem"), "--tls-key", str(base / "key.pem"), "--token-file",
-                     str(base / "token"), library_memo=library_memo)
+    try:
+        d = start_daemon(base, "--workers", "1", "--tcp", f"127.0.0.1:{port}", "--tls-cert",
+                         str(base / "cert.pem"), "--tls-key", str(base / "key.pem"),
+                         "--token-file", str(base / "token"), library_memo=library_memo)
+    except BaseException:
+        waiting.kill()
+        waiting.communicate()
+        raise
     out, err = waiting.communicate(timeout=300)
     d.update(port=port, cert=cert, waited=(waiting.returncode, out, err))
     yield d

@@ -103,6 +103,15 @@ def test_loader_tests_pass(cpp):
     assert r.stdout.rstrip().endswith("10 passed, 0 failed"), r.stdout
 
 
+def test_cuda_loader_makes_the_driver_calls_the_manifest_asks_for(cpp):
+    """Against a stand-in libcuda.so.1 that records each call (no GPU here): the geometry,
+    shared memory, parameters and TMA descriptors of real sm_90a manifests (testdata/sm90a)."""
+    r = subprocess.run([str(cpp / "tiled_cuda_fake_test")], capture_output=True, text=True,
+                       timeout=300, env=clean_env(LD_LIBRARY_PATH=str(cpp / "fake-driver")))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.rstrip().endswith("6 passed, 0 failed"), r.stdout
+
+
 def test_client_tests_pass_against_the_daemon(cpp, daemon):
     r = subprocess.run([str(cpp / "tiled_client_test")], capture_output=True, text=True,
                        timeout=600, env=clean_env(TILED_SERVER=daemon["address"]))

@@ -5,6 +5,11 @@ programs.json beside them with each file's size and sha256 and the program's can
 - rows_axpb.tir: `rows_axpb` below, Y[m, j] = X[m, j] * alpha + B[j] + k over a symbolic M and
   a static N = 64, with a float32 and an int32 scalar param.
 
+sm90a/vadd.manifest.json and sm90a/gemm.manifest.json are not written here: they are the
+manifests the daemon returned for vadd.tir and examples/gemm.py's matmul() (cuda:sm_90a) when
+`clients/cpp/gpu_check.sh prepare` ran, kept as samples of real cuda manifests (TMA
+descriptors, a persistent grid, 129 KiB of shared memory) for tests/cuda_fake_test.cc.
+
 The committed files are fixed wire-format samples, not a cache of today's DSL output: tests
 check that the current tiled.ir still decodes and verifies them, so regenerate them only on
 purpose. Run from anywhere: .venv/bin/python clients/cpp/testdata/make_programs.py

@@ -166,6 +166,22 @@ def test_daemon_compiled_cpu_kernel_launches_from_cpp(cpp, daemon, tmp_path, nam
         assert result["dims"] == {"N": 100003} and result["grid"] == [98, 1, 1]
 
 
+def test_a_cubin_that_writes_nothing_fails_tiled_launchs_check(cpp, daemon, tmp_path):
+    """A daemon-compiled sm_90a cubin through tiled-launch's whole cuda path (allocate, copy,
+    load, launch, copy back) on the stand-in driver, which runs nothing: every output element
+    keeps its NaN, and the check reports each one."""
+    out = tmp_path / "out"
+    r = cli(cpp, daemon["address"], "--target", "cuda:sm_90a", "--out", str(out),
+            str(TESTDATA / "vadd.tir"))
+    assert r.returncode == 0, r.stderr
+    run = subprocess.run([str(cpp / "tiled-launch"), str(out)], capture_output=True, text=True,
+                         timeout=300, env=clean_env(LD_LIBRARY_PATH=str(cpp / "fake-driver")))
+    assert run.returncode == 1, run.stdout + run.stderr
+    (result,) = json_lines(run)
+    assert result["device"] == "fake CUDA device" and result["grid"] == [98, 1, 1]
+    assert result["checked"] == result["bad"] == 100003 and not result["ok"]
+
+
 def test_launch_refuses_a_corrupt_artifact_and_an_unknown_kernel(cpp, daemon, tmp_path):
     out = tmp_path / "out"
     assert cli(cpp, daemon["address"], "--target", "cpu", "--out", str(out),

@@ -89,7 +89,11 @@ struct Check {
     ++checked;
     double err = std::fabs(got - want);
     if (!(err <= atol + rtol * std::fabs(want))) ++bad;  // NaN counts as bad
-    max_abs = std::isnan(err) ? NAN : std::max(max_abs, err);
+    if (std::isnan(err) || std::isnan(max_abs)) {  // NaN stays (JSON: null)
+      max_abs = max_rel = NAN;
+      return;
+    }
+    max_abs = std::max(max_abs, err);
     if (want != 0) max_rel = std::max(max_rel, err / std::fabs(want));
   }
 };

@@ -31,6 +31,7 @@ from bundle_cli import (
     smoke_in_child,
     smoke_order,
     time_graphed,
+    tuning_records,
     write_results,
 )
 
@@ -198,7 +199,7 @@ def run(bundle: Path, out: Path) -> None:
             torch.cuda.empty_cache()
             write_results(out, "attention.py", bundle, index, rounds=ROUNDS,
                           graph_calls=GRAPH_CALLS, hung=hung, rows=rows,
-                          tuning_stats=dict(tuning.STATS))
+                          tuning_stats=dict(tuning.STATS), tunings=tuning_records())
 
 
 def smoke(bundle: Path) -> None:

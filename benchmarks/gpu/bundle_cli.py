@@ -88,6 +88,22 @@ def write_results(out: Path, script: str, bundle: Path, build: dict, **fields) -
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields}, indent=1))
 
 
+def tuning_records() -> list[dict]:
+    """The tunings this host's kernel cache holds (tiled.autotune records them in the
+    manifest notes of the winner): each one's factory, winning config and every candidate's
+    time (us by config index) and skip reason, for a results file."""
+    from tiled.cache.tiered import default_cache
+
+    cache, out = default_cache(), []
+    keys = cache.keys()
+    for key in keys:
+        entry = cache.get(key)
+        notes = json.loads(entry.manifest).get("notes") or {} if entry else {}
+        if "tiled.autotune" in notes:
+            out.append(notes["tiled.autotune"])
+    return out
+
+
 def graphed(torch, fn, calls: int):
     """fn captured `calls` times in a CUDA graph (after one warm-up call on a side stream):
     the graph's replay, for timing launches that cost less device time than host time."""

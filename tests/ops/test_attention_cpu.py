@@ -111,10 +111,38 @@ def test_prefill_kernel_compiles_for_sm90a(D):
     from tiled.compiler import compile_program
 
     for varlen in (False, True):
-        compile_program(att.prefill_kernel(16, 4, D, "bfloat16", "bshd", True, 0, 0.0,
-                                           D ** -0.5, varlen, True, 4096, BM=64, BN=64,
-                                           threads=128), target="cuda:sm_90a")
+        for P in ("shared", "regs"):
+            c = compile_program(att.prefill_kernel(16, 4, D, "bfloat16", "bshd", True, 0, 0.0,
+                                                   D ** -0.5, varlen, True, 4096, BM=64,
+                                                   BN=64, threads=128, P=P),
+                                target="cuda:sm_90a")
+            if P == "regs" and D <= 128 and not varlen:
+                # P from registers, dense: the TMA-fed, software-pipelined loop (varlen's K / V
+                # offsets load cu_seqlens, which keeps its loop on cp.async)
+                assert "wgmma_rows_rs_issue<" in c.source and "retire<1>" in c.source
     assert math.isfinite(D ** -0.5)
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 24)])
+def test_probabilities_in_registers_match_torch(causal, window):
+    """The P="regs" configs (P cast into a 16-bit fragment that the second gemm reads from
+    registers) compute what the shared-P ones do."""
+    import tiled
+
+    g = torch.Generator().manual_seed(4)
+    B, Sq, Sk, H, KVH, D = 1, 40, 56, 4, 2, 64
+    q = torch.randn(B, Sq, H, D, generator=g)
+    k = torch.randn(B, Sk, KVH, D, generator=g)
+    v = torch.randn(B, Sk, KVH, D, generator=g)
+    kernel = att.prefill_kernel(H, KVH, D, "float32", "bshd", causal, window or 0, 0.0,
+                                D ** -0.5, False, True, BM=16, BN=16, threads=32, P="regs")
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, Sq)
+    unused = torch.zeros(1, dtype=torch.int32)
+    tiled.compile(kernel, target="cpu")(q, k, v, unused, unused, out, lse, unused)
+    want, want_lse = _reference(q[0], k[0], v[0], causal, window)
+    assert _rel(out[0], want) < 1e-5
+    assert torch.allclose(lse[0], want_lse, atol=1e-4)
 
 
 @pytest.mark.parametrize("window", [None, 8])

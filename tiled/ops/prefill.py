@@ -32,19 +32,25 @@ from tiled.ops.tuned import TunedOp
 LOG2E = 1.4426950408889634
 NEG_INF = float("-inf")
 
-CUDA_SPACE = [{"BM": bm, "BN": bn, "threads": t, "stages": 2}
-              for bm, t in ((64, 128), (128, 256)) for bn in (64, 128)]
+# P: the probabilities staged through a shared tile ("shared": the whole-kernel sm_90a
+# attention path takes the kernel) or cast into a 16-bit fragment that the second gemm reads
+# from registers ("regs": the per-op path, software-pipelined, ws_rotate.py).
+CUDA_SPACE = [{"BM": bm, "BN": bn, "threads": t, "stages": 2, "P": p}
+              for p in ("shared", "regs") for bm, t in ((64, 128), (128, 256))
+              for bn in (64, 128)]
 CPU_SPACE = [{"BM": 16, "BN": 16, "threads": 32, "stages": 2}]
 
 
 def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, varlen, lse,
-                   S_bucket=None, BM=64, BN=64, threads=128, stages=2):
+                   S_bucket=None, BM=64, BN=64, threads=128, stages=2, P="shared"):
     """The kernel of one config (`S_bucket` only selects: every length is symbolic). Params
     Q, K, V, CQ, CK (cu_seqlens; one-element placeholders when dense), Out, LSE (a
     placeholder without return_lse), Grid (varlen: a [max_seqlen_q] tensor whose length
     sizes the grid, as launch grids come from tensor shapes; a placeholder when dense)."""
     if H % KVH:
         raise ValueError(f"attention: {H} heads do not group over {KVH} kv heads")
+    if P not in ("shared", "regs"):
+        raise ValueError(f"attention: P={P!r}, expected 'shared' or 'regs'")
     G = H // KVH
     Bd, SQ, SK, B1, MQ = T.dyn("B"), T.dyn("SQ"), T.dyn("SK"), T.dyn("B1"), T.dyn("MQ")
     if varlen:
@@ -59,11 +65,16 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
     cu_t = T.Tensor((B1,), "int32")  # batch + 1 offsets
     unused_t = T.Tensor((1,), "int32")  # a parameter this variant does not read or write
 
+    # Scores enter the softmax as log2 exponents: softcapped ones in a pass of their own;
+    # plain ones stay raw (q . k) until exp2 takes them, their scale folded into its
+    # argument (`c`), so a tile that masks nothing costs no pass of its own.
+    c = 1.0 if softcap else scale * LOG2E
+
     def score(x):
-        """A raw score (q . k) as the softmax's log2 exponent: scaled, softcapped."""
+        """A score as the softmax compares it: the softcapped log2 exponent, else raw."""
         if softcap:
             return softcap * LOG2E * T.tanh(x * (scale / softcap))
-        return x * (scale * LOG2E)
+        return x
 
     def rows(X, b, h, start, n):
         """[n, D] rows start.. of head h of sequence b (varlen: `start` is absolute)."""
@@ -89,7 +100,8 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
             k = T.alloc_shared((BN, D), dtype)
             v = T.alloc_shared((BN, D), dtype)
             sc = T.alloc_fragment((BM, BN), "float32")
-            p = T.alloc_shared((BM, BN), dtype)
+            p = T.alloc_shared((BM, BN), dtype) if P == "shared" else \
+                T.alloc_fragment((BM, BN), dtype)
             o = T.alloc_fragment((BM, D), "float32")
             m = T.alloc_fragment((BM,), "float32")
             m_prev = T.alloc_fragment((BM,), "float32")
@@ -113,22 +125,23 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
                 T.max(hi - lo, 0)
             for step in T.Pipelined(n, num_stages=stages):
                 T.copy(rows(K, b, h // G, k0 + (lo + step) * BN, BN), k)
-                T.copy(rows(V, b, h // G, k0 + (lo + step) * BN, BN), v)
+                if P == "shared":
+                    T.copy(rows(V, b, h // G, k0 + (lo + step) * BN, BN), v)
                 T.clear(sc)
                 T.gemm(q, k, sc, transpose_B=True)
                 # Only a tile reaching past the keys, or (causal) past the block's first
                 # row's diagonal or before its last row's window, masks keys: the others are
-                # only scaled (log2 units, as exp2 takes them).
+                # only softcapped, or left as they are.
                 t0 = (lo + step) * BN
-                whole = t0 + BN <= n_k
+                partial = t0 + BN > n_k
                 if causal:
-                    whole = whole & (t0 + BN - 1 <= bx * BM + off)
+                    partial = partial | (t0 + BN - 1 > bx * BM + off)
                     if window:
-                        whole = whole & (t0 > bx * BM + BM - 1 + off - window)
-                if whole:
+                        partial = partial | (t0 <= bx * BM + BM - 1 + off - window)
+                if softcap and not partial:
                     for i, t in T.Parallel(BM, BN):
                         sc[i, t] = score(sc[i, t])
-                else:
+                if partial:
                     for i, t in T.Parallel(BM, BN):
                         j = t0 + t
                         seen = j < n_k
@@ -142,15 +155,17 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
                 for i in T.Parallel(BM):
                     # A row that has seen no key yet (a mask) has m = -inf: subtracting 0
                     # instead keeps its exponentials 0, not NaN.
-                    m_use[i] = T.if_then_else(m[i] == NEG_INF, 0.0, m[i])
-                    alpha[i] = T.exp2(m_prev[i] - m_use[i])
+                    m_use[i] = T.if_then_else(m[i] == NEG_INF, 0.0, m[i] * c)
+                    alpha[i] = T.exp2(m_prev[i] * c - m_use[i])
                     total[i] = total[i] * alpha[i]
                 for i, t in T.Parallel(BM, BN):
-                    sc[i, t] = T.exp2(sc[i, t] - m_use[i])
+                    sc[i, t] = T.exp2(sc[i, t] * c - m_use[i])
                 T.reduce_sum(sc, total, dim=1, clear=False)
                 T.copy(sc, p)
                 for i, d in T.Parallel(BM, D):
                     o[i, d] *= alpha[i]
+                if P == "regs":  # waited for just before P V: its load has the softmax's time
+                    T.copy(rows(V, b, h // G, k0 + (lo + step) * BN, BN), v)
                 T.gemm(p, v, o)
             for i, d in T.Parallel(BM, D):
                 o[i, d] = o[i, d] / T.max(total[i], 1e-30)
@@ -170,9 +185,9 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
                 for i in T.Parallel(BM):
                     if bx * BM + i < n_q:
                         if varlen:
-                            LSE[h, q0 + bx * BM + i] = (T.log2(total[i]) + m[i]) / LOG2E
+                            LSE[h, q0 + bx * BM + i] = (T.log2(total[i]) + m[i] * c) / LOG2E
                         else:
-                            LSE[b, h, bx * BM + i] = (T.log2(total[i]) + m[i]) / LOG2E
+                            LSE[b, h, bx * BM + i] = (T.log2(total[i]) + m[i] * c) / LOG2E
 
     return attention_fwd
 

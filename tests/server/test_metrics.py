@@ -25,10 +25,11 @@ def value(m, name, **labels):
 
 def test_observe_compile_labels_and_buckets():
     m = Metrics()
-    m.observe_compile("cuda", "sm_90a", {"lower": 0.02, "toolchain": 40.0, "total": 45.0}, "ok")
+    m.observe_compile("cuda", "sm_90a", {"lower": 0.02, "toolchain": 40.0, "total": 45.0},
+                      "compiled")
     m.observe_compile("cuda", "sm_90a", {"total": 0.0005}, "hit")
     assert COMPILE_BUCKETS[0] == 0.001 and COMPILE_BUCKETS[-1] >= 1800
-    lab = dict(backend="cuda", arch="sm_90a", result="ok")
+    lab = dict(backend="cuda", arch="sm_90a", result="compiled")
     assert value(m, "tiled_compile_duration_seconds_count", stage="lower", **lab) == 1
     assert value(m, "tiled_compile_duration_seconds_sum", stage="toolchain", **lab) == 40.0
     total = dict(stage="total", **lab)
@@ -43,9 +44,33 @@ def test_observe_compile_labels_and_buckets():
 def test_observe_compile_rejects_unknown_stage_and_result():
     m = Metrics()
     with pytest.raises(ValueError, match="stages"):
-        m.observe_compile("cpu", "x86", {"linking": 1.0}, "ok")
+        m.observe_compile("cpu", "x86", {"linking": 1.0}, "compiled")
     with pytest.raises(ValueError, match="result"):
         m.observe_compile("cpu", "x86", {"total": 1.0}, "crashed")
+
+
+def test_errors_count_by_code_and_time_under_error():
+    m = Metrics()
+    m.observe_error("cpu", "x86_64", "INVALID_ARGUMENT", 0.002)
+    m.observe_error("cpu", "x86_64", "INVALID_ARGUMENT", 0.003)
+    m.observe_error("unknown", "unknown", "UNIMPLEMENTED", 0.001)
+    assert value(m, "tiled_compile_errors_total", backend="cpu", code="INVALID_ARGUMENT") == 2
+    assert value(m, "tiled_compile_errors_total", backend="unknown", code="UNIMPLEMENTED") == 1
+    err = dict(backend="cpu", arch="x86_64", stage="total", result="error")
+    assert value(m, "tiled_compile_duration_seconds_count", **err) == 2
+
+
+def test_limits_are_gauges():
+    m = Metrics()
+    m.set_limits(4, 256, 260)
+    assert (value(m, "tiled_workers"), value(m, "tiled_queue_limit"),
+            value(m, "tiled_requests_waiting_limit")) == (4, 256, 260)
+
+
+def test_metric_stages_are_the_compilers_plus_total():
+    from tiled.compiler.stages import STAGES
+
+    assert metrics_module.STAGES == (*STAGES, "total")
 
 
 def test_cache_events_count():
@@ -172,7 +197,7 @@ def test_build_info(monkeypatch):
 def test_no_digest_in_any_label():
     m = Metrics()
     digest = sha256_hex(b"kernel")
-    m.observe_compile("cuda", digest, {"total": 1.0}, "ok")
+    m.observe_compile("cuda", digest, {"total": 1.0}, "compiled")
     m.observe_load(digest, 0.01)
     m.cache_events().lookup(digest, "hit")
     m.cache_events().error("disk", digest)
@@ -194,7 +219,7 @@ def test_observe_load():
 
 def test_http_endpoint_on_free_port():
     m = Metrics()
-    m.observe_compile("cpu", "x86_64", {"total": 0.2}, "ok")
+    m.observe_compile("cpu", "x86_64", {"total": 0.2}, "compiled")
     server = m.start_http(0)
     try:
         port = server.server_port

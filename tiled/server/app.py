@@ -71,6 +71,7 @@ class ServeOptions:
     insecure_no_auth: bool = False  # serve --tcp without a token (logged as a warning)
     workers: int | None = None
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"  # 0.0.0.0 in a container, for a scraper outside it
     compile_timeout_s: float = DEFAULT_TIMEOUT_S  # sized from measured compiles (pool.py)
     memory_bytes: int | None = DEFAULT_MEMORY_BYTES  # per-worker RLIMIT_AS; None: no limit
     queue_limit: int = 256
@@ -336,6 +337,7 @@ def build_server(opts: ServeOptions):
         service = CompilerService(cache, pool, metrics, max_request_bytes=opts.max_request_bytes,
                                   compile_timeout_s=opts.compile_timeout_s,
                                   max_waiting=max_waiting)
+        metrics.set_limits(pool.workers, opts.queue_limit, max_waiting)
         handlers = futures.ThreadPoolExecutor(max_workers=max_waiting + RESERVE_THREADS,
                                               thread_name_prefix="tiled-rpc")
         servers = [_grpc_server(opts, service, [], handlers)]
@@ -359,11 +361,11 @@ def build_server(opts: ServeOptions):
                 raise ServeRefused(f"cannot listen on --tcp {opts.tcp}: {e}") from None
             servers.append(tcp)
         try:
-            http = metrics.start_http(opts.metrics_port) if opts.metrics_port is not None \
-                else None
+            http = metrics.start_http(opts.metrics_port, opts.metrics_addr) \
+                if opts.metrics_port is not None else None
         except OSError as e:
-            raise ServeRefused(f"cannot serve metrics on port {opts.metrics_port}: "
-                               f"{e.strerror}") from None
+            raise ServeRefused(f"cannot serve metrics on {opts.metrics_addr}:"
+                               f"{opts.metrics_port}: {e.strerror}") from None
     except BaseException:
         unix.remove()
         pool.shutdown(wait=False)
@@ -385,7 +387,8 @@ def serve(opts: ServeOptions) -> int:
              "at most, %s requests may wait for compiles%s)", unix.path,
              f" and {opts.tcp}" if opts.tcp else "", service.local_target,
              pool.stats().get("workers"), opts.compile_timeout_s, memory, service.max_waiting,
-             f", metrics on 127.0.0.1:{http.server_port}" if http is not None else "")
+             f", metrics on {opts.metrics_addr}:{http.server_port}" if http is not None
+             else "")
     done = threading.Event()
 
     def stop(signum, _frame):

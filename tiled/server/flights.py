@@ -92,12 +92,13 @@ class Flights:
                 self.metrics.set_waiting(waiting)
 
     def once(self, key: str, waiter: Waiter, time_left: float | None,
-             produce: Callable[[Flight], tuple[Any, bool]]) -> tuple[Any, bool]:
-        """(entry, hit) for `key`: the first request runs `produce(flight)` (which looks the
-        cache up again, so a request that missed just before the previous owner stored and
-        left is a hit, not a second compile, and else compiles and stores); requests arriving
-        meanwhile wait for its entry, for at most `time_left` seconds (CompileTimeout), and
-        get (entry, False). A waiter that went away (`abandon`) raises CancelledError."""
+             produce: Callable[[Flight], tuple[Any, str]]) -> tuple[Any, str]:
+        """(entry, outcome) for `key`: the first request runs `produce(flight)`, which returns
+        the entry and "hit" or "compiled" (it looks the cache up again, so a request that
+        missed just before the previous owner stored and left is a hit, not a second
+        compile); requests arriving meanwhile wait for its entry, for at most `time_left`
+        seconds (CompileTimeout), and get (entry, "merged"). A waiter that went away
+        (`abandon`) raises CancelledError."""
         with self._lock:
             flight = self._inflight.get(key)
             owner = flight is None
@@ -114,14 +115,14 @@ class Flights:
             done, _ = concurrent.futures.wait((flight.entry, waiter.gone), timeout=time_left,
                                               return_when=concurrent.futures.FIRST_COMPLETED)
             if flight.entry in done:
-                return flight.entry.result(), False  # merged: not from the cache, not compiled
+                return flight.entry.result(), "merged"  # not from the cache, not compiled
             if waiter.gone in done:
                 raise concurrent.futures.CancelledError("the request went away")
             raise CompileTimeout("the deadline passed while waiting for an identical compile")
         try:
-            entry, hit = produce(flight)
+            entry, outcome = produce(flight)
             flight.entry.set_result(entry)
-            return entry, hit
+            return entry, outcome
         except BaseException as e:
             flight.entry.set_exception(e)
             raise

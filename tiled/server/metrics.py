@@ -26,8 +26,12 @@ from prometheus_client.exposition import start_http_server
 
 log = logging.getLogger(__name__)
 
+# tiled.compiler.stages.STAGES plus the whole request ("total"); not imported from there, so
+# that a client-side Metrics never imports the compiler package.
 STAGES = ("verify", "lower", "codegen", "toolchain", "store", "total")
-RESULTS = ("ok", "error", "timeout", "hit")
+# What a Compile request got (tiled.server.service): from the cache, its own compile, an
+# identical compile another request started, or an error. Count of "compiled" = compiles run.
+RESULTS = ("compiled", "hit", "merged", "error")
 # A cold CUDA compile with autotuning can take many minutes; the top buckets keep those visible.
 # fmt: off
 COMPILE_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120,
@@ -138,8 +142,9 @@ class _CacheEvents:
 class Metrics:
     """All tiled metrics in one private registry. Thread-safe.
 
-    Server: `observe_compile`, `cache_events()`, `set_cache_size_callback`, `pool_event`,
-    `start_http`. Client: `observe_load`. Tests: `render()`."""
+    Server: `observe_compile`, `observe_error`, `set_limits`, `cache_events()`,
+    `set_cache_size_callback`, `pool_event`, `start_http`. Client: `observe_load`.
+    Tests: `render()`."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -149,6 +154,12 @@ class Metrics:
             "compile time per stage",
             ["backend", "arch", "stage", "result"],
             buckets=COMPILE_BUCKETS,
+            registry=r,
+        )
+        self.compile_errors = Counter(
+            "tiled_compile_errors_total",
+            "Compile requests that failed, by gRPC status code",
+            ["backend", "code"],
             registry=r,
         )
         self.cache_lookups = Counter(
@@ -172,6 +183,15 @@ class Metrics:
         self.queue_depth = Gauge("tiled_queue_depth", "compiles waiting for a worker", registry=r)
         self.in_flight = Gauge(
             "tiled_compiles_in_flight", "compiles running on a worker", registry=r
+        )
+        self.workers = Gauge("tiled_workers", "compile worker processes configured", registry=r)
+        self.queue_limit = Gauge(
+            "tiled_queue_limit", "compiles that may queue before RESOURCE_EXHAUSTED", registry=r
+        )
+        self.waiting_limit = Gauge(
+            "tiled_requests_waiting_limit",
+            "requests that may wait for compiles before RESOURCE_EXHAUSTED (--max-waiting)",
+            registry=r,
         )
         self.compile_requests = Counter(
             "tiled_compile_requests_total", "compiles finished by the pool", ["result"], registry=r
@@ -225,6 +245,19 @@ class Metrics:
             raise ValueError(f"compile stages {sorted(unknown)} are not among {STAGES}")
         for stage, seconds in stages.items():
             self.child(self.compile_duration, backend, arch, stage, result).observe(seconds)
+
+    def observe_error(self, backend: str, arch: str, code: str, seconds: float) -> None:
+        """A Compile request that failed after `seconds`: its total time under result="error",
+        and one count of its gRPC status code name (INVALID_ARGUMENT, INTERNAL, ...)."""
+        self.child(self.compile_duration, backend, arch, "total", "error").observe(seconds)
+        self.child(self.compile_errors, backend, code).inc()
+
+    def set_limits(self, workers: int, queue_limit: int, max_waiting: int | None) -> None:
+        """The daemon's configured capacity, for saturation ratios (queue depth / limit)."""
+        self.workers.set(workers)
+        self.queue_limit.set(queue_limit)
+        if max_waiting is not None:
+            self.waiting_limit.set(max_waiting)
 
     def child(self, metric, *labels: object):
         """`metric.labels(*labels)` with each label passed through `_label`, memoized:

@@ -130,17 +130,46 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         if self.metrics is not None:
             self.metrics.observe_compile(target.backend, target.arch, stages, result)
 
+    def _observe_failure(self, target_text: str | None, error: BaseException,
+                         seconds: float) -> None:
+        """A request that ended in `error`: result="error" and its status code counted. The
+        labels come from the request's target only when it names a real backend, so a
+        client cannot grow the label set (None: the request was not decoded)."""
+        if self.metrics is None:
+            return
+        backend = arch = "unknown"
+        if target_text is not None:
+            try:
+                target = self._target(target_text)
+                backend, arch = target.backend, target.arch
+            except Exception:  # an unknown target: its own error is the one reported
+                pass
+        self.metrics.observe_error(backend, arch, status_of(error)[0].name, seconds)
+
     def compile(self, request: cpb.CompileRequest, time_left: float | None,
                 waiter: Waiter | None = None, *, counted: bool = True) -> cpb.CompileResponse:
         """One Compile, raising tiled errors (the caller maps them to statuses). `waiter`, when
         given, lets `flights.abandon` withdraw this request from a compile it waits for.
         `counted`: waiting for a compile takes one of `max_waiting` (QueueFull when none is
-        left); Warm passes False, as its whole call holds one."""
+        left); Warm passes False, as its whole call holds one.
+
+        Every request is observed once, with the result it got: "hit" (from the cache),
+        "compiled" (its own compile), "merged" (it waited on an identical compile another
+        request started) or "error" (with its status code); so the count of "compiled" is
+        the number of compiles."""
         t0 = time.perf_counter()
+        try:
+            return self._compile(request, time_left, waiter, counted, t0)
+        except Exception as e:
+            self._observe_failure(request.target, e, time.perf_counter() - t0)
+            raise
+
+    def _compile(self, request: cpb.CompileRequest, time_left: float | None,
+                 waiter: Waiter | None, counted: bool, t0: float) -> cpb.CompileResponse:
         action, target, program, options = self._admit(request)
         key = action.hex
         entry = self.cache.get(key)
-        hit = entry is not None
+        outcome = "hit"
         stages: dict[str, float] = {"verify": time.perf_counter() - t0}
         if entry is None:
             if request.cache_only:
@@ -148,10 +177,11 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
             if program is None:  # admitted before (memo), evicted since: decode it again
                 program, options = Program(request.program), self._options(request.options_json)
             with self.flights.waiting_slot(counted):
-                entry, hit = self.flights.once(
+                entry, outcome = self.flights.once(
                     key, waiter or Waiter(), time_left,
                     lambda flight: self._lookup_or_compile(action, program, target, options,
-                                                           time_left, stages, t0, flight))
+                                                           time_left, stages, flight))
+        hit = outcome == "hit"
         manifest_json = entry.manifest.decode()
         artifact_sha = json.loads(manifest_json)["artifact_sha256"]
         artifact = entry.blobs[artifact_sha]
@@ -159,38 +189,34 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         with self._lock:
             self._hits += hit
         stages["total"] = time.perf_counter() - t0
-        self._observe(target, stages, "hit" if hit else "ok")
+        self._observe(target, stages, outcome)
         limit = request.inline_limit or DEFAULT_INLINE
         return cpb.CompileResponse(
             action_key=key, manifest_json=manifest_json, artifact_sha256=artifact_sha,
             artifact_size=len(artifact), artifact=artifact if len(artifact) <= limit else b"",
             cache_hit=hit, resolved_target=str(target), stage_seconds=stages)
 
-    def _lookup_or_compile(self, action, program, target, options, time_left, stages, t0,
-                           flight: Flight) -> tuple[Entry, bool]:
+    def _lookup_or_compile(self, action, program, target, options, time_left, stages,
+                           flight: Flight) -> tuple[Entry, str]:
         """The owner's part of a flight: the cache again (a request that missed just before
         the previous owner stored and left is a hit, not a second compile), else compile and
         store."""
         entry = self.cache.get(action.hex)
         if entry is not None:
-            return entry, True
+            return entry, "hit"
         return self._compile_and_store(action, program, target, options, time_left, stages,
-                                       t0, flight), False
+                                       flight), "compiled"
 
-    def _compile_and_store(self, action, program, target, options, time_left, stages, t0,
+    def _compile_and_store(self, action, program, target, options, time_left, stages,
                            flight: Flight) -> Entry:
         key = action.hex
         timeout = self.compile_timeout_s if time_left is None else \
             max(0.001, min(self.compile_timeout_s, time_left))
         payload = compile_payload(program, target, options, action.record)
-        try:
-            job = self.pool.submit(key, COMPILE_JOB, payload, timeout_s=timeout)
-            if self.flights.attach(key, flight, job):  # every request left before it existed
-                job.cancel()
-            result = job.result()
-        except Exception:
-            self._observe(target, {"total": time.perf_counter() - t0}, "error")
-            raise
+        job = self.pool.submit(key, COMPILE_JOB, payload, timeout_s=timeout)
+        if self.flights.attach(key, flight, job):  # every request left before it existed
+            job.cancel()
+        result = job.result()
         entry, worker_stages = compiled_entry(key, result)
         for stage, seconds in worker_stages.items():  # the worker verifies again
             stages[stage] = stages.get(stage, 0.0) + seconds
@@ -238,7 +264,9 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
                 return body  # as remembered: no stage_seconds (nothing was staged)
             self._responses.forget(digest)
         if isinstance(request.message, Undecodable):
-            raise ValueError(request.message.message)
+            error = ValueError(request.message.message)
+            self._observe_failure(None, error, time.perf_counter() - t0)
+            raise error
         response = self._compile_call(request.message, context)
         hit = cpb.CompileResponse()
         hit.CopyFrom(response)

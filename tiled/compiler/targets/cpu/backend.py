@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from tiled.compiler.registry import Artifact, Backend, Target, register
+from tiled.compiler.stages import timed
 from tiled.errors import CompileError
 from tiled.ir.program import Program
 
@@ -31,13 +32,15 @@ class CpuBackend(Backend):
         from tiled.compiler.targets.cpu.lower import lower_cpu
         from tiled.compiler.toolchain.cc import link_cpu_library
 
-        mod = lower_cpu(program)
-        with tvm.transform.PassContext(opt_level=3):
-            ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+        with timed("lower"):
+            mod = lower_cpu(program)
         with tempfile.TemporaryDirectory(prefix="tiled-cpu-") as tmp:
             obj, so = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
-            ex.mod.write_to_file(str(obj))
-            link_cpu_library(str(obj), str(so))
+            with timed("codegen"), tvm.transform.PassContext(opt_level=3):
+                ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+                ex.mod.write_to_file(str(obj))
+            with timed("toolchain"):
+                link_cpu_library(str(obj), str(so))
             data = so.read_bytes()
         return Artifact(data=data, symbol=f"__tvm_ffi_{program.name}", kernel_args=None,
                         dynamic_smem_bytes=0, block=(1, 1, 1))

@@ -77,3 +77,15 @@ def test_status_without_daemon_exits_1_naming_the_address(tmp_path):
     report = json.loads(out.stdout)
     assert report["reachable"] is False and not report["serving"]
     assert report["address"] == f"unix://{sock}" and report["error"]
+
+
+def test_probe_asks_health_only(daemon, tmp_path):
+    out = tiled_cli("status", "--probe", "--server", daemon["address"], env=daemon["env"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == f"tiled daemon at {daemon['address']}: SERVING"
+    sock = tmp_path / "none.sock"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TILED_SOCKET": str(sock)}
+    env.pop("TILED_SERVER", None)
+    out = tiled_cli("status", "--probe", "--timeout", "5", env=env)
+    assert out.returncode == 1
+    assert f"tiled daemon at unix://{sock}: not reachable" in out.stderr

@@ -100,8 +100,8 @@ def cmd_serve(args) -> int:
         socket=args.socket or config.get("socket"), tcp=args.tcp, tls_cert=args.tls_cert,
         tls_key=args.tls_key, token_file=args.token_file,
         insecure_no_auth=args.insecure_no_auth, workers=args.workers,
-        metrics_port=args.metrics_port, **defaults, queue_limit=args.queue_limit,
-        max_waiting=args.max_waiting,
+        metrics_port=args.metrics_port, metrics_addr=args.metrics_addr, **defaults,
+        queue_limit=args.queue_limit, max_waiting=args.max_waiting,
         max_request_bytes=size("--max-request-size", args.max_request_size) or 64 << 20,
         recycle_bytes=size("--recycle-memory", args.recycle_memory),
         idle_stop_s=args.idle_stop or None))
@@ -131,6 +131,8 @@ def main(argv=None) -> int:
                     "token file: anyone who can reach the port may compile (logged)")
     sv.add_argument("--workers", type=int, help="compile worker processes (default: CPUs)")
     sv.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    sv.add_argument("--metrics-addr", default="127.0.0.1", help="the address /metrics listens "
+                    "on (default 127.0.0.1; 0.0.0.0 in a container scraped from outside)")
     sv.add_argument("--timeout", type=float, help="per-compile time limit, s (default 120: "
                     "tiled.server.pool.DEFAULT_TIMEOUT_S)")
     sv.add_argument("--memory-limit", help="per-worker address-space limit, e.g. 8G; 0: none "

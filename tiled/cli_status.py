@@ -1,5 +1,8 @@
 """`tiled status`: what an operator asks of a running daemon (version, backends, load, cache,
-health). Exit 0 when it is serving, 1 when it is unreachable or not serving."""
+health). Exit 0 when it is serving, 1 when it is unreachable or not serving.
+
+`tiled status --probe` asks only the gRPC health service (no Capabilities, no retries): the
+container HEALTHCHECK and the Kubernetes probes run it every few seconds."""
 
 from __future__ import annotations
 
@@ -90,8 +93,24 @@ def _status_lines(s: dict) -> list[str]:
     return [f"  {k:14s}{v}" for k, v in rows]
 
 
+def probe(address: str, timeout: float) -> tuple[bool, str]:
+    """(serving, what to print) from one health check of the whole daemon ("" service)."""
+    from tiled.client import Client
+
+    with Client(address, timeout_s=timeout, retries=0) as client:
+        try:
+            state = client.health("")
+        except TiledError as e:
+            return False, f"not reachable: {e}"
+    return state == "SERVING", state
+
+
 def cmd_status(args) -> int:
     address = daemon_address(args.server)
+    if args.probe:
+        serving, state = probe(address, args.timeout)
+        print(f"tiled daemon at {address}: {state}", file=sys.stdout if serving else sys.stderr)
+        return 0 if serving else 1
     s = daemon_status(address, args.timeout)
     # Without the health package here, a Capabilities answer is the best sign of serving.
     state = s.get("health", {}).get("", "")
@@ -112,4 +131,6 @@ def add_parser(sub) -> None:
                     "unix://TILED_SOCKET)")
     st.add_argument("--timeout", type=float, default=10.0, help="deadline of each call, s")
     st.add_argument("--json", action="store_true", help="one JSON object")
+    st.add_argument("--probe", action="store_true", help="only the gRPC health check, no "
+                    "retries (container and Kubernetes probes)")
     st.set_defaults(fn=cmd_status)

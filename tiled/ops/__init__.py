@@ -37,6 +37,7 @@ from __future__ import annotations
 import threading
 
 from tiled.ops import kernels as _k
+from tiled.runtime.telemetry import count_launch
 
 _KERNELS: dict[tuple, object] = {}
 _FACTORIES = {"rms_norm": _k.rms_norm, "fused_add_rms_norm": _k.fused_add_rms_norm,
@@ -77,6 +78,7 @@ def _kernel(op: str, like, **params):
     """The compiled kernel of factory(**params) for `like`'s device, compiled once (or the
     one `install` gave for it)."""
     target = _target(like)
+    count_launch(op, target)  # the caller launches what this returns
     key = _key(op, target, params)
     k = _KERNELS.get(key)
     if k is not None:

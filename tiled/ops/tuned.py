@@ -20,8 +20,10 @@ class TunedOp:
         chosen once per (target, bucket), then kept. Inside a CUDA graph capture a bucket not
         tuned yet raises RuntimeError (tuning launches and synchronizes)."""
         from tiled.ops import _capturing, _target
+        from tiled.runtime.telemetry import count_launch
 
         target = _target(like)
+        count_launch(self.name, target)  # the caller launches what this returns
         key = (target, tuple(self.bucket(*args)))
         t = self.chosen.get(key)
         if t is not None:

@@ -52,9 +52,15 @@ def load(artifact: bytes, manifest: Manifest | dict | str) -> Kernel:
         raise LaunchError(f"{m.name}: no loader for backend {m.backend!r} in this runtime "
                           f"(available: {', '.join(LOADERS)})")
     import importlib
+    import time
 
+    from tiled.runtime.telemetry import observe_load
+
+    t0 = time.perf_counter()
     module, _, cls = LOADERS[m.backend].partition(":")
-    return getattr(importlib.import_module(module), cls)(data, m)
+    kernel = getattr(importlib.import_module(module), cls)(data, m)
+    observe_load(m.backend, time.perf_counter() - t0)  # where prometheus_client is installed
+    return kernel
 
 
 __all__ = ["BoundArgs", "Kernel", "KernelArg", "LaunchError", "Manifest", "ManifestError",

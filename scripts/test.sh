@@ -29,5 +29,18 @@ for fw in vllm sglang; do
   scripts/plugin_venv.sh $fw
   echo "$fw venv ready in $((SECONDS - t0)) s"
 done
+# --- deploy/ and the Dockerfile (tests/deploy) -------------------------------------------------
+# buildah + debootstrap build the daemon image and run the daemon in it (test_image.py, about
+# 5 minutes: deploy/image/build.sh); promtool (Debian's prometheus package) checks and
+# unit-tests the alert rules; systemd-analyze verifies the systemd unit; kubernetes-validate
+# (PyPI; it bundles the Kubernetes JSON schemas, so no network is needed) checks the manifests.
+deploy_pkgs=()
+command -v buildah >/dev/null || deploy_pkgs+=(buildah)
+command -v debootstrap >/dev/null || deploy_pkgs+=(debootstrap)
+command -v promtool >/dev/null || deploy_pkgs+=(prometheus)
+command -v systemd-analyze >/dev/null || deploy_pkgs+=(systemd)
+if ((${#deploy_pkgs[@]})); then apt-get update -q && apt-get install -y -q "${deploy_pkgs[@]}"; fi
+.venv/bin/python -m pip install -q kubernetes-validate==1.37.0
+# --- end deploy -----------------------------------------------------------------------------------
 export TILED_REQUIRE_VLLM=1 TILED_REQUIRE_SGLANG=1
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Builds the daemon image (the repository's Dockerfile) where no Docker engine runs and no
+# registry can be reached: the base image debian:bookworm-slim is made with debootstrap from
+# Debian's packages and imported into buildah's store, then `buildah bud --isolation chroot`
+# builds the Dockerfile (its RUN steps reach Debian's mirror and PyPI).
+#
+#   deploy/image/build.sh [TAG]          TAG defaults to tiled:<version in pyproject.toml>
+#
+# Environment:
+#   TILED_IMAGE_STORE   buildah's storage root (default: buildah's own, /var/lib/containers);
+#                       tests give it a directory of their own so they never touch other images
+#   TILED_IMAGE_ROOTFS  where the debootstrapped base is kept as a tarball between runs
+#                       (default build/image/bookworm-rootfs.tar)
+#   DEBIAN_MIRROR       default http://deb.debian.org/debian
+#   TILED_IMAGE_PIP_CA  CA bundle pip trusts in the build (the Dockerfile's pip_ca secret: in
+#                       no layer); default PIP_CERT, else /etc/ssl/certs/ca-certificates.crt,
+#                       so a host behind a TLS-inspecting proxy builds as its own pip works
+# Needs root, buildah and debootstrap (Debian: apt-get install buildah debootstrap).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+tag=${1:-tiled:$version}
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+rootfs_tar=${TILED_IMAGE_ROOTFS:-build/image/bookworm-rootfs.tar}
+base=docker.io/library/debian:bookworm-slim  # what `FROM debian:bookworm-slim` resolves to
+
+bh=(buildah --storage-driver vfs)
+if [[ -n ${TILED_IMAGE_STORE:-} ]]; then
+  bh+=(--root "$TILED_IMAGE_STORE/root" --runroot "$TILED_IMAGE_STORE/run")
+fi
+
+make_rootfs() {  # a minimal Debian bookworm, with security updates enabled, as a tarball
+  local dir
+  dir=$(mktemp -d /tmp/tiled-rootfs.XXXXXX)
+  trap 'rm -rf "$dir"' RETURN
+  debootstrap --variant=minbase bookworm "$dir" "$mirror" >"$dir.log" 2>&1 ||
+    { tail -20 "$dir.log"; rm -f "$dir.log"; return 1; }
+  rm -f "$dir.log"
+  rm -f "$dir/etc/apt/sources.list"
+  cat >"$dir/etc/apt/sources.list.d/debian.sources" <<SOURCES
+Types: deb
+URIs: $mirror
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: ${mirror%/debian}/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+  # as Debian's -slim images: no docs, man pages or apt lists in the base
+  rm -rf "$dir"/usr/share/doc/* "$dir"/usr/share/man/* "$dir"/var/lib/apt/lists/* \
+    "$dir"/var/cache/apt/*.bin "$dir"/var/log/*.log
+  mkdir -p "$(dirname "$rootfs_tar")"
+  tar -C "$dir" --numeric-owner -cf "$rootfs_tar.tmp" . && mv "$rootfs_tar.tmp" "$rootfs_tar"
+}
+
+t0=$SECONDS
+if ! "${bh[@]}" inspect --type image "$base" >/dev/null 2>&1; then
+  [[ -f $rootfs_tar ]] || { make_rootfs; echo "debootstrap: $((SECONDS - t0)) s"; }
+  ctr=$("${bh[@]}" from scratch)
+  "${bh[@]}" add "$ctr" "$rootfs_tar" / >/dev/null
+  "${bh[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --cmd /bin/bash --os linux --arch "$(dpkg --print-architecture)" "$ctr"
+  "${bh[@]}" commit -q --rm "$ctr" "$base" >/dev/null
+  echo "base image $base: $((SECONDS - t0)) s"
+fi
+t1=$SECONDS
+secret=()
+pip_ca=${TILED_IMAGE_PIP_CA:-${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}
+[[ -s $pip_ca ]] && secret=(--secret "id=pip_ca,src=$pip_ca")
+"${bh[@]}" bud --isolation chroot --format docker --pull=never --build-arg "VERSION=$version" \
+  "${secret[@]}" -f Dockerfile -t "$tag" . >&2
+echo "image $tag: $((SECONDS - t1)) s"

@@ -72,6 +72,7 @@ def daemon_in(image_name: str, *serve_args: str):
         os.chown(d, UID, UID)
         d.chmod(0o755)
     port = free_port()
+    home = home_files(Path(buildah("mount", ctr)))
     cmd = ["buildah", "--storage-driver", "vfs", "--root", str(STORE / "root"), "--runroot",
            str(STORE / "run"), "run", "--isolation", "chroot", "-v", f"{run_dir}:/run/tiled",
            "-v", f"{cache_dir}:/var/cache/tiled", ctr, "--", "tiled", "serve",
@@ -80,7 +81,7 @@ def daemon_in(image_name: str, *serve_args: str):
     log = DaemonLog(proc.stdout)
     sock = run_dir / "tiled.sock"
     channel = grpc.insecure_channel(f"unix://{sock}")
-    d = {"proc": proc, "log": log, "sock": sock, "ctr": ctr, "metrics": port,
+    d = {"proc": proc, "log": log, "sock": sock, "ctr": ctr, "metrics": port, "home": home,
          "stub": compile_pb2_grpc.CompilerStub(channel), "cache": cache_dir}
     try:
         try:
@@ -104,6 +105,12 @@ def daemon_in(image_name: str, *serve_args: str):
         buildah("rm", ctr, check=False)
         shutil.rmtree(run_dir, ignore_errors=True)
         shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def home_files(root: Path) -> dict[str, int]:
+    """{path: mtime_ns} of everything under the image user's home in a mounted rootfs."""
+    home = root / "var" / "lib" / "tiled"
+    return {str(p.relative_to(home)): p.lstat().st_mtime_ns for p in home.rglob("*")}
 
 
 def working_container(image_name: str) -> str:
@@ -212,6 +219,10 @@ def test_daemon_in_the_image_compiles_for_a_client_outside(image):
                                                         "health": "SERVING"}, out
         finally:
             buildah("rm", pod, check=False)
+        # Nothing was written outside /tmp and the volumes (the DaemonSet runs the image with
+        # a read-only root and an empty home): the home the image made is unchanged.
+        root = Path(buildah("mount", d["ctr"]))
+        assert home_files(root) == d["home"]
         text = metrics_text(d["metrics"])  # served on 0.0.0.0 inside: reachable from here
         assert 'result="compiled"' in text and 'result="hit"' in text
         assert list((d["cache"]).iterdir()), "the cache volume stayed empty"

@@ -162,6 +162,7 @@ def metrics_text(port: int) -> str:
         return r.read().decode()
 
 
+@pytest.mark.timeout(1800)  # the build (in the fixture): 3-8 minutes on 2 busy cores
 def test_image_config(image):
     config = image["Docker"]["config"]
     assert config["User"] == f"{UID}:{UID}"
@@ -171,10 +172,13 @@ def test_image_config(image):
     assert config["Labels"]["org.opencontainers.image.title"] == "tiled"
     env = dict(e.split("=", 1) for e in config["Env"])
     assert env["TILED_SOCKET"] == "/run/tiled/tiled.sock"
+    # the CA bundle pip may need was a secret mount of the build stage, which the image
+    # does not contain
     history = json.dumps(image["Docker"]["history"])
-    assert "pip_ca" not in history.replace("id=pip_ca", "")  # the CA is a secret mount only
+    assert "pip_ca" not in history and "PIP_CERT" not in history
 
 
+@pytest.mark.timeout(900)
 def test_daemon_in_the_image_compiles_for_a_client_outside(image):
     with daemon_in(TAG, "--workers", "2") as d:
         kernel = elementwise.add(block=256, threads=128)

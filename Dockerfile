@@ -1,9 +1,9 @@
-# syntax=docker/dockerfile:1
 # The tiled compile daemon (`tiled serve`). docs/operations.md says how to build, run and deploy
 # it; deploy/image/build.sh builds it without a Docker engine (debootstrap + buildah).
 #
-#   docker build -t tiled:0.1.0 .
-#   docker run -v tiled-run:/run/tiled -v tiled-cache:/var/cache/tiled -p 9464:9464 tiled:0.1.0
+#   docker build -t tiled:0.1.0 .        (BuildKit, Docker's default builder since 23.0)
+#   install -d -o 10001 -g 10001 -m 0755 /run/tiled     (the socket's host directory)
+#   docker run -v /run/tiled:/run/tiled -v tiled-cache:/var/cache/tiled -p 9464:9464 tiled:0.1.0
 #
 # Stage 1 builds the tiled wheel and installs it with the compiler extra into a virtual
 # environment; stage 2 copies that environment onto a base with only what the daemon runs:

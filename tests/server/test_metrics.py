@@ -198,7 +198,6 @@ def test_no_digest_in_any_label():
     m = Metrics()
     digest = sha256_hex(b"kernel")
     m.observe_compile("cuda", digest, {"total": 1.0}, "compiled")
-    m.observe_load(digest, 0.01)
     m.cache_events().lookup(digest, "hit")
     m.cache_events().error("disk", digest)
     m.set_cache_size_callback(digest, lambda: 1)
@@ -207,14 +206,6 @@ def test_no_digest_in_any_label():
     labels = [v for f in m.registry.collect() for s in f.samples for v in s.labels.values()]
     assert "other" in labels
     assert not [v for v in labels if HEX64.search(v)]
-
-
-def test_observe_load():
-    m = Metrics()
-    m.observe_load("cuda", 0.003)
-    assert value(m, "tiled_artifact_load_seconds_count", backend="cuda") == 1
-    assert value(m, "tiled_artifact_load_seconds_bucket", backend="cuda", le="0.005") == 1
-    assert value(m, "tiled_artifact_load_seconds_bucket", backend="cuda", le="0.001") == 0
 
 
 def test_http_endpoint_on_free_port():

@@ -21,7 +21,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# As tiled.server.metrics.LOAD_BUCKETS (not imported: that module needs the server extra).
+# A load is a dlopen or cuModuleLoadData: well under a millisecond to a few seconds.
 LOAD_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
 
 _lock = threading.Lock()

@@ -1,4 +1,5 @@
-"""Prometheus metrics for the compile daemon and the client.
+"""Prometheus metrics of the compile daemon (the serving processes' own are in
+tiled.runtime.telemetry).
 
 `Metrics` owns a private CollectorRegistry, never the global one, so tests and several daemons in
 one process never collide. Every method is thread-safe. The hooks that the cache and the worker
@@ -36,7 +37,6 @@ RESULTS = ("compiled", "hit", "merged", "error")
 # fmt: off
 COMPILE_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120,
                    300, 600, 1200, 1800)
-LOAD_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
 # fmt: on
 
 _HEXRUN = re.compile(r"[0-9a-fA-F]{16,}")
@@ -143,8 +143,7 @@ class Metrics:
     """All tiled metrics in one private registry. Thread-safe.
 
     Server: `observe_compile`, `observe_error`, `set_limits`, `cache_events()`,
-    `set_cache_size_callback`, `pool_event`, `start_http`. Client: `observe_load`.
-    Tests: `render()`."""
+    `set_cache_size_callback`, `pool_event`, `start_http`. Tests: `render()`."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -215,13 +214,6 @@ class Metrics:
         self.workers_replaced = Counter(
             "tiled_workers_replaced_total", "worker processes replaced", ["reason"], registry=r
         )
-        self.artifact_load = Histogram(
-            "tiled_artifact_load_seconds",
-            "time to load a compiled artifact (client side)",
-            ["backend"],
-            buckets=LOAD_BUCKETS,
-            registry=r,
-        )
         self._cache_size = _CacheSize()
         r.register(self._cache_size)
         r.register(_BuildInfo())
@@ -267,9 +259,6 @@ class Metrics:
         if child is None:
             child = self._children[key] = metric.labels(*(_label(v) for v in labels))
         return child
-
-    def observe_load(self, backend: str, seconds: float) -> None:
-        self.child(self.artifact_load, backend).observe(seconds)
 
     def set_waiting(self, n: int) -> None:
         """How many requests wait for a compile now (the service's admission count)."""

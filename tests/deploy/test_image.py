@@ -5,7 +5,8 @@ directories) and a client outside compiles through the socket: a CPU kernel that
 here, and a cuda:sm_90a kernel compiled by NVRTC inside the image.
 
 Needs root, buildah and debootstrap (scripts/test.sh installs them); without them the test
-fails, as CI must build the image. Takes about 3-5 minutes (most of it the build)."""
+fails, as CI must build the image. Took 7 minutes here (the build 3-5 of them; debootstrap
+another 1 on a first run)."""
 
 import contextlib
 import json

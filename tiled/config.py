@@ -103,6 +103,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "largest blob written to Redis; an entry with a larger blob stays local"),
     Setting("redis_timeout_seconds", float, lambda: 0.1,
             "Redis connect and read timeout; a slow or dead Redis is skipped, never waited on"),
+    Setting("ops", str, lambda: "all",
+            "the ops the serving plugins (integrations/) replace: 'all', 'none' or a comma "
+            "list of rms_norm, silu_and_mul, gelu_and_mul, rotary_embedding"),
     Setting("autotune", _autotune_mode, lambda: "on",
             "tiled.autotune: 'on' (tune on a cache miss), 'cached' (use a recorded winner, "
             "else the first config, never time), 'off' (always the first config)"),

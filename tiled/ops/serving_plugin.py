@@ -12,8 +12,9 @@ table either way.
 from __future__ import annotations
 
 import logging
-import os
 import threading
+
+from tiled import config
 
 PLUGIN_OPS = ("rms_norm", "silu_and_mul", "gelu_and_mul", "rotary_embedding")
 
@@ -21,7 +22,7 @@ PLUGIN_OPS = ("rms_norm", "silu_and_mul", "gelu_and_mul", "rotary_embedding")
 def selected_ops(value: str | None, log: logging.Logger) -> tuple[str, ...]:
     """The ops `value` (else TILED_OPS, default "all") asks for, in PLUGIN_OPS' order;
     unknown names are logged and ignored."""
-    value = os.environ.get("TILED_OPS", "all") if value is None else value
+    value = config.get("ops") if value is None else value
     names = [n.strip() for n in value.split(",") if n.strip()]
     if not names or names == ["all"]:
         return PLUGIN_OPS

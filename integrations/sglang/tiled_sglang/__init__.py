@@ -16,7 +16,6 @@ so a failure is logged here and no hook is left registered.
 from __future__ import annotations
 
 import logging
-import os
 
 log = logging.getLogger("tiled_sglang")
 _registered: dict[str, list[str]] = {}  # op -> the SGLang classes replaced for it
@@ -40,7 +39,7 @@ def register() -> None:
 
         _registered.update(layers.install(selected_ops()))
         log.info("tiled_sglang: active for %s (TILED_SERVER=%s)",
-                 ", ".join(_registered) or "no ops", os.environ.get("TILED_SERVER", "unset"))
+                 ", ".join(_registered) or "no ops", _server())
     except Exception as e:  # SGLang must keep running with its own layers
         _state["error"] = repr(e)
         _registered.clear()
@@ -54,3 +53,10 @@ def status() -> dict:
 
     return {"registered": {op: list(c) for op, c in sorted(_registered.items())},
             "error": _state["error"], "served": counts()}
+
+
+def _server() -> str:
+    """The daemon the ops compile through (TILED_SERVER), for the start line."""
+    from tiled import config
+
+    return config.get("server") or "unset"

@@ -15,7 +15,6 @@ raises; a failure is logged and vLLM keeps its own layers.
 from __future__ import annotations
 
 import logging
-import os
 
 log = logging.getLogger("tiled_vllm")
 
@@ -41,7 +40,7 @@ def register() -> None:
         ops = selected_ops()
         _registered.update(layers.install(ops))
         log.info("tiled_vllm: active for %s (TILED_SERVER=%s)",
-                 ", ".join(_registered) or "no ops", os.environ.get("TILED_SERVER", "unset"))
+                 ", ".join(_registered) or "no ops", _server())
     except Exception as e:  # vLLM must keep running with its own layers
         _state["error"] = repr(e)
         log.warning("tiled_vllm: not active, vLLM keeps its own layers: %r", e)
@@ -53,3 +52,10 @@ def status() -> dict:
     from tiled_vllm.counters import counts
 
     return {"registered": sorted(_registered), "error": _state["error"], "served": counts()}
+
+
+def _server() -> str:
+    """The daemon the ops compile through (TILED_SERVER), for the start line."""
+    from tiled import config
+
+    return config.get("server") or "unset"

@@ -177,20 +177,12 @@ def lower_mask_add(low, init: AccInit) -> None:
     if not init.keep:
         low.stmt(init.add)
         return
-    saved = {v: low.vars.get(v) for v, _ in init.nest}
     whole = None
-    try:
-        for corner in itertools.product(*[(0, e - 1) for _, e in init.nest]):
-            for (v, _), x in zip(init.nest, corner, strict=True):
-                low.vars[v] = tirx.const(x, "int32")
+    for corner in itertools.product(*[(0, e - 1) for _, e in init.nest]):
+        with low.bound({v: tirx.const(x, "int32")
+                        for (v, _), x in zip(init.nest, corner, strict=True)}):
             for cmp in init.keep:
                 holds = low.expr(cmp)
                 whole = holds if whole is None else tirx.And(whole, holds)
-    finally:
-        for v, old in saved.items():
-            if old is None:
-                low.vars.pop(v, None)
-            else:
-                low.vars[v] = old
     with T.If(tirx.Not(whole)), T.Then():
         low.stmt(init.add)

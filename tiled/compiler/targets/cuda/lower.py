@@ -336,6 +336,21 @@ class CudaLowering(ExprLowering):
         buf, idx = self.access(bid, indices, ir_indices)
         return buf[tuple(idx)]
 
+    @contextlib.contextmanager
+    def bound(self, values: dict):
+        """Program variables bound to the TIR values `values` (var id -> value) inside the
+        block (an expression evaluated at given points); the earlier bindings after it."""
+        saved = {v: self.vars.get(v) for v in values}
+        self.vars.update(values)
+        try:
+            yield
+        finally:
+            for v, old in saved.items():
+                if old is None:
+                    self.vars.pop(v, None)
+                else:
+                    self.vars[v] = old
+
     def expr(self, e):
         if e.WhichOneof("kind") == "call" and e.call.op == pb.EXP2 and \
                 dtypes.canonical_name(e.dtype) == "float32":

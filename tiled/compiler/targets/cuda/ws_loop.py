@@ -237,17 +237,9 @@ def longest_first(low, grid: list) -> int | None:
     ana = Analyzer()
 
     def extent_at(axis: int, index: int):
-        saved = {v: low.vars.get(v) for v in block_vars}
-        try:
-            for a, v in enumerate(block_vars):
-                low.vars[v] = tirx.const(index if a == axis else 0, "int32")
+        with low.bound({v: tirx.const(index if a == axis else 0, "int32")
+                        for a, v in enumerate(block_vars)}):
             return ana.simplify(low.expr(low.wsloop.loop.extent))
-        finally:
-            for v, old in saved.items():
-                if old is None:
-                    low.vars.pop(v, None)
-                else:
-                    low.vars[v] = old
 
     for axis, g in enumerate(grid):
         if not isinstance(g, tirx.IntImm) or g.value < 2:

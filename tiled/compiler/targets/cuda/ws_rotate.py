@@ -98,17 +98,15 @@ def lower_rotated_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int],
 
     def issue(st, k, zero_init=False):
         """Lowers gemm statement `st` of step k, left in flight."""
-        saved = low.vars[f.var]
-        low.vars[f.var] = k
         stage, _ = stage_phase(base + k)
         old = {rc.tile: low.stage.get(rc.tile) for rc in w.copies}
         for rc in w.copies:
             low.stage[rc.tile] = stage
         low.in_flight, low.zero_init = True, zero_init
-        low.stmt(st)
+        with low.bound({f.var: k}):
+            low.stmt(st)
         low.in_flight = low.zero_init = False
         low.stage.update(old)
-        low.vars[f.var] = saved
 
     def wait_deferred(k):
         """D(k) done: its registers tied here, its late stages freed."""

@@ -19,6 +19,12 @@ command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y 
   apt-get update -q && apt-get install -y -q cmake g++ pkg-config libgrpc++-dev libprotobuf-dev \
     protobuf-compiler protobuf-compiler-grpc nlohmann-json3-dev; }
 # --- end of the C++ client's block
+# --- ROCm backend (issue 16): clang-22, ld.lld-22 and llvm-22 (objcopy, objdump) compile and
+# check the rocm:gfx942 / rocm:gfx90a code objects and build their CPU emulation.
+{ command -v clang-22 && command -v ld.lld-22 && command -v llvm-objcopy-22 \
+    && command -v llvm-objdump-22; } >/dev/null || {
+  apt-get update -q && apt-get install -y -q clang-22 lld-22 llvm-22; }
+# --- end ROCm backend
 # torch, so the runtime's torch-tensor paths run too (a CPU build where the machine's wheel
 # store has one, as this project's machines do).
 .venv/bin/python -m pip install -q torch==2.13.0

@@ -11,7 +11,7 @@ from tiled.errors import UnsupportedTarget
 from tiled.ir.program import Program
 
 _BACKENDS: dict[str, Backend] = {}
-_BUILTIN = ("cpu", "cuda")
+_BUILTIN = ("cpu", "cuda", "rocm")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class Artifact:
     # preconditions: a launch that fails them is refused.
     requires: list = field(default_factory=list)
     fallback: dict | None = None
+    # The code object's facts (rocm: the manifest's `code_object`, backend.check_code_object).
+    code_object: dict | None = None
 
 
 
@@ -147,8 +149,8 @@ def get_backend(name: str) -> Backend:
 
 
 def parse_target(text: str | Target) -> Target:
-    """"cpu", "cuda:sm_80", "cuda:sm_90a" -> Target. Raises UnsupportedTarget naming the
-    problem."""
+    """"cpu", "cuda:sm_80", "cuda:sm_90a", "rocm:gfx942" -> Target. Raises UnsupportedTarget
+    naming the problem."""
     if isinstance(text, Target):
         return text
     if not isinstance(text, str) or not text or len(text) > 64:

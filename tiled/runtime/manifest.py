@@ -55,6 +55,7 @@ from typing import Any
 
 from tiled.errors import LaunchError
 from tiled.ir import dtypes
+from tiled.runtime.code_object import check_code_object
 
 MANIFEST_VERSION = 1
 KERNEL_ARG_KINDS = ("tensor", "scalar", "dim", "tensor_map")
@@ -325,7 +326,7 @@ _REQUIRED = ("manifest_version", "name", "program_digest", "target", "backend", 
              "artifact_format", "artifact_sha256", "symbol", "params")
 _OPTIONAL = {"kernel_args": [], "grid": [1, 1, 1], "block": [1, 1, 1], "dynamic_smem_bytes": 0,
              "cluster": [1, 1, 1], "action": None, "requires": [], "fallback": None,
-             "notes": None}
+             "notes": None, "code_object": None}
 # The launch fields a fallback variant replaces (it shares the artifact and the params).
 _FALLBACK_FIELDS = ("symbol", "kernel_args", "grid", "block", "dynamic_smem_bytes", "cluster")
 _ACTION_FIELDS = {"v", "program", "target", "options", "toolchain", "namespace"}
@@ -376,6 +377,8 @@ class Manifest:
     # What a tool records beside the kernel (a JSON object; tiled.autotune: the tuning record
     # and the winning config). The launch never reads it.
     notes: dict | None = field(default=None, compare=False, hash=False)
+    # rocm: the shipped code object's facts (tiled.runtime.code_object); None elsewhere.
+    code_object: dict | None = field(default=None, hash=False)
     manifest_version: int = MANIFEST_VERSION
     _dims: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -468,12 +471,31 @@ class Manifest:
             if unknown:
                 raise _fail(f"requires[{j}]", f"uses {sorted(unknown)}, which no tensor "
                             f"parameter binds (dims: {', '.join(dims) or 'none'})")
+        if self.backend == "rocm" or self.code_object is not None:
+            if self.backend != "rocm":
+                raise _fail("code_object", f"a rocm manifest's field; this one is "
+                            f"{self.backend}'s")
+            if self.code_object is None:
+                raise _fail("code_object", "a rocm manifest needs it (the code object's "
+                            "kernarg layout and resources)")
+            check_code_object(self.code_object, self.kernel_args,
+                              [self._arg_bytes(ka) for ka in self.kernel_args], _fail)
         if self.notes is not None and not isinstance(self.notes, dict):
             raise _fail("notes", f"expected an object, got {type(self.notes).__name__}")
         if self.fallback is not None and (not isinstance(self.fallback, dict) or
                                           set(self.fallback) != set(_FALLBACK_FIELDS)):
             raise _fail("fallback", f"expected an object with the fields "
                         f"{', '.join(_FALLBACK_FIELDS)}")
+
+    def _arg_bytes(self, ka: KernelArg) -> int | None:
+        """Bytes kernel argument `ka` takes in a kernarg segment (None: no fixed size)."""
+        if ka.kind == "tensor":
+            return 8
+        if ka.kind == "dim":
+            return 8 if ka.dtype in ("int64", "uint64") else 4
+        if ka.kind == "scalar":
+            return dtypes.nbytes(self.params[ka.param].dtype)  # type: ignore[index]
+        return None
 
     def fallback_manifest(self) -> Manifest:
         """The fallback variant as a manifest of its own (same params and artifact, no
@@ -502,6 +524,7 @@ class Manifest:
             **({"requires": [_expr_json(e) for e in self.requires]} if self.requires else {}),
             **({"fallback": self.fallback} if self.fallback is not None else {}),
             **({"notes": self.notes} if self.notes is not None else {}),
+            **({"code_object": self.code_object} if self.code_object is not None else {}),
         }
 
     def to_json(self) -> str:

@@ -205,6 +205,12 @@ def _backend_record(backend: str, compiler: str | None, root: Path) -> dict[str,
         from tiled.compiler.toolchain.cc import cc_version, shim_digest
 
         return {"cc": cc_version(), "shim": shim_digest(), "machine": platform.machine()}
+    if backend == "rocm":
+        from tiled.compiler.toolchain import hip
+
+        return {"clang": hip.tool_version("clang"), "lld": hip.tool_version("lld"),
+                "llvm_objcopy": hip.tool_version("llvm_objcopy"),
+                "headers": hip.headers_digest()}
     return {}  # a backend without an external toolchain (yet)
 
 
@@ -217,7 +223,8 @@ def _memo_key(target: Any, cuda_compiler: str | None, compiler_root: Path | None
         compiler = which_compiler(cuda_compiler)
     root = Path(compiler_root) if compiler_root is not None else PACKAGE_ROOT
     # The configured tools are part of the key: a scoped override names another toolchain.
-    return backend, compiler, root, config.get("nvcc"), config.get("cc")
+    return (backend, compiler, root, config.get("nvcc"), config.get("cc"),
+            config.get("clang"), config.get("lld"))
 
 
 def _memoized(target: Any, cuda_compiler: str | None,
@@ -248,7 +255,9 @@ def toolchain_record(target: Any, cuda_compiler: str | None = None,
     cuda adds compiler (nvcc | nvrtc, as `cuda_compiler` or TILED_CUDA_COMPILER resolve),
     nvcc and ptxas version lines, nvrtc (its version when compiling with NVRTC, else None) and
     headers (a hash of tiled_cuda.h and the toolkit's cuda_fp16 / cuda_bf16 headers); cpu adds
-    cc (the C compiler's version), shim (its digest) and machine (the host arch).
+    cc (the C compiler's version), shim (its digest) and machine (the host arch); rocm adds
+    the version lines of clang, ld.lld and llvm-objcopy (TILED_CLANG, TILED_LLD,
+    TILED_LLVM_OBJCOPY) and headers (a hash of tiled's ROCm device headers, toolchain.hip).
     `compiler_root` (tests) is a copy of the directory holding tiled/ whose sources are hashed
     instead of this install's. The cache namespace is not here: it salts the action key.
     Memoized per process: returns a copy. Raises ToolchainError when a required tool (the C

@@ -60,7 +60,7 @@ def _tiled_pipeline():
     return _pipeline, finalize_host_passes, finalize_device_passes
 
 
-def _register_pipeline() -> None:
+def register_pipeline() -> None:
     from tvm.tirx.compilation_pipeline import PIPELINE_MAP
 
     PIPELINE_MAP.setdefault("tiled_cuda", _tiled_pipeline)
@@ -170,7 +170,7 @@ class CudaBackend(Backend):
             mod = tvm.IRModule({**{gv.name_hint: f for gv, f in mod.functions.items()},
                                 name: fb_mod[program.name].with_attr("global_symbol", name)})
             low.fallback = fb
-        _register_pipeline()
+        register_pipeline()
         target = tvm.target.Target({"kind": "cuda", "arch": arch})
         with timed("codegen"):
             ex = tvm.compile(mod, target=target, tir_pipeline="tiled_cuda")

@@ -44,7 +44,7 @@ def staged_operands(low, g: pb.Gemm) -> list[str]:
             and not (role == "a" and a_in_registers(low, g))]
 
 
-def _stage_stride(buf: pb.Buffer) -> int:
+def stage_stride(buf: pb.Buffer) -> int:
     cols = buf.shape[-1].size
     return cols + 8 if dtypes.nbytes(buf.dtype) == 2 else cols  # as the pool pads gemm tiles
 
@@ -69,7 +69,7 @@ def stage_bytes(low, g: pb.Gemm) -> int:
     total = 0
     for role in staged_operands(low, g):
         b = low.buffers[getattr(g, role)]
-        total = align_up(total) + b.shape[0].size * _stage_stride(b) * dtypes.nbytes(b.dtype)
+        total = align_up(total) + b.shape[0].size * stage_stride(b) * dtypes.nbytes(b.dtype)
     for role in converted(low, g):
         rows, stride = _converted_shape(low.buffers[getattr(g, role)])
         total = align_up(total) + rows * stride * 2
@@ -101,12 +101,12 @@ def _convert(low, g: pb.Gemm, roles: list[str]) -> dict:
     return out
 
 
-def _stage(low, bid: int, offset: int):
+def stage_fragment(low, bid: int, offset: int):
     """Writes fragment `bid` row-major into the scratch area at `offset` bytes; returns the
     shared TIR buffer (rows x padded stride) it is in."""
     b = low.buffers[bid]
     rows, cols = (d.size for d in b.shape)
-    stride = _stage_stride(b)
+    stride = stage_stride(b)
     dt = dtypes.canonical_name(b.dtype)
     tile = low.scratch(dt, rows * stride, offset, shape=(rows, stride))
     lay, frag = low.layouts[bid], low.tir[bid]
@@ -134,10 +134,10 @@ def lower_gemm(low, g: pb.Gemm, s: pb.Stmt) -> None:
         for role in staged:
             bid = getattr(g, role)
             offset = align_up(offset)
-            tile = _stage(low, bid, offset)
-            operand[role] = (T.address_of(tile[0, 0]), _stage_stride(low.buffers[bid]))
+            tile = stage_fragment(low, bid, offset)
+            operand[role] = (T.address_of(tile[0, 0]), stage_stride(low.buffers[bid]))
             buf = low.buffers[bid]
-            offset += buf.shape[0].size * _stage_stride(buf) * dtypes.nbytes(buf.dtype)
+            offset += buf.shape[0].size * stage_stride(buf) * dtypes.nbytes(buf.dtype)
         low.sync.before(True, False)  # the gemm reads the staged tiles (and B)
     else:
         low.uniform_stmt(s)

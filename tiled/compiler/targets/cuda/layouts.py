@@ -79,6 +79,7 @@ class WgmmaRows:
     nwg: int
 
     QUAD_MASKS = (1, 2)  # lane xor masks that reach the other holders of a row
+    REPLICAS = 4  # lanes holding each row
 
     @property
     def local_size(self) -> int:
@@ -138,6 +139,7 @@ class MmaRows:
     warps: int
 
     QUAD_MASKS = (1, 2)
+    REPLICAS = 4
 
     @property
     def local_size(self) -> int:

@@ -55,7 +55,12 @@ from tiled.compiler.targets.cuda.gemm_sm90 import (
     panel_index,
     plan_wgmma,
 )
-from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS, MmaLayout, infer_layouts
+from tiled.compiler.targets.cuda.layouts import (
+    ROWS_LAYOUTS,
+    CudaAnchors,
+    MmaLayout,
+    infer_layouts,
+)
 from tiled.compiler.targets.cuda.limits import MAX_SMEM
 from tiled.compiler.targets.cuda.parallel import lower_fill, lower_parallel
 from tiled.compiler.targets.cuda.pipeline import lower_pipeline
@@ -106,6 +111,12 @@ class CudaLowering(ExprLowering):
     turn = False  # a wgmma gemm issued on its warpgroup's turn (ws_loop.py, pingpong)
     in_flight = False  # a wgmma gemm left in flight (wgmma_waits.py)
     zero_init = False  # a wgmma gemm that sets its accumulator, C = A @ B (ws_rotate.py)
+    # What the op modules (reduce, parallel) ask of the target; ROCm's lowering (a subclass,
+    # targets/rocm/lower.py) brings its own.
+    warp_size = 32  # lanes of a warp
+    rows_layouts = ROWS_LAYOUTS  # layouts replicated over a few lanes (row vectors)
+    mma_layouts: tuple[type, ...] = (MmaLayout,)  # accumulators whose operand tiles get padded
+    max_vector = CudaAnchors.max_vector  # the longest run of a thread in a cyclic layout
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                  whole_kernel: bool = True):
@@ -116,7 +127,7 @@ class CudaLowering(ExprLowering):
         hopper = arch == "sm_90a" and warp_specialize
         whole = hopper and whole_kernel  # the whole-kernel GEMM / attention paths may match
         self.attn = find_ws_attention(p) if whole else None
-        self.layouts = infer_layouts(p, self.attn.accumulators() if self.attn else None)
+        self.layouts = self.infer_layouts(p, self.attn.accumulators() if self.attn else None)
         self.ws = find_ws_gemm(p, self.layouts) if whole and not self.attn else None
         self.wgmma_ops = WgmmaOps()
         if arch == "sm_90a" and self.ws is None and self.attn is None and not self.explicit:
@@ -160,6 +171,10 @@ class CudaLowering(ExprLowering):
         self.lane_index: dict = {}  # scalar local -> the vector lane indexing it (parallel.py)
         self.vec_plan: dict[tuple, int] = {}
 
+    def infer_layouts(self, p: pb.Program, accumulators: dict | None) -> dict[int, object]:
+        """Every fragment's layout, from the target's instruction anchors (layouts.py)."""
+        return infer_layouts(p, accumulators)
+
     def block_sync(self) -> SyncTracker:
         """Barrier placement for the program's threads: __syncthreads(), or the consumers'
         named barrier when a producer runs beside them (an sm_90a path)."""
@@ -185,7 +200,7 @@ class CudaLowering(ExprLowering):
         gemm_operands, tma_tiles = set(), set()
         for st in self.statements():
             kind = st.WhichOneof("kind")
-            if kind == "gemm" and isinstance(self.layouts.get(st.gemm.c), MmaLayout):
+            if kind == "gemm" and isinstance(self.layouts.get(st.gemm.c), self.mma_layouts):
                 gemm_operands |= {st.gemm.a, st.gemm.b}
             if kind == "copy" and st.copy.HasField("tma"):
                 tma_tiles.add(st.copy.dst.buffer)
@@ -313,8 +328,8 @@ class CudaLowering(ExprLowering):
             return self.frag_bind[bid]
         if isinstance(lay, ReplicatedLayout):
             return ravel(indices, list(lay.shape))
-        if isinstance(lay, ROWS_LAYOUTS) and self.frag_row is not None and ir_indices is not None \
-                and is_identity(ir_indices, self.nest_vars[:1]):
+        if isinstance(lay, self.rows_layouts) and self.frag_row is not None and \
+                ir_indices is not None and is_identity(ir_indices, self.nest_vars[:1]):
             anchor, idx = self.frag_row  # m[i] over the anchor's row i: same thread
             if anchor.rows() == lay:
                 return anchor.row_slot(idx)

@@ -25,7 +25,6 @@ from tiled.compiler.passes.layout import (
     unravel,
 )
 from tiled.compiler.passes.vectorize import run_lanes
-from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS, CudaAnchors
 from tiled.compiler.tir import and_all, unravel_dyn
 from tiled.ir.walk import element_accesses, set_before_read, stores
 from tiled.v1 import tile_ir_pb2 as pb
@@ -56,8 +55,8 @@ def lower_parallel(low, s: pb.Stmt) -> None:
             low.frag_bind = {b: idx for b in ident}
             low.nest_vars = loop_vars
             low.frag_row = (anchor, idx) if hasattr(anchor, "row_slot") else None
-            low.replica = tirx.floormod(low.tx, 4) == 0 \
-                if isinstance(anchor, ROWS_LAYOUTS) else None
+            low.replica = tirx.floormod(low.tx, anchor.REPLICAS) == 0 \
+                if isinstance(anchor, low.rows_layouts) else None
             with low.maybe_if(valid):
                 low.stmt(body)
             low.frag_bind, low.nest_vars, low.frag_row = {}, outer_vars, None
@@ -136,7 +135,7 @@ def _flat_lanes(low, body: pb.Stmt, inner: int, static: list, private: set) -> i
     its locals, if any, are scalars each lane can keep (module docstring of _lane_locals)."""
     if any(x is None for x in static) or not _lane_scalars(low, body, private):
         return 1
-    vec = cyclic_vector(tuple(static), low.threads, CudaAnchors.max_vector)
+    vec = cyclic_vector(tuple(static), low.threads, low.max_vector)
     return run_lanes(body, inner, vec, low.buffers, low.shared_stride)
 
 

@@ -1,7 +1,7 @@
 """T.reduce_* on the CUDA lowering (lower.py): sum, max, min and absmax (max of |x|,
 whose identity is 0) along one dim of a shared or fragment tile into a fragment.
 
-- Into a rows layout (layouts.ROWS_LAYOUTS: the row reduction of an accumulator whose
+- Into a rows layout (the lowering's rows_layouts: the row reduction of an accumulator whose
   rows each live in a quad of lanes): each thread combines the elements of its rows (a
   balanced tree), then the quad exchanges partials with two xor shuffles; no shared memory.
 - From a replicated fragment (or a local tile): every thread reduces its own copy.
@@ -24,7 +24,6 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.layout import CyclicLayout, ReplicatedLayout, ravel, unravel
-from tiled.compiler.targets.cuda.layouts import ROWS_LAYOUTS
 from tiled.compiler.tir import saturating_abs
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
@@ -46,10 +45,10 @@ def reduce_scratch_bytes(low, r: pb.Reduce) -> int:
     """Shared scratch bytes reduction `r` needs (0 when it needs none)."""
     src, dst = low.buffers[r.src], low.buffers[r.dst]
     if isinstance(low.layouts.get(src.id), ReplicatedLayout) or \
-            isinstance(low.layouts.get(dst.id), ROWS_LAYOUTS):
+            isinstance(low.layouts.get(dst.id), low.rows_layouts):
         return 0
     if _whole_rounds(low, r):
-        return low.threads // 32 * math.prod(d.size for d in dst.shape) * \
+        return low.threads // low.warp_size * math.prod(d.size for d in dst.shape) * \
             max(4, dtypes.nbytes(dst.dtype))
     n = math.prod(d.size for d in src.shape) + math.prod(d.size for d in dst.shape)
     return n * max(4, dtypes.nbytes(dst.dtype))
@@ -62,7 +61,7 @@ def _whole_rounds(low, r: pb.Reduce) -> bool:
     lay = low.layouts.get(r.src)
     last = len(src.shape) - 1
     return (src.scope == pb.FRAGMENT and isinstance(lay, CyclicLayout) and
-            r.dim in (last, -1) and low.threads % 32 == 0 and
+            r.dim in (last, -1) and low.threads % low.warp_size == 0 and
             src.shape[-1].size % (low.threads * lay.vec) == 0)
 
 
@@ -76,7 +75,7 @@ def lower_reduce(low, r: pb.Reduce) -> None:
     src_lay = low.layouts.get(r.src)
     combine = COMBINE[r.kind]
 
-    if isinstance(low.layouts.get(r.dst), ROWS_LAYOUTS):
+    if isinstance(low.layouts.get(r.dst), low.rows_layouts):
         return reduce_rows(low, r)
     if _whole_rounds(low, r):
         return reduce_rounds(low, r)
@@ -142,6 +141,11 @@ def reduce_rows(low, r: pb.Reduce) -> None:
         T.buffer_store(dst, part[0] if r.clear else combine(dst[slot], part[0]), [slot])
 
 
+def _butterfly(width: int) -> list[int]:
+    """The xor masks that combine `width` lanes: width / 2, ..., 2, 1."""
+    return [width >> k for k in range(1, width.bit_length())]
+
+
 def _tree(combine, vals):
     while len(vals) > 1:
         vals = [combine(vals[j], vals[j + 1]) if j + 1 < len(vals) else vals[j]
@@ -158,14 +162,14 @@ def reduce_rounds(low, r: pb.Reduce) -> None:
     n = low.buffers[r.src].shape[-1].size
     rows = lay.numel // n
     per_row = lay.local_size // rows  # this thread's slots of each row, consecutive
-    warps = low.threads // 32
+    warps = low.threads // low.warp_size
     parts = []
     for row in range(rows):
         vals = [_element(r.kind, tirx.Cast(dt, src[i]) if src.dtype != dt else src[i])
                 for i in range(row * per_row, (row + 1) * per_row)]
         part = T.alloc_buffer((1,), dt, scope="local")
         T.buffer_store(part, _tree(combine, vals), [0])
-        for mask in (16, 8, 4, 2, 1):
+        for mask in _butterfly(low.warp_size):
             other = T.call_extern(dt, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"),
                                   part[0], mask)
             T.buffer_store(part, combine(part[0], other), [0])
@@ -175,7 +179,7 @@ def reduce_rounds(low, r: pb.Reduce) -> None:
     else:
         low.sync.before(True, True)
         scratch = low.scratch(dt, warps * rows)
-        warp, lane = tirx.floordiv(low.tx, 32), tirx.floormod(low.tx, 32)
+        warp, lane = tirx.floordiv(low.tx, low.warp_size), tirx.floormod(low.tx, low.warp_size)
         with T.If(lane == 0), T.Then():
             for row, part in enumerate(parts):
                 T.buffer_store(scratch, part[0], [warp * rows + row])

@@ -73,6 +73,11 @@ class LaunchError(TiledError, ValueError):
     """Arguments that do not match a compiled kernel's manifest, or a failed launch."""
 
 
+class EmulationError(TiledError, RuntimeError):
+    """A kernel failed under the CPU emulation of its target (a deadlock at a barrier, a write
+    outside a tensor argument, a crash): the message says which."""
+
+
 class ConfigError(TiledError, ValueError):
     """A `TILED_*` setting that does not parse; the message names the variable."""
 

@@ -40,6 +40,15 @@ class CompiledKernel:
             self._loaded = load(self.artifact, self.manifest)
         return self._loaded(*args)
 
+    def emulate(self, *args) -> None:
+        """Runs a rocm kernel on the CPU under tiled's emulation of the GPU (numpy arrays and
+        Python scalars; tensors are written back in place): targets/rocm/emulate.py. Raises
+        LaunchError for arguments the manifest refuses or a kernel of another target,
+        EmulationError when the kernel fails under emulation."""
+        from tiled.compiler.targets.rocm.emulate import emulate
+
+        emulate(self.artifact, self.manifest, args, self.source)
+
     def __repr__(self):
         return f"<CompiledKernel {self.manifest.name} for {self.manifest.target}>"
 

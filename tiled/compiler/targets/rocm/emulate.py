@@ -1,0 +1,177 @@
+"""Runs a ROCm kernel on the CPU: `tiled.compile(k, target="rocm:gfx942").emulate(*arrays)`.
+
+No AMD GPU is needed: the kernel's HIP source (kept in its code object, toolchain/hip.py) is
+built as host C++ with include/tiled_hip_cpu.h in place of the AMDGPU layer (fibers for the
+threads of a block, real barriers, wave64 lane exchanges, an LDS arena poisoned per block,
+reference MFMA over AMD's register layouts), plus a small driver, by TILED_CLANG in g++ mode.
+The program runs in a child process on a file holding the arguments, each tensor between
+red zones: a crash, a deadlock or a write outside a tensor is an EmulationError, never a
+crash of the caller. Tensors are written back in place, as a launch would.
+
+Executables are cached under <cache_dir>/rocm-emulator/, keyed by the source, the arch, the
+headers and the compiler's version. Emulation is slow (every barrier and lane exchange is a
+context switch): it is for checking numerics at small shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tiled import config
+from tiled.errors import EmulationError, LaunchError, ToolchainError
+from tiled.runtime.args import bind_args
+from tiled.runtime.manifest import Manifest, eval_expr
+
+REDZONE = 256  # bytes of 0xA5 around each tensor in the argument file
+EMULATION_FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-fno-exceptions", "-w",
+                   "-ffp-contract=fast", "-fexcess-precision=16")
+_POOL = re.compile(r"TILED_LDS_POOL\(\w+, (\d+)\)")
+_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)'
+                        r"\s*\{")
+
+
+def launcher(source: str, symbol: str) -> str:
+    """The driver appended to a kernel's HIP source: main() maps the argument file and calls
+    the kernel with each parameter cast from its slot (tiled_hip_cpu.h, tiled::emu::main)."""
+    m = next((m for m in _SIGNATURE.finditer(source) if m.group(1) == symbol), None)
+    if m is None:
+        raise EmulationError(f"the kernel source has no definition of {symbol}")
+    params = [p.strip() for p in m.group(2).split(",") if p.strip()]
+    casts = []
+    for i, decl in enumerate(params):
+        ctype = " ".join(w for w in decl.split()[:-1] if w != "__restrict__")
+        casts.append(f"({ctype})a[{i}]" if ctype.endswith("*") else f"*({ctype}*)a[{i}]")
+    return (f"\nstatic void tiled_emu_launch(void** a) {{\n  (void)a;\n"
+            f"  tiled_kernel::{symbol}({', '.join(casts)});\n}}\n\n"
+            f"int main(int argc, char** argv) {{\n"
+            f"  return ::tiled::emu::main(argc, argv, tiled_emu_launch, {len(params)});\n}}\n")
+
+
+def emulator(source: str, symbol: str, arch: str) -> Path:
+    """The path of the emulation executable of `source` (built, or found in the cache)."""
+    from tiled.compiler.toolchain import hip
+
+    clang = hip.tool("clang")
+    text = source + launcher(source, symbol)
+    key = hashlib.sha256("\0".join([text, arch, hip.headers_digest(), hip.tool_version("clang"),
+                                    *EMULATION_FLAGS]).encode()).hexdigest()
+    cache = Path(config.get("cache_dir")) / "rocm-emulator"
+    exe = cache / key[:40]
+    if exe.is_file():
+        return exe
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tiled-emu-", dir=cache) as tmp:
+        src, out = Path(tmp, "kernel.cc"), Path(tmp, "emulator")
+        src.write_text(text)
+        argv = [clang, "--driver-mode=g++", *EMULATION_FLAGS, f"-D__{arch}__",
+                f"-I{hip.INCLUDE}", str(src), "-o", str(out)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        if proc.returncode != 0:
+            raise ToolchainError(f"building the CPU emulation of {symbol} failed: "
+                                 f"{' '.join(argv)}\n{(proc.stdout + proc.stderr).strip()}")
+        os.replace(out, exe)  # atomic: a racing build publishes the same program
+    return exe
+
+
+def _blob(manifest: Manifest, bound, arrays: list) -> tuple[bytearray, list[str], list]:
+    """The argument file's bytes, the driver's argument tokens, and (array, offset) of each
+    tensor to write back."""
+    blob = bytearray()
+    tokens, tensors = [], []
+
+    def align(n: int) -> None:
+        blob.extend(b"\0" * (-len(blob) % n))
+
+    for ka in manifest.kernel_args:
+        if ka.kind == "tensor":
+            arr = arrays[ka.param]
+            data = np.ascontiguousarray(arr).view(np.uint8).reshape(-1).tobytes()
+            align(REDZONE)
+            blob.extend(b"\xa5" * REDZONE)
+            offset = len(blob)
+            blob.extend(data)
+            blob.extend(b"\xa5" * REDZONE)
+            tokens.append(f"t:{offset}:{len(data)}")
+            tensors.append((arr, offset, len(data)))
+            continue
+        if ka.kind == "scalar":
+            p = manifest.params[ka.param]
+            value = np.array(bound.values[ka.param]).astype(_np_dtype(p.dtype)).tobytes()
+        elif ka.kind == "dim":
+            value = np.array(bound.dims[ka.name], dtype=ka.dtype).tobytes()
+        else:
+            raise LaunchError(f"{manifest.name}: a {ka.kind} argument has no emulation")
+        align(8)
+        tokens.append(f"s:{len(blob)}")
+        blob.extend(value)
+    blob.extend(b"\0" * REDZONE)
+    return blob, tokens, tensors
+
+
+def _np_dtype(name: str):
+    if name == "bfloat16" or name.startswith("float8"):
+        import ml_dtypes
+
+        return getattr(ml_dtypes, {"float8_e4m3": "float8_e4m3fn"}.get(name, name))
+    return np.dtype(name)
+
+
+def emulate(artifact: bytes, manifest: Manifest, args, source: str | None = None,
+            timeout_s: float = 600.0) -> None:
+    """Runs the kernel on numpy arrays (and Python scalars) on the CPU, writing the tensors
+    back in place. Raises LaunchError for arguments the manifest refuses, EmulationError when
+    the kernel deadlocks, writes outside a tensor, crashes or runs past `timeout_s`,
+    ToolchainError when the emulation cannot be built."""
+    from tiled.compiler.targets.rocm.codeobject import read_code_object
+    from tiled.compiler.toolchain.hip import SOURCE_SECTION
+
+    if manifest.backend != "rocm":
+        raise LaunchError(f"{manifest.name}: emulate() runs rocm kernels; this one is for "
+                          f"{manifest.target}")
+    arrays = [np.asarray(a) if hasattr(a, "__array_interface__") or hasattr(a, "__array__")
+              else a for a in args]
+    # The arrays are copied into the argument file: the kernel's pointer alignment holds
+    # there whatever the caller's arrays are.
+    params = [dataclasses.replace(p, align=None) for p in manifest.params]
+    bound = bind_args(params, arrays, "cpu")
+    if source is None:
+        source = read_code_object(artifact).section_text(SOURCE_SECTION)
+    exe = emulator(source, manifest.symbol, manifest.arch)
+    grid = [eval_expr(e, bound.dims) for e in manifest.grid]
+    block = [eval_expr(e, bound.dims) for e in manifest.block]
+    blob, tokens, tensors = _blob(manifest, bound, arrays)
+    pool = _POOL.search(source)
+    lds = int(pool.group(1)) if pool else 0
+    with tempfile.NamedTemporaryFile(prefix="tiled-emu-args-") as f:
+        f.write(blob)
+        f.flush()
+        argv = [str(exe), f.name, *map(str, grid), *map(str, block), str(lds), str(REDZONE),
+                *tokens]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise EmulationError(f"{manifest.name}: the emulation ran past {timeout_s:.0f} s "
+                                 f"(grid {grid}, block {block})") from None
+        if proc.returncode != 0:
+            why = proc.stderr.strip() or proc.stdout.strip()
+            if proc.returncode < 0:
+                name = signal.Signals(-proc.returncode).name
+                why = f"it crashed with {name} (an access outside memory it owns?) {why}"
+            raise EmulationError(f"{manifest.name} on {manifest.target} (CPU emulation): "
+                                 f"{why}")
+        f.seek(0)
+        result = f.read()
+    for arr, offset, n in tensors:
+        if isinstance(arr, np.ndarray) and n:
+            out = np.frombuffer(result, dtype=np.uint8, count=n, offset=offset)
+            arr[...] = out.view(arr.dtype).reshape(arr.shape)

@@ -13,7 +13,11 @@ from typing import Any
 from tiled.cli_warm import daemon_address
 from tiled.errors import TiledError
 
-HEALTH_NAMES = ("", "tiled.v1.Compiler", "tiled.v1.Compiler/cpu", "tiled.v1.Compiler/cuda")
+HEALTH_NAMES = ("", "tiled.v1.Compiler", "tiled.v1.Compiler/cpu", "tiled.v1.Compiler/cuda",
+                "tiled.v1.Compiler/rocm")
+# What an operator must know about a backend beyond its archs.
+BACKEND_NOTES = {"rocm": "compiled and CPU-emulated here (CompiledKernel.emulate); not yet run "
+                         "on an AMD GPU"}
 
 
 def _to_dict(message) -> dict:
@@ -68,6 +72,7 @@ def daemon_status(address: str, timeout: float) -> dict:
 def _status_lines(s: dict) -> list[str]:
     live = s["uptime_seconds"] > 0  # an older daemon reports no live numbers
     backends = [f"{b['name']} ({', '.join(b['archs'])}), toolchain {b['toolchain_digest'][:12]}"
+                + (f": {BACKEND_NOTES[b['name']]}" if b["name"] in BACKEND_NOTES else "")
                 for b in s["backends"]] or ["none"]
     tiers = [f"{t['name']} remote" if t["remote"] else
              f"{t['name']} {_size(t['bytes'])}" + (f" of {_size(t['max_bytes'])}"

@@ -76,6 +76,20 @@ def test_gemm_mfma_ragged_symbolic_m(arch, dtype):
     assert rel_err(c, ref) < (2e-3 if dtype == "float16" else 1e-2)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention(arch, causal):
+    fa = example("flash_attention")
+    b, h, kvh, s, d = 1, 2, 1, 80, 64  # GQA, a ragged last key tile
+    k = compile_program(fa.flash_attention(b, h, kvh, s, s, d, causal), f"rocm:{arch}")
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((b, h, s, d)).astype(np.float16)
+    kk, v = (rng.standard_normal((b, kvh, s, d)).astype(np.float16) for _ in "kv")
+    o = np.full(q.shape, np.nan, np.float16)
+    k.emulate(q, kk, v, o)
+    assert rel_err(o, fa.reference(q, kk, v, causal)) < 2e-3
+
+
 def test_emulate_checks_arguments_like_a_launch(elementwise):
     a = np.zeros(8, np.float32)
     with pytest.raises(LaunchError, match="expected dtype float32"):

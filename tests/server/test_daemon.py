@@ -186,7 +186,7 @@ def test_health_and_reflection(daemon):
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     health = health_pb2_grpc.HealthStub(daemon["channel"])
-    for name in ("", "tiled.v1.Compiler/cpu", "tiled.v1.Compiler/cuda"):
+    for name in ("", "tiled.v1.Compiler/cpu", "tiled.v1.Compiler/cuda", "tiled.v1.Compiler/rocm"):
         r = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10)
         assert r.status == health_pb2.HealthCheckResponse.SERVING
     refl = reflection_pb2_grpc.ServerReflectionStub(daemon["channel"])
@@ -200,7 +200,8 @@ def test_capabilities(daemon):
     caps = daemon["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60)
     assert caps.local_target == "cpu"  # no GPU on this machine
     assert caps.version == tiled.__version__ and caps.tile_ir_schema_version == 1
-    assert {b.name for b in caps.backends} == {"cpu", "cuda"}
+    assert {b.name for b in caps.backends} == {"cpu", "cuda", "rocm"}
+    assert list(next(b for b in caps.backends if b.name == "rocm").archs) == ["gfx942", "gfx90a"]
     assert all(re.fullmatch(r"[0-9a-f]{64}", b.toolchain_digest) for b in caps.backends)
 
 

@@ -16,7 +16,8 @@ from tiled.errors import LaunchError
 from tiled.runtime.args import BoundArgs, TensorView, as_tensor, bind_args
 from tiled.runtime.manifest import KernelArg, Manifest, ManifestError, Param, eval_expr
 
-LOADERS = {"cpu": "tiled.runtime.cpu:CPUKernel", "cuda": "tiled.runtime.cuda:CUDAKernel"}
+LOADERS = {"cpu": "tiled.runtime.cpu:CPUKernel", "cuda": "tiled.runtime.cuda:CUDAKernel",
+           "rocm": "tiled.runtime.rocm:ROCmKernel"}
 
 
 class Kernel:

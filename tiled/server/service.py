@@ -28,7 +28,7 @@ from tiled import config
 from tiled.cache.entry import Entry
 from tiled.compiler.cached import compile_action
 from tiled.compiler.registry import get_backend, parse_target
-from tiled.errors import CacheWriteError, UnsupportedTarget
+from tiled.errors import CacheWriteError, ToolchainError, UnsupportedTarget
 from tiled.ir import SCHEMA_VERSION, verify
 from tiled.ir.program import Program
 from tiled.server import heap
@@ -54,22 +54,40 @@ TRIM_AFTER_BYTES = 1 << 20  # a request this large hands its freed heap back to 
 
 def resolve_local() -> str:
     """The host's own device as a target: the CUDA arch of GPU 0 read from the driver
-    (sm_90 -> sm_90a), else "cpu"."""
+    (sm_90 -> sm_90a), else the gfx arch of ROCm device 0 read from the HIP runtime
+    ("rocm:gfx942" where tiled has that backend's arch), else "cpu"."""
+    cuda = _local_cuda()
+    if cuda is not None:
+        return cuda
+    from tiled.compiler.targets.rocm.backend import ARCHS as ROCM_ARCHS
+    from tiled.runtime.rocm import local_arch
+
+    arch = local_arch()
+    if arch is None:
+        return "cpu"
+    if arch not in ROCM_ARCHS:
+        log.info("ROCm device %s has no tiled backend arch (%s); target 'local' is cpu", arch,
+                 ", ".join(ROCM_ARCHS))
+        return "cpu"
+    return f"rocm:{arch}"
+
+
+def _local_cuda() -> str | None:
     try:
         from cuda.bindings import driver as cu
     except ImportError:
-        return "cpu"
+        return None
     try:
         (err,) = cu.cuInit(0)
         if err != cu.CUresult.CUDA_SUCCESS:
-            return "cpu"
+            return None
         err, dev = cu.cuDeviceGet(0)
         attr = cu.CUdevice_attribute
         _, major = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
         _, minor = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
     except Exception as e:
-        log.info("no CUDA device (%s); target 'local' is cpu", e)
-        return "cpu"
+        log.info("no CUDA device (%s)", e)
+        return None
     arch = f"sm_{major}{minor}"
     return f"cuda:{'sm_90a' if arch == 'sm_90' else arch}"
 
@@ -342,13 +360,13 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         from tiled.compiler.toolchain.digest import toolchain_digest
 
         backends = []
-        for name in ("cpu", "cuda"):
+        for name in ("cpu", "cuda", "rocm"):
             try:
                 b = get_backend(name)
                 digest = toolchain_digest(parse_target(name if name == "cpu" else
-                                                       f"cuda:{b.archs[-1]}"))
-            except (UnsupportedTarget, ImportError):
-                continue
+                                                       f"{name}:{b.archs[-1]}"))
+            except (UnsupportedTarget, ImportError, ToolchainError):
+                continue  # a backend whose toolchain this host lacks is not offered
             backends.append(cpb.Backend(name=name, archs=list(b.archs), toolchain_digest=digest))
         stats = self.pool.stats()
         with self._lock:

@@ -119,7 +119,8 @@ def choose_waves(M: int, N: int, threads: int, policy: int = pb.POLICY_SQUARE
                  ) -> tuple[int, int] | None:
     """The wavefront grid (warp_m, warp_n) for an MFMA tile of M x N, or None when none
     fits (the block is not whole wavefronts, or M, N do not split into 16 x 16 tiles per
-    wave). Policies as for CUDA's mma grid (layouts.choose_warps there)."""
+    wave). Policies as for CUDA's mma grid (cuda/layouts.choose_warps), but a square tie
+    puts more waves along M."""
     if threads % WAVE:
         return None
     waves = threads // WAVE
@@ -139,7 +140,9 @@ def choose_waves(M: int, N: int, threads: int, policy: int = pb.POLICY_SQUARE
         return max(fits)
     if policy == pb.POLICY_FULL_COL:
         return min(fits)
-    return min(fits, key=lambda w: abs(M / w[0] - N / w[1]))
+    # Ties go to more waves along M: each wave then holds whole rows (a row reduction stays
+    # in registers instead of crossing waves through LDS).
+    return min(fits, key=lambda w: (abs(M / w[0] - N / w[1]), -w[0]))
 
 
 def mfma_eligible(g: pb.Gemm, buffers, arch: str) -> bool:

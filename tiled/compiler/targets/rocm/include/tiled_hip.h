@@ -31,6 +31,12 @@ typedef unsigned short ushort;
 #define blockIdx (::tiled::isa::block_idx())
 #define __syncthreads() ::tiled::isa::barrier()
 
+// math_constants.h's names TVM prints for infinities and NaNs.
+#define CUDART_INF_F __builtin_huge_valf()
+#define CUDART_NAN_F __builtin_nanf("")
+#define CUDART_INF __builtin_huge_val()
+#define CUDART_NAN __builtin_nan("")
+
 // --- element types -------------------------------------------------------------------------
 
 typedef _Float16 half;

@@ -11,10 +11,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.daemon_util import start_daemon, stop_daemon
 from tiled.client import Client
+from tiled.compiler.targets.rocm.codeobject import read_code_object
 from tiled.ir import Program, verify
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,9 +46,9 @@ def daemon(tmp_path_factory):
     stop_daemon(d)
 
 
-def run_node(node, server, program, *args):
+def run_node(node, server, program, *args, target="cpu"):
     return subprocess.run(
-        [node, str(NODE_CLIENT / "compile.js"), "--server", server, "--target", "cpu", *args,
+        [node, str(NODE_CLIENT / "compile.js"), "--server", server, "--target", target, *args,
          str(program)], capture_output=True, text=True, timeout=300)
 
 
@@ -73,6 +75,33 @@ def test_node_compiles_then_hits_and_agrees_with_python(node, daemon):
     assert response.action_key == first["action_key"]
     assert hashlib.sha256(artifact).hexdigest() == first["artifact_sha256"]
     assert len(artifact) == first["size"]
+
+
+def test_node_and_python_compile_rocm_gfx942_once(node, daemon):
+    runs = [run_node(node, daemon, PROGRAM, target="rocm:gfx942") for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    first, second = (json.loads(r.stdout) for r in runs)
+    assert not first["cache_hit"] and second["cache_hit"]
+    program = Program.from_bytes(PROGRAM.read_bytes())
+    with Client(daemon, timeout_s=120) as client:
+        response, artifact = client.compile_raw(program, "rocm:gfx942")
+        assert response.cache_hit and response.action_key == first["action_key"]
+        assert hashlib.sha256(artifact).hexdigest() == first["artifact_sha256"]
+        manifest = json.loads(response.manifest_json)
+        assert manifest["target"] == "rocm:gfx942" and manifest["artifact_format"] == "hsaco"
+        co = read_code_object(artifact)
+        assert (co.arch, co.code_object_version) == ("gfx942", 5)
+        assert manifest["code_object"]["kernarg_size"] == \
+            co.kernel(manifest["symbol"])[".kernarg_segment_size"]
+        # What the daemon sent runs here on the CPU (the code object carries its source).
+        kernel = client.compile(program, "rocm:gfx942")
+        assert manifest["params"][0]["shape"] == ["N"]
+        n = 1000
+        a, b = np.arange(n, dtype=np.float32), np.full(n, 0.5, np.float32)
+        c = np.zeros(n, np.float32)
+        kernel.emulate(a, b, c)
+        np.testing.assert_array_equal(c, a + b)
 
 
 def test_program_that_does_not_verify_is_invalid_argument(node, daemon, tmp_path):

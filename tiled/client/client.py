@@ -54,6 +54,13 @@ class RemoteKernel:
     def __call__(self, *args: Any) -> Any:
         return self.kernel(*args)
 
+    def emulate(self, *args: Any) -> None:
+        """Runs a rocm kernel on the CPU under tiled's emulation, as CompiledKernel.emulate
+        does (needs tiled's compiler package and clang-22 on this host; TVM is not loaded)."""
+        from tiled.compiler.targets.rocm.emulate import emulate
+
+        emulate(self.artifact, self.manifest, args)
+
     def __getattr__(self, name: str) -> Any:
         if name == "kernel":  # not yet set (unpickling): no recursion
             raise AttributeError(name)

@@ -35,6 +35,12 @@ from tiled.ir.program import Program
 from tiled.ir.verify_ws import explicit_statement
 from tiled.v1 import tile_ir_pb2 as pb
 
+# Float64 math AMDGPU has no instruction for (LLVM cannot expand it without ocml); float32
+# and 16-bit forms are tiled_hip.h's own.
+NO_FLOAT64 = {pb.EXP: "exp", pb.EXP2: "exp2", pb.LOG: "log", pb.LOG2: "log2", pb.TANH: "tanh",
+              pb.SIGMOID: "sigmoid", pb.ERF: "erf", pb.SIN: "sin", pb.COS: "cos",
+              pb.POW: "pow"}
+
 
 def refuse_cuda_only(program: pb.Program, target: str) -> None:
     """Raises a located CompileError when `program` uses what only cuda:sm_90a has (the
@@ -57,6 +63,14 @@ class RocmLowering(CudaLowering):
         del warp_specialize  # (kernel.lower_cuda's signature) nothing to specialize on AMD
         refuse_cuda_only(program.proto, f"rocm:{arch}")
         super().__init__(program, arch, warp_specialize=False, whole_kernel=False)
+
+    def expr(self, e):
+        if e.WhichOneof("kind") == "call" and e.call.op in NO_FLOAT64 and \
+                dtypes.canonical_name(e.dtype) == "float64":
+            raise CompileError(f"T.{NO_FLOAT64[e.call.op]} of float64 needs ROCm's device "
+                               f"library (ocml), which rocm:{self.arch} kernels do not link: "
+                               "compute it in float32")
+        return super().expr(e)
 
     def infer_layouts(self, p: pb.Program, accumulators: dict | None) -> dict[int, object]:
         return infer_layouts(p, self.arch)

@@ -42,12 +42,13 @@ typedef unsigned short ushort;
 typedef _Float16 half;
 typedef _Float16 __half;
 
-// bfloat16 as its bits: conversions round to nearest even; arithmetic is TVM's, in float
-// (its BF16ComputeLegalize pass writes every bf16 operation as float with casts).
+// bfloat16 as its bits: conversions round to nearest even. No operators of its own: an
+// operation on bfloat16 values runs in float (each converts) and rounds where its result is
+// stored as bfloat16 (what cuda_bf16.h's operators do for one operation).
 struct nv_bfloat16 {
   unsigned short __x;
   TILED_FN nv_bfloat16() = default;
-  TILED_FN explicit nv_bfloat16(float f) {
+  TILED_FN nv_bfloat16(float f) {
     uint32_t u;
     __builtin_memcpy(&u, &f, 4);
     __x = (u & 0x7FFFFFFFu) > 0x7F800000u ? (unsigned short)((u >> 16) | 0x40)
@@ -207,8 +208,9 @@ TILED_FN float tanh_f32(float x) {
   return __builtin_copysignf(r, x);
 }
 
-// erf: Abramowitz & Stegun 7.1.26 is too coarse; this is W. J. Cody's rational form via
-// erfc(x) = exp(-x^2) * P(x) / Q(x) for |x| >= 0.5 and a Taylor series below.
+// erf: a Taylor series below 0.5, else 1 - erfc(x) with W. J. Cody's rational form
+// erfc(x) = exp(-x^2) P(x) / Q(x) (in float: AMDGPU has no double exp without ROCm's
+// device library; erf's absolute error stays below 2e-7).
 TILED_FN float erf_f32(float x) {
   const float a = __builtin_fabsf(x);
   float r;
@@ -217,15 +219,14 @@ TILED_FN float erf_f32(float x) {
     r = 1.1283791671f * a *
         (1.0f + x2 * (-1.0f / 3 + x2 * (1.0f / 10 + x2 * (-1.0f / 42 + x2 * (1.0f / 216)))));
   } else if (a < 4.0f) {
-    const double t = a;
-    const double p = (((((((-2.72614225801306e-10 * t + 0.564187164528653) * t +
-                           7.21175825088309) * t + 43.1622272220567) * t +
-                         152.989285046940) * t + 339.320816734344) * t +
-                       451.918953711873) * t + 300.459261020162);
-    const double q = ((((((t + 12.7827273196294) * t + 77.0001529352295) * t +
-                         277.585444743988) * t + 638.980264465631) * t +
-                       931.354094850610) * t + 790.950925327898) * t + 300.459260956983;
-    r = 1.0f - (float)(isa::exp_f64(-t * t) * p / q);
+    const float p = (((((((-2.72614225801306e-10f * a + 0.564187164528653f) * a +
+                          7.21175825088309f) * a + 43.1622272220567f) * a +
+                        152.989285046940f) * a + 339.320816734344f) * a +
+                      451.918953711873f) * a + 300.459261020162f);
+    const float q = ((((((a + 12.7827273196294f) * a + 77.0001529352295f) * a +
+                        277.585444743988f) * a + 638.980264465631f) * a +
+                      931.354094850610f) * a + 790.950925327898f) * a + 300.459260956983f;
+    r = 1.0f - isa::exp_f32(-a * a) * p / q;
   } else {
     r = 1.0f;
   }
@@ -260,8 +261,7 @@ TILED_FN float pow_f32(float x, float y) {
                                         : __builtin_inff())
                               : (odd_y ? x : 0.0f);
   if (x < 0.0f && !int_y) return __builtin_nanf("");
-  const double l = (double)isa::log2_f32(__builtin_fabsf(x));
-  const float r = isa::exp2_f32((float)(l * (double)y));
+  const float r = isa::exp2_f32(isa::log2_f32(__builtin_fabsf(x)) * y);
   return (x < 0.0f && odd_y) ? -r : r;
 }
 
@@ -298,9 +298,8 @@ TILED_FN float cosf(float x) {
   ::tiled::math::sincos_f32(x, &s, &c);
   return c;
 }
-TILED_FN double exp(double x) { return ::tiled::isa::exp_f64(x); }
-TILED_FN double log(double x) { return ::tiled::isa::log_f64(x); }
 TILED_FN double sqrt(double x) { return ::tiled::isa::sqrt_f64(x); }
+TILED_FN double rsqrt(double x) { return 1.0 / ::tiled::isa::sqrt_f64(x); }
 TILED_FN double fabs(double x) { return __builtin_fabs(x); }
 TILED_FN double floor(double x) { return __builtin_floor(x); }
 TILED_FN double ceil(double x) { return __builtin_ceil(x); }
@@ -324,18 +323,32 @@ TILED_FN float max(float a, float b) { return __builtin_fmaxf(a, b); }
 TILED_FN float min(float a, float b) { return __builtin_fminf(a, b); }
 TILED_FN double max(double a, double b) { return __builtin_fmax(a, b); }
 TILED_FN double min(double a, double b) { return __builtin_fmin(a, b); }
-TILED_FN half max(half a, half b) { return a < b ? b : a; }
-TILED_FN half min(half a, half b) { return b < a ? b : a; }
-TILED_FN half hexp(half x) { return (half)::tiled::isa::exp_f32((float)x); }
-TILED_FN half hlog(half x) { return (half)::tiled::isa::log_f32((float)x); }
-TILED_FN half hsqrt(half x) { return (half)::tiled::isa::sqrt_f32((float)x); }
-TILED_FN half hrsqrt(half x) { return (half)(1.0f / ::tiled::isa::sqrt_f32((float)x)); }
-TILED_FN half htanh(half x) { return (half)::tiled::math::tanh_f32((float)x); }
-TILED_FN half herf(half x) { return (half)::tiled::math::erf_f32((float)x); }
-TILED_FN half hpow(half x, half y) { return (half)::tiled::math::pow_f32((float)x, (float)y); }
-TILED_FN half hfloor(half x) { return (half)__builtin_floorf((float)x); }
-TILED_FN half hceil(half x) { return (half)__builtin_ceilf((float)x); }
-TILED_FN half __habs(half x) { return (half)__builtin_fabsf((float)x); }
+// cuda_fp16.h / cuda_bf16.h math TVM prints for 16-bit values (bfloat16 too takes the h*
+// names): computed in float, rounded once.
+#define TILED_HALF_MATH(T)                                                                  \
+  TILED_FN T hexp(T x) { return T(::tiled::isa::exp_f32((float)x)); }                      \
+  TILED_FN T hexp2(T x) { return T(::tiled::isa::exp2_f32((float)x)); }                    \
+  TILED_FN T hlog(T x) { return T(::tiled::isa::log_f32((float)x)); }                       \
+  TILED_FN T hlog2(T x) { return T(::tiled::isa::log2_f32((float)x)); }                     \
+  TILED_FN T hsqrt(T x) { return T(::tiled::isa::sqrt_f32((float)x)); }                     \
+  TILED_FN T hrsqrt(T x) { return T(1.0f / ::tiled::isa::sqrt_f32((float)x)); }             \
+  TILED_FN T htanh(T x) { return T(::tiled::math::tanh_f32((float)x)); }                    \
+  TILED_FN T herf(T x) { return T(::tiled::math::erf_f32((float)x)); }                      \
+  TILED_FN T hsin(T x) { return T(sinf((float)x)); }                                        \
+  TILED_FN T hcos(T x) { return T(cosf((float)x)); }                                        \
+  TILED_FN T hpow(T x, T y) { return T(::tiled::math::pow_f32((float)x, (float)y)); }       \
+  TILED_FN T hfloor(T x) { return T(__builtin_floorf((float)x)); }                          \
+  TILED_FN T hceil(T x) { return T(__builtin_ceilf((float)x)); }                            \
+  TILED_FN T htrunc(T x) { return T(__builtin_truncf((float)x)); }                          \
+  TILED_FN T hrint(T x) { return T(__builtin_rintf((float)x)); }                            \
+  TILED_FN T __habs(T x) { return T(__builtin_fabsf((float)x)); }                           \
+  TILED_FN T __hmax(T a, T b) { return (float)a < (float)b ? b : a; }                       \
+  TILED_FN T __hmin(T a, T b) { return (float)b < (float)a ? b : a; }                       \
+  TILED_FN T max(T a, T b) { return (float)a < (float)b ? b : a; }                          \
+  TILED_FN T min(T a, T b) { return (float)b < (float)a ? b : a; }
+TILED_HALF_MATH(half)
+TILED_HALF_MATH(nv_bfloat16)
+#undef TILED_HALF_MATH
 
 }  // namespace tiled_kernel
 

@@ -62,8 +62,6 @@ __device__ __forceinline__ float exp2_approx_f32(float x) { return __builtin_amd
 __device__ __forceinline__ float log_f32(float x) { return __builtin_logf(x); }
 __device__ __forceinline__ float log2_f32(float x) { return __builtin_log2f(x); }
 __device__ __forceinline__ float sqrt_f32(float x) { return __builtin_sqrtf(x); }
-__device__ __forceinline__ double exp_f64(double x) { return __builtin_exp(x); }
-__device__ __forceinline__ double log_f64(double x) { return __builtin_log(x); }
 __device__ __forceinline__ double sqrt_f64(double x) { return __builtin_sqrt(x); }
 
 typedef float f32x4 __attribute__((ext_vector_type(4)));

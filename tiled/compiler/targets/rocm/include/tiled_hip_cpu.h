@@ -305,8 +305,6 @@ inline float exp2_approx_f32(float x) {
 inline float log_f32(float x) { return logf(x); }
 inline float log2_f32(float x) { return log2f(x); }
 inline float sqrt_f32(float x) { return sqrtf(x); }
-inline double exp_f64(double x) { return exp(x); }
-inline double log_f64(double x) { return log(x); }
 inline double sqrt_f64(double x) { return sqrt(x); }
 
 inline void mfma_f32_16x16x16_f16(const _Float16* a, const _Float16* b, float* c) {

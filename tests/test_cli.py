@@ -37,6 +37,16 @@ def test_compile_cuda_sm90a(tmp_path):
     assert "row_softmax_kernel" in (tmp_path / "row_softmax.cu").read_text()
 
 
+def test_compile_rocm_gfx942(tmp_path):
+    tiled_cli("compile", "examples/softmax.py:softmax", "--target", "rocm:gfx942", "--out",
+              str(tmp_path), "--source")
+    manifest = json.loads((tmp_path / "row_softmax.manifest.json").read_text())
+    assert manifest["arch"] == "gfx942" and manifest["artifact_format"] == "hsaco"
+    assert manifest["code_object"]["wavefront_size"] == 64
+    assert (tmp_path / "row_softmax.hsaco").read_bytes()[:4] == b"\x7fELF"
+    assert "row_softmax_kernel" in (tmp_path / "row_softmax.hip").read_text()
+
+
 def test_ir_prints_program_and_digest():
     out = tiled_cli("ir", "examples/softmax.py:softmax")
     assert "row_softmax" in out.stdout and "# digest" in out.stdout

@@ -170,13 +170,17 @@ def _numpy_dtype(np, name: str):
 
 
 def _local_cuda_target(tensor) -> str:
-    """cuda:sm_XY(a) of the tensor's device; `local` when a daemon compiles (its GPU)."""
+    """cuda:sm_XY(a) of the tensor's device (rocm:gfxNNN under ROCm torch, whose "cuda"
+    devices are AMD GPUs); `local` when a daemon compiles (its GPU)."""
     from tiled import config
 
     if config.get("server"):
         return "local"
     import torch
 
+    if getattr(torch.version, "hip", None):
+        arch = torch.cuda.get_device_properties(tensor.device).gcnArchName
+        return f"rocm:{arch.split(':')[0]}"
     major, minor = torch.cuda.get_device_capability(tensor.device)
     return f"cuda:sm_{major}{minor}{'a' if major == 9 else ''}"
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conformance.cases import load_all, np_dtype
 from tiled.compiler import compile_program
+from tiled.compiler.toolchain.hip import disassemble
 
 CASES = load_all()
 ROCM_README = Path(__file__).resolve().parents[2] / "tiled/compiler/targets/rocm/README.md"
@@ -53,6 +54,8 @@ def test_compiles_and_emulates_for_rocm(name, arch):
     assert (compiled.manifest.target, co["arch"], co["code_object_version"]) == \
         (f"rocm:{arch}", arch, 5)
     assert co["private_segment_bytes"] == co["vgpr_spill_count"] == 0, "scratch in use"
+    if "tiled::gemm_mfma<" in compiled.source:  # a T.gemm the lowering put on MFMA
+        assert re.search(r"\bv_mfma_", disassemble(compiled.artifact, arch)), "no MFMA"
     for i, (out, ref) in enumerate(results):
         assert out.shape == ref.shape, (i, out.shape, ref.shape)
         assert np.isfinite(out).all(), f"output {i} has non-finite values"

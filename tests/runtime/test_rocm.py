@@ -7,6 +7,7 @@ tests/gpu/test_rocm_gpu.py's (skipped: no AMD GPU in this project)."""
 
 from __future__ import annotations
 
+import importlib
 import struct
 
 import numpy as np
@@ -99,6 +100,18 @@ def test_local_target_is_the_rocm_gpu_when_there_is_one(monkeypatch):
     assert service.resolve_local() == "cpu"
     monkeypatch.setattr(rocm, "local_arch", lambda: None)
     assert service.resolve_local() == "cpu"
+
+
+def test_jit_targets_the_rocm_gpu_of_rocm_torch(monkeypatch):
+    torch = pytest.importorskip("torch")
+    jit = importlib.import_module("tiled.jit")  # (the module; tiled.jit is the decorator)
+
+    class Props:
+        gcnArchName = "gfx942:sramecc+:xnack-"
+
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    assert jit._local_cuda_target(torch.empty(1)) == "rocm:gfx942"
 
 
 def test_local_arch_is_none_without_rocm():

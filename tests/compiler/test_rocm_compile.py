@@ -113,3 +113,37 @@ def test_explicit_hopper_path_is_refused_with_its_location():
     with pytest.raises(CompileError, match=r"explicit Hopper path.*rocm:gfx942") as e:
         compile_program(ws, "rocm:gfx942")
     assert "gemm_ws_explicit.py" in str(e.value)
+
+
+def test_loops_that_never_run_and_located_whole_kernel_errors():
+    """Two of the compiler's fuzz findings (tests/compiler/test_fuzz_findings.py) on rocm: loops
+    whose extents fold to 0 compile; too much LDS is an error located at the kernel."""
+
+    @tiled.kernel
+    def empty_loops(A: T.Tensor((256, 64), "float16"), B: T.Tensor((64, 256), "float16"),
+                    C: T.Tensor((256, 256), "float16")):
+        with T.Kernel(2, 2, threads=128) as (bx, by):
+            A_s = T.alloc_shared((128, 64), "float16")
+            B_s = T.alloc_shared((64, 128), "float16")
+            acc = T.alloc_fragment((128, 128), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(32 // 100, num_stages=1):  # (3 stages: 105 KiB of LDS)
+                T.copy(A[by * 128, k * 64], A_s)
+                T.copy(B[k * 64, bx * 128], B_s)
+                T.gemm(A_s, B_s, acc)
+            for i in T.Parallel(512 % 1):
+                C[i, 0] = 1.0
+            T.copy(acc, C[by * 128, bx * 128])
+
+    assert compile_program(empty_loops, "rocm:gfx90a").manifest.name == "empty_loops"
+
+    @tiled.kernel
+    def big(A: T.Tensor((128, 128), "float32")):
+        with T.Kernel(1, threads=128):
+            s = T.alloc_shared((160, 128), "float32")  # 80 KiB: fits CUDA GPUs, not AMD's LDS
+            T.copy(A[0, 0], s[0:128, 0:128])
+            T.copy(s[0:128, 0:128], A[0, 0])
+
+    with pytest.raises(CompileError, match=r"test_rocm_compile.py:\d+: kernel needs 80 KiB of "
+                                           r"LDS .* gfx942 has 64 KiB"):
+        compile_program(big, "rocm:gfx942")

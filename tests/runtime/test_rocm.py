@@ -49,7 +49,10 @@ class FakeTensor:
 def test_load_is_lazy_and_a_call_without_rocm_says_so(scaled):
     k = tiled.runtime.load(scaled.artifact, scaled.manifest)
     assert isinstance(k, rocm.ROCmKernel)
-    with pytest.raises(LaunchError, match=r"libamdhip64\.so"):
+    # Without the HIP runtime, or (Debian's libamdhip64-5 installed) without a device.
+    with pytest.raises(LaunchError, match=r"ROCm runtime is not installed: no libamdhip64\.so"
+                                          r"|no ROCm GPU: libamdhip64\.so is installed but "
+                                          r"hipGetDeviceCount reports hipErrorNoDevice"):
         k(FakeTensor(1000, 0x7F0000001000), FakeTensor(1000, 0x7F0000002000), 2.0, 1.0)
 
 
@@ -115,4 +118,13 @@ def test_jit_targets_the_rocm_gpu_of_rocm_torch(monkeypatch):
 
 
 def test_local_arch_is_none_without_rocm():
+    assert rocm.local_arch() is None
+
+
+def test_without_the_hip_library_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(rocm, "HIP_LIBRARIES", ("libamdhip64-not-here.so",))
+    monkeypatch.setattr(rocm, "_hip", None)
+    with pytest.raises(LaunchError, match=r"ROCm runtime is not installed: no libamdhip64\.so "
+                                          r"\(ROCm 5\.x or 6\.x\)"):
+        rocm.hip()
     assert rocm.local_arch() is None

@@ -33,6 +33,7 @@ HIP_LAUNCH_PARAM_BUFFER_POINTER = 0x01
 HIP_LAUNCH_PARAM_BUFFER_SIZE = 0x02
 HIP_LAUNCH_PARAM_END = 0x03
 EM_AMDGPU = 224
+EMPTY_BYTES = 256
 MACH = {0x3F: "gfx90a", 0x4C: "gfx942"}  # EF_AMDGPU_MACH of the archs tiled builds
 _ARCH_NAME = re.compile(rb"(gfx[0-9a-f]{3,4})((?::[a-z]+[+-])*)\x00")
 _SCALARS = {"bool": "<?", "int8": "<b", "int16": "<h", "int32": "<i", "int64": "<q",
@@ -123,10 +124,32 @@ class _Hip:
                               "(tiled's CompiledKernel.emulate runs them on the CPU instead). "
                               f"Tried: {'; '.join(errors)}")
         self.lib = lib
+        self._empty: dict[int, int] = {}
         lib.hipGetErrorName.restype = ctypes.c_char_p
         count = ctypes.c_int(0)
-        if lib.hipGetDeviceCount(ctypes.byref(count)) != 0 or count.value == 0:
-            raise LaunchError("no ROCm GPU: libamdhip64.so is installed but reports no device")
+        err = lib.hipGetDeviceCount(ctypes.byref(count))
+        if err != 0 or count.value == 0:
+            why = lib.hipGetErrorName(err).decode() if err else "0 devices"
+            raise LaunchError(f"no ROCm GPU: libamdhip64.so is installed but hipGetDeviceCount "
+                              f"reports {why} (CompiledKernel.emulate runs rocm kernels on the "
+                              "CPU)")
+
+    def current_device(self) -> int:
+        dev = ctypes.c_int(0)
+        self.call("hipGetDevice", ctypes.byref(dev))
+        return dev.value
+
+    def empty_buffer(self, device: int) -> int:
+        """A device pointer to EMPTY_BYTES zeros on `device` (the current device), allocated
+        once, where an empty tensor argument points."""
+        with _hip_lock:
+            ptr = self._empty.get(device)
+            if ptr is None:
+                p = ctypes.c_void_p()
+                self.call("hipMalloc", ctypes.byref(p), ctypes.c_size_t(EMPTY_BYTES))
+                self.call("hipMemset", p, 0, ctypes.c_size_t(EMPTY_BYTES))
+                ptr = self._empty[device] = int(p.value or 0)
+            return ptr
 
     def call(self, name: str, *args) -> None:
         err = getattr(self.lib, name)(*args)
@@ -183,6 +206,9 @@ class ROCmKernel(Kernel):
         self._kernarg = KernargPlan(manifest)
         self._functions: dict[int, ctypes.c_void_p] = {}
         self._lock = threading.Lock()
+        # Tensors that may be empty (a symbolic dim may be 0): their pointer may be NULL.
+        self._may_be_empty = [i for i, p in enumerate(manifest.params) if p.kind == "tensor"
+                              and any(isinstance(d, str) for d in p.shape or ())]
 
     def __call__(self, *args, stream: object = None) -> None:
         bound = bind_args(self.manifest.params, args, "cuda")
@@ -190,27 +216,34 @@ class ROCmKernel(Kernel):
         if 0 in grid:
             return
         h = hip()
-        device = bound.device_index if bound.device_index is not None else self._current(h)
-        function = self._functions.get(device) or self._load(h, device)
-        handle = stream_handle(stream) if stream is not None else current_stream(bound, device)
-        args_buf = self._kernarg.pack(bound)
-        raw = (ctypes.c_char * max(1, len(args_buf))).from_buffer(args_buf)
-        size = ctypes.c_size_t(len(args_buf))
-        extra = (ctypes.c_void_p * 5)(HIP_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(raw),
-                                      HIP_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size),
-                                      HIP_LAUNCH_PARAM_END)
-        h.call("hipSetDevice", device)
-        h.call("hipModuleLaunchKernel", function, *map(ctypes.c_uint, grid),
-               *map(ctypes.c_uint, block), ctypes.c_uint(0), ctypes.c_void_p(handle), None,
-               extra)
-
-    @staticmethod
-    def _current(h: _Hip) -> int:
-        dev = ctypes.c_int(0)
-        h.call("hipGetDevice", ctypes.byref(dev))
-        return dev.value
+        caller = h.current_device()
+        device = bound.device_index if bound.device_index is not None else caller
+        if device != caller:
+            h.call("hipSetDevice", device)
+        try:  # in the tensors' device; the caller's current device is restored after
+            function = self._functions.get(device) or self._load(h, device)
+            handle = stream_handle(stream) if stream is not None else \
+                current_stream(bound, device)
+            for i in self._may_be_empty:
+                view = bound.values[i]
+                if 0 in view.shape:  # type: ignore[union-attr]
+                    # A guarded load still forms its (clamped) address: never NULL.
+                    view.ptr = h.empty_buffer(device)  # type: ignore[union-attr]
+            args_buf = self._kernarg.pack(bound)
+            raw = (ctypes.c_char * max(1, len(args_buf))).from_buffer(args_buf)
+            size = ctypes.c_size_t(len(args_buf))
+            extra = (ctypes.c_void_p * 5)(HIP_LAUNCH_PARAM_BUFFER_POINTER,
+                                          ctypes.addressof(raw), HIP_LAUNCH_PARAM_BUFFER_SIZE,
+                                          ctypes.addressof(size), HIP_LAUNCH_PARAM_END)
+            h.call("hipModuleLaunchKernel", function, *map(ctypes.c_uint, grid),
+                   *map(ctypes.c_uint, block), ctypes.c_uint(0), ctypes.c_void_p(handle), None,
+                   extra)
+        finally:
+            if device != caller:
+                h.call("hipSetDevice", caller)
 
     def _load(self, h: _Hip, device: int) -> ctypes.c_void_p:
+        """The kernel's function on `device`, the current device (module loaded once)."""
         with self._lock:
             if device in self._functions:
                 return self._functions[device]
@@ -218,7 +251,6 @@ class ROCmKernel(Kernel):
             if arch != self.manifest.arch:
                 raise LaunchError(f"{self.manifest.name}: compiled for {self.manifest.arch}, "
                                   f"but device {device} is {arch}")
-            h.call("hipSetDevice", device)
             module, function = ctypes.c_void_p(), ctypes.c_void_p()
             h.call("hipModuleLoadData", ctypes.byref(module), self._hsaco)
             h.call("hipModuleGetFunction", ctypes.byref(function), module,

@@ -147,3 +147,16 @@ def test_a_crash_is_an_error_not_a_dead_caller(elementwise):
     a = np.ones(10, np.float32)
     with pytest.raises(EmulationError, match="SIGSEGV"):
         emulate(elementwise.artifact, elementwise.manifest, (a, a, a.copy()), source=src)
+
+
+def test_a_cache_hit_emulates_from_the_source_in_its_code_object():
+    import tiled
+
+    first = tiled.compile(example("elementwise").add(), target="rocm:gfx90a")
+    hit = tiled.compile(example("elementwise").add(), target="rocm:gfx90a")
+    assert first.source is not None and hit.source is None  # a hit keeps no source
+    assert hit.artifact == first.artifact
+    a, b = np.arange(300, dtype=np.float32), np.ones(300, np.float32)
+    c = np.zeros(300, np.float32)
+    hit.emulate(a, b, c)
+    np.testing.assert_array_equal(c, a + 1)

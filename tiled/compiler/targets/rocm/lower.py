@@ -80,7 +80,7 @@ class RocmLowering(CudaLowering):
 
     def stmt_atomic_add(self, st, s):
         dt = dtypes.canonical_name(self.buffers[st.buffer].dtype)
-        if dt.startswith("float8"):
+        if dt == "bool" or dt.startswith("float8"):
             raise CompileError(f"atomic {('add', 'max', 'min')[st.op]} of {dt} elements is "
                                f"not supported on rocm:{self.arch}")
         super().stmt_atomic_add(st, s)

@@ -10,20 +10,24 @@ directory where `examples/` is the repo's."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
+import tiled.lang as T
 from tests.daemon_util import running_daemon
 from tests.docs.blocks import ROOT, Block, all_blocks, blocks_of, markdown_files
 from tiled import config
 
 PYTHON_BLOCKS = all_blocks("python")
 BASH_BLOCKS = all_blocks("bash")
+DSL = ROOT / "docs" / "dsl.md"
 LINKED_DIRS = ("examples",)  # what a bash block may name relative to its working directory
 
 _namespaces: dict[Path, dict] = {}  # per file: what its last python block left (continues)
@@ -108,6 +112,55 @@ def test_marks_parse_and_skips_say_why(capsys):
     assert counts.get("python run", 0) > 0
 
 
+def _public_names() -> set[str]:
+    public = set(T.__all__)
+    public |= {n for n in dir(T) if not n.startswith("_")
+               and not isinstance(getattr(T, n), types.ModuleType)}
+    return public
+
+
+def _reference_rows() -> dict[str, str]:
+    """{name: first cell} of the reference tables of docs/dsl.md: rows `| `T.name...` | ...`."""
+    rows: dict[str, str] = {}
+    for cell, name in re.findall(r"^\| `(T\.(\w+)[^`]*)` \|", DSL.read_text(), re.M):
+        assert name not in rows, f"docs/dsl.md documents T.{name} twice"
+        rows[name] = cell
+    return rows
+
+
+def test_dsl_reference_covers_every_public_name():
+    rows = _reference_rows()
+    public = _public_names()
+    assert not public - set(rows), f"docs/dsl.md lacks rows for {sorted(public - set(rows))}"
+    assert not set(rows) - public, f"docs/dsl.md documents non-public {sorted(set(rows) - public)}"
+
+
+def test_dsl_signatures_match_the_code():
+    """A row's parameters are the callable's, in its order, and include every required one."""
+    for name, cell in _reference_rows().items():
+        obj = getattr(T, name)
+        m = re.fullmatch(rf"T\.{name}\((.*)\)", cell)
+        if m is None or not callable(obj):
+            continue
+        try:
+            sig = inspect.signature(obj)
+        except (TypeError, ValueError):
+            continue
+        written = [p.split("=")[0].strip().lstrip("*") for p in m.group(1).split(",") if p.strip()]
+        actual = [p.name for p in sig.parameters.values()]
+        assert all(w in actual for w in written), f"T.{name}: {written} vs {actual}"
+        assert written == sorted(written, key=actual.index), f"T.{name}: order of {written}"
+        required = [p.name for p in sig.parameters.values() if p.default is p.empty
+                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        assert set(required) <= set(written), f"T.{name}: {cell} omits {required}"
+
+
+def test_every_public_name_has_a_runnable_example():
+    runnable = "".join(b.code for b in blocks_of(DSL) if b.language == "python" and not b.skip)
+    missing = sorted(n for n in _public_names() if not re.search(rf"\bT\.{n}\b", runnable))
+    assert not missing, f"no runnable block of docs/dsl.md uses {missing}"
+
+
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _REPO_PATH = re.compile(r"`((?:benchmarks|clients|deploy|docs|examples|integrations|proto|"
                         r"scripts|tests|tiled)/[\w./-]*[\w/])`")
@@ -123,11 +176,21 @@ def test_links_stay_inside_the_repo(path: Path):
         assert bad not in text, f"{path.name} mentions {bad}, which is not in the repo"
     for target in _LINK.findall(text):
         assert not re.match(r"[a-z]+://", target), f"{path.name} links outside the repo: {target}"
-        file = target.split("#")[0]
-        if file:
-            resolved = (path.parent / file).resolve()
-            assert resolved.is_relative_to(ROOT) and resolved.exists(), (
-                f"{path.name} links to {target}, which is not a file of the repo")
+        file, _, anchor = target.partition("#")
+        resolved = (path.parent / file).resolve() if file else path
+        assert resolved.is_relative_to(ROOT) and resolved.exists(), (
+            f"{path.name} links to {target}, which is not a file of the repo")
+        if anchor and resolved.suffix == ".md":
+            assert anchor in _anchors(resolved), f"{path.name} links to {target}: no such heading"
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors a markdown renderer gives `path`'s headings (GitHub's rule: lower case,
+    punctuation other than - and _ dropped, spaces as -)."""
+    out = set()
+    for heading in re.findall(r"^#+ (.+)$", path.read_text(), re.M):
+        out.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return out
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: p.name)

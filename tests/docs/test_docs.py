@@ -203,3 +203,14 @@ def test_named_files_exist(path: Path):
     missing += [name for name in _RESULTS_FILE.findall(text)
                 if not (ROOT / "benchmarks" / "results" / name).exists()]
     assert not missing, f"{path.name} names files the repo lacks: {missing}"
+
+
+def test_every_public_name_has_an_example_in_its_docstring():
+    """STYLE.md: each public `T.*` has a short example in its docstring (a `>>>` line, or a
+    backticked snippet that uses it)."""
+    bare = []
+    for name in sorted(_public_names()):
+        doc = inspect.getdoc(getattr(T, name)) or ""
+        if ">>>" not in doc and not re.search(rf"`[^`]*\bT\.{name}\b[^`]*`", doc):
+            bare.append(name)
+    assert not bare, f"T.* without an example in the docstring: {bare}"

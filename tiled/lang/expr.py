@@ -193,6 +193,8 @@ def call(op: int, *args) -> Expr:
 
 
 def cast(value, dtype) -> Expr:
+    """`value` converted to `dtype` (also TileLang's T.Cast; calling a dtype is the same:
+    `T.float16(x)`). `T.cast(acc[i, j], "float16")`"""
     dtype = dtypes.canonical_name(dtype)
     e = as_expr(value, dtype if not isinstance(value, (Expr, Dim)) else None)
     if e.dtype == dtype:

@@ -59,7 +59,11 @@ def _filled(cell) -> bool:
 
 class KernelFunction:
     """What `@tiled.kernel` returns. `.ir` is the traced, verified Program (cached);
-    `tiled.compile(k, target)` compiles it."""
+    `tiled.compile(k, target)` compiles it.
+
+    >>> print(add.ir)                              # the Tile IR, as text
+    >>> tiled.compile(add, "cpu")(a, b, c)
+    """
 
     def __init__(self, fn):
         functools.update_wrapper(self, fn)

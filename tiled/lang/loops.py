@@ -203,7 +203,13 @@ def _branch():
 
 class _If:
     """`with T.If(cond): ...` followed optionally by `with T.Else(): ...`. A Python `if` on a
-    traced value inside a @tiled.kernel body is rewritten into these."""
+    traced value inside a @tiled.kernel body is rewritten into these.
+
+    >>> with T.If(j < n):
+    ...     Y[j] = X[j]
+    >>> with T.Else():
+    ...     Y[j] = 0.0
+    """
 
     def __init__(self, cond):
         c = as_expr(cond)
@@ -231,6 +237,9 @@ If = _If
 
 
 class Else:
+    """`with T.Else(): ...` directly after a `with T.If(cond):` block: runs where `cond` does
+    not hold (see T.If). `with T.Else(): Y[j] = 0.0`"""
+
     def __enter__(self):
         b = current()
         target = b.last_if[-1]

@@ -38,7 +38,10 @@ def prim_func(fn=None, *, private: bool = False):
 
 class Macro:
     """What `@T.macro` returns: call it inside a kernel (or another macro) while it is
-    traced."""
+    traced.
+
+    >>> rescale(acc_o, scores_scale)   # inside a kernel: its statements are traced here
+    """
 
     def __init__(self, fn):
         if not callable(fn):

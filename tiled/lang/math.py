@@ -18,19 +18,75 @@ def _float_call(op: int, name: str, x) -> Expr:
     return call(op, e)
 
 
-def exp(x): return _float_call(pb.EXP, "exp", x)
-def exp2(x): return _float_call(pb.EXP2, "exp2", x)
-def log(x): return _float_call(pb.LOG, "log", x)
-def log2(x): return _float_call(pb.LOG2, "log2", x)
-def sqrt(x): return _float_call(pb.SQRT, "sqrt", x)
-def rsqrt(x): return _float_call(pb.RSQRT, "rsqrt", x)
-def tanh(x): return _float_call(pb.TANH, "tanh", x)
-def sigmoid(x): return _float_call(pb.SIGMOID, "sigmoid", x)
-def erf(x): return _float_call(pb.ERF, "erf", x)
-def floor(x): return _float_call(pb.FLOOR, "floor", x)
-def ceil(x): return _float_call(pb.CEIL, "ceil", x)
-def sin(x): return _float_call(pb.SIN, "sin", x)
-def cos(x): return _float_call(pb.COS, "cos", x)
+def exp(x):
+    """e^x of a float. `T.exp(S_local[i, j] - m_local[i])`"""
+    return _float_call(pb.EXP, "exp", x)
+
+
+def exp2(x):
+    """2^x of a float (FlashAttention's softmax in base 2).
+
+    >>> T.exp2(S_local[i, j] * scale - m_local[i] * scale)
+    """
+    return _float_call(pb.EXP2, "exp2", x)
+
+
+def log(x):
+    """The natural log of a float. `T.log(l_local[i])`"""
+    return _float_call(pb.LOG, "log", x)
+
+
+def log2(x):
+    """log base 2 of a float. `T.log2(x[i])`"""
+    return _float_call(pb.LOG2, "log2", x)
+
+
+def sqrt(x):
+    """The square root of a float. `T.sqrt(var_local[i] + eps)`"""
+    return _float_call(pb.SQRT, "sqrt", x)
+
+
+def rsqrt(x):
+    """1 / sqrt(x) of a float (RMSNorm's scale). `T.rsqrt(sq_local[i] / N + eps)`"""
+    return _float_call(pb.RSQRT, "rsqrt", x)
+
+
+def tanh(x):
+    """The hyperbolic tangent of a float. `T.tanh(x[i])`"""
+    return _float_call(pb.TANH, "tanh", x)
+
+
+def sigmoid(x):
+    """1 / (1 + e^-x) of a float (SiLU is x * sigmoid(x)). `x[i] * T.sigmoid(x[i])`"""
+    return _float_call(pb.SIGMOID, "sigmoid", x)
+
+
+def erf(x):
+    """The error function of a float (exact GELU).
+
+    >>> 0.5 * x[i] * (1 + T.erf(x[i] * 0.7071067811865476))
+    """
+    return _float_call(pb.ERF, "erf", x)
+
+
+def floor(x):
+    """Rounds a float down; the result is a float. `T.floor(x[i])`"""
+    return _float_call(pb.FLOOR, "floor", x)
+
+
+def ceil(x):
+    """Rounds a float up; the result is a float. `T.ceil(x[i])`"""
+    return _float_call(pb.CEIL, "ceil", x)
+
+
+def sin(x):
+    """The sine of a float (radians). `T.sin(pos * inv_freq[j])`"""
+    return _float_call(pb.SIN, "sin", x)
+
+
+def cos(x):
+    """The cosine of a float (radians). `T.cos(pos * inv_freq[j])`"""
+    return _float_call(pb.COS, "cos", x)
 
 
 def abs(x):

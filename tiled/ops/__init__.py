@@ -104,9 +104,11 @@ def _launch_config(op: str, target: str, N: int | None = None, dtype: str | None
     against a 4.2 TB/s streaming reference): rms_norm / fused_add_rms_norm take 256 threads
     at N = 4096 (multiples of 2048) and 512 at N = 8192 (multiples of 4096) — rms_norm 85% /
     90% of the reference at M = 4096 where 128 threads read 74% / 80%; float32 softmax over
-    4096 columns (multiples of 1024) takes two rows per 256-thread block, 74% / 83% at
-    M = 4096 / 32768 against 67% / 74%. Each row stays whole rounds of the block (N a
-    multiple of threads x the 16-byte run), so its sums are shuffles."""
+    4096 columns (multiples of 2048) takes 512 threads, 80% / 86% at M = 4096 / 32768 against
+    69% / 77% with 128 (its normalization a multiply by the row's reciprocal:
+    benchmarks/results/ops_sweep_h200.json; a division per element read 71% / 75% at 512).
+    Each row stays whole rounds of the block (N a multiple of threads x the 16-byte run), so
+    its sums are shuffles."""
     if op not in ("rms_norm", "fused_add_rms_norm", "layer_norm", "softmax"):
         return {}
     if target == "cpu":
@@ -118,8 +120,8 @@ def _launch_config(op: str, target: str, N: int | None = None, dtype: str | None
         elif N >= 4096 and N % 2048 == 0:
             threads = 256
     if op == "softmax" and dtype == "float32" and N is not None and N >= 4096 and \
-            N % 1024 == 0:
-        blk_m, threads = 2, 256
+            N % 2048 == 0:
+        threads = 512
     return {"blk_m": blk_m, "threads": threads}
 
 

@@ -137,10 +137,12 @@ def softmax(N: int, dtype: str, blk_m: int = 1, threads: int = 128):
             T.fill(mx, -T.infinity("float32"))
             T.reduce_max(x, mx, dim=1, clear=False)
             for i, j in T.Parallel(blk_m, N):
-                x[i, j] = T.exp2((x[i, j] - mx[i]) * log2e)
+                x[i, j] = T.exp2(x[i, j] * log2e - mx[i] * log2e)
             T.reduce_sum(x, s, dim=1)
+            for i in T.Parallel(blk_m):
+                s[i] = 1.0 / s[i]  # one division per row; the row then multiplies
             for i, j in T.Parallel(blk_m, N):
-                x[i, j] = x[i, j] / s[i]
+                x[i, j] = x[i, j] * s[i]
             T.copy(x, Y[bx * blk_m, 0])
 
     return softmax_kernel

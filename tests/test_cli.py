@@ -47,6 +47,16 @@ def test_compile_rocm_gfx942(tmp_path):
     assert "row_softmax_kernel" in (tmp_path / "row_softmax.hip").read_text()
 
 
+def test_compile_metal(tmp_path):
+    out = tiled_cli("compile", "examples/softmax.py:softmax", "--target", "metal", "--out",
+                    str(tmp_path))
+    manifest = json.loads((tmp_path / "row_softmax.manifest.json").read_text())
+    assert manifest["target"] == "metal:apple7" and manifest["artifact_format"] == "msl"
+    assert manifest["metal"]["language_version"] == "3.0"
+    assert "kernel void row_softmax_kernel(" in (tmp_path / "row_softmax.metal").read_text()
+    assert "row_softmax.metal" in out.stdout
+
+
 def test_ir_prints_program_and_digest():
     out = tiled_cli("ir", "examples/softmax.py:softmax")
     assert "row_softmax" in out.stdout and "# digest" in out.stdout

@@ -38,9 +38,13 @@ def test_status_prints_what_an_operator_needs(daemon):
     assert "cpu" in lines["local"] and "limit 256" in lines["queue"]
     assert lines["workers"].split()[1] == "2"
     assert "toolchain " in lines["backends"] and "disk " in lines["cache"]
-    assert out.stdout.count(": SERVING") == 6  # the header and the five health names
+    assert out.stdout.count(": SERVING") == 7  # the header and the six health names
     rocm = next(line for line in out.stdout.splitlines() if "rocm (gfx942, gfx90a)" in line)
     assert "compiled and CPU-emulated here" in rocm and "not yet run on an AMD GPU" in rocm
+    metal = next(line for line in out.stdout.splitlines()
+                 if "metal (apple7, apple8, apple9)" in line)
+    assert "MSL type-checked and CPU-emulated here" in metal
+    assert "not yet run on an Apple GPU" in metal
 
 
 def test_status_json_counts_compiles_and_hits(daemon):
@@ -49,7 +53,8 @@ def test_status_json_counts_compiles_and_hits(daemon):
     assert before["queue_limit"] == 256 and before["uptime_seconds"] > 0
     assert before["local_target"] == "cpu" and before["backends"][0]["name"] == "cpu"
     assert set(before["health"]) == {"", "tiled.v1.Compiler", "tiled.v1.Compiler/cpu",
-                                     "tiled.v1.Compiler/cuda", "tiled.v1.Compiler/rocm"}
+                                     "tiled.v1.Compiler/cuda", "tiled.v1.Compiler/rocm",
+                                     "tiled.v1.Compiler/metal"}
     assert set(before["health"].values()) == {"SERVING"}
     assert [t["name"] for t in before["cache_tiers"]] == ["memory", "disk"]
     with Client(daemon["address"]) as c:

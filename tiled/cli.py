@@ -49,11 +49,11 @@ def cmd_compile(args) -> int:
 
         compiled, hit = compile_cached(kernel, args.target, default_cache())
     m = compiled.manifest
-    ext = {"cubin": "cubin", "so": "so", "hsaco": "hsaco"}[m.artifact_format]
+    ext = {"cubin": "cubin", "so": "so", "hsaco": "hsaco", "msl": "metal"}[m.artifact_format]
     (out / f"{m.name}.{ext}").write_bytes(compiled.artifact)
     (out / f"{m.name}.manifest.json").write_text(m.to_json())
     (out / f"{m.name}.tir.bytes").write_bytes(kernel.ir.to_bytes())
-    if args.source and compiled.source:
+    if args.source and compiled.source and m.backend != "metal":  # (metal: the artifact)
         src_ext = "hip" if m.backend == "rocm" else "cu"
         (out / f"{m.name}.{src_ext}").write_text(compiled.source)
     stages = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in compiled.stages.items())
@@ -114,7 +114,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("compile", help="compile a kernel to an artifact + manifest")
     c.add_argument("kernel", help="FILE.py:NAME")
     c.add_argument("--target", default="cpu",
-                   help="cpu, cuda:sm_80, cuda:sm_90a, rocm:gfx942, rocm:gfx90a")
+                   help="cpu, cuda:sm_80, cuda:sm_90a, rocm:gfx942, rocm:gfx90a, metal, "
+                   "metal:apple8, metal:apple9")
     c.add_argument("--out", default=".", help="output directory")
     c.add_argument("--source", action="store_true", help="also write generated source")
     c.add_argument("--no-cache", action="store_true", help="compile without the kernel cache")

@@ -92,7 +92,12 @@ def cmd_export(args) -> int:
     keys = None
     if args.keys:
         keys = [k.strip() for k in Path(args.keys).read_text().split() if k.strip()]
-    r = export_bundle(_tier(args), Path(args.bundle), keys=keys, target=args.target,
+    target = args.target
+    if target == "cpu":  # entries name the level "cpu" resolved to when they were compiled
+        from tiled.runtime.cpu_levels import host_level
+
+        target = f"cpu:{host_level().name}"
+    r = export_bundle(_tier(args), Path(args.bundle), keys=keys, target=target,
                       progress=Progress("export"))
     print(f"exported {r.entries} entries ({r.nbytes} bytes) to {args.bundle}")
     return 0
@@ -132,7 +137,8 @@ def add_parser(sub) -> None:
     p.set_defaults(fn=cmd_clear)
     p = cs.add_parser("export", help="write entries to a bundle for deploy-time warming")
     p.add_argument("bundle")
-    p.add_argument("--target", help="only entries for this target, e.g. cuda:sm_90a")
+    p.add_argument("--target", help="only entries for this target, e.g. cuda:sm_90a, "
+                   "cpu:x86-64-v3 (cpu: this host's level)")
     p.add_argument("--keys", help="a file of action keys (whitespace separated)")
     p.set_defaults(fn=cmd_export)
     p = cs.add_parser("import", help="verify a bundle and add its entries (all or none); "

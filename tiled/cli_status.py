@@ -14,10 +14,12 @@ from tiled.cli_warm import daemon_address
 from tiled.errors import TiledError
 
 HEALTH_NAMES = ("", "tiled.v1.Compiler", "tiled.v1.Compiler/cpu", "tiled.v1.Compiler/cuda",
-                "tiled.v1.Compiler/rocm")
+                "tiled.v1.Compiler/rocm", "tiled.v1.Compiler/metal")
 # What an operator must know about a backend beyond its archs.
 BACKEND_NOTES = {"rocm": "compiled and CPU-emulated here (CompiledKernel.emulate); not yet run "
-                         "on an AMD GPU"}
+                         "on an AMD GPU",
+                 "metal": "MSL type-checked and CPU-emulated here (CompiledKernel.emulate); "
+                          "not yet run on an Apple GPU"}
 
 
 def _to_dict(message) -> dict:

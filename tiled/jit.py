@@ -25,6 +25,7 @@ import threading
 from collections.abc import Sequence
 
 from tiled.errors import LaunchError
+from tiled.runtime.cpu_levels import is_cpu_target
 
 
 class JitKernel:
@@ -119,6 +120,8 @@ class JitKernel:
         for a in inputs:
             if getattr(a, "is_cuda", False) or hasattr(a, "__cuda_array_interface__"):
                 return _local_cuda_target(a)
+            if getattr(getattr(a, "device", None), "type", None) == "mps":
+                return _local_metal_target()
         return "cpu"
 
 
@@ -149,7 +152,7 @@ def _empty(shape, dtype: str, like, target: str):
         import torch
 
         return torch.empty(shape, dtype=_torch_dtype(torch, dtype), device=like.device)
-    if target != "cpu":
+    if not is_cpu_target(target):
         raise LaunchError(f"allocating an output for {target} needs torch tensors as inputs")
     import numpy as np
 
@@ -167,6 +170,18 @@ def _numpy_dtype(np, name: str):
 
         return getattr(ml_dtypes, {"float8_e4m3": "float8_e4m3fn"}.get(name, name))
     return np.dtype(name)
+
+
+def _local_metal_target() -> str:
+    """metal:appleN of this Mac's GPU (torch MPS tensors); `local` when a daemon compiles."""
+    from tiled import config
+
+    if config.get("server"):
+        return "local"
+    from tiled.runtime.metal import local_arch
+
+    arch = local_arch()
+    return f"metal:{arch}" if arch is not None else "metal"
 
 
 def _local_cuda_target(tensor) -> str:

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiled import config
+from tiled.runtime.cpu_levels import is_cpu_target
 
 log = logging.getLogger("tiled.autotune")
 
@@ -420,7 +421,7 @@ def device_identity(target: str) -> dict:
     import os
     import platform
 
-    if target != "cpu":  # cuda:..., or "local" (a daemon's name for this host's GPU)
+    if not is_cpu_target(target):  # cuda:..., or "local" (a daemon's name for this host's GPU)
         import torch
 
         p = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tiled import config
+from tiled.runtime.cpu_levels import is_cpu_target
 
 log = logging.getLogger("tiled.autotune")
 
@@ -144,7 +145,7 @@ def random_inputs(manifest, target: str) -> list:
         import torch
     except ImportError:
         torch = None
-    if target != "cpu" and torch is None:
+    if not is_cpu_target(target) and torch is None:
         raise ValueError("timing on a GPU needs torch")
     rng = np.random.default_rng(0)
     out = []
@@ -167,7 +168,7 @@ def random_inputs(manifest, target: str) -> list:
             from tiled.jit import _torch_dtype
 
             t = torch.from_numpy(np.ascontiguousarray(data))
-            out.append(t.to(device="cpu" if target == "cpu" else "cuda",
+            out.append(t.to(device="cpu" if is_cpu_target(target) else "cuda",
                             dtype=_torch_dtype(torch, p.dtype)))
         else:
             from tiled.jit import _numpy_dtype
@@ -244,7 +245,7 @@ def _differs(args, pristine, ref: dict, tolerance: float | None) -> str | None:
 
 
 def _sync(target: str) -> None:
-    if target != "cpu":
+    if not is_cpu_target(target):
         import torch
 
         torch.cuda.synchronize()
@@ -254,7 +255,7 @@ def _time(fn, target: str, warmup_ms: float, rep_ms: float) -> float:
     """Median microseconds of one call: warm-up for about `warmup_ms`, then runs for about
     `rep_ms` (at least 5), each after an L2 flush on CUDA (there replayed from a CUDA graph
     where fn can be captured: _graph_time)."""
-    if target == "cpu":
+    if is_cpu_target(target):
         fn()
         t0 = time.perf_counter()
         fn()

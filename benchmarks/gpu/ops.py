@@ -80,7 +80,7 @@ def _extra_cases(torch, m):
 
 # Launch configs (rows per block, threads) the row-norm kernels are also timed with at
 # M >= 4096, beside the default one tiled.ops picks: what chooses that default.
-SWEEP = ((1, 128), (1, 256), (1, 512), (2, 256), (2, 512), (4, 512))
+SWEEP = ((1, 128), (1, 256), (1, 512), (1, 1024), (2, 256), (2, 512), (2, 1024), (4, 512))
 SWEEP_MS = (4096, 32768)
 
 

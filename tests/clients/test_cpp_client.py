@@ -27,6 +27,7 @@ from tests.daemon_util import free_port, start_daemon, stop_daemon
 from tests.server.test_tcp_tls import self_signed
 from tiled.client import Client
 from tiled.ir import Program, verify
+from tiled.runtime.cpu_levels import host_level
 
 ROOT = Path(__file__).resolve().parents[2]
 CPP = ROOT / "clients" / "cpp"
@@ -100,7 +101,7 @@ def test_loader_tests_pass(cpp):
     r = subprocess.run([str(cpp / "tiled_loader_test")], capture_output=True, text=True,
                        timeout=300, env=clean_env())
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.rstrip().endswith("10 passed, 0 failed"), r.stdout
+    assert r.stdout.rstrip().endswith("12 passed, 0 failed"), r.stdout
 
 
 def test_cuda_loader_makes_the_driver_calls_the_manifest_asks_for(cpp):
@@ -350,7 +351,7 @@ def test_tls_and_token_over_tcp(cpp, late_tls_daemon, tmp_path):
     r = cli(cpp, address, "--target", "cpu", "--tls-ca", str(ca), "--token-file", token,
             "--inline-limit", "1", program)
     assert r.returncode == 0, r.stderr
-    assert json_lines(r)[0]["resolved_target"] == "cpu"
+    assert json_lines(r)[0]["resolved_target"] == f"cpu:{host_level().name}"
     # the same through the environment, as the Python client reads it
     r = cli(cpp, address, "--health", TILED_TLS_CA=str(ca), TILED_TOKEN_FILE=token)
     assert (r.returncode, r.stdout.strip()) == (0, "SERVING"), r.stderr

@@ -104,6 +104,31 @@ def test_node_and_python_compile_rocm_gfx942_once(node, daemon):
         np.testing.assert_array_equal(c, a + b)
 
 
+def test_node_and_python_compile_metal_once(node, daemon):
+    runs = [run_node(node, daemon, PROGRAM, target="metal") for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    first, second = (json.loads(r.stdout) for r in runs)
+    assert not first["cache_hit"] and second["cache_hit"]
+    program = Program.from_bytes(PROGRAM.read_bytes())
+    with Client(daemon, timeout_s=120) as client:
+        response, artifact = client.compile_raw(program, "metal")
+        assert response.cache_hit and response.action_key == first["action_key"]
+        assert hashlib.sha256(artifact).hexdigest() == first["artifact_sha256"]
+        manifest = json.loads(response.manifest_json)
+        assert manifest["target"] == "metal:apple7" and manifest["artifact_format"] == "msl"
+        source = artifact.decode("utf-8")
+        assert f"kernel void {manifest['symbol']}(" in source
+        assert manifest["metal"]["bindings"][0] == {"buffer": 0}
+        # What the daemon sent (MSL source) runs here on the CPU.
+        kernel = client.compile(program, "metal")
+        n = 1000
+        a, b = np.arange(n, dtype=np.float32), np.full(n, 0.5, np.float32)
+        c = np.zeros(n, np.float32)
+        kernel.emulate(a, b, c)
+        np.testing.assert_array_equal(c, a + b)
+
+
 def test_program_that_does_not_verify_is_invalid_argument(node, daemon, tmp_path):
     program = Program.from_bytes(PROGRAM.read_bytes())
     program.proto.kernel.threads = 5000

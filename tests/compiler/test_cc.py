@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -26,13 +25,14 @@ def test_cc_version_names_the_compiler():
     assert v and "\n" not in v
 
 
-def test_shim_object_is_cached_per_digest(tmp_path):
-    first = cc.shim_object()
-    assert first.parent == tmp_path / "cache" / "shim"
-    assert cc.shim_digest()[:32] in first.name
-    stamp = first.stat().st_mtime_ns
-    assert cc.shim_object() == first and first.stat().st_mtime_ns == stamp
-    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temporaries left
+def test_shim_objects_are_cached_per_digest_and_level(tmp_path):
+    first = cc.shim_objects()
+    assert [p.parent for p in first] == [tmp_path / "cache" / "shim"] * len(cc.SHIM_SOURCES)
+    stamps = [p.stat().st_mtime_ns for p in first]
+    assert cc.shim_objects() == first and [p.stat().st_mtime_ns for p in first] == stamps
+    assert sorted(p.name for p in first[0].parent.iterdir()) == sorted(p.name for p in first)
+    other = cc.shim_objects(("-O1",))  # another level's flags: other objects, both kept
+    assert not set(other) & set(first) and all(p.is_file() for p in first + other)
 
 
 def test_missing_compiler_is_a_toolchain_error():
@@ -163,16 +163,20 @@ static int init(void** out) { ++inits; *out = (void*)0x1; return 0; }
   return 1; } } while (0)
 int main(void) {
   CHECK(tiled_set_num_threads(4) == 4);
-  CHECK(TVMBackendParallelLaunch(count, 0, 0) == 0);
+  CHECK(TVMBackendParallelLaunch(count, 0, 4) == 0);  /* task t on thread t */
   CHECK(seen_tasks == 4);
   for (int t = 0; t < 4; ++t) CHECK(hits[t] == 1);
   CHECK(pthread_equal(who[0], pthread_self()));
   CHECK(!pthread_equal(who[3], pthread_self()));
   memset(hits, 0, sizeof hits);
+  CHECK(TVMBackendParallelLaunch(count, 0, 0) == 0);  /* the pool's choice: 4 per thread */
+  CHECK(seen_tasks == 16);
+  for (int t = 0; t < 16; ++t) CHECK(hits[t] == 1);
+  memset(hits, 0, sizeof hits);
   CHECK(TVMBackendParallelLaunch(count, 0, 10) == 0);  /* more tasks than threads */
   for (int t = 0; t < 10; ++t) CHECK(hits[t] == 1);
   CHECK(TVMBackendParallelLaunch(with_barrier, 0, 4) == 0 && phase_ok);
-  CHECK(TVMBackendParallelLaunch(failing, 0, 0) == -1);
+  CHECK(TVMBackendParallelLaunch(failing, 0, 0) == -1);  /* the last of 16 dynamic tasks */
   CHECK(strcmp(tiled_last_error(), "RuntimeError: task failed on a worker") == 0);
   CHECK(TVMBackendParallelLaunch(outer, 0, 0) == 0 && inner_tasks == 1);
   CHECK(tiled_set_num_threads(1) == 1);
@@ -183,7 +187,7 @@ int main(void) {
   CHECK(TVMBackendAllocWorkspace(2, 0, 16, 2, 32) == 0);
   CHECK(strstr(tiled_last_error(), "device type 2") != 0);
   CHECK(tiled_set_num_threads(4) == 4);
-  CHECK(TVMBackendParallelLaunch(adds, 0, 0) == 0);  /* 4 threads x 100000 adds, exact */
+  CHECK(TVMBackendParallelLaunch(adds, 0, 4) == 0);  /* 4 threads x 100000 adds, exact */
   CHECK(f32 == 400000.0f && f64 == 200000.0 && i32 == 400000 && i64 == 400000LL << 33);
   void* handle = 0;
   CHECK(TVMFFIHandleInitOnce(&handle, init) == 0 && TVMFFIHandleInitOnce(&handle, init) == 0);
@@ -198,15 +202,72 @@ def test_shim_parallel_runtime(tmp_path):
     src = tmp_path / "harness.c"
     src.write_text(HARNESS)
     exe = tmp_path / "harness"
-    subprocess.run(["cc", "-O1", "-pthread", str(src), str(cc.shim_object()), "-o", str(exe)],
-                   check=True)
+    subprocess.run(["cc", "-O1", "-pthread", str(src), *map(str, cc.shim_objects()), "-o",
+                    str(exe)], check=True)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
 
 
-def test_shim_digest_tracks_the_source(monkeypatch, tmp_path):
+@pytest.mark.parametrize("which", range(len(cc.SHIM_SOURCES)))
+def test_shim_digest_tracks_each_source(monkeypatch, tmp_path, which):
     before = cc.shim_digest()
-    edited = tmp_path / "cpu_shim.c"
-    edited.write_text(Path(cc.SHIM_SOURCE).read_text() + "\n/* edit */\n")
-    monkeypatch.setattr(cc, "SHIM_SOURCE", edited)
+    sources = list(cc.SHIM_SOURCES)
+    edited = tmp_path / sources[which].name
+    edited.write_text(sources[which].read_text() + "\n/* edit */\n")
+    sources[which] = edited
+    monkeypatch.setattr(cc, "SHIM_SOURCES", tuple(sources))
     assert cc.shim_digest() != before
+
+
+# Two kernel libraries in one process: the second launches on the first's pool and reports
+# its errors there (tiled.runtime.cpu wires this up as it loads kernels).
+POOL_KERNEL = r"""
+#include <pthread.h>
+#include <stdint.h>
+typedef struct { void* sync_handle; int32_t num_task; } Env;
+__attribute__((weak)) void* __TVMBackendParallelLaunch = 0;
+void TVMFFIErrorSetRaisedFromCStrParts(const char*, const char**, int32_t);
+static pthread_t ran_on[8];
+static int task(int t, Env* env, void* cdata) {
+  (void)env, (void)cdata;
+  ran_on[t] = pthread_self();
+  if (t == 1 && cdata) {
+    const char* parts[1] = {"worker failed"};
+    TVMFFIErrorSetRaisedFromCStrParts("RuntimeError", parts, 1);
+    return -1;
+  }
+  return 0;
+}
+int run(int fail) {
+  return ((int (*)(void*, void*, int))__TVMBackendParallelLaunch)(task, fail ? &ran_on : 0, 2);
+}
+unsigned long worker(void) { return (unsigned long)ran_on[1]; }
+"""
+
+
+def test_libraries_share_the_first_ones_pool(tmp_path):
+    import ctypes
+
+    src = tmp_path / "k.c"
+    src.write_text(POOL_KERNEL)
+    obj = tmp_path / "k.o"
+    subprocess.run(["cc", "-c", "-fPIC", str(src), "-o", str(obj)], check=True)
+    libs = []
+    for name in ("a", "b"):
+        cc.link_cpu_library(obj, tmp_path / f"{name}.so")
+        lib = ctypes.CDLL(str(tmp_path / f"{name}.so"), mode=ctypes.RTLD_LOCAL)
+        lib.tiled_pool.restype = ctypes.c_void_p
+        lib.tiled_use_pool.argtypes = [ctypes.c_void_p]
+        lib.tiled_last_error.restype = ctypes.c_char_p
+        lib.worker.restype = ctypes.c_ulong
+        libs.append(lib)
+    a, b = libs
+    assert a.tiled_set_num_threads(2) == 2 and b.tiled_set_num_threads(1) == 1
+    assert b.tiled_use_pool(a.tiled_pool()) == 0
+    assert b.tiled_use_pool(b.tiled_pool()) == -1  # never its own
+    assert b.tiled_get_num_threads() == 2  # the pool's, no longer b's own
+    assert a.run(0) == 0 and b.run(0) == 0
+    assert a.worker() == b.worker()  # one worker thread served both
+    assert b.run(1) == -1 and b.tiled_last_error() == b"RuntimeError: worker failed"
+    b.tiled_clear_error()
+    assert a.tiled_last_error() == b""

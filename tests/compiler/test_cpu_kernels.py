@@ -147,3 +147,22 @@ def test_launch_rejects_bad_arguments_before_running():
         k(a, a, np.zeros(11, np.float32))
     with pytest.raises(tiled.LaunchError):
         k(a, a)
+
+
+@pytest.mark.parametrize("grid", [(5, 7, 1), (3, 10, 2)])
+def test_every_block_runs_once(grid):
+    """The cpu backend runs the grid as one parallel loop over fused block numbers, handed to
+    threads in chunks (the shim's pool): every block index runs exactly once, symbolic extents
+    included."""
+    X, Y, Z = T.dyn("X"), T.dyn("Y"), T.dyn("Z")
+
+    @tiled.kernel
+    def blocks(Out: T.Tensor((Z, Y, X), "int32")):
+        with T.Kernel(X, Y, Z, threads=1) as (bx, by, bz):
+            Out[bz, by, bx] = Out[bz, by, bx] + bz * 10000 + by * 100 + bx + 1
+
+    k = tiled.compile(blocks, "cpu")
+    out = np.zeros(grid[::-1], np.int32)
+    k(out)
+    z, y, x = np.meshgrid(*(np.arange(g) for g in grid[::-1]), indexing="ij")
+    np.testing.assert_array_equal(out, z * 10000 + y * 100 + x + 1)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tvm import tirx
 
 from tests.compiler import test_cuda_tileops_gpu as cases
 from tests.compiler.test_cuda_header_emulation import LANES, ldmatrix, mma_m16n8k16
@@ -145,11 +146,21 @@ def test_flash_attention_fullrow_layouts():
 
 
 def test_flash_attention_square_layouts():
-    lay = layouts_by_name(cases.flash_attention(1, 2, 256, 64, False, policy=SQUARE))
+    """Square splits each row over 2 warps: the row statistics take the rows layout of the
+    2 x 2 warp grid (4 floats a thread: a warp row holds 32 rows, 4 per quad; not 64
+    replicated ones indexed by lane, which nvcc puts in local memory), and each row
+    reduction exchanges the two warps' partials through the scratch area after its quad
+    shuffles."""
+    k = cases.flash_attention(1, 2, 256, 64, False, policy=SQUARE)
+    lay = layouts_by_name(k)
     assert lay["acc_s"] == lay["acc_s_cast"] == MmaLayout(64, 64, 2, 2)
-    assert lay["acc_s"].rows() is None  # a row is spread over 2 warps
     for v in ("scores_max", "scores_max_prev", "scores_scale", "scores_sum", "logsum"):
-        assert isinstance(lay[v], ReplicatedLayout), v
+        assert lay[v] == MmaRows(64, 2, 2) == lay["acc_s"].rows(), v
+    src, pool, low = source(k, "sm_80")
+    body = kernel_body(src)
+    assert body.count("__shfl_xor_sync") == 2 * 4 * 2  # 2 reductions x 4 rows x 2 shuffles
+    assert "float scores_max_ptr[4]" in body and "float logsum_ptr[4]" in body
+    assert pool - low.scratch_offset >= 2 * 64 * 4  # a partial per warp column and row
 
 
 def test_flash_attention_fullrow_keeps_p_in_registers():
@@ -231,10 +242,11 @@ def _cuobjdump() -> bool:
 def test_rows_layout_matches_its_accumulator():
     """MmaRows: the row of every slot of MmaLayout(M, N, W, 1) in every thread is the row of
     its row slot, and row_members lists exactly the slots of that row."""
-    for M, N, W in ((64, 64, 4), (128, 32, 4), (64, 24, 2), (128, 128, 8)):
-        acc, rows = MmaLayout(M, N, W, 1), MmaRows(M, W)
+    for M, N, W, WN in ((64, 64, 4, 1), (128, 32, 4, 1), (64, 24, 2, 1), (128, 128, 8, 1),
+                        (64, 64, 2, 2), (64, 512, 4, 2), (16, 32, 1, 4)):
+        acc, rows = MmaLayout(M, N, W, WN), MmaRows(M, W, WN)
         assert acc.rows() == rows
-        for tx in range(32 * W):
+        for tx in range(32 * W * WN):
             members = {s: set(acc.row_members(s)) for s in range(rows.local_size)}
             assert set().union(*members.values()) == set(range(acc.local_size))
             for idx in range(acc.local_size):
@@ -242,7 +254,11 @@ def test_rows_layout_matches_its_accumulator():
                 slot = int(acc.row_slot(idx))
                 assert idx in members[slot]
                 assert int(rows.coords(tx, slot)[0][0]) == int(r)
-    assert MmaLayout(64, 64, 2, 2).rows() is None
+        # One holder of each row writes it out: lane 0 of a quad in the warp row's first warp.
+        leaders = [tx for tx in range(32 * W * WN)
+                   if int(rows.leader(tirx.IntImm("int32", tx)))]
+        held = [int(rows.coords(tx, s)[0][0]) for tx in leaders for s in range(rows.local_size)]
+        assert sorted(held) == list(range(M))
 
 
 def _replicated_write_kernel():

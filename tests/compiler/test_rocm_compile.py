@@ -7,28 +7,19 @@ lld-22 and llvm-22 (scripts/test.sh installs them); nothing runs on an AMD GPU h
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
 import tiled
 import tiled.lang as T
+from tests.emulated_examples import example
 from tiled.compiler import compile_program
 from tiled.compiler.targets.rocm.codeobject import EM_AMDGPU, read_code_object
 from tiled.compiler.toolchain.hip import SOURCE_SECTION, compile_hsaco, disassemble
 from tiled.errors import CompileError, ToolchainError, UnsupportedTarget
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ARCHS = ("gfx942", "gfx90a")
-
-
-def example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def kernels():

@@ -5,32 +5,17 @@ on or crashed on: a barrier some threads never reach, a write outside a tensor, 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import tiled.lang as T
+from tests.emulated_examples import example, rel_err
 from tiled.compiler import compile_program
 from tiled.compiler.targets.rocm.emulate import emulate
 from tiled.errors import EmulationError, LaunchError
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ARCHS = ("gfx942", "gfx90a")
-
-
-def example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def rel_err(out, ref) -> float:
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 @pytest.fixture(scope="module")

@@ -4,34 +4,17 @@ out) in float32, float16 and bfloat16, checked under emulation against numpy wit
 of ulps of the dtype; float64 transcendentals, which AMDGPU cannot do without ocml, are a
 located CompileError; float64 sqrt (an instruction) compiles."""
 
-import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import tiled.lang as T
+from tests.emulated_examples import FLOAT_DTYPES, MATH_OPS
 from tiled.compiler import compile_program
 from tiled.errors import CompileError
 
-# (name, the DSL op on x, the same on float64 numpy values (rounded to the dtype where the
-# DSL rounds an intermediate), the input transform (given the abs to use))
-OPS = [
-    ("exp", T.exp, np.exp, lambda x, a: x),
-    ("exp2", T.exp2, np.exp2, lambda x, a: x),
-    ("log", T.log, np.log, lambda x, a: a(x) + 0.05),
-    ("log2", T.log2, np.log2, lambda x, a: a(x) + 0.05),
-    ("sqrt", T.sqrt, np.sqrt, lambda x, a: a(x)),
-    ("rsqrt", T.rsqrt, lambda v: 1 / np.sqrt(v), lambda x, a: a(x) + 0.05),
-    ("tanh", T.tanh, np.tanh, lambda x, a: x),
-    ("sigmoid", T.sigmoid, lambda v: 1 / (1 + np.exp(-v)), lambda x, a: x * 2),
-    ("erf", T.erf, np.vectorize(math.erf), lambda x, a: x),
-    ("floor", T.floor, np.floor, lambda x, a: x),
-    ("ceil", T.ceil, np.ceil, lambda x, a: x),
-    ("sin", T.sin, np.sin, lambda x, a: x * 5),
-    ("cos", T.cos, np.cos, lambda x, a: x * 5),
-]
-NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+OPS = MATH_OPS
+NP = FLOAT_DTYPES
 # Largest relative error per op (float32: erf's rational form is good to ~1e-6).
 TOL = {"float32": 4e-7, "float16": 1e-3, "bfloat16": 1e-2}
 

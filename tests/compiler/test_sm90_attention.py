@@ -13,7 +13,12 @@ import tiled
 import tiled.lang as T
 from tests.compiler.test_sm90_path import sass
 from tiled.compiler.passes.layout import ReplicatedLayout
-from tiled.compiler.targets.cuda.layouts import WgmmaLayout, WgmmaRows, infer_layouts
+from tiled.compiler.targets.cuda.layouts import (
+    MmaRows,
+    WgmmaLayout,
+    WgmmaRows,
+    infer_layouts,
+)
 from tiled.ir.program import as_program
 from tiled.ir.walk import walk
 from tiled.runtime.manifest import expr_names
@@ -94,9 +99,10 @@ def test_row_reductions_of_a_wgmma_tile_use_the_rows_layout():
     alpha = [b.id for b in p.buffers if b.scope == pb.FRAGMENT and len(b.shape) == 1]
     assert len(alpha) == 3 and {lay[b] for b in alpha} == {WgmmaRows(128, 2)}
     assert WgmmaRows(128, 2).local_size == 2  # two rows per thread: t / 4 and t / 4 + 8
-    # Without the wgmma accumulators (the generic path), row vectors stay replicated.
+    # Without the wgmma accumulators (the generic path: mma.sync on a 2 x 4 warp grid) the
+    # row vectors take the mma accumulator's rows, split over its 4 warp columns.
     generic = infer_layouts(p)
-    assert all(isinstance(generic[b], ReplicatedLayout) for b in alpha)
+    assert {generic[b] for b in alpha} == {MmaRows(128, 2, 4)}
 
 
 def test_a_row_vector_read_over_a_tile_with_other_rows_is_replicated():

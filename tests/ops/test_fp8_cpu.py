@@ -43,6 +43,8 @@ def test_per_tensor_quantization_and_bad_blocks():
     wide[3, 2500] = -70.0
     q, s = ops.quantize_fp8(wide, block=None)
     torch.testing.assert_close(s, torch.tensor([70.0 / 448.0]))
+    want_q = (wide.float() / s).clamp(-448, 448).to(E4M3)  # bfloat16 input: the values too
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     with pytest.raises(ValueError, match="does not divide the last dim 64"):
         ops.quantize_fp8(x, block=48)
 

@@ -45,9 +45,10 @@ def count(daemon, result: str, stage: str = "total") -> float:
 
 
 def tiled_arch() -> str:
-    from tiled.compiler.registry import get_backend
+    """The arch label of a "cpu" compile: the host's feature level it resolves to."""
+    from tiled.compiler.registry import parse_target
 
-    return get_backend("cpu").archs[0]
+    return parse_target("cpu").arch
 
 
 def triple():

@@ -19,6 +19,7 @@ import tiled
 import tiled.lang as T
 from tests.daemon_util import start_daemon, stop_daemon
 from tiled.runtime import load
+from tiled.runtime.cpu_levels import host_level
 from tiled.v1 import compile_pb2 as cpb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def test_compile_runs_and_second_call_hits(daemon):
     c = np.zeros_like(a)
     k(a, b, c)
     np.testing.assert_array_equal(c, a + b)
-    assert r1.resolved_target == "cpu" and "total" in r1.stage_seconds
+    assert r1.resolved_target == f"cpu:{host_level().name}" and "total" in r1.stage_seconds
 
 
 def test_get_artifact_streams_chunks(daemon):
@@ -111,7 +112,7 @@ def test_malformed_program_is_invalid_argument_with_location(daemon):
 
 def test_unknown_target_is_unimplemented(daemon):
     with pytest.raises(grpc.RpcError) as e:
-        daemon["stub"].Compile(request(elementwise.add(), target="metal"), timeout=30)
+        daemon["stub"].Compile(request(elementwise.add(), target="vulkan"), timeout=30)
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -186,7 +187,8 @@ def test_health_and_reflection(daemon):
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     health = health_pb2_grpc.HealthStub(daemon["channel"])
-    for name in ("", "tiled.v1.Compiler/cpu", "tiled.v1.Compiler/cuda", "tiled.v1.Compiler/rocm"):
+    for name in ("", "tiled.v1.Compiler/cpu", "tiled.v1.Compiler/cuda", "tiled.v1.Compiler/rocm",
+                 "tiled.v1.Compiler/metal"):
         r = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10)
         assert r.status == health_pb2.HealthCheckResponse.SERVING
     refl = reflection_pb2_grpc.ServerReflectionStub(daemon["channel"])
@@ -200,8 +202,10 @@ def test_capabilities(daemon):
     caps = daemon["stub"].Capabilities(cpb.CapabilitiesRequest(), timeout=60)
     assert caps.local_target == "cpu"  # no GPU on this machine
     assert caps.version == tiled.__version__ and caps.tile_ir_schema_version == 1
-    assert {b.name for b in caps.backends} == {"cpu", "cuda", "rocm"}
+    assert {b.name for b in caps.backends} == {"cpu", "cuda", "rocm", "metal"}
     assert list(next(b for b in caps.backends if b.name == "rocm").archs) == ["gfx942", "gfx90a"]
+    assert list(next(b for b in caps.backends if b.name == "metal").archs) == \
+        ["apple7", "apple8", "apple9"]
     assert all(re.fullmatch(r"[0-9a-f]{64}", b.toolchain_digest) for b in caps.backends)
 
 

@@ -14,6 +14,7 @@ from cryptography.x509.oid import NameOID
 
 from tests.daemon_util import free_port, serve_refused, start_daemon, stop_daemon
 from tests.server.test_daemon import request
+from tiled.runtime.cpu_levels import host_level
 from tiled.v1 import compile_pb2 as cpb
 from tiled.v1 import compile_pb2_grpc
 
@@ -68,7 +69,7 @@ def test_tls_with_token_compiles(tls_daemon):
     channel, stub = tls_stub(tls_daemon, token="s3cret-token")
     with channel:
         r = stub.Compile(request(elementwise.add(block=128), inline_limit=1), timeout=120)
-        assert r.artifact_size > 0 and r.resolved_target == "cpu"
+        assert r.artifact_size > 0 and r.resolved_target == f"cpu:{host_level().name}"
         chunks = stub.GetArtifact(cpb.GetArtifactRequest(sha256=r.artifact_sha256), timeout=30)
         assert sum(len(c.data) for c in chunks) == r.artifact_size
 
@@ -112,7 +113,7 @@ def test_thin_clients_use_tls_ca_and_token_file(tls_daemon, tmp_path):
     with config.override(tls_ca=str(ca), token_file=str(tls_daemon["base"] / "token")):
         with Client(address, timeout_s=120) as client:
             k = client.compile(elementwise.add(block=128), "cpu")
-            assert k.resolved_target == "cpu"
+            assert k.resolved_target == f"cpu:{host_level().name}"
 
         async def via_aio():
             async with AsyncClient(address, timeout_s=120) as client:

@@ -55,9 +55,13 @@ class RemoteKernel:
         return self.kernel(*args)
 
     def emulate(self, *args: Any) -> None:
-        """Runs a rocm kernel on the CPU under tiled's emulation, as CompiledKernel.emulate
-        does (needs tiled's compiler package and clang-22 on this host; TVM is not loaded)."""
-        from tiled.compiler.targets.rocm.emulate import emulate
+        """Runs a rocm or metal kernel on the CPU under tiled's emulation, as
+        CompiledKernel.emulate does (needs tiled's compiler package and clang-22 on this
+        host; TVM is not loaded)."""
+        if self.manifest.backend == "metal":
+            from tiled.compiler.targets.metal.emulate import emulate
+        else:
+            from tiled.compiler.targets.rocm.emulate import emulate
 
         emulate(self.artifact, self.manifest, args)
 

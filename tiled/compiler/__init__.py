@@ -41,11 +41,15 @@ class CompiledKernel:
         return self._loaded(*args)
 
     def emulate(self, *args) -> None:
-        """Runs a rocm kernel on the CPU under tiled's emulation of the GPU (numpy arrays and
-        Python scalars; tensors are written back in place): targets/rocm/emulate.py. Raises
-        LaunchError for arguments the manifest refuses or a kernel of another target,
-        EmulationError when the kernel fails under emulation."""
-        from tiled.compiler.targets.rocm.emulate import emulate
+        """Runs a rocm or metal kernel on the CPU under tiled's emulation of the GPU (numpy
+        arrays and Python scalars; tensors are written back in place):
+        targets/rocm/emulate.py, targets/metal/emulate.py. Raises LaunchError for arguments
+        the manifest refuses or a kernel of another target, EmulationError when the kernel
+        fails under emulation."""
+        if self.manifest.backend == "metal":
+            from tiled.compiler.targets.metal.emulate import emulate
+        else:
+            from tiled.compiler.targets.rocm.emulate import emulate
 
         emulate(self.artifact, self.manifest, args, self.source)
 

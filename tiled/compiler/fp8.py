@@ -95,18 +95,3 @@ def _encode(u, kind: str):
                           tirx.Select(normal > inf, inf, normal))
         mag = tirx.Select(a > _u32(0x7F800000), _u32(0x7E), mag)  # NaN (inf stays inf)
     return tirx.Cast("uint8", tirx.bitwise_or(mag, sign))
-
-
-def cast(value, to: str, src: str | None = None):
-    """`value`, of dtype `src` (default: its TIR dtype; a float8 `src` means `value` holds its
-    bits), converted to `to` (a float8 `to`: its bits), float8 exactly through float32."""
-    src = src or str(value.ty)
-    if src == to:
-        return value
-    if src in FORMATS:
-        value = to_float32(value, src)
-        return value if to == "float32" else cast(value, to)
-    if to in FORMATS:
-        f32 = value if str(value.ty) == "float32" else tirx.Cast("float32", value)
-        return from_float32(f32, to)
-    return tirx.Cast(to, value)

@@ -111,4 +111,5 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
             **art.fallback, "grid": program_grid + [1] * (3 - len(program_grid)),
             "cluster": [1, 1, 1]},
         **({"code_object": art.code_object} if art.code_object is not None else {}),
+        **({"metal": art.metal} if art.metal is not None else {}),
     })

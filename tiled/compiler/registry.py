@@ -11,18 +11,19 @@ from tiled.errors import UnsupportedTarget
 from tiled.ir.program import Program
 
 _BACKENDS: dict[str, Backend] = {}
-_BUILTIN = ("cpu", "cuda", "rocm")
+_BUILTIN = ("cpu", "cuda", "rocm", "metal")
 
 
 @dataclass(frozen=True)
 class Target:
-    """A compile target: backend plus architecture, written "backend[:arch]"."""
+    """A compile target: backend plus architecture, written "backend:arch" (the cpu
+    backend's arch is a feature level: "cpu:x86-64-v4"). Parsing the text gives it back."""
 
     backend: str
     arch: str
 
     def __str__(self) -> str:
-        return f"{self.backend}:{self.arch}" if self.backend != "cpu" else "cpu"
+        return f"{self.backend}:{self.arch}" if self.arch else self.backend
 
 
 @dataclass
@@ -53,6 +54,8 @@ class Artifact:
     fallback: dict | None = None
     # The code object's facts (rocm: the manifest's `code_object`, backend.check_code_object).
     code_object: dict | None = None
+    # How a Metal kernel binds its arguments (metal: the manifest's `metal`).
+    metal: dict | None = None
 
 
 
@@ -149,8 +152,9 @@ def get_backend(name: str) -> Backend:
 
 
 def parse_target(text: str | Target) -> Target:
-    """"cpu", "cuda:sm_80", "cuda:sm_90a", "rocm:gfx942" -> Target. Raises UnsupportedTarget
-    naming the problem."""
+    """"cpu", "cpu:generic", "cuda:sm_80", "cuda:sm_90a", "rocm:gfx942" -> Target; "cpu" is
+    this host's own feature level ("cpu:x86-64-v4"). Raises UnsupportedTarget naming the
+    problem."""
     if isinstance(text, Target):
         return text
     if not isinstance(text, str) or not text or len(text) > 64:

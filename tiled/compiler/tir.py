@@ -15,7 +15,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler import fp8
+from tiled.compiler import bf16, fp8
 from tiled.compiler.manifest import dim_names
 from tiled.errors import CompileError
 from tiled.ir import dtypes
@@ -58,6 +58,13 @@ _CALL: dict[int, Callable] = {
 
 _UNSIGNED = frozenset({pb.UINT8, pb.UINT16, pb.UINT32, pb.UINT64})
 FP8_DTYPES = frozenset(TVM_DTYPE.values())
+# Floats a backend may keep as their bits: TVM dtype -> (storage dtype, bits -> float32,
+# float32 -> bits).
+_BITS_FLOATS = {
+    "bfloat16": ("uint16", bf16.to_float32, bf16.from_float32),
+    **{k: ("uint8", lambda b, k=k: fp8.to_float32(b, k), lambda v, k=k: fp8.from_float32(v, k))
+       for k in FP8_DTYPES},
+}
 _COMPARISONS = frozenset({pb.EQ, pb.NE, pb.LT, pb.LE, pb.GT, pb.GE})
 # Operators whose result is >= 0 when both operands are (FLOOR_MOD: the divisor is not 0).
 _SIGN_KEEPING = frozenset({pb.ADD, pb.MUL, pb.DIV, pb.FLOOR_DIV, pb.FLOOR_MOD, pb.MIN, pb.MAX,
@@ -73,10 +80,13 @@ class ExprLowering:
     load of buffer id at TIR indices (backends decide what a fragment load means).
     `exact_fp8`: float8 values are their bits (uint8 PrimExprs, in uint8 buffers: `tir_dtype`)
     converted by tiled.compiler.fp8, never TVM's float8 (set by backends whose TVM lowering
-    of float8 is not exact: cpu). Then a PrimExpr's dtype no longer says whether it is a
-    float8, so conversions name the Tile IR dtype of their operand (`cast(..., src=)`)."""
+    of float8 is not exact: cpu). `exact_bf16` does the same for bfloat16 (uint16 bits,
+    tiled.compiler.bf16). Then a PrimExpr's dtype no longer says whether it is such a float,
+    so conversions name the Tile IR dtype of their operand (`cast(..., src=)`); arithmetic on
+    them runs in float32, rounded back once per operation."""
 
     exact_fp8 = False
+    exact_bf16 = False
     # Whether a select of a loaded value (a guarded load) lowers to TIR's if_then_else (set
     # by CUDA: TVM's CUDA codegen of a vectorized Select declares its condition vector with
     # the value's type, which nvcc rejects, `nv_bfloat164 c = make_ushort4(...)`;
@@ -95,11 +105,15 @@ class ExprLowering:
     def load(self, bid: int, indices: list) -> tirx.PrimExpr:
         raise NotImplementedError
 
+    def bits_float(self, dt: str) -> bool:
+        """Whether values of TVM dtype `dt` are lowered as their bits (exact_fp8, exact_bf16)."""
+        return (self.exact_fp8 and dt in FP8_DTYPES) or (self.exact_bf16 and dt == "bfloat16")
+
     def tir_dtype(self, dtype: int | str) -> str:
         """The TIR dtype that holds values of Tile IR `dtype` (uint8 for float8 when
-        `exact_fp8`)."""
+        `exact_fp8`, uint16 for bfloat16 when `exact_bf16`)."""
         dt = tvm_dtype(dtype)
-        return "uint8" if self.exact_fp8 and dt in FP8_DTYPES else dt
+        return _BITS_FLOATS[dt][0] if self.bits_float(dt) else dt
 
     def region_index(self, region: pb.Region, tile_coords: list) -> tuple[list, list]:
         """TIR indices of a region's element at squeezed tile coordinates (one per extent
@@ -141,8 +155,8 @@ class ExprLowering:
     def expr(self, e: pb.Expr) -> tirx.PrimExpr:
         kind = e.WhichOneof("kind")
         dt = tvm_dtype(e.dtype)
-        if kind in ("int_value", "float_value") and dt in FP8_DTYPES and self.exact_fp8:
-            return fp8.from_float32(tirx.const(float(getattr(e, kind)), "float32"), dt)
+        if kind in ("int_value", "float_value") and self.bits_float(dt):
+            return self.cast(tirx.const(float(getattr(e, kind)), "float32"), dt, "float32")
         if kind == "int_value":
             return tirx.const(bool(e.int_value) if dt == "bool" else e.int_value, dt)
         if kind == "float_value":
@@ -153,13 +167,13 @@ class ExprLowering:
             return self.binary(e.binary, dt)
         if kind == "call":
             args = [self.expr(a) for a in e.call.args]
-            if e.call.op == pb.REINTERPRET:
-                return tirx.reinterpret(dt, args[0])
-            if dt in FP8_DTYPES:  # fp8 has no arithmetic of its own: compute in float32
+            if e.call.op == pb.REINTERPRET:  # a bits float is its bits already
+                return tirx.reinterpret(self.tir_dtype(dt), args[0])
+            if dt in FP8_DTYPES or self.bits_float(dt):  # no arithmetic of its own: in float32
                 f32 = [self.cast(a, "float32", tvm_dtype(x.dtype))
                        for a, x in zip(args, e.call.args, strict=True)]
-                return self.cast(_CALL[e.call.op](*f32), dt)
-            return _CALL[e.call.op](*args)
+                return self.cast(self.call(e.call.op, f32, "float32"), dt)
+            return self.call(e.call.op, args, dt)
         if kind == "cast":
             return self.cast(self.expr(e.cast.value), dt, tvm_dtype(e.cast.value.dtype))
         if kind == "select":
@@ -173,13 +187,24 @@ class ExprLowering:
             return self.load(e.load.buffer, [self.expr(i) for i in e.load.indices])
         raise CompileError(f"expression kind {kind} cannot be lowered")
 
+    def call(self, op: int, args: list, dt: str) -> tirx.PrimExpr:
+        """Math intrinsic `op` (pb.EXP, ...) of lowered `args`, of TVM dtype `dt`; a backend
+        overrides it to lower some itself."""
+        return _CALL[op](*args)
+
     def cast(self, value: tirx.PrimExpr, dt: str, src: str | None = None) -> tirx.PrimExpr:
-        """`value`, of TVM dtype `src` (default: its own), converted to `dt` (float8 exactly,
-        as bits, when `exact_fp8`)."""
+        """`value`, of TVM dtype `src` (default: its own), converted to `dt` (bits floats
+        exactly, through float32: `bits_float`)."""
         src = src or str(value.ty)
-        if self.exact_fp8 and (dt in FP8_DTYPES or src in FP8_DTYPES):
-            return fp8.cast(value, dt, src)
-        return value if src == dt else tirx.Cast(dt, value)
+        if src == dt:
+            return value
+        if not (self.bits_float(dt) or self.bits_float(src)):
+            return tirx.Cast(dt, value)
+        f32 = value if src == "float32" else _BITS_FLOATS[src][1](value) \
+            if self.bits_float(src) else tirx.Cast("float32", value)
+        if self.bits_float(dt):
+            return _BITS_FLOATS[dt][2](f32)
+        return f32 if dt == "float32" else tirx.Cast(dt, f32)
 
     def binary(self, b: pb.Binary, dt: str) -> tirx.PrimExpr:
         """A binary expression with every result defined (the verifier refuses what is wrong
@@ -188,11 +213,11 @@ class ExprLowering:
           no undefined behaviour); constant negative divisors are rewritten onto positive ones
           (floor(a / -c) = floor(-a / c)), which TVM's simplifier handles;
         - a shift amount is taken modulo the operand's width (`x << 33` is `x << 1` in int32);
-        - fp8 operands are computed in float32 and the result rounded back."""
+        - fp8 operands (and bits floats) are computed in float32 and the result rounded back."""
         op = b.op
         a, y = self.expr(b.a), self.expr(b.b)
         operand = tvm_dtype(b.a.dtype)
-        if operand in FP8_DTYPES:
+        if operand in FP8_DTYPES or self.bits_float(operand):
             a, y = self.cast(a, "float32", operand), self.cast(y, "float32", operand)
             if op in _COMPARISONS:
                 return _BINARY[op](a, y)
@@ -245,11 +270,13 @@ def declare_params(program: Program, lower: ExprLowering,
             v = tirx.Var(param.name, lower.var_dtype[param.scalar])
             lower.vars[param.scalar] = T.arg(param.name, v)
     for bid, arg in out.items():
-        if lower.tir_dtype(lower.buffers[bid].dtype) != str(arg.dtype):
-            # The caller passes a float8 array (and the entry checks that); the body reads
-            # and writes its bytes through a uint8 view of the same data, declared after the
-            # parameters (TVM wants those first).
-            out[bid] = T.decl_buffer(arg.shape, "uint8", data=arg.data, align=align or 1)
+        storage = lower.tir_dtype(lower.buffers[bid].dtype)
+        if storage != str(arg.dtype):
+            # The caller passes a float8 / bfloat16 array (and the entry checks that); the
+            # body reads and writes its bits through an unsigned view of the same data,
+            # declared after the parameters (TVM wants those first).
+            out[bid] = T.decl_buffer(arg.shape, storage, data=arg.data,
+                                     align=align or dtypes.nbytes(lower.buffers[bid].dtype))
     return out
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import threading
 
 from tiled.ops import kernels as _k
+from tiled.runtime.cpu_levels import is_cpu_target
 from tiled.runtime.telemetry import count_launch
 
 _KERNELS: dict[tuple, object] = {}
@@ -108,10 +109,16 @@ def _launch_config(op: str, target: str, N: int | None = None, dtype: str | None
     69% / 77% with 128 (its normalization a multiply by the row's reciprocal:
     benchmarks/results/ops_sweep_h200.json; a division per element read 71% / 75% at 512).
     Each row stays whole rounds of the block (N a multiple of threads x the 16-byte run), so
-    its sums are shuffles."""
+    its sums are shuffles. gated_activation on CPU: 4096 columns per block, where 1024 (the
+    default) made a thread's consecutive blocks 4 KB runs pages apart, which the hardware
+    prefetchers follow worst (float32 SiLU-and-mul over 4096 x 4096 on the 2-core Zen 4: 0.82
+    of a copy's bandwidth against 0.56, per-round medians, benchmarks/cpu/membound.py's
+    method)."""
+    if op == "gated_activation" and is_cpu_target(target):
+        return {"block_n": 4096}
     if op not in ("rms_norm", "fused_add_rms_norm", "layer_norm", "softmax"):
         return {}
-    if target == "cpu":
+    if is_cpu_target(target):
         return {"blk_m": 4}
     blk_m, threads = 1, 128
     if op in ("rms_norm", "fused_add_rms_norm") and N is not None:

@@ -10,9 +10,9 @@ decode, laid out as FlashMLA's.
         Query token t of q_len sees the first seq_len - q_len + t + 1 tokens (causal), as
         speculative decoding needs. `scale` defaults to d ** -0.5 (FlashMLA's default).
 
-It is tiled.ops.paged's decode kernel with one kv head, ROWS_MLA query heads per block (so
-that the cache is read once per 64 heads, not once per 16) and values narrower than keys;
-tuned by tiled.autotune on its own space per (batch bucket, table width bucket). The q_len
+It is tiled.ops.paged's decode kernel with one kv head, 16 to 64 query heads per block (64:
+the cache is read once per 64 heads, not once per 16) and values narrower than keys; tuned
+by tiled.autotune on its own space per (batch bucket, table width bucket). The q_len
 query tokens become q_len rows of the batch (their table rows repeated, their lengths
 computed on the device: no host read).
 """
@@ -21,18 +21,23 @@ from tiled.ops.paged import _pow2, _run, cache_problem, decode_kernel
 from tiled.ops.tuned import TunedOp
 
 ROWS_MLA = 64
-CUDA_SPACE = [{"BN": bn, "threads": t, "splits": s, "stages": 2}
-              for bn in (16, 32) for t in (128, 256) for s in (1, 2, 4, 8, 16, 32)]
+# (query heads a block, threads) x splits, 32 tokens a step. Both gemms take FullRow warp
+# grids (paged.decode_kernel), so the scores and the 512-wide output share one: 4 x 2 warps
+# at 64 heads keep o at 128 floats a thread; fewer heads a block read the cache more often
+# but hold less.
+CUDA_SPACE = [{"BN": 32, "threads": t, "rows": r, "splits": s, "stages": 2}
+              for r, t in ((64, 256), (32, 256), (32, 128), (16, 128))
+              for s in (1, 2, 4, 8, 16)]
 CPU_SPACE = [{"BN": 16, "threads": 32, "splits": 1}, {"BN": 16, "threads": 32, "splits": 2}]
 
 
 def mla_kernel(B, H, D, DV, block_size, dtype, MB, scale, BN=32, threads=128, splits=1,
-               stages=2):
-    """decode_kernel for MLA: one kv head, up to ROWS_MLA query heads a block, DV-wide
+               stages=2, rows=ROWS_MLA):
+    """decode_kernel for MLA: one kv head, up to `rows` query heads a block, DV-wide
     values."""
     return decode_kernel(B, H, 1, D, block_size, dtype, dtype, MB, scale, BN=BN,
                          threads=threads, splits=splits, stages=stages,
-                         rows=min(ROWS_MLA, 16 * -(-H // 16)), dv=DV)
+                         rows=min(rows, 16 * -(-H // 16)), dv=DV)
 
 
 def _bucket(B, H, D, DV, block_size, dtype, MB, scale):

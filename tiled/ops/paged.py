@@ -116,7 +116,9 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
                 T.copy(v_in, v)
             for i, t in T.Parallel(rows, BN):
                 sc[i, t] = T.if_then_else((lo + step) * BN + t < seq, 0, NEG_INF)
-            T.gemm(q, k, sc, transpose_B=True)
+            # Both gemms FullRow: the scores and the output on one warp grid, so the row
+            # statistics of one are the rows of the other (registers, not replicated).
+            T.gemm(q, k, sc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.copy(m, m_prev)
             T.reduce_max(sc, m, dim=1, clear=False)
             for i in T.Parallel(rows):
@@ -129,7 +131,7 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
             T.copy(sc, p)
             for i, d in T.Parallel(rows, DV):
                 o[i, d] *= alpha[i]
-            T.gemm(p, v, o)
+            T.gemm(p, v, o, policy=T.GemmWarpPolicy.FullRow)
         return o, total, m, step_scale
 
     # A split with no tokens has total 0 and o 0: it writes zeros and a -inf LSE.

@@ -2,6 +2,7 @@
 op's tiled.autotune tuner per target kind and the kernel it chose per (target, bucket)."""
 
 import tiled
+from tiled.runtime.cpu_levels import is_cpu_target
 
 
 class TunedOp:
@@ -31,7 +32,7 @@ class TunedOp:
         if _capturing(like):
             raise RuntimeError(f"tiled.ops.{self.name}: no kernel is tuned yet for {key[1]} and "
                                "a CUDA graph is being captured; call it once before capturing")
-        kind = "cpu" if target == "cpu" else "cuda"
+        kind = "cpu" if is_cpu_target(target) else "cuda"
         tuner = self._tuners.get(kind)
         if tuner is None:
             tuner = self._tuners[kind] = tiled.autotune(

@@ -17,7 +17,7 @@ from tiled.runtime.args import BoundArgs, TensorView, as_tensor, bind_args
 from tiled.runtime.manifest import KernelArg, Manifest, ManifestError, Param, eval_expr
 
 LOADERS = {"cpu": "tiled.runtime.cpu:CPUKernel", "cuda": "tiled.runtime.cuda:CUDAKernel",
-           "rocm": "tiled.runtime.rocm:ROCmKernel"}
+           "rocm": "tiled.runtime.rocm:ROCmKernel", "metal": "tiled.runtime.metal:MetalKernel"}
 
 
 class Kernel:

@@ -2,6 +2,13 @@
 tiled/compiler/toolchain/cc.py) loaded with ctypes and called through its TVM FFI safe-call
 entry `__tvm_ffi_<name>` with one DLTensor* per tensor and an int / float per scalar.
 
+A library is built for a CPU feature level (the manifest's arch, tiled.runtime.cpu_levels);
+loading one whose level this host lacks raises LaunchError before its code is mapped.
+
+The first library loaded lends its thread pool to every later one (the shim's `tiled_pool` /
+`tiled_use_pool`): a process's CPU kernels share one set of worker threads, sized by
+TILED_CPU_THREADS.
+
 Thread-safety: calls may run concurrently (each builds its own argument structs; ctypes
 releases the GIL for the call). Libraries are never unloaded: the kernel's thread pool may
 still be parked in its code.
@@ -12,11 +19,12 @@ from __future__ import annotations
 import ctypes
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 from tiled import config
 from tiled.errors import LaunchError
-from tiled.runtime import Kernel
+from tiled.runtime import Kernel, cpu_levels
 from tiled.runtime.args import BoundArgs, FastBinder, TensorView, bind_fast
 from tiled.runtime.dlpack import (
     DL_DTYPES,
@@ -67,6 +75,28 @@ def _open_library(data: bytes, digest: str) -> ctypes.CDLL:
     raise LaunchError("cannot load the CPU kernel library: " + "; ".join(errors))
 
 
+_POOL_LOCK = threading.Lock()
+_pool: int | None = None  # the address of the process's pool (the first library's tiled_pool())
+
+
+def _share_pool(lib: ctypes.CDLL) -> bool:
+    """Makes `lib` launch on the process's pool (True), or makes its pool the process's when
+    it is the first (False). A library without the pool entry points (built before them) or
+    of another pool ABI keeps its own (False)."""
+    global _pool
+    try:
+        own, use = lib.tiled_pool, lib.tiled_use_pool
+    except AttributeError:
+        return False
+    own.restype, own.argtypes = ctypes.c_void_p, []
+    use.restype, use.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    with _POOL_LOCK:
+        if _pool is None:
+            _pool = own()
+            return False
+        return use(_pool) == 0
+
+
 def _bind(lib: ctypes.CDLL, name: str, restype, argtypes, what: str):
     try:
         fn = getattr(lib, name)
@@ -77,11 +107,13 @@ def _bind(lib: ctypes.CDLL, name: str, restype, argtypes, what: str):
 
 
 class CPUKernel(Kernel):
-    """A CPU kernel loaded from `.so` bytes. Raises LaunchError when the library does not load
-    or lacks the manifest's symbol or the tiled shim."""
+    """A CPU kernel loaded from `.so` bytes. Raises LaunchError when it was built for a CPU
+    level this host lacks, or the library does not load or lacks the manifest's symbol or the
+    tiled shim."""
 
     def __init__(self, artifact: bytes, manifest: Manifest):
         self.manifest = manifest
+        cpu_levels.check_runs_here(manifest.name, manifest.arch)
         self._lib = _open_library(artifact, manifest.artifact_sha256)
         what = manifest.name
         self._fn = _bind(self._lib, manifest.symbol, ctypes.c_int, SAFE_CALL_ARGTYPES, what)
@@ -89,12 +121,14 @@ class CPUKernel(Kernel):
                                  f"{what} (not linked with tiled's CPU shim)")
         self._set_threads = _bind(self._lib, "tiled_set_num_threads", ctypes.c_int,
                                   [ctypes.c_int], f"{what} (not linked with tiled's CPU shim)")
-        self._set_threads(int(config.get("cpu_threads")))
+        if not _share_pool(self._lib):  # a pool of its own: sized here
+            self._set_threads(int(config.get("cpu_threads")))
         self._dl_dtypes = [DL_DTYPES[p.dtype] for p in manifest.params]
         self._binder = FastBinder(manifest.params, "cpu")
 
     def set_num_threads(self, n: int) -> int:
-        """Threads for this kernel's parallel loops (0: the CPUs usable); returns the count."""
+        """Threads for the parallel loops of the process's CPU kernels (they share one pool;
+        0: the CPUs usable); returns the count."""
         return int(self._set_threads(int(n)))
 
     def __call__(self, *args) -> None:

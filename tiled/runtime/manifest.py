@@ -56,6 +56,7 @@ from typing import Any
 from tiled.errors import LaunchError
 from tiled.ir import dtypes
 from tiled.runtime.code_object import check_code_object
+from tiled.runtime.metal_abi import check_metal
 
 MANIFEST_VERSION = 1
 KERNEL_ARG_KINDS = ("tensor", "scalar", "dim", "tensor_map")
@@ -326,7 +327,7 @@ _REQUIRED = ("manifest_version", "name", "program_digest", "target", "backend", 
              "artifact_format", "artifact_sha256", "symbol", "params")
 _OPTIONAL = {"kernel_args": [], "grid": [1, 1, 1], "block": [1, 1, 1], "dynamic_smem_bytes": 0,
              "cluster": [1, 1, 1], "action": None, "requires": [], "fallback": None,
-             "notes": None, "code_object": None}
+             "notes": None, "code_object": None, "metal": None}
 # The launch fields a fallback variant replaces (it shares the artifact and the params).
 _FALLBACK_FIELDS = ("symbol", "kernel_args", "grid", "block", "dynamic_smem_bytes", "cluster")
 _ACTION_FIELDS = {"v", "program", "target", "options", "toolchain", "namespace"}
@@ -379,6 +380,8 @@ class Manifest:
     notes: dict | None = field(default=None, compare=False, hash=False)
     # rocm: the shipped code object's facts (tiled.runtime.code_object); None elsewhere.
     code_object: dict | None = field(default=None, hash=False)
+    # metal: how the kernel binds its arguments (tiled.runtime.metal_abi); None elsewhere.
+    metal: dict | None = field(default=None, hash=False)
     manifest_version: int = MANIFEST_VERSION
     _dims: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -480,6 +483,15 @@ class Manifest:
                             "kernarg layout and resources)")
             check_code_object(self.code_object, self.kernel_args,
                               [self._arg_bytes(ka) for ka in self.kernel_args], _fail)
+        if self.backend == "metal" or self.metal is not None:
+            if self.backend != "metal":
+                raise _fail("metal", f"a metal manifest's field; this one is {self.backend}'s")
+            if self.metal is None:
+                raise _fail("metal", "a metal manifest needs it (buffer indices and the "
+                            "scalar-argument struct)")
+            check_metal(self.metal, self.kernel_args,
+                        [None if ka.kind == "tensor" else self._arg_bytes(ka)
+                         for ka in self.kernel_args], _fail)
         if self.notes is not None and not isinstance(self.notes, dict):
             raise _fail("notes", f"expected an object, got {type(self.notes).__name__}")
         if self.fallback is not None and (not isinstance(self.fallback, dict) or
@@ -525,6 +537,7 @@ class Manifest:
             **({"fallback": self.fallback} if self.fallback is not None else {}),
             **({"notes": self.notes} if self.notes is not None else {}),
             **({"code_object": self.code_object} if self.code_object is not None else {}),
+            **({"metal": self.metal} if self.metal is not None else {}),
         }
 
     def to_json(self) -> str:

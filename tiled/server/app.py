@@ -123,7 +123,7 @@ def _grpc_server(opts: ServeOptions, service, interceptors: list,
     serving = health_pb2.HealthCheckResponse.SERVING
     health_servicer.set("", serving)
     health_servicer.set("tiled.v1.Compiler", serving)
-    for backend in ("cpu", "cuda", "rocm"):
+    for backend in ("cpu", "cuda", "rocm", "metal"):
         health_servicer.set(f"tiled.v1.Compiler/{backend}", serving)
     names = (compile_pb2.DESCRIPTOR.services_by_name["Compiler"].full_name,
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

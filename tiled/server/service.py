@@ -55,7 +55,8 @@ TRIM_AFTER_BYTES = 1 << 20  # a request this large hands its freed heap back to 
 def resolve_local() -> str:
     """The host's own device as a target: the CUDA arch of GPU 0 read from the driver
     (sm_90 -> sm_90a), else the gfx arch of ROCm device 0 read from the HIP runtime
-    ("rocm:gfx942" where tiled has that backend's arch), else "cpu"."""
+    ("rocm:gfx942" where tiled has that backend's arch), else the Apple GPU family of the
+    default Metal device ("metal:apple9"; macOS with PyObjC's Metal), else "cpu"."""
     cuda = _local_cuda()
     if cuda is not None:
         return cuda
@@ -64,7 +65,10 @@ def resolve_local() -> str:
 
     arch = local_arch()
     if arch is None:
-        return "cpu"
+        from tiled.runtime.metal import local_arch as metal_arch
+
+        apple = metal_arch()
+        return f"metal:{apple}" if apple is not None else "cpu"
     if arch not in ROCM_ARCHS:
         log.info("ROCm device %s has no tiled backend arch (%s); target 'local' is cpu", arch,
                  ", ".join(ROCM_ARCHS))
@@ -360,7 +364,7 @@ class CompilerService(compile_pb2_grpc.CompilerServicer):
         from tiled.compiler.toolchain.digest import toolchain_digest
 
         backends = []
-        for name in ("cpu", "cuda", "rocm"):
+        for name in ("cpu", "cuda", "rocm", "metal"):
             try:
                 b = get_backend(name)
                 digest = toolchain_digest(parse_target(name if name == "cpu" else

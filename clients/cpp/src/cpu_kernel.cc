@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "cpu_level.h"
 #include "kernels.h"
 
 namespace tiled {
@@ -191,6 +192,7 @@ class CpuKernel : public Kernel {
 }  // namespace
 
 std::unique_ptr<Kernel> load_cpu(const std::string& artifact, const Manifest& m) {
+  check_runs_here(m.name, m.arch, host_cpu());  // before the .so's code can run
   return std::make_unique<CpuKernel>(artifact, m);
 }
 

@@ -223,9 +223,12 @@ void check_tensor_map(const KernelArg& ka, const Param& p, int k, const std::str
 const std::vector<std::string> kRequired = {"manifest_version", "name", "program_digest",
                                             "target", "backend", "arch", "artifact_format",
                                             "artifact_sha256", "symbol", "params"};
+// code_object (rocm) and metal (metal): the backend's own records, carried but not read here
+// (this library loads cpu and cuda artifacts only).
 const std::vector<std::string> kOptional = {"kernel_args", "grid", "block",
                                             "dynamic_smem_bytes", "cluster", "action",
-                                            "requires", "fallback", "notes"};
+                                            "requires", "fallback", "notes", "code_object",
+                                            "metal"};
 const std::vector<std::string> kFallbackFields = {"symbol", "kernel_args", "grid", "block",
                                                   "dynamic_smem_bytes", "cluster"};
 

@@ -1,10 +1,11 @@
 // tiled_loader without a daemon or a GPU: SHA-256, manifest validation, expressions, argument
 // checks, launch geometry, 16-bit float conversions, cuda parameter packing and TMA requests,
-// and what load() refuses. Run: tiled_loader_test [CASE...]
+// what load() refuses, and CPU feature levels. Run: tiled_loader_test [CASE...]
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "check.h"
+#include "cpu_level.h"
 #include "cuda_pack.h"
 #include "tiled/half.h"
 #include "tiled/loader.h"
@@ -314,8 +315,13 @@ TEST(load_refuses_what_it_cannot_run) {
                "does not match the manifest's artifact_sha256");
   j["artifact_sha256"] = tiled::sha256_hex(cubin);
   json rocm = with(with(with(j, "backend", "rocm"), "target", "rocm:gfx942"), "artifact_format", "hsaco");
+  rocm["code_object"] = {{"vgpr_count", 32}, {"lds_bytes", 0}};  // rocm's record parses
   CHECK_THROWS(tiled::load(cubin, parse(rocm)), "LAUNCH_ERROR", "no loader for backend 'rocm'");
-  json cpu = with(with(with(j, "backend", "cpu"), "target", "cpu"), "artifact_format", "so");
+  json metal = with(with(with(j, "backend", "metal"), "target", "metal:apple9"), "artifact_format", "msl");
+  metal["metal"] = {{"msl_version", "3.1"}};  // and metal's
+  CHECK_THROWS(tiled::load(cubin, parse(metal)), "LAUNCH_ERROR", "no loader for backend 'metal'");
+  json cpu = with(with(with(with(j, "backend", "cpu"), "target", "cpu:generic"), "arch", "generic"),
+                  "artifact_format", "so");
   cpu["kernel_args"] = json::array();
   cpu["requires"] = {0};
   CHECK_THROWS(tiled::load(cubin, parse(cpu)), "LAUNCH_ERROR", "are a cuda manifest's");
@@ -334,3 +340,34 @@ TEST(load_refuses_what_it_cannot_run) {
 }
 
 int main(int argc, char** argv) { return check::run_tests(argc, argv); }
+
+TEST(cpu_levels_refuse_what_the_host_lacks) {
+  // /proc/cpuinfo of an AVX2 host without AVX-512 (x86-64-v3) and of an arm host with fp16.
+  std::string v3 = "processor\t: 0\nflags\t\t: fpu cx16 lahf_lm popcnt pni sse4_1 sse4_2 ssse3 "
+                   "abm avx avx2 bmi1 bmi2 f16c fma movbe xsave\nprocessor\t: 1\n";
+  tiled::HostCpu host = tiled::parse_cpuinfo(v3, "x86_64");
+  CHECK_EQ(host.isa, std::string("x86_64"));
+  CHECK_EQ(tiled::host_level(host), std::string("x86-64-v3"));
+  tiled::check_runs_here("k", "x86-64-v3", host);
+  tiled::check_runs_here("k", "generic", host);
+  tiled::check_runs_here("k", "x86_64", host);  // an older manifest: the machine, baseline
+  CHECK_THROWS(tiled::check_runs_here("k", "x86-64-v4", host), "LAUNCH_ERROR",
+               "which needs avx512bw, avx512cd, avx512dq, avx512f, avx512vl; this host is "
+               "cpu:x86-64-v3");
+  CHECK_THROWS(tiled::check_runs_here("k", "aarch64+sve", host), "LAUNCH_ERROR",
+               "a level of another ISA");
+  tiled::HostCpu arm = tiled::parse_cpuinfo("Features\t: fp asimd fphp asimdhp\n", "arm64");
+  CHECK_EQ(tiled::host_level(arm), std::string("aarch64+fp16"));
+  CHECK_THROWS(tiled::check_runs_here("k", "aarch64+sve", arm), "LAUNCH_ERROR", "needs sve");
+  CHECK_EQ(tiled::host_level(tiled::parse_cpuinfo("", "x86_64")), std::string("generic"));
+}
+
+TEST(load_checks_the_cpu_level_before_loading) {
+  json j = cuda_manifest();
+  std::string so = "not an elf";
+  j["artifact_sha256"] = tiled::sha256_hex(so);
+  json cpu = with(with(with(with(j, "backend", "cpu"), "target", "cpu:x86-64-v9"), "arch",
+                       "x86-64-v9"), "artifact_format", "so");
+  cpu["kernel_args"] = json::array();
+  CHECK_THROWS(tiled::load(so, parse(cpu)), "LAUNCH_ERROR", "compiled for cpu:x86-64-v9");
+}

@@ -1,10 +1,10 @@
 """The C compiler driver for CPU kernels: links a TVM LLVM object and the runtime shim
-(tiled/compiler/targets/cpu/shim.c) into a self-contained shared library that
-`tiled.runtime.cpu` loads without TVM.
+(tiled/compiler/targets/cpu/shim.c: runtime services; gemm.c: T.gemm's microkernel) into a
+self-contained shared library that `tiled.runtime.cpu` loads without TVM.
 
-The shim object is compiled once per (shim source, compiler, flags) and cached under
-`<cache_dir>/shim/`, published by an atomic rename, so concurrent processes may race safely:
-each writes its own temporary file and the last rename wins with identical bytes.
+The shim's objects are compiled once per (sources, compiler, flags, target level's flags) and
+cached under `<cache_dir>/shim/`, published by an atomic rename, so concurrent processes may
+race safely: each writes its own temporary file and the last rename wins with identical bytes.
 All functions may raise ToolchainError carrying the tool's output. Thread-safe.
 """
 
@@ -21,7 +21,8 @@ from pathlib import Path
 from tiled import config
 from tiled.errors import ToolchainError
 
-SHIM_SOURCE = Path(__file__).resolve().parent.parent / "targets" / "cpu" / "shim.c"
+_CPU_DIR = Path(__file__).resolve().parent.parent / "targets" / "cpu"
+SHIM_SOURCES = (_CPU_DIR / "shim.c", _CPU_DIR / "gemm.c")
 SHIM_FLAGS = ("-std=gnu11", "-O2", "-fPIC", "-pthread", "-fvisibility=hidden")
 # -Bsymbolic: the kernel's references to its own exported symbols bind inside the library.
 LINK_FLAGS = ("-shared", "-fPIC", "-O2", "-pthread", "-Wl,-Bsymbolic")
@@ -59,35 +60,46 @@ def cc_version() -> str:
 
 
 def shim_digest() -> str:
-    """sha256 over the shim source, the compiler version and the flags: part of the toolchain
-    digest, since it changes what a CPU artifact contains."""
-    h = hashlib.sha256(SHIM_SOURCE.read_bytes())
-    h.update(b"\0" + cc_version().encode() + b"\0" + " ".join(SHIM_FLAGS + LINK_FLAGS).encode())
+    """sha256 over the shim sources, the compiler version and the flags: part of the toolchain
+    digest, since it changes what a CPU artifact contains. (A target level's own flags come
+    from tiled/compiler/targets/cpu/levels.py, which the source digest covers.)"""
+    h = hashlib.sha256()
+    for src in SHIM_SOURCES:
+        h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    h.update(cc_version().encode() + b"\0" + " ".join(SHIM_FLAGS + LINK_FLAGS).encode())
     return h.hexdigest()
 
 
-def shim_object() -> Path:
-    """Path of the compiled shim for the configured compiler, compiling it on first use."""
+def shim_objects(level_flags: tuple[str, ...] = ()) -> list[Path]:
+    """Paths of the compiled shim objects for the configured compiler and a target level's
+    flags (`-march=...`), compiling them on first use."""
     cc = _cc()
     shim_dir = Path(config.get("cache_dir")) / "shim"
-    path = shim_dir / f"cpu_shim-{shim_digest()[:32]}.o"
-    if path.is_file():
-        return path
-    shim_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".cpu_shim-", suffix=".o", dir=shim_dir)
-    os.close(fd)
-    try:
-        _run([cc, *SHIM_FLAGS, "-c", str(SHIM_SOURCE), "-o", tmp], "compiling the CPU shim")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    tag = hashlib.sha256((shim_digest() + "\0" + " ".join(level_flags)).encode()).hexdigest()
+    out = []
+    for src in SHIM_SOURCES:
+        path = shim_dir / f"cpu_{src.stem}-{tag[:32]}.o"
+        out.append(path)
+        if path.is_file():
+            continue
+        shim_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".cpu_{src.stem}-", suffix=".o", dir=shim_dir)
+        os.close(fd)
+        try:
+            _run([cc, *SHIM_FLAGS, *level_flags, "-c", str(src), "-o", tmp],
+                 f"compiling the CPU shim ({src.name})")
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out
 
 
-def link_cpu_library(object_path: str | os.PathLike, out_path: str | os.PathLike) -> None:
-    """Links the TVM object at `object_path` with the shim into the shared library `out_path`
-    (written atomically: a reader never sees a half-written library)."""
+def link_cpu_library(object_path: str | os.PathLike, out_path: str | os.PathLike,
+                     level_flags: tuple[str, ...] = ()) -> None:
+    """Links the TVM object at `object_path` with the shim built with `level_flags` into the
+    shared library `out_path` (written atomically: a reader never sees a half-written
+    library)."""
     obj = Path(object_path)
     if not obj.is_file():
         raise ToolchainError(f"linking CPU kernel: object {obj} does not exist")
@@ -96,7 +108,7 @@ def link_cpu_library(object_path: str | os.PathLike, out_path: str | os.PathLike
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}-", suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        _run([_cc(), *LINK_FLAGS, str(obj), str(shim_object()), "-o", tmp],
+        _run([_cc(), *LINK_FLAGS, str(obj), *map(str, shim_objects(level_flags)), "-o", tmp],
              "linking the CPU kernel")
         os.replace(tmp, out)
     finally:

@@ -211,6 +211,11 @@ def _backend_record(backend: str, compiler: str | None, root: Path) -> dict[str,
         return {"clang": hip.tool_version("clang"), "lld": hip.tool_version("lld"),
                 "llvm_objcopy": hip.tool_version("llvm_objcopy"),
                 "headers": hip.headers_digest()}
+    if backend == "metal":
+        from tiled.compiler.toolchain import hip, msl
+
+        # clang type-checks every kernel (and builds its emulation); no Metal compiler here.
+        return {"clang": hip.tool_version("clang"), "headers": msl.headers_digest()}
     return {}  # a backend without an external toolchain (yet)
 
 
@@ -257,7 +262,9 @@ def toolchain_record(target: Any, cuda_compiler: str | None = None,
     headers (a hash of tiled_cuda.h and the toolkit's cuda_fp16 / cuda_bf16 headers); cpu adds
     cc (the C compiler's version), shim (its digest) and machine (the host arch); rocm adds
     the version lines of clang, ld.lld and llvm-objcopy (TILED_CLANG, TILED_LLD,
-    TILED_LLVM_OBJCOPY) and headers (a hash of tiled's ROCm device headers, toolchain.hip).
+    TILED_LLVM_OBJCOPY) and headers (a hash of tiled's ROCm device headers, toolchain.hip);
+    metal adds clang's version line (its type check) and headers (a hash of tiled_metal.h and
+    the CPU <metal_stdlib>, toolchain.msl).
     `compiler_root` (tests) is a copy of the directory holding tiled/ whose sources are hashed
     instead of this install's. The cache namespace is not here: it salts the action key.
     Memoized per process: returns a copy. Raises ToolchainError when a required tool (the C

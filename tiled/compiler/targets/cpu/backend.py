@@ -1,30 +1,33 @@
-"""The `cpu` backend: TVM's LLVM codegen (lowering in lower.py) linked into a
-self-contained shared library. This module only describes the target; TVM is imported when a
-kernel is compiled, so parsing targets and computing keys never loads it.
+"""The `cpu` backend: TVM's LLVM codegen (lowering in lower.py) linked with the shim into a
+self-contained shared library, built for one feature level (tiled.runtime.cpu_levels): the
+target `cpu` is this host's level (`cpu:x86-64-v4` on an AVX-512 host), `cpu:generic` the
+ISA's baseline for portable bundles, `cpu:x86-64-v3` and the like an explicit level (compiled
+here even when this host lacks it; the runtime refuses to load it on such a host). This module
+only describes the target; TVM is imported when a kernel is compiled, so parsing targets and
+computing keys never loads it.
 """
 
 from __future__ import annotations
 
-import platform
 import tempfile
 from pathlib import Path
 
 from tiled.compiler.registry import Artifact, Backend, Target, register
 from tiled.compiler.stages import timed
-from tiled.errors import CompileError
+from tiled.compiler.targets.cpu.levels import codegen_of, resolve_level
 from tiled.ir.program import Program
+from tiled.runtime import cpu_levels
 
 
 @register
 class CpuBackend(Backend):
     name = "cpu"
-    archs = (platform.machine() or "x86_64",)
+    # The levels of this host's ISA, oldest first (the daemon's Capabilities lists them).
+    archs = tuple(lv.name for lv in cpu_levels.levels_of(cpu_levels.host_cpu().isa))
     artifact_format = "so"
 
     def parse_arch(self, arch: str | None) -> str:
-        if arch not in (None, "", self.archs[0]):
-            raise CompileError(f"cpu backend builds for this host ({self.archs[0]}), not {arch}")
-        return self.archs[0]
+        return resolve_level(arch)
 
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         import tvm
@@ -32,15 +35,16 @@ class CpuBackend(Backend):
         from tiled.compiler.targets.cpu.lower import lower_cpu
         from tiled.compiler.toolchain.cc import link_cpu_library
 
+        codegen = codegen_of(target.arch)
         with timed("lower"):
-            mod = lower_cpu(program)
+            mod = lower_cpu(program, codegen.vector_bytes)
         with tempfile.TemporaryDirectory(prefix="tiled-cpu-") as tmp:
             obj, so = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
             with timed("codegen"), tvm.transform.PassContext(opt_level=3):
-                ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+                ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", **codegen.llvm}))
                 ex.mod.write_to_file(str(obj))
             with timed("toolchain"):
-                link_cpu_library(str(obj), str(so))
+                link_cpu_library(str(obj), str(so), codegen.cflags)
             data = so.read_bytes()
         return Artifact(data=data, symbol=f"__tvm_ffi_{program.name}", kernel_args=None,
                         dynamic_smem_bytes=0, block=(1, 1, 1))

@@ -4,8 +4,12 @@ Semantics on a CPU: the grid becomes one parallel loop over all blocks (TVM's pa
 served by tiled's shim); within a block there is one thread, so every tile is a plain array,
 T.Parallel is a serial loop nest, tile ops are loop nests, and T.Pipelined is a serial loop.
 T.vectorized becomes TVM's vectorized loop where its body is plain stores over a short constant
-extent, else a serial loop (which LLVM may still vectorize). Atomics go through the shim
-(blocks run on several threads).
+extent, else a serial loop (which LLVM may still vectorize). T.Pipelined prefetches the tiles
+its copies read later (prefetch.py); T.gemm calls the shim's microkernel (gemm.c); exp, exp2
+and sigmoid are arithmetic that vectorizes (vmath.py), bfloat16 conversions bit operations
+(bf16.py). Copies between a global tensor and a whole tile, and a tile computed only to be
+reduced, are folded into the loops around them where that changes no value (forward.py).
+Atomics go through the shim (blocks run on several threads).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler.targets.cpu import forward, vmath
+from tiled.compiler.targets.cpu.prefetch import prefetch_ahead
 from tiled.compiler.tir import (
     FP8_DTYPES,
     ExprLowering,
     declare_params,
+    global_extent,
     loc_of,
     saturating_abs,
     scan_acc_dtype,
@@ -48,16 +55,19 @@ _ATOMIC_DTYPES = {
                     "float16", "bfloat16", "float32", "float64"),
 }
 _ATOMIC_DTYPES[pb.ATOMIC_MIN] = _ATOMIC_DTYPES[pb.ATOMIC_MAX]
+_VMATH = {pb.EXP: vmath.exp, pb.EXP2: vmath.exp2, pb.SIGMOID: vmath.sigmoid}
 _ATOMIC_NAME = {pb.ATOMIC_ADD: "add", pb.ATOMIC_MAX: "max", pb.ATOMIC_MIN: "min"}
+# Operand dtypes of the shim's float32-accumulating gemm (gemm.c's dtype codes).
+_GEMM_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 _VECTOR_LANES = 64  # the longest T.vectorized loop lowered as TVM vector lanes
-_EMULATED = (pb.BFLOAT16, pb.FLOAT8_E4M3, pb.FLOAT8_E5M2)  # floats TVM's LLVM path emulates
+_EMULATED = (pb.BFLOAT16, pb.FLOAT8_E4M3, pb.FLOAT8_E5M2)  # floats lowered as their bits
 
 
 def _vectorizable(f: pb.For) -> bool:
     """Whether TVM's vectorizer may run a T.vectorized loop as vector lanes with the loop's
     serial results. TVM's vectorizer assumes no dependence between iterations, so this holds
-    only for bodies of plain stores (no guards, atomics or loops; no fp8 or bfloat16, which
-    TVM legalizes per element, failing on vectors) whose iterations touch disjoint elements
+    only for bodies of plain stores (no guards, atomics or loops; no fp8 or bfloat16, whose
+    conversions bind values with Let) whose iterations touch disjoint elements
     (tiled.ir.walk.lanes_independent). Anything else stays a serial loop."""
     body = f.body.seq.stmts if f.body.WhichOneof("kind") == "seq" else [f.body]
     return all(st.WhichOneof("kind") == "store" and not any(
@@ -74,17 +84,77 @@ def loop_nest(extents, kind=T.serial):
 
 class CpuLowering(ExprLowering):
     exact_fp8 = True  # TVM's LLVM float8 legalization misreads subnormals and NaN
+    exact_bf16 = True  # its bfloat16 legalization misses conversions inside a Let's value
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, vector_bytes: int = 16):
         super().__init__(program)
         self.tir_buffers: dict[int, tirx.Buffer] = {}
+        # Partial results of a reduction: two vector registers of float32 on the target.
+        self.reduce_lanes = max(4, vector_bytes // 2)
+        # Tiles read through the copy that filled them, stored through the copy that empties
+        # them (forward.py): tile id -> that copy.
+        self.copied_in: dict[int, pb.Copy] = {}
+        self.copied_out: dict[int, pb.Copy] = {}
+        # Tiles a reduction computes from the store of the loop that would have written them:
+        # tile id -> (that loop's variables, its store, whether the tile is stored too).
+        self.computed: dict[int, tuple[list[int], pb.Store, bool]] = {}
 
     def load(self, bid, indices):
-        return self.tir_buffers[bid][tuple(indices)]
+        return self.element(bid, indices)
+
+    def element(self, bid: int, indices: list) -> tirx.PrimExpr:
+        """Element `indices` of buffer `bid`, as its TIR buffer holds it; a tile that is
+        being read through its copy in reads the copy's source (0 out of its bounds)."""
+        if bid in self.computed:
+            # The loop's value reads the tile as it was (its own element, forward.full_write).
+            loop_vars, st, keep = computed = self.computed.pop(bid)
+            self.vars.update(zip(loop_vars, indices, strict=True))
+            value = self.cast(self.expr(st.value), self.ir_dtype(bid), tvm_dtype(st.value.dtype))
+            self.computed[bid] = computed
+            if not keep:
+                return value
+            # Stored, then read back: LLVM forwards the value (one computation, one store).
+            T.buffer_store(self.tir_buffers[bid], value, indices)
+            return self.tir_buffers[bid][tuple(indices)]
+        cp = self.copied_in.get(bid)
+        if cp is None:
+            return self.tir_buffers[bid][tuple(indices)]
+        coords = forward.tile_coords(self.buffers[bid], indices)
+        idx, ok = self.global_index(cp.src, coords)
+        src = self.tir_buffers[cp.src.buffer]
+        value = src[tuple(idx)]
+        if ok is not None:
+            value = tirx.if_then_else(ok, value, tirx.const(0, src.dtype))
+        return self.cast(value, self.ir_dtype(bid), self.ir_dtype(cp.src.buffer))
+
+    def global_index(self, region: pb.Region, coords: list):
+        """region_index of a global region at tile coordinates, less the bounds it keeps
+        whatever the block (a constant offset whose extent fits a static dim): a vector
+        loop over the tile keeps a condition that does not depend on its lanes."""
+        idx, _ = self.region_index(region, coords)
+        buf = self.buffers[region.buffer]
+        conds = []
+        for d, (i, off, ext, dim) in enumerate(zip(idx, region.offsets, region.extents,
+                                                   buf.shape, strict=True)):
+            static = off.WhichOneof("kind") == "int_value" and dim.WhichOneof("kind") == "size"
+            if static and off.int_value >= 0 and off.int_value + ext <= dim.size:
+                continue
+            if not self.nonnegative(off):
+                conds.append(i >= 0)
+            conds.append(i < global_extent(self, buf, d))
+        return idx, self.guarded(conds)
+
+    def call(self, op, args, dt):
+        """exp, exp2 and sigmoid of 32- and 16-bit floats in arithmetic that vectorizes
+        (vmath); the rest as TVM lowers them."""
+        fn = _VMATH.get(op)
+        if fn is None or dt not in ("float32", "float16", "bfloat16"):
+            return super().call(op, args, dt)
+        return self.cast(fn(self.cast(args[0], "float32", dt)), dt, "float32")
 
     def ir_dtype(self, bid: int) -> str:
         """The TVM name of buffer `bid`'s Tile IR dtype (its TIR buffer holds float8 as
-        uint8: tir_dtype)."""
+        uint8 and bfloat16 as uint16: tir_dtype)."""
         return tvm_dtype(self.buffers[bid].dtype)
 
     def store(self, bid: int, value, indices, src: str | None = None) -> None:
@@ -123,6 +193,8 @@ class CpuLowering(ExprLowering):
             kind = T.vectorized
         with kind(0, extent) as v:
             self.vars[f.var] = v
+            if f.kind == pb.PIPELINED:
+                prefetch_ahead(self, f, v)
             self.stmt(f.body)
 
     def stmt_if_then_else(self, node, _s):
@@ -134,37 +206,72 @@ class CpuLowering(ExprLowering):
                     self.stmt(node.else_body)
 
     def stmt_store(self, st, _s):
-        self.store(st.buffer, self.expr(st.value), [self.expr(i) for i in st.indices],
-                   tvm_dtype(st.value.dtype))
+        value, idx = self.expr(st.value), [self.expr(i) for i in st.indices]
+        cp = self.copied_out.get(st.buffer)
+        if cp is None:
+            self.store(st.buffer, value, idx, tvm_dtype(st.value.dtype))
+            return
+        # Into the copy's destination: rounded to the tile's dtype, then converted as the
+        # copy would have, where the copy would have stored.
+        tile_dt = self.ir_dtype(st.buffer)
+        value = self.cast(value, tile_dt, tvm_dtype(st.value.dtype))
+        dst_idx, ok = self.global_index(cp.dst, forward.tile_coords(self.buffers[st.buffer],
+                                                                    idx))
+        if ok is None:
+            self.store(cp.dst.buffer, value, dst_idx, tile_dt)
+        else:
+            with T.If(ok), T.Then():
+                self.store(cp.dst.buffer, value, dst_idx, tile_dt)
+
+    def body(self, body: pb.Stmt) -> None:
+        """The kernel body, with the copies forward.plan folds folded."""
+        plan = forward.plan(self.program)
+        ends: dict[int, list[int]] = {}
+        for pos, st in enumerate(forward.top_level(body)):
+            if pos in plan.copy_in:
+                tile, cp, end = plan.copy_in[pos]
+                self.copied_in[tile] = cp
+                if end in plan.into_reduce:  # the loop that ends it runs in the reduction
+                    end += 1
+                ends.setdefault(end, []).append(tile)
+            if pos in plan.copy_out:
+                tile, cp = plan.copy_out[pos]
+                self.copied_out[tile] = cp
+            if pos in plan.into_reduce:
+                tile, keep = plan.into_reduce[pos]
+                self.computed[tile] = (forward.loop_vars(st), forward.innermost(st).store, keep)
+            if pos not in plan.skip:
+                self.stmt(st)
+            self.copied_out.pop(plan.copy_out.get(pos, (None,))[0], None)
+            self.computed.pop(plan.into_reduce.get(pos - 1, (None,))[0], None)
+            for tile in ends.pop(pos, []):
+                del self.copied_in[tile]
 
     def stmt_atomic_add(self, st, _s):
         # Blocks run in parallel on CPU threads, so a global update must be atomic (shim CAS);
         # a shared tile belongs to one block, which runs on one thread: a plain update is.
         buf = self.tir_buffers[st.buffer]
-        dt = buf.dtype
+        dt = self.ir_dtype(st.buffer)  # bfloat16 / float8 buffers hold their bits
         idx = [self.expr(i) for i in st.indices]
         op = _ATOMIC_NAME[st.op]
         if self.buffers[st.buffer].scope != pb.GLOBAL:
-            old = buf[tuple(idx)]
-            value = self.cast(self.expr(st.value), dt, tvm_dtype(st.value.dtype))
+            calc = "float32" if self.bits_float(dt) else dt
+            old = self.cast(buf[tuple(idx)], calc, dt)
+            value = self.cast(self.expr(st.value), calc, tvm_dtype(st.value.dtype))
             if st.op == pb.ATOMIC_ADD:
                 new = old + value
             else:  # the shim's rule: the value replaces old when it compares past it
                 wins = value > old if st.op == pb.ATOMIC_MAX else value < old
                 new = tirx.Select(wins, value, old)
-            T.buffer_store(buf, new, idx)
+            self.store(st.buffer, new, idx, calc)
             return
         if dt not in _ATOMIC_DTYPES[st.op]:
             raise CompileError(f"T.atomic_{op} on cpu supports "
                                f"{'/'.join(_ATOMIC_DTYPES[st.op])}, not {dt}")
         value = self.expr(st.value)
-        if st.op != pb.ATOMIC_ADD and dt == "bfloat16":
-            # The shim's max / min take a float's bits (a 16-bit float has no C type common to
-            # LLVM and the shim's compiler). TVM computes bfloat16 in float32, where the value
-            # is exact: its bits are the float32's upper half.
-            bits32 = tirx.reinterpret("uint32", tirx.Cast("float32", value))
-            value = tirx.Cast("uint16", tirx.shift_right(bits32, tirx.const(16, "uint32")))
-        elif st.op != pb.ATOMIC_ADD and dt.startswith("float"):
+        # The shim's max / min take a float's bits (a 16-bit float has no C type common to
+        # LLVM and the shim's compiler); a bfloat16 value is its bits already.
+        if st.op != pb.ATOMIC_ADD and dt.startswith("float"):
             value = tirx.reinterpret(f"uint{dtypes.bits(dt)}", value)
         T.evaluate(T.call_extern("void", f"tiled_atomic_{op}_{dt}",
                                  T.address_of(buf[tuple(idx)]), value))
@@ -175,7 +282,7 @@ class CpuLowering(ExprLowering):
             src_idx, src_conds = self.region_index(c.src, vs)
             dst_idx, dst_conds = self.region_index(c.dst, vs)
             src_buf = self.tir_buffers[c.src.buffer]
-            value = src_buf[tuple(src_idx)]
+            value = self.element(c.src.buffer, src_idx)
             src_ok = self.guarded(src_conds)
             if src_ok is not None:  # 0 is also float8's bits of +0.0
                 value = tirx.if_then_else(src_ok, value, tirx.const(0, src_buf.dtype))
@@ -203,39 +310,76 @@ class CpuLowering(ExprLowering):
     def stmt_gemm(self, g, _s):
         A, B, C = (self.tir_buffers[x] for x in (g.a, g.b, g.c))
         M, N = static_shape(self.buffers[g.c])
-        K = static_shape(self.buffers[g.a])[-2 if g.transpose_a else -1]
+        a_dims, b_dims = (static_shape(self.buffers[x])[-2:] for x in (g.a, g.b))
+        K = a_dims[0 if g.transpose_a else 1]
         # A staged operand (A_s[s, :, :]) is the tile at its leading indices.
         ia, ib = ([self.expr(i) for i in index] for index in (g.a_index, g.b_index))
-        acc = C.dtype
+        acc = self.ir_dtype(g.c)
+        a_dt, b_dt = self.ir_dtype(g.a), self.ir_dtype(g.b)
         if g.clear_accum:
             with loop_nest([M, N]) as (i, j):
-                T.buffer_store(C, tirx.const(0, acc), [i, j])
-        # i-k-j order: the inner loop walks rows of B and C contiguously.
+                self.store(g.c, tirx.const(0, "float32"), [i, j], "float32")
+        if acc == "float32" and a_dt in _GEMM_DTYPES and b_dt in _GEMM_DTYPES:
+            # The shim's register-blocked microkernel (gemm.c); strides say where (i, k) of A
+            # and (k, j) of B are in their row-major tiles.
+            a_rs, a_cs = (1, a_dims[1]) if g.transpose_a else (a_dims[1], 1)
+            b_rs, b_cs = (1, b_dims[1]) if g.transpose_b else (b_dims[1], 1)
+            zeros = [tirx.const(0, "int32")] * 2
+            T.evaluate(T.call_extern(
+                "void", "tiled_gemm_f32", T.address_of(C[0, 0]), N,
+                T.address_of(A[(*ia, *zeros)]), a_rs, a_cs, _GEMM_DTYPES[a_dt],
+                T.address_of(B[(*ib, *zeros)]), b_rs, b_cs, _GEMM_DTYPES[b_dt], M, N, K))
+            return
+        # Other dtypes: i-k-j order, the inner loop walks rows of B and C contiguously.
+        calc = "float32" if self.bits_float(acc) else acc
         with loop_nest([M, K]) as (i, k):
             a = A[(*ia, k, i)] if g.transpose_a else A[(*ia, i, k)]
             with T.serial(0, N) as j:
                 b = B[(*ib, j, k)] if g.transpose_b else B[(*ib, k, j)]
-                T.buffer_store(C, C[i, j] + self.cast(a, acc, self.ir_dtype(g.a)) *
-                               self.cast(b, acc, self.ir_dtype(g.b)), [i, j])
+                self.store(g.c, self.cast(C[i, j], calc, acc) + self.cast(a, calc, a_dt) *
+                           self.cast(b, calc, b_dt), [i, j], calc)
 
     def stmt_reduce(self, r, _s):
-        src, dst = self.tir_buffers[r.src], self.tir_buffers[r.dst]
+        dst = self.tir_buffers[r.dst]
         shape = static_shape(self.buffers[r.src])
         keep = [d for i, d in enumerate(shape) if i != r.dim]
         src_dt, dst_dt = self.ir_dtype(r.src), self.ir_dtype(r.dst)
-        acc = "float32" if dst_dt in FP8_DTYPES else dst_dt  # float8 reduces in float32
+        acc = "float32" if self.bits_float(dst_dt) else dst_dt  # float8, bfloat16: in float32
+        n, combine = shape[r.dim], _COMBINE[r.kind]
+        # Along the contiguous last dim, `lanes` partial results side by side (vector lanes)
+        # instead of one serial chain, which waits out an add's latency per element.
+        lanes = self.reduce_lanes if r.dim == len(shape) - 1 and n >= 2 * self.reduce_lanes \
+            else 1
+        # float8's conversions bind values with Let, which the lane loop would vectorize.
+        emulated = bool(FP8_DTYPES & {src_dt, dst_dt})
         with loop_nest(keep or [1]) as outer:
             out_idx = outer if keep else [0]
-            tmp = T.alloc_buffer((1,), acc)
-            init = _IDENTITY[r.kind](acc) if r.clear else \
-                self.cast(dst[tuple(out_idx)], acc, dst_dt)
-            T.buffer_store(tmp, init, [0])
-            with T.serial(0, shape[r.dim]) as k:
+
+            def element(k):
                 src_idx = list(outer) if keep else []
                 src_idx.insert(r.dim, k)
-                v = self.cast(src[tuple(src_idx)], dst_dt, src_dt)
-                T.buffer_store(tmp, _COMBINE[r.kind](tmp[0], self.cast(v, acc, dst_dt)), [0])
-            T.buffer_store(dst, self.cast(tmp[0], dst_dt, acc), out_idx)
+                v = self.cast(self.element(r.src, src_idx), dst_dt, src_dt)
+                return self.cast(v, acc, dst_dt)
+
+            part = T.alloc_buffer((lanes,), acc)
+            # A computed element (forward.py) may bind values with Let (vmath's formulas,
+            # bfloat16 rounding), which this lowering keeps out of TVM's vectorizer (as in
+            # _vectorizable); LLVM vectorizes the serial lane loop itself.
+            lane_loop = T.serial if emulated or lanes == 1 or r.src in self.computed \
+                else T.vectorized
+            with lane_loop(0, lanes) as lane:
+                T.buffer_store(part, _IDENTITY[r.kind](acc), [lane])
+            with T.serial(0, n // lanes) as ko, lane_loop(0, lanes) as lane:
+                T.buffer_store(part, combine(part[lane], element(ko * lanes + lane)), [lane])
+            if n % lanes:
+                with T.serial(0, n % lanes) as k:
+                    T.buffer_store(part, combine(part[0], element(n - n % lanes + k)), [0])
+            if lanes > 1:
+                with T.serial(1, lanes) as lane:
+                    T.buffer_store(part, combine(part[0], part[lane]), [0])
+            init = _IDENTITY[r.kind](acc) if r.clear else \
+                self.cast(dst[tuple(out_idx)], acc, dst_dt)
+            T.buffer_store(dst, self.cast(combine(init, part[0]), dst_dt, acc), out_idx)
 
     def stmt_scan(self, sc, _s):
         src, dst = self.tir_buffers[sc.src], self.tir_buffers[sc.dst]
@@ -256,14 +400,15 @@ class CpuLowering(ExprLowering):
                 T.buffer_store(dst, self.cast(run[0], dt, acc), idx)
 
 
-def lower_cpu(program: Program) -> tvm.IRModule:
+def lower_cpu(program: Program, vector_bytes: int = 16) -> tvm.IRModule:
+    """The kernel as a TIR module for a CPU whose vector registers hold `vector_bytes`."""
     p = program.proto
     found = explicit_statement(p)
     if found is not None:
         raise CompileError(f"{found[0]} is part of the explicit Hopper path (mbarriers, TMA, "
                            "warpgroups): it compiles for cuda:sm_90a only, not cpu",
                            loc_of(found[1]))
-    lower = CpuLowering(program)
+    lower = CpuLowering(program, vector_bytes)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name(p.name)
@@ -283,5 +428,5 @@ def lower_cpu(program: Program) -> tvm.IRModule:
                     if b.scope != pb.GLOBAL:
                         lower.tir_buffers[b.id] = source_name(b, T.alloc_buffer(
                             static_shape(b), lower.tir_dtype(b.dtype)))
-                lower.stmt(p.kernel.body)
+                lower.body(p.kernel.body)
     return tvm.IRModule({p.name: ib.get()})

@@ -12,6 +12,12 @@
  * Every symbol here is hidden except the `tiled_*` entry points the Python runtime calls: the
  * references from the kernel object bind inside this .so, never to another library's copy.
  *
+ * One thread pool per process: every kernel library carries a pool, but the runtime
+ * (tiled.runtime.cpu) makes the first library it loads the process's pool and hands that one's
+ * services (`tiled_pool`) to each library loaded after it (`tiled_use_pool`), which then
+ * launches its parallel loops there and keeps its errors there. Kernels of one process thus
+ * share one set of worker threads instead of each parking its own.
+ *
  * Thread-safety: errors are thread-local; the parallel launcher is safe to call from several
  * threads at once (launches serialise on the pool; a nested launch runs inline as one task).
  */
@@ -38,7 +44,26 @@ typedef struct {
 
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
 
-enum { kDLCPU = 1, kTiledErrorCap = 4096, kWorkspaceAlign = 64 };
+enum { kDLCPU = 1, kTiledErrorCap = 4096, kWorkspaceAlign = 64, kTasksPerThread = 4 };
+
+/* ---- the process's pool ---------------------------------------------------------------------- */
+
+/* The services one library lends the others. kTiledPoolAbi changes with this layout or with the
+   meaning of any field; a library refuses a pool of another ABI and keeps its own. */
+enum { kTiledPoolAbi = 1 };
+typedef struct {
+  int abi;
+  int (*launch)(FTVMParallelLambda flambda, void* cdata, int num_task);
+  int (*barrier)(int task_id, TVMParallelGroupEnv* penv);
+  void (*set_error)(const char* kind, const char** parts, int32_t n);
+  const char* (*last_error)(void);
+  void (*clear_error)(void);
+  int (*set_num_threads)(int n);
+  int (*get_num_threads)(void);
+} tiled_pool_t;
+
+/* Another library's pool this one uses, or NULL for its own. Set once, before any launch. */
+static const tiled_pool_t* shared_pool;
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
@@ -55,6 +80,10 @@ static void error_append(char* buf, size_t* used, const char* text) {
 }
 
 HIDDEN void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t n) {
+  if (shared_pool != NULL) { /* the pool's worker threads report there */
+    shared_pool->set_error(kind, parts, n);
+    return;
+  }
   size_t used = 0;
   tls_error[0] = '\0';
   error_append(tls_error, &used, kind ? kind : "Error");
@@ -77,9 +106,16 @@ static void set_errorf(const char* kind, const char* fmt, ...) {
 }
 
 /* The message of the last failure on this thread ("Kind: message"), or "" if none. */
-EXPORT const char* tiled_last_error(void) { return tls_error; }
+EXPORT const char* tiled_last_error(void) {
+  return shared_pool != NULL ? shared_pool->last_error() : tls_error;
+}
 
-EXPORT void tiled_clear_error(void) { tls_error[0] = '\0'; }
+EXPORT void tiled_clear_error(void) {
+  if (shared_pool != NULL)
+    shared_pool->clear_error();
+  else
+    tls_error[0] = '\0';
+}
 
 /* ---- workspace ------------------------------------------------------------------------------- */
 
@@ -126,6 +162,8 @@ typedef struct {
   int num_workers;    /* worker threads started so far */
   uint64_t generation;
   int participants;   /* threads taking part in the current launch */
+  int dynamic;        /* tasks go to whichever thread is free (run_tasks) */
+  int next_task;      /* the next task of a dynamic launch */
   int pending;        /* participating workers not finished yet */
   FTVMParallelLambda flambda;
   void* cdata;
@@ -156,6 +194,7 @@ static int usable_cpus(void) {
 /* Sets the threads a parallel loop uses (the calling thread included); n <= 0 means the CPUs
    this process may run on. Returns the value now in effect. */
 EXPORT int tiled_set_num_threads(int n) {
+  if (shared_pool != NULL) return shared_pool->set_num_threads(n);
   if (n <= 0) n = usable_cpus();
   if (n > 1024) n = 1024;
   pthread_mutex_lock(&pool.launch_mu);
@@ -165,6 +204,7 @@ EXPORT int tiled_set_num_threads(int n) {
 }
 
 EXPORT int tiled_get_num_threads(void) {
+  if (shared_pool != NULL) return shared_pool->get_num_threads();
   pthread_mutex_lock(&pool.launch_mu);
   if (pool.num_threads <= 0) pool.num_threads = usable_cpus();
   int n = pool.num_threads;
@@ -172,11 +212,19 @@ EXPORT int tiled_get_num_threads(void) {
   return n;
 }
 
-/* Runs the tasks of one thread: task ids index, index + stride, ... below num_task. On failure
-   the first error is copied to the pool, since the error is thread-local to this worker. */
+/* Runs the tasks of one thread: task ids index, index + stride, ... below num_task; or, for
+   a launch that left the task count to the pool (`dynamic`), whichever task is next, so that
+   a thread the OS preempts (the CPUs are shared) holds up only the task it is in, not a fixed
+   share of the loop. On failure the first error is copied to the pool, since the error is
+   thread-local to this worker, and no further task starts. */
 static void run_tasks(int index, int stride, FTVMParallelLambda f, void* cdata,
                       TVMParallelGroupEnv* env, int* status, char* error) {
-  for (int t = index; t < env->num_task; t += stride) {
+  for (int t = index;; t += stride) {
+    if (pool.dynamic) {
+      t = __atomic_fetch_add(&pool.next_task, 1, __ATOMIC_RELAXED);
+      if (__atomic_load_n(status, __ATOMIC_RELAXED) != 0) return;
+    }
+    if (t >= env->num_task) return;
     int rc = f(t, env, cdata);
     if (rc != 0) {
       pthread_mutex_lock(&pool.mu);
@@ -247,7 +295,9 @@ HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void* cdata, int
   pthread_mutex_lock(&pool.mu);
   int workers = ensure_workers(participants - 1);
   if (participants > workers + 1) participants = workers + 1;
-  if (requested <= 0) num_task = participants;
+  /* TVM's lambdas split the loop into num_task contiguous chunks: when the count is ours to
+     choose, a few per thread, handed out as threads come free. */
+  if (requested <= 0) num_task = participants * kTasksPerThread;
   if (participants <= 1) {
     pthread_mutex_unlock(&pool.mu);
     pthread_mutex_unlock(&pool.launch_mu);
@@ -262,6 +312,8 @@ HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void* cdata, int
   pool.cdata = cdata;
   pool.env.sync_handle = &pool_barrier;
   pool.env.num_task = num_task;
+  pool.dynamic = requested <= 0;
+  pool.next_task = 0;
   pool.participants = participants;
   pool.pending = participants - 1;
   pool.status = 0;
@@ -452,6 +504,30 @@ static void after_fork_in_child(void) {
   pool.participants = 0;
   pool.pending = 0;
   tls_in_parallel = 0;
+}
+
+/* This library's own pool services, for the libraries loaded after it. */
+EXPORT const tiled_pool_t* tiled_pool(void) {
+  static const tiled_pool_t mine = {kTiledPoolAbi,
+                                    TVMBackendParallelLaunch,
+                                    TVMBackendParallelBarrier,
+                                    TVMFFIErrorSetRaisedFromCStrParts,
+                                    tiled_last_error,
+                                    tiled_clear_error,
+                                    tiled_set_num_threads,
+                                    tiled_get_num_threads};
+  return &mine;
+}
+
+/* Makes this library launch its parallel loops on `owner` (another library's tiled_pool()) and
+   report errors there. Call it once, before the kernel first runs. Returns 0, or -1 (and keeps
+   this library's own pool) when `owner` has another ABI or is this library's own. */
+EXPORT int tiled_use_pool(const tiled_pool_t* owner) {
+  if (owner == NULL || owner->abi != kTiledPoolAbi || owner == tiled_pool()) return -1;
+  if (&__TVMBackendParallelLaunch != NULL) __TVMBackendParallelLaunch = (void*)owner->launch;
+  if (&__TVMBackendParallelBarrier != NULL) __TVMBackendParallelBarrier = (void*)owner->barrier;
+  shared_pool = owner;
+  return 0;
 }
 
 __attribute__((constructor)) static void tiled_shim_init(void) {

@@ -90,7 +90,7 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
                 frames.enter_context(T.launch_thread(tx, low.launch_threads))
                 low.tx = tx
                 if low.pool_bytes:
-                    low.pool = T.alloc_buffer((low.pool_bytes,), "uint8", scope="shared.dyn")
+                    low.pool = T.alloc_buffer((low.pool_bytes,), "uint8", scope=low.pool_scope)
                 for b in p.buffers:
                     if b.scope == pb.SHARED and b.id not in low.shared:
                         continue  # a ring tile of the sm90 path: only TMA and wgmma see it
@@ -107,8 +107,10 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
                             data=low.pool.data,
                             elem_offset=tile.offset // dtypes.nbytes(b.dtype))
                     elif b.scope == pb.FRAGMENT:
+                        lay = low.layouts[b.id]  # (Metal's resident accumulator: simdgroup)
                         low.tir[b.id] = source_name(b, T.alloc_buffer(
-                            (low.layouts[b.id].local_size,), tvm_dtype(b.dtype), scope="local"))
+                            (lay.local_size,), tvm_dtype(b.dtype),
+                            scope=getattr(lay, "scope", "local")))
                     elif b.scope == pb.LOCAL:
                         low.tir[b.id] = source_name(b, T.alloc_buffer(
                             [d.size for d in b.shape], tvm_dtype(b.dtype), scope="local"))

@@ -6,11 +6,12 @@
   layout of two adjacent n8 tiles is the m16k16 A-operand layout of mma.sync, so a 16-bit
   fragment in it (`T.copy(acc_s, acc_s_cast)`) is the A operand of a gemm from registers.
 - A rows layout (`WgmmaRows`, `MmaRows`): a vector over the rows of a 2-D layout whose rows
-  each live in one quad of lanes (the wgmma accumulator's, an mma accumulator's with one warp
-  column): thread t holds the rows it holds in the 2-D tile, replicated across its quad.
-  Chosen for the row reductions (dim 1) of such a tile, so a reduction is a per-thread
-  combine and two quad shuffles, and `m[i]` inside a loop over (i, j) over that tile is a
-  register read.
+  each live in one quad of lanes of a warp (the wgmma accumulator's), or of each of the
+  warp_n warps of a warp row (an mma accumulator's): thread t holds the rows it holds in the
+  2-D tile, replicated across its quad (and those warps). Chosen for the row reductions
+  (dim 1) of such a tile, so a reduction is a per-thread combine and two quad shuffles (and
+  with several warp columns one exchange of partials through shared memory), and `m[i]`
+  inside a loop over (i, j) over that tile is a register read.
 """
 
 from __future__ import annotations
@@ -52,19 +53,20 @@ class MmaLayout:
         return f"{self.warp_m}, {self.warp_n}"
 
     def rows(self):
-        """The rows layout (MmaRows), or None when a row is spread over several warps."""
-        return MmaRows(self.M, self.warp_m) if self.warp_n == 1 else None
+        """The rows layout (MmaRows): a row lives in a quad of each of its warp row's
+        warp_n warps."""
+        return MmaRows(self.M, self.warp_m, self.warp_n)
 
     def row_slot(self, idx):
         """The MmaRows slot of the row that slot `idx` of this layout lies in."""
-        nt_count = self.N // 8
+        nt_count = self.N // self.warp_n // 8
         return tirx.floordiv(tirx.floordiv(idx, 4), nt_count) * 2 + \
             tirx.floordiv(tirx.floormod(idx, 4), 2)
 
     def row_members(self, slot: int) -> list[int]:
         """This layout's slots (in one thread) whose elements lie in row slot `slot`."""
         mt, half = divmod(slot, 2)
-        nt_count = self.N // 8
+        nt_count = self.N // self.warp_n // 8
         return [(mt * nt_count + nt) * 4 + 2 * half + c for nt in range(nt_count)
                 for c in (0, 1)]
 
@@ -91,6 +93,10 @@ class WgmmaRows:
                + 16 * tirx.floordiv(t, 32) + tirx.floordiv(tirx.floormod(t, 32), 4)
                + 8 * tirx.floormod(slot, 2))
         return [row], None
+
+    def leader(self, tx):
+        """Whether thread tx is the one holder of its rows that writes them out."""
+        return tirx.floormod(tx, self.REPLICAS) == 0
 
 
 @dataclass(frozen=True)
@@ -131,15 +137,17 @@ class WgmmaLayout:
 
 @dataclass(frozen=True)
 class MmaRows:
-    """The rows of `MmaLayout(M, *, warps, 1)`: warp w holds rows [w * M / warps, ...), in
-    M / warps / 16 blocks of 16; lane l holds rows l / 4 and l / 4 + 8 of each block (slots
+    """The rows of `MmaLayout(M, *, warps, warp_n)`: warp w holds rows [(w / warp_n) * M /
+    warps, ...), in M / warps / 16 blocks of 16 (the warp_n warps of a warp row hold the same
+    rows, each its own columns); lane l holds rows l / 4 and l / 4 + 8 of each block (slots
     2 mt and 2 mt + 1), as do the other 3 lanes of its quad."""
 
     M: int
-    warps: int
+    warps: int  # warp rows (the accumulator's warp_m)
+    warp_n: int = 1
 
     QUAD_MASKS = (1, 2)
-    REPLICAS = 4
+    REPLICAS = 4  # lanes of a warp holding each row
 
     @property
     def local_size(self) -> int:
@@ -147,9 +155,18 @@ class MmaRows:
 
     def coords(self, tx, slot):
         warp, lane = tirx.floordiv(tx, 32), tirx.floormod(tx, 32)
-        row = (warp * (self.M // self.warps) + tirx.floordiv(slot, 2) * 16
-               + tirx.floordiv(lane, 4) + 8 * tirx.floormod(slot, 2))
+        row = (tirx.floordiv(warp, self.warp_n) * (self.M // self.warps)
+               + tirx.floordiv(slot, 2) * 16 + tirx.floordiv(lane, 4)
+               + 8 * tirx.floormod(slot, 2))
         return [row], None
+
+    def leader(self, tx):
+        """Whether thread tx is the one holder of its rows that writes them out (lane 0 of
+        its quad, in its warp row's first warp)."""
+        lane0 = tirx.floormod(tx, self.REPLICAS) == 0
+        if self.warp_n == 1:
+            return lane0
+        return tirx.all(tirx.floormod(tirx.floordiv(tx, 32), self.warp_n) == 0, lane0)
 
 
 ROWS_LAYOUTS = (WgmmaRows, MmaRows)  # layouts replicated over the lanes of a quad

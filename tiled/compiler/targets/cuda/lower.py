@@ -117,6 +117,8 @@ class CudaLowering(ExprLowering):
     rows_layouts = ROWS_LAYOUTS  # layouts replicated over a few lanes (row vectors)
     mma_layouts: tuple[type, ...] = (MmaLayout,)  # accumulators whose operand tiles get padded
     max_vector = CudaAnchors.max_vector  # the longest run of a thread in a cyclic layout
+    pool_scope = "shared.dyn"  # the TIR scope of the shared pool (Metal's is static: "shared")
+    max_stages = 1 << 30  # the most shared buffers a T.Pipelined copy gets (Metal: 2)
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                  whole_kernel: bool = True):
@@ -220,7 +222,8 @@ class CudaLowering(ExprLowering):
                     else:
                         break
                 if producers:
-                    self.pipelines[st.for_.var] = (st.for_.num_stages, producers)
+                    self.pipelines[st.for_.var] = (min(st.for_.num_stages, self.max_stages),
+                                                   producers)
         stages = {}
         for s_count, producers in self.pipelines.values():
             for bid in producers:
@@ -276,13 +279,32 @@ class CudaLowering(ExprLowering):
         scratch = 0
         for st in self.statements():  # the scratch area: one region, used by one op at a time
             kind = st.WhichOneof("kind")
-            need = {"reduce": reduce_scratch_bytes, "copy": copy_scratch_bytes,
-                    "gemm": stage_bytes, "scan": scan_scratch_bytes}.get(kind)
+            need = {"reduce": reduce_scratch_bytes, "copy": self.copy_scratch_bytes,
+                    "gemm": self.gemm_scratch_bytes, "scan": scan_scratch_bytes}.get(kind)
             if kind == "gemm" and st.gemm.c in self.wgmma_ops.accumulators:
                 continue  # wgmma reads its operands where they lie
             if need is not None:
                 scratch = max(scratch, need(self, getattr(st, kind)))
         self.pool_bytes = offset + align_up(scratch) if scratch else offset
+
+    def gemm_scratch_bytes(self, _low, g: pb.Gemm) -> int:
+        """Shared scratch bytes T.gemm `g` needs (its staged and converted operands)."""
+        return stage_bytes(self, g)
+
+    def copy_scratch_bytes(self, _low, c: pb.Copy) -> int:
+        """Shared scratch bytes T.copy `c` needs (a fragment moved between layouts)."""
+        return copy_scratch_bytes(self, c)
+
+    def shfl_xor(self, dtype: str, value, mask: int):
+        """`value` of lane (lane ^ mask) of the calling thread's warp (every lane calls)."""
+        return T.call_extern(dtype, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"), value,
+                             mask)
+
+    def warp_allreduce(self, kind: int, part, combine) -> None:
+        """Combines local buffer `part` (one element) over the lanes of each warp with
+        `combine` (a reduction of `kind`): an xor butterfly; every lane gets the result."""
+        for mask in (self.warp_size >> k for k in range(1, self.warp_size.bit_length())):
+            T.buffer_store(part, combine(part[0], self.shfl_xor(part.dtype, part[0], mask)), [0])
 
     def scratch(self, dtype: str, numel: int, offset: int = 0, shape=None):
         """A view of the shared scratch area (`offset` bytes in) as `numel` elements, or as a

@@ -55,8 +55,8 @@ def lower_parallel(low, s: pb.Stmt) -> None:
             low.frag_bind = {b: idx for b in ident}
             low.nest_vars = loop_vars
             low.frag_row = (anchor, idx) if hasattr(anchor, "row_slot") else None
-            low.replica = tirx.floormod(low.tx, anchor.REPLICAS) == 0 \
-                if isinstance(anchor, low.rows_layouts) else None
+            low.replica = anchor.leader(low.tx) if isinstance(anchor, low.rows_layouts) \
+                else None
             with low.maybe_if(valid):
                 low.stmt(body)
             low.frag_bind, low.nest_vars, low.frag_row = {}, outer_vars, None

@@ -3,7 +3,10 @@ whose identity is 0) along one dim of a shared or fragment tile into a fragment.
 
 - Into a rows layout (the lowering's rows_layouts: the row reduction of an accumulator whose
   rows each live in a quad of lanes): each thread combines the elements of its rows (a
-  balanced tree), then the quad exchanges partials with two xor shuffles; no shared memory.
+  balanced tree), then the quad exchanges partials with two xor shuffles; no shared memory,
+  unless the rows are split over warp_n > 1 warps (an mma accumulator's warp columns): then
+  one lane of each quad leaves its warp's partials in the scratch area and every holder of
+  a row combines the warp_n partials in the same order.
 - From a replicated fragment (or a local tile): every thread reduces its own copy.
 - Along the last dim of a cyclic fragment whose rows each span whole rounds of the block
   (the last dim a multiple of threads x run length, as a row-per-block norm or softmax has):
@@ -23,7 +26,13 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import CyclicLayout, ReplicatedLayout, ravel, unravel
+from tiled.compiler.passes.layout import (
+    CyclicLayout,
+    ReplicatedLayout,
+    ravel,
+    rows_of,
+    unravel,
+)
 from tiled.compiler.tir import saturating_abs
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
@@ -44,14 +53,24 @@ def _element(kind: int, v):
 def reduce_scratch_bytes(low, r: pb.Reduce) -> int:
     """Shared scratch bytes reduction `r` needs (0 when it needs none)."""
     src, dst = low.buffers[r.src], low.buffers[r.dst]
-    if isinstance(low.layouts.get(src.id), ReplicatedLayout) or \
-            isinstance(low.layouts.get(dst.id), low.rows_layouts):
+    if _along_rows(low, r):
+        rows = low.layouts[dst.id]
+        split = getattr(rows, "warp_n", 1)
+        return 0 if split == 1 else split * rows.M * max(4, dtypes.nbytes(dst.dtype))
+    if isinstance(low.layouts.get(src.id), ReplicatedLayout):
         return 0
     if _whole_rounds(low, r):
         return low.threads // low.warp_size * math.prod(d.size for d in dst.shape) * \
             max(4, dtypes.nbytes(dst.dtype))
     n = math.prod(d.size for d in src.shape) + math.prod(d.size for d in dst.shape)
     return n * max(4, dtypes.nbytes(dst.dtype))
+
+
+def _along_rows(low, r: pb.Reduce) -> bool:
+    """Whether `r` reduces a tile's rows into its rows layout (reduce_rows). (A destination
+    may hold another tile's rows layout, one it is read with: then the general path.)"""
+    dst = low.layouts.get(r.dst)
+    return isinstance(dst, low.rows_layouts) and rows_of(low.layouts.get(r.src)) == dst
 
 
 def _whole_rounds(low, r: pb.Reduce) -> bool:
@@ -75,7 +94,7 @@ def lower_reduce(low, r: pb.Reduce) -> None:
     src_lay = low.layouts.get(r.src)
     combine = COMBINE[r.kind]
 
-    if isinstance(low.layouts.get(r.dst), low.rows_layouts):
+    if _along_rows(low, r):
         return reduce_rows(low, r)
     if _whole_rounds(low, r):
         return reduce_rounds(low, r)
@@ -108,9 +127,15 @@ def lower_reduce(low, r: pb.Reduce) -> None:
                     T.buffer_store(tmp, combine(tmp[0], _element(r.kind, read(o, k))), [0])
                 T.buffer_store(scratch, tmp[0], [n_out * depth + o])
         low.sync.sync()
-        with low.loop(n_out) as o:
-            v = scratch[n_out * depth + o]
-            T.buffer_store(dst, v if r.clear else combine(dst[o], v), [o])
+        dst_lay = low.layouts.get(r.dst)
+        if isinstance(dst_lay, low.rows_layouts):  # each thread takes the rows it holds
+            for slot in range(dst_lay.local_size):
+                v = scratch[n_out * depth + dst_lay.coords(low.tx, slot)[0][0]]
+                T.buffer_store(dst, v if r.clear else combine(dst[slot], v), [slot])
+        else:
+            with low.loop(n_out) as o:
+                v = scratch[n_out * depth + o]
+                T.buffer_store(dst, v if r.clear else combine(dst[o], v), [o])
         low.sync.pending_read = True
         return
     # Replicated (or local) source: every thread reduces on its own copy.
@@ -125,25 +150,38 @@ def lower_reduce(low, r: pb.Reduce) -> None:
 
 def reduce_rows(low, r: pb.Reduce) -> None:
     """A row reduction into a rows layout: each thread combines the elements of its rows
-    it holds (a balanced tree), then the quad holding each row exchanges partials."""
+    it holds (a balanced tree), then the quad holding each row exchanges partials, then
+    (rows split over warp columns) the warps of a warp row through the scratch area."""
     src, dst = low.tir[r.src], low.tir[r.dst]
     lay, rows = low.layouts[r.src], low.layouts[r.dst]
     combine, dt = COMBINE[r.kind], dst.dtype
+    split = getattr(rows, "warp_n", 1)
+    parts = []
     for slot in range(rows.local_size):
         vals = [_element(r.kind, tirx.Cast(dt, src[i]) if src.dtype != dt else src[i])
                 for i in lay.row_members(slot)]
         part = T.alloc_buffer((1,), dt, scope="local")
         T.buffer_store(part, _tree(combine, vals), [0])
         for mask in rows.QUAD_MASKS:
-            other = T.call_extern(dt, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"),
-                                  part[0], mask)
-            T.buffer_store(part, combine(part[0], other), [0])
-        T.buffer_store(dst, part[0] if r.clear else combine(dst[slot], part[0]), [slot])
-
-
-def _butterfly(width: int) -> list[int]:
-    """The xor masks that combine `width` lanes: width / 2, ..., 2, 1."""
-    return [width >> k for k in range(1, width.bit_length())]
+            T.buffer_store(part, combine(part[0], low.shfl_xor(dt, part[0], mask)), [0])
+        if split == 1:  # the row's total
+            T.buffer_store(dst, part[0] if r.clear else combine(dst[slot], part[0]), [slot])
+        parts.append(part[0])
+    if split > 1:  # the warp row's warps meet in the scratch area: [warp column][row]
+        low.sync.before(True, True)
+        scratch = low.scratch(dt, split * rows.M)
+        column = tirx.floormod(tirx.floordiv(low.tx, low.warp_size), split)
+        with T.If(tirx.floormod(low.tx, rows.REPLICAS) == 0), T.Then():
+            for slot, part in enumerate(parts):
+                row = rows.coords(low.tx, slot)[0][0]
+                T.buffer_store(scratch, part, [column * rows.M + row])
+        low.sync.sync()
+        parts = [_tree(combine, [scratch[w * rows.M + rows.coords(low.tx, slot)[0][0]]
+                                 for w in range(split)])
+                 for slot in range(rows.local_size)]
+        low.sync.pending_read = True
+        for slot, part in enumerate(parts):
+            T.buffer_store(dst, part if r.clear else combine(dst[slot], part), [slot])
 
 
 def _tree(combine, vals):
@@ -169,10 +207,7 @@ def reduce_rounds(low, r: pb.Reduce) -> None:
                 for i in range(row * per_row, (row + 1) * per_row)]
         part = T.alloc_buffer((1,), dt, scope="local")
         T.buffer_store(part, _tree(combine, vals), [0])
-        for mask in _butterfly(low.warp_size):
-            other = T.call_extern(dt, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"),
-                                  part[0], mask)
-            T.buffer_store(part, combine(part[0], other), [0])
+        low.warp_allreduce(r.kind, part, combine)
         parts.append(part)
     if warps == 1:
         totals = [p[0] for p in parts]

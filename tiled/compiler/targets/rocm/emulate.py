@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -27,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from tiled import config
+from tiled.compiler.emulation import REDZONE, ArgumentFile, as_arrays, np_dtype
 from tiled.errors import EmulationError, LaunchError, ToolchainError
 from tiled.runtime.args import bind_args
 from tiled.runtime.manifest import Manifest, eval_expr
 
-REDZONE = 256  # bytes of 0xA5 around each tensor in the argument file
 EMULATION_FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-fno-exceptions", "-w",
                    "-ffp-contract=fast", "-fexcess-precision=16")
 _POOL = re.compile(r"TILED_LDS_POOL\(\w+, (\d+)\)")
@@ -82,47 +81,22 @@ def emulator(source: str, symbol: str, arch: str) -> Path:
     return exe
 
 
-def _blob(manifest: Manifest, bound, arrays: list) -> tuple[bytearray, list[str], list]:
-    """The argument file's bytes, the driver's argument tokens, and (array, offset) of each
-    tensor to write back."""
-    blob = bytearray()
-    tokens, tensors = [], []
-
-    def align(n: int) -> None:
-        blob.extend(b"\0" * (-len(blob) % n))
-
+def _arguments(manifest: Manifest, bound, arrays: list) -> tuple[ArgumentFile, list[str]]:
+    """The argument file and the driver's argument tokens, one per kernel argument."""
+    args, tokens = ArgumentFile(), []
     for ka in manifest.kernel_args:
         if ka.kind == "tensor":
-            arr = arrays[ka.param]
-            data = np.ascontiguousarray(arr).view(np.uint8).reshape(-1).tobytes()
-            align(REDZONE)
-            blob.extend(b"\xa5" * REDZONE)
-            offset = len(blob)
-            blob.extend(data)
-            blob.extend(b"\xa5" * REDZONE)
-            tokens.append(f"t:{offset}:{len(data)}")
-            tensors.append((arr, offset, len(data)))
+            tokens.append(args.tensor(arrays[ka.param]))
             continue
         if ka.kind == "scalar":
             p = manifest.params[ka.param]
-            value = np.array(bound.values[ka.param]).astype(_np_dtype(p.dtype)).tobytes()
+            value = np.array(bound.values[ka.param]).astype(np_dtype(p.dtype)).tobytes()
         elif ka.kind == "dim":
             value = np.array(bound.dims[ka.name], dtype=ka.dtype).tobytes()
         else:
             raise LaunchError(f"{manifest.name}: a {ka.kind} argument has no emulation")
-        align(8)
-        tokens.append(f"s:{len(blob)}")
-        blob.extend(value)
-    blob.extend(b"\0" * REDZONE)
-    return blob, tokens, tensors
-
-
-def _np_dtype(name: str):
-    if name == "bfloat16" or name.startswith("float8"):
-        import ml_dtypes
-
-        return getattr(ml_dtypes, {"float8_e4m3": "float8_e4m3fn"}.get(name, name))
-    return np.dtype(name)
+        tokens.append(args.value(value))
+    return args, tokens
 
 
 def emulate(artifact: bytes, manifest: Manifest, args, source: str | None = None,
@@ -137,8 +111,7 @@ def emulate(artifact: bytes, manifest: Manifest, args, source: str | None = None
     if manifest.backend != "rocm":
         raise LaunchError(f"{manifest.name}: emulate() runs rocm kernels; this one is for "
                           f"{manifest.target}")
-    arrays = [np.asarray(a) if hasattr(a, "__array_interface__") or hasattr(a, "__array__")
-              else a for a in args]
+    arrays = as_arrays(args)
     # The arrays are copied into the argument file: the kernel's pointer alignment holds
     # there whatever the caller's arrays are.
     params = [dataclasses.replace(p, align=None) for p in manifest.params]
@@ -148,30 +121,8 @@ def emulate(artifact: bytes, manifest: Manifest, args, source: str | None = None
     exe = emulator(source, manifest.symbol, manifest.arch)
     grid = [eval_expr(e, bound.dims) for e in manifest.grid]
     block = [eval_expr(e, bound.dims) for e in manifest.block]
-    blob, tokens, tensors = _blob(manifest, bound, arrays)
+    args, tokens = _arguments(manifest, bound, arrays)
     pool = _POOL.search(source)
     lds = int(pool.group(1)) if pool else 0
-    with tempfile.NamedTemporaryFile(prefix="tiled-emu-args-") as f:
-        f.write(blob)
-        f.flush()
-        argv = [str(exe), f.name, *map(str, grid), *map(str, block), str(lds), str(REDZONE),
-                *tokens]
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                                  check=False)
-        except subprocess.TimeoutExpired:
-            raise EmulationError(f"{manifest.name}: the emulation ran past {timeout_s:.0f} s "
-                                 f"(grid {grid}, block {block})") from None
-        if proc.returncode != 0:
-            why = proc.stderr.strip() or proc.stdout.strip()
-            if proc.returncode < 0:
-                name = signal.Signals(-proc.returncode).name
-                why = f"it crashed with {name} (an access outside memory it owns?) {why}"
-            raise EmulationError(f"{manifest.name} on {manifest.target} (CPU emulation): "
-                                 f"{why}")
-        f.seek(0)
-        result = f.read()
-    for arr, offset, n in tensors:
-        if isinstance(arr, np.ndarray) and n:
-            out = np.frombuffer(result, dtype=np.uint8, count=n, offset=offset)
-            arr[...] = out.view(arr.dtype).reshape(arr.shape)
+    args.run([str(exe)], [*map(str, grid), *map(str, block), str(lds), str(REDZONE), *tokens],
+             f"{manifest.name} on {manifest.target}", timeout_s)

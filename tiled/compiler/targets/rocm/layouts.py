@@ -49,6 +49,10 @@ class MfmaRows:
                + 4 * tirx.floordiv(lane, TILE) + tirx.floormod(slot, 4))
         return [row], None
 
+    def leader(self, tx):
+        """Whether thread tx is the one holder of its rows that writes them out."""
+        return tirx.floormod(tx, self.REPLICAS) == 0
+
 
 @dataclass(frozen=True)
 class MfmaLayout:

@@ -1,0 +1,104 @@
+"""What the CPU benchmarks share: the BLAS numpy runs on (which OpenBLAS kernel, how many
+threads), thread counts matched between numpy and tiled, wall-clock timing with its spread,
+and the result file.
+
+Run each benchmark with OpenBLAS's own variables unset for that command only, so that numpy
+picks the kernel it would pick by itself (`env -u OPENBLAS_CORETYPE ...`); the result records
+what was set and which kernel ran (threadpoolctl: `pip install threadpoolctl`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from common import header, load_average  # benchmarks/common.py
+
+BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                  "OPENBLAS_VERBOSE", "GOTO_NUM_THREADS")
+
+
+def blas_info() -> dict:
+    """numpy's BLAS as it runs: threadpoolctl's view (library, version, runtime kernel,
+    threads) and the OpenBLAS variables of this process's environment."""
+    import threadpoolctl
+
+    pools = [p for p in threadpoolctl.threadpool_info() if p.get("user_api") == "blas"]
+    return {"libraries": [{k: p.get(k) for k in ("internal_api", "version", "architecture",
+                                                 "num_threads", "threading_layer", "filepath")}
+                          for p in pools],
+            "environment": {v: os.environ.get(v) for v in BLAS_VARIABLES}}
+
+
+def blas_threads() -> int:
+    """The thread count numpy's BLAS uses: run tiled's kernels with as many
+    (`config.override(cpu_threads=...)` before the first kernel loads; a process's CPU
+    kernels share one pool)."""
+    info = blas_info()["libraries"]
+    return int(info[0]["num_threads"]) if info else os.cpu_count() or 1
+
+
+def timings(fn, repeat: int, warmup: int = 2) -> dict:
+    """Wall-clock seconds of `repeat` calls after `warmup`: best, median and the spread
+    (max / min - 1) that says how noisy the machine was."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return {"best_s": min(ts), "median_s": statistics.median(ts),
+            "spread": round(max(ts) / min(ts) - 1, 3), "n": repeat}
+
+
+def idle_fraction(seconds: float = 1.0) -> float | None:
+    """The share of the machine's CPU time that was idle over the next `seconds` (from
+    /proc/stat): how much other work shared the CPUs. None where /proc/stat is missing."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
+    try:
+        idle0, total0 = sample()
+        time.sleep(seconds)
+        idle1, total1 = sample()
+    except OSError:
+        return None
+    return round((idle1 - idle0) / max(1, total1 - total0), 3)
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, "+dirty" when files differ from it; None outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty.strip() else "")
+
+
+def start(argv: list[str]) -> dict:
+    """What a result records before the run: command, date, machine (load average now), the
+    checkout's commit, and the share of CPU time other work left idle over one second."""
+    idle = idle_fraction()
+    return {**header(argv), "git_commit": git_commit(), "cpu_idle_before": idle}
+
+
+def write_result(path: Path, head: dict, body: dict) -> None:
+    out = {**head, "blas": blas_info(), **body, "load_average_at_end": load_average()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")

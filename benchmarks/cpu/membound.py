@@ -1,0 +1,143 @@
+"""Memory-bound ops on the cpu backend against a plain copy of the same bytes, same process.
+
+    env -u OPENBLAS_CORETYPE python benchmarks/cpu/membound.py [--rows 4096 --cols 4096]
+        [--out benchmarks/results/cpu_membound.json]
+
+tiled.ops' kernels as its CPU path compiles them (tiled/ops/kernels.py, the launch config of
+tiled.ops for `cpu`): RMSNorm and softmax over X [rows, cols] -> Y [rows, cols], SiLU-and-mul
+over X [rows, 2 cols] -> Y [rows, cols]; float32 and bfloat16. Bandwidth counts the bytes the
+op must move (X read + Y written; the weight row is not counted). The reference is the faster
+of two plain copies of a [rows, cols] array measured in the same run: numpy's `copyto` and a
+tiled copy kernel on the same threads as the ops. Outputs are preallocated (a fresh 64 MB
+output per call would measure page faults). Each op is checked against numpy first, then timed
+in rounds of (tiled copy, op): `of_copy` is the op's best bandwidth over the best copy's,
+`of_copy_median_of_rounds` the median over rounds of the two calls of a round, which load
+that comes and goes (a shared machine) affects less.
+"""
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cpu_common import blas_threads, start, timings, write_result
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def np_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def copy_kernel(cols: int, dtype: str, rows_per_block: int = 4):
+    import tiled
+    import tiled.lang as T
+
+    M = T.dyn("M")
+
+    @tiled.kernel
+    def copy(X: T.Tensor((M, cols), dtype), Y: T.Tensor((M, cols), dtype)):
+        with T.Kernel(T.ceildiv(M, rows_per_block), threads=128) as bx:
+            for i, j in T.Parallel(rows_per_block, cols):
+                Y[bx * rows_per_block + i, j] = X[bx * rows_per_block + i, j]
+    return copy
+
+
+def reference(name: str, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """What op `name` computes, in float64."""
+    x64 = x.astype(np.float64)
+    if name == "rms_norm":
+        return x64 / np.sqrt((x64 ** 2).mean(1, keepdims=True) + 1e-6) * w.astype(np.float64)
+    if name == "softmax":
+        e = np.exp(x64 - x64.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+    g = x64[:, :x.shape[1] // 2]
+    return g / (1 + np.exp(-g)) * x64[:, x.shape[1] // 2:]
+
+
+def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
+    import tiled
+    from tiled.ops import _launch_config, kernels
+
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((rows, cols), dtype=np.float32) * 2).astype(dt)
+    x2 = (rng.standard_normal((rows, 2 * cols), dtype=np.float32) * 2).astype(dt)
+    w = rng.standard_normal(cols, dtype=np.float32).astype(dt)
+    y = np.empty((rows, cols), dt)
+    nbytes = x.nbytes
+
+    copy = tiled.compile(copy_kernel(cols, dtype), target="cpu")
+    copy(x, y)
+    assert np.array_equal(y.view(np.uint8), x.view(np.uint8))
+    ref_copy = {"numpy_copyto": timings(lambda: np.copyto(y, x), repeat),
+                "tiled_copy": timings(lambda: copy(x, y), repeat)}
+    copy_gbs = {k: round(2 * nbytes / v["best_s"] / 1e9, 2) for k, v in ref_copy.items()}
+    copy_best = max(copy_gbs.values())
+
+    cfg = _launch_config("rms_norm", "cpu", N=cols, dtype=dtype)
+    ops = {
+        "rms_norm": (tiled.compile(kernels.rms_norm(cols, dtype, 1e-6, **cfg), target="cpu"),
+                     (x, w, y), 2 * nbytes, x),
+        "softmax": (tiled.compile(kernels.softmax(cols, dtype, **cfg), target="cpu"),
+                    (x, y), 2 * nbytes, x),
+        "silu_and_mul": (tiled.compile(kernels.gated_activation(
+            cols, dtype, "silu", **_launch_config("gated_activation", "cpu", N=cols)),
+            target="cpu"), (x2, y), x2.nbytes + y.nbytes, x2),
+    }
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    out = {"copy_gbs": copy_gbs, "copy_spread": {k: v["spread"] for k, v in ref_copy.items()},
+           "reference_gbs": copy_best, "ops": {}}
+    for name, (kernel, args, moved, src) in ops.items():
+        kernel(*args)
+        want = reference(name, src, w)
+        err = float(np.abs(y.astype(np.float64) - want).max() / np.abs(want).max())
+        assert err < tol, (name, dtype, err)
+        op_t, copy_t = [], []
+        for _ in range(repeat):  # rounds: the tiled copy, then the op
+            copy_t.append(timings(lambda: copy(x, y), 1, warmup=0)["best_s"])
+            op_t.append(timings(lambda k=kernel, a=args: k(*a), 1, warmup=0)["best_s"])
+        t = {"best_s": min(op_t), "spread": round(max(op_t) / min(op_t) - 1, 3)}
+        gbs = moved / t["best_s"] / 1e9
+        per_round = statistics.median((moved / o) / (2 * nbytes / c)
+                                      for o, c in zip(op_t, copy_t, strict=True))
+        out["ops"][name] = {"ms": round(t["best_s"] * 1e3, 3), "gbs": round(gbs, 2),
+                            "of_copy": round(gbs / copy_best, 3),
+                            "of_copy_median_of_rounds": round(per_round, 3),
+                            "spread": t["spread"], "bytes": moved, "max_rel_err": err,
+                            "target": kernel.manifest.target}
+        print(f"{name:13s} {dtype:8s} {t['best_s'] * 1e3:7.2f} ms {gbs:6.2f} GB/s = "
+              f"{gbs / copy_best:.2f} of copy ({copy_best:.2f} GB/s), per round "
+              f"{per_round:.2f} (spread {t['spread']})", flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--cols", type=int, default=4096)
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_membound.json")
+    args = p.parse_args()
+
+    from tiled import config
+
+    threads = blas_threads()
+    head = start(sys.argv)  # before this process loads the CPUs
+    with config.override(cpu_threads=threads):
+        results = {d: bench_dtype(args.rows, args.cols, d, args.repeat) for d in args.dtypes}
+    write_result(args.out, head, {"threads": threads, "rows": args.rows, "cols": args.cols,
+                                  "results": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""T.Pipelined on a CPU: the loop runs in order on one thread, and its stages become software
+prefetches. Each iteration first asks for the global tiles that the loop's copies will read
+`num_stages - 1` iterations later (at least one), one prefetch per cache line into L2, so the
+copy finds them there instead of waiting on DRAM or L3: copy loops over tiles whose rows lie
+pages apart are what the hardware's own prefetchers follow worst.
+
+A prefetch never faults and changes no value, so unlike the run-ahead copies of the cuda target
+(tiled.compiler.passes.pipeline) the only requirement is that the copy's offsets can be
+computed up front: built from the loop variable, block indices, dims and scalar parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from tiled.compiler.passes.layout import body_statements
+from tiled.compiler.passes.pipeline import uniform_vars
+from tiled.ir import dtypes
+from tiled.ir.walk import expr_vars, subexprs
+from tiled.v1 import tile_ir_pb2 as pb
+
+CACHE_LINE = 64
+_LOCALITY_L2 = 2  # llvm.prefetch locality 2: x86 prefetcht1, into L2 and the levels below
+
+
+def _pure(offsets, allowed: set[int]) -> bool:
+    return not any(x.WhichOneof("kind") == "load" for e in offsets for x in subexprs(e)) and \
+        expr_vars(offsets) <= allowed
+
+
+def _region(lower, region: pb.Region) -> None:
+    """Prefetches every cache line of global `region` (its last extent contiguous)."""
+    buf = lower.tir_buffers[region.buffer]
+    size = dtypes.nbytes(lower.buffers[region.buffer].dtype)
+    tile = [e for e in region.extents if e != 1]
+    lines = (tile[-1] * size + CACHE_LINE - 1) // CACHE_LINE + 1  # a row may straddle one more
+    with contextlib.ExitStack() as stack:
+        rows = [stack.enter_context(T.serial(0, e)) for e in tile[:-1]]
+        line = stack.enter_context(T.serial(0, lines))
+        idx, _ = lower.region_index(region, [*rows, line * max(1, CACHE_LINE // size)])
+        # An address past the tensor is fine: a prefetch never faults.
+        T.evaluate(tirx.call_llvm_intrin(
+            "void", "llvm.prefetch.p0", T.address_of(buf[tuple(idx)]),
+            tirx.const(0, "int32"), tirx.const(_LOCALITY_L2, "int32"),
+            tirx.const(1, "int32")))
+
+
+def _global(lower, region: pb.Region, allowed: set[int]) -> bool:
+    return lower.buffers[region.buffer].scope == pb.GLOBAL and region.extents[-1] != 1 and \
+        _pure(region.offsets, allowed)
+
+
+def prefetch_ahead(lower, f: pb.For, var) -> None:
+    """Emits, at the top of T.Pipelined loop `f`'s body (loop variable `var`, its TIR
+    variable), prefetches of the global regions its top-level copies read `num_stages - 1`
+    iterations ahead."""
+    allowed = uniform_vars(lower.program) | {f.var}
+    copies = [s.copy for s in body_statements(f.body)
+              if s.WhichOneof("kind") == "copy" and _global(lower, s.copy.src, allowed)]
+    if not copies:
+        return
+    lower.vars[f.var] = var + max(1, f.num_stages - 1)
+    try:
+        for c in copies:
+            _region(lower, c.src)
+    finally:
+        lower.vars[f.var] = var

@@ -9,6 +9,7 @@ what was set and which kernel ran (threadpoolctl: `pip install threadpoolctl`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -102,3 +103,25 @@ def write_result(path: Path, head: dict, body: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
+
+
+def rows_cols_main(doc: str, bench_dtype, default_out: Path) -> None:
+    """The command line of a benchmark over a rows x cols tensor per dtype (membound.py,
+    folds.py): `bench_dtype(rows, cols, dtype, repeat)` for each dtype, on numpy's BLAS
+    thread count, into one result file."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--cols", type=int, default=4096)
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--out", type=Path, default=default_out)
+    args = p.parse_args()
+
+    from tiled import config
+
+    threads = blas_threads()
+    head = start(sys.argv)  # before this process loads the CPUs
+    with config.override(cpu_threads=threads):
+        results = {d: bench_dtype(args.rows, args.cols, d, args.repeat) for d in args.dtypes}
+    write_result(args.out, head, {"threads": threads, "rows": args.rows, "cols": args.cols,
+                                  "results": results})

@@ -29,7 +29,7 @@ from cpu_common import blas_threads, start, timings, write_result
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
-CONFIGS = [(64, 64, 32), (128, 128, 32), (128, 128, 64), (256, 128, 32)]
+CONFIGS = [(64, 64, 32), (128, 128, 32), (128, 128, 64), (256, 128, 32), (256, 128, 64)]
 
 
 def np_dtype(name: str):

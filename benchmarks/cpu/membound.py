@@ -15,7 +15,6 @@ in rounds of (tiled copy, op): `of_copy` is the op's best bandwidth over the bes
 that comes and goes (a shared machine) affects less.
 """
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import blas_threads, start, timings, write_result
+from cpu_common import rows_cols_main, timings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,22 +120,7 @@ def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=4096)
-    p.add_argument("--cols", type=int, default=4096)
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--repeat", type=int, default=30)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_membound.json")
-    args = p.parse_args()
-
-    from tiled import config
-
-    threads = blas_threads()
-    head = start(sys.argv)  # before this process loads the CPUs
-    with config.override(cpu_threads=threads):
-        results = {d: bench_dtype(args.rows, args.cols, d, args.repeat) for d in args.dtypes}
-    write_result(args.out, head, {"threads": threads, "rows": args.rows, "cols": args.cols,
-                                  "results": results})
+    rows_cols_main(__doc__, bench_dtype, ROOT / "benchmarks/results/cpu_membound.json")
 
 
 if __name__ == "__main__":

@@ -409,3 +409,37 @@ def test_float8_conversions_on_cpu(dtype):
     np.testing.assert_array_equal(y.astype(np.float32), ref.astype(np.float32))
     np.testing.assert_array_equal(z.astype(np.float32), (ref.astype(np.float32) * 2).astype(
         np_dtype(dtype)).astype(np.float32))
+
+
+def test_pipelined_prefetches_follow_the_iterations_copies():
+    """T.Pipelined on cpu: the tiles a later iteration copies are prefetched (num_stages - 1
+    ahead) after this iteration's own copies and before its gemm, where the prefetches travel
+    during the compute instead of holding the miss buffers the copies' loads need."""
+    K = 256
+
+    @tiled.kernel
+    def mm(A: T.Tensor((64, K), "float32"), B: T.Tensor((K, 64), "float32"),
+           C: T.Tensor((64, 64), "float32")):
+        with T.Kernel(1, threads=128):
+            a = T.alloc_shared((64, 32), "float32")
+            b = T.alloc_shared((32, 64), "float32")
+            c = T.alloc_fragment((64, 64), "float32")
+            T.clear(c)
+            for k in T.Pipelined(K // 32, num_stages=3):
+                T.copy(A[0, k * 32], a)
+                T.copy(B[k * 32, 0], b)
+                T.gemm(a, b, c)
+            T.copy(c, C)
+    lines = str(lower_cpu(guard_program(mm.ir))).splitlines()
+    prefetch = [i for i, line in enumerate(lines) if "llvm.prefetch" in line]
+    gemm = [i for i, line in enumerate(lines) if "tiled_gemm_f32" in line]
+    copies = [i for i, line in enumerate(lines)  # the stores of the two tile copies
+              if line.lstrip().startswith(("a[", "b[")) and ("A[" in line or "B[" in line)]
+    assert len(prefetch) == 2 and len(gemm) == 1 and len(copies) == 2, lines
+    assert "(v_1 + 2) * 32" in lines[prefetch[0]]  # two iterations ahead
+    assert max(copies) < min(prefetch) and max(prefetch) < gemm[0]
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, K), np.float32), rng.standard_normal((K, 64), np.float32)
+    out = np.zeros((64, 64), np.float32)
+    tiled.compile(mm, "cpu")(x, y, out)
+    np.testing.assert_allclose(out, x @ y, rtol=1e-4, atol=1e-4)

@@ -21,8 +21,9 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.targets.cpu import forward, vmath
-from tiled.compiler.targets.cpu.prefetch import prefetch_ahead
+from tiled.compiler.targets.cpu.prefetch import prefetch_ahead, prefetch_plan
 from tiled.compiler.tir import (
     FP8_DTYPES,
     ExprLowering,
@@ -193,9 +194,16 @@ class CpuLowering(ExprLowering):
             kind = T.vectorized
         with kind(0, extent) as v:
             self.vars[f.var] = v
-            if f.kind == pb.PIPELINED:
-                prefetch_ahead(self, f, v)
-            self.stmt(f.body)
+            at, copies = prefetch_plan(self, f) if f.kind == pb.PIPELINED else (0, [])
+            if not copies:
+                self.stmt(f.body)
+            else:  # the body's statements, the prefetches after its copies
+                stmts = body_statements(f.body)
+                for st in stmts[:at]:
+                    self.stmt(st)
+                prefetch_ahead(self, f, v, copies)
+                for st in stmts[at:]:
+                    self.stmt(st)
 
     def stmt_if_then_else(self, node, _s):
         with T.If(self.expr(node.cond)):

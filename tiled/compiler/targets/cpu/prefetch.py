@@ -2,7 +2,9 @@
 prefetches. Each iteration first asks for the global tiles that the loop's copies will read
 `num_stages - 1` iterations later (at least one), one prefetch per cache line into L2, so the
 copy finds them there instead of waiting on DRAM or L3: copy loops over tiles whose rows lie
-pages apart are what the hardware's own prefetchers follow worst.
+pages apart are what the hardware's own prefetchers follow worst. They are issued after the
+iteration's own copies: a burst of prefetches holds the core's miss buffers, and issued
+first it would delay the very copies whose lines are already in L2.
 
 A prefetch never faults and changes no value, so unlike the run-ahead copies of the cuda target
 (tiled.compiler.passes.pipeline) the only requirement is that the copy's offsets can be
@@ -53,15 +55,22 @@ def _global(lower, region: pb.Region, allowed: set[int]) -> bool:
         _pure(region.offsets, allowed)
 
 
-def prefetch_ahead(lower, f: pb.For, var) -> None:
-    """Emits, at the top of T.Pipelined loop `f`'s body (loop variable `var`, its TIR
-    variable), prefetches of the global regions its top-level copies read `num_stages - 1`
-    iterations ahead."""
+def prefetch_plan(lower, f: pb.For) -> tuple[int, list[pb.Copy]]:
+    """For T.Pipelined loop `f`: the global-reading copies among its top-level statements
+    (body_statements) whose regions to prefetch `num_stages - 1` iterations ahead, and how
+    many of those statements to lower before the prefetches: they go after the iteration's
+    own copies, so that they travel during the compute that follows instead of queueing in
+    front of those copies' loads ((0, []): nothing to prefetch)."""
     allowed = uniform_vars(lower.program) | {f.var}
-    copies = [s.copy for s in body_statements(f.body)
-              if s.WhichOneof("kind") == "copy" and _global(lower, s.copy.src, allowed)]
-    if not copies:
-        return
+    stmts = body_statements(f.body)
+    at = [i for i, s in enumerate(stmts)
+          if s.WhichOneof("kind") == "copy" and _global(lower, s.copy.src, allowed)]
+    return (at[-1] + 1, [stmts[i].copy for i in at]) if at else (0, [])
+
+
+def prefetch_ahead(lower, f: pb.For, var, copies: list[pb.Copy]) -> None:
+    """Emits the prefetches of `copies`' source regions as T.Pipelined loop `f` (loop
+    variable `var`, its TIR variable) will read them `num_stages - 1` iterations later."""
     lower.vars[f.var] = var + max(1, f.num_stages - 1)
     try:
         for c in copies:

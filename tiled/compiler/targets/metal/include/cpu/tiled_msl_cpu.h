@@ -415,7 +415,9 @@ inline void simdgroup_uniform(const void* ptr, ulong stride, ulong2 origin, bool
   simdgroup_access mine = {ptr, stride, origin.x, origin.y, transpose}, all[32];
   const int n = tiled_emu_simd_exchange(&mine, sizeof mine, all, line, what);
   for (int i = 0; i < n; ++i) {
-    if (__builtin_memcmp(&all[i], &mine, sizeof mine) != 0)
+    const simdgroup_access& o = all[i];  // field by field: the struct's padding is not set
+    if (o.ptr != mine.ptr || o.stride != mine.stride || o.ox != mine.ox || o.oy != mine.oy ||
+        o.transpose != mine.transpose)
       tiled_emu_fail("the lanes of a simdgroup pass different arguments to a simdgroup "
                      "matrix load / store", line);
   }

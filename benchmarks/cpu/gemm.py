@@ -7,7 +7,8 @@ examples/gemm.py's kernel, unchanged, compiled for `cpu` (this host's level) wit
 configs, C = A @ B with float32 accumulation and a float32 C; A and B float32, float16 or
 bfloat16. The reference is numpy's float32 matmul of float32 operands (OpenBLAS sgemm; numpy
 has no 16-bit GEMM that runs at speed), measured in the same process, interleaved with the
-tiled runs (one numpy call, one tiled call, ...) so both see the same machine. Both use the
+tiled runs (one numpy call, one tiled call, ..., each after a pause: SETTLE_S) so both see
+the same machine. Both use the
 thread count of numpy's BLAS. Every tiled result is checked against numpy first. `ratio` is
 numpy's best time over tiled's best; `ratio_median_of_rounds` the median over rounds of the
 two calls of a round, which load that comes and goes (a shared machine) affects less.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,12 @@ from cpu_common import blas_threads, start, timings, write_result
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
+# OpenBLAS's worker threads spin for a while after each call before they sleep (its
+# THREAD_TIMEOUT, 2^28 cycles by default: about 0.1 s here); a tiled call right after a numpy
+# call ran beside them on this 2-core machine and read 0.64-0.69x where it reads 0.75-0.81x
+# after a pause (examples/gemm.py at 1024^3, 2026-12-03). tiled's pool sleeps on a condition
+# variable. Each timed call therefore starts after this pause, numpy's too.
+SETTLE_S = 0.25
 CONFIGS = [(64, 64, 32), (128, 128, 32), (128, 128, 64), (256, 128, 32), (256, 128, 64)]
 
 
@@ -58,8 +66,10 @@ def bench(n: int, dtype: str, cfg: tuple, repeat: int) -> dict:
     assert err < 1e-5, (n, dtype, cfg, err)
     out = np.empty_like(c)
     tiled_t, numpy_t = [], []
-    for _ in range(repeat):  # interleaved: one call of each per round
+    for _ in range(repeat):  # interleaved: one call of each per round, each after a pause
+        time.sleep(SETTLE_S)
         numpy_t.append(timings(lambda: np.matmul(a32, b32, out=out), 1, warmup=0)["best_s"])
+        time.sleep(SETTLE_S)
         tiled_t.append(timings(lambda: kernel(a, b, c), 1, warmup=0)["best_s"])
     flop = 2.0 * n ** 3
     best_tiled, best_numpy = min(tiled_t), min(numpy_t)

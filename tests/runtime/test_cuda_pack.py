@@ -18,8 +18,8 @@ import pytest
 from tiled.errors import LaunchError
 from tiled.runtime import Manifest, bind_args, load
 from tiled.runtime import cuda as rt_cuda
+from tiled.runtime.args import bf16_bits
 from tiled.runtime.cuda import (
-    _bf16_bits,
     current_stream,
     launch_geometry,
     pack_kernel_params,
@@ -109,7 +109,7 @@ def test_pack_with_no_kernel_args_is_a_valid_array():
                                      (1.01171875, 0x3F82), (float("inf"), 0x7F80),
                                      (float("nan"), 0x7FC0), (3.3895313892515355e38, 0x7F7F)])
 def test_bf16_rounding(x, bits):
-    assert _bf16_bits(x) == bits
+    assert bf16_bits(x) == bits
 
 
 def test_launch_geometry():

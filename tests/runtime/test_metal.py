@@ -56,6 +56,26 @@ def test_the_struct_is_packed_where_the_msl_reads_it(scaled):
         assert data[b["offset"] + 4:b["offset"] + 8] == b"\0" * 4  # the rest of the slot
 
 
+def _shifted_half():
+    @T.prim_func
+    def shifted(X: T.Tensor((64,), "float16"), alpha: T.float16, Y: T.Tensor((64,), "float16")):
+        with T.Kernel(1, threads=64):
+            for j in T.Parallel(64):
+                Y[j] = X[j] + alpha
+    return shifted, np.float16
+
+
+def test_a_float16_scalar_is_packed_as_its_bits():
+    """(bfloat16 scalars are refused by the verifier: kernels take a float32 and cast it.)"""
+    kernel, npdt = _shifted_half()
+    m = compile_program(kernel, "metal").manifest
+    x = np.ones(64, npdt)
+    data = ArgsPlan(m).pack(bind_args(m.params, [x, 1.25, x], "cpu"))
+    (slot,) = [b for ka, b in zip(m.kernel_args, m.metal["bindings"], strict=True)
+               if ka.kind == "scalar"]
+    assert struct.unpack_from("<H", data, slot["offset"])[0] == 0x3D00  # 1.25 in float16
+
+
 def test_a_dim_that_does_not_fit_its_argument_is_refused(scaled):
     plan = ArgsPlan(scaled.manifest)
     bound = bind_args(scaled.manifest.params, [np.ones((5, 64), np.float32), 1.0, 0,

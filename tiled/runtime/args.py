@@ -9,6 +9,7 @@ Every failure raises LaunchError naming the parameter and the problem, before an
 from __future__ import annotations
 
 import math
+import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -349,3 +350,33 @@ def bind_fast(binder: FastBinder, args: Sequence[object]) -> BoundArgs:
     """The binder's answer, or bind_args' (which raises the LaunchError) when it has none."""
     bound = binder.bind(args)
     return bound if bound is not None else bind_args(binder.params, args, binder.device)
+
+
+def bf16_bits(x: float) -> int:
+    """float -> bfloat16 bits, rounding to nearest even (NaN stays NaN)."""
+    (bits,) = struct.unpack("<I", struct.pack("<f", x))
+    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
+        return 0x7FC0
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def scalar_bits(value: int | float | bool, dtype: str) -> int | float | bool:
+    """A scalar parameter's value as a kernel argument holds it: 16-bit floats as their
+    bits, everything else as it is."""
+    if dtype == "float16":
+        return struct.unpack("<H", struct.pack("<e", value))[0]
+    if dtype == "bfloat16":
+        return bf16_bits(float(value))
+    return value
+
+
+def dim_arg(kernel: str, name: str, value: int, fmt: str, dtype: str) -> int:
+    """Dim `name`'s value for a kernel argument of struct format `fmt` (little-endian, e.g.
+    "<i"); LaunchError naming `kernel` when the value does not fit."""
+    bits = struct.calcsize(fmt) * 8
+    lo, hi = (0, 2**bits - 1) if fmt in ("<I", "<Q") else \
+        (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    if not lo <= value <= hi:
+        raise LaunchError(f"{kernel}: dim {name}={value} does not fit the kernel's {dtype} "
+                          "argument")
+    return value

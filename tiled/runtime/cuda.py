@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
-import struct
 import sys
 import threading
 from collections import OrderedDict
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from tiled.errors import LaunchError
 from tiled.ir import dtypes
 from tiled.runtime import Kernel
-from tiled.runtime.args import BoundArgs, FastBinder, TensorView, bind_fast
+from tiled.runtime.args import BoundArgs, FastBinder, TensorView, bind_fast, scalar_bits
 from tiled.runtime.manifest import (
     SM_COUNT_DIM,
     KernelArg,
@@ -109,14 +108,6 @@ def encode_tensor_map(request: TensorMapRequest) -> bytes:
     """The 128 descriptor bytes for `request`, from the driver (loaded on first use). The
     default encoder of a LaunchPlan. Raises LaunchError when the driver refuses."""
     return (_driver or driver()).encode_tensor_map(request)
-
-
-def _bf16_bits(x: float) -> int:
-    """float -> bfloat16 bits, rounding to nearest even (NaN stays NaN)."""
-    (bits,) = struct.unpack("<I", struct.pack("<f", x))
-    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
-        return 0x7FC0
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
 
 
 class LaunchPlan:
@@ -228,11 +219,7 @@ class LaunchPlan:
                 ctypes.memmove(local.array[i], desc, TENSOR_MAP_BYTES)
                 continue
             elif kind == "scalar":
-                value = values[key]
-                if extra == "float16":
-                    value = struct.unpack("<H", struct.pack("<e", value))[0]
-                elif extra == "bfloat16":
-                    value = _bf16_bits(float(value))
+                value = scalar_bits(values[key], extra)
             else:
                 value = bound.dims[key]
                 if not extra[0] <= value <= extra[1]:

@@ -30,8 +30,8 @@ import threading
 from tiled.errors import LaunchError
 from tiled.ir import dtypes
 from tiled.runtime import Kernel
-from tiled.runtime.args import BoundArgs, bind_args
-from tiled.runtime.cuda import LaunchPlan, _bf16_bits
+from tiled.runtime.args import BoundArgs, bind_args, dim_arg, scalar_bits
+from tiled.runtime.cuda import LaunchPlan
 from tiled.runtime.manifest import Manifest
 from tiled.runtime.metal_abi import pack_args
 
@@ -40,8 +40,7 @@ STORAGE_MODE_SHARED = 0  # MTLResourceStorageModeShared
 STATUS_COMPLETED = 4  # MTLCommandBufferStatusCompleted
 GPU_FAMILY_APPLE = {"apple7": 1007, "apple8": 1008, "apple9": 1009}  # MTLGPUFamilyApple7..9
 _FORMATS = {"bool": "<?", "int8": "<b", "int16": "<h", "int32": "<i", "int64": "<q",
-            "uint8": "<B", "uint16": "<H", "uint32": "<I", "uint64": "<Q", "float32": "<f",
-            "float16": "<e"}
+            "uint8": "<B", "uint16": "<H", "uint32": "<I", "uint64": "<Q", "float32": "<f"}
 NO_METAL = ("Metal kernels run on macOS with a Metal device, through PyObjC's Metal framework "
             "(pip install pyobjc-framework-Metal) or torch MPS tensors; tiled's "
             "CompiledKernel.emulate runs them on the CPU instead")
@@ -64,7 +63,8 @@ class ArgsPlan:
                 continue
             dt = ka.dtype if ka.kind == "dim" else \
                 manifest.params[ka.param].dtype  # type: ignore[index]
-            fmt = "<H" if dt == "bfloat16" else _FORMATS.get(dt)  # type: ignore[arg-type]
+            # 16-bit floats go as their bits (args.scalar_bits)
+            fmt = "<H" if dt in ("float16", "bfloat16") else _FORMATS.get(dt)  # type: ignore[arg-type]
             if fmt is None or struct.calcsize(fmt) != b["size"]:
                 raise LaunchError(f"{manifest.name}: a {dt} argument cannot fill a "
                                   f"{b['size']}-byte slot of the Metal argument struct")
@@ -81,17 +81,11 @@ class ArgsPlan:
                 continue
             _, fmt = next(fields)
             if ka.kind == "dim":
-                value = bound.dims[ka.name]  # type: ignore[index]
-                bits = struct.calcsize(fmt) * 8
-                lo, hi = (0, 2**bits - 1) if fmt in ("<I", "<Q") else \
-                    (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-                if not lo <= value <= hi:
-                    raise LaunchError(f"{self.manifest.name}: dim {ka.name}={value} does not "
-                                      f"fit the kernel's {ka.dtype} argument")
+                value = dim_arg(self.manifest.name, ka.name, bound.dims[ka.name], fmt,
+                                ka.dtype)  # type: ignore[index]
             else:
-                value = bound.values[ka.param]  # type: ignore[index]
-                if self.manifest.params[ka.param].dtype == "bfloat16":  # type: ignore[index]
-                    value = _bf16_bits(float(value))
+                value = scalar_bits(bound.values[ka.param],  # type: ignore[index]
+                                    self.manifest.params[ka.param].dtype)  # type: ignore[index]
             values.append(struct.pack(fmt, value))
         return pack_args(self.rec, self.manifest.kernel_args, values)
 

@@ -24,8 +24,8 @@ import threading
 
 from tiled.errors import LaunchError
 from tiled.runtime import Kernel
-from tiled.runtime.args import BoundArgs, TensorView, bind_args
-from tiled.runtime.cuda import LaunchPlan, _bf16_bits, current_stream, stream_handle
+from tiled.runtime.args import BoundArgs, TensorView, bind_args, dim_arg, scalar_bits
+from tiled.runtime.cuda import LaunchPlan, current_stream, stream_handle
 from tiled.runtime.manifest import Manifest
 
 HIP_LIBRARIES = ("libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5")
@@ -89,20 +89,11 @@ class KernargPlan:
             if ka.kind == "tensor":
                 value = bound.values[ka.param].ptr  # type: ignore[union-attr,index]
             elif ka.kind == "dim":
-                value = bound.dims[ka.name]  # type: ignore[index]
-                bits = struct.calcsize(fmt) * 8
-                lo, hi = (0, 2**bits - 1) if fmt in ("<I", "<Q") else \
-                    (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-                if not lo <= value <= hi:
-                    raise LaunchError(f"{self.manifest.name}: dim {ka.name}={value} does not "
-                                      f"fit the kernel's {ka.dtype} argument")
+                value = dim_arg(self.manifest.name, ka.name, bound.dims[ka.name], fmt,
+                                ka.dtype)  # type: ignore[index]
             else:
-                value = bound.values[ka.param]  # type: ignore[index]
-                dt = self.manifest.params[ka.param].dtype  # type: ignore[index]
-                if dt == "float16":
-                    value = struct.unpack("<H", struct.pack("<e", value))[0]
-                elif dt == "bfloat16":
-                    value = _bf16_bits(float(value))
+                value = scalar_bits(bound.values[ka.param],  # type: ignore[index]
+                                    self.manifest.params[ka.param].dtype)  # type: ignore[index]
             struct.pack_into(fmt, buf, offset, value)
         return buf
 

@@ -17,6 +17,9 @@ class KernelDefinitionError(TiledError, SyntaxError):
         self.message, self.file, self.line, self.column = message, file, line, column
         self.source_line = source_line
         Exception.__init__(self, message, file, line, column, source_line)
+        # The traceback module (pytest, IDEs) prints a SyntaxError from its `msg` attribute,
+        # "<no detail available>" when that is unset: give it the whole located text.
+        self.msg = str(self)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.file and self.line else (self.file or "<kernel>")

@@ -255,3 +255,21 @@ def test_reflected_bitwise_operators():
     k(x)
     i = np.arange(64)
     np.testing.assert_array_equal(x, (255 << (i % 8)) ^ (3 >> (i % 2)) ^ (7 ^ i) ^ (100 % (i + 1)))
+
+
+def test_a_definition_error_prints_its_located_message_through_traceback():
+    """KernelDefinitionError is a SyntaxError, which the traceback module (pytest, IDEs)
+    prints from its `msg`: that is the located message, not "<no detail available>"."""
+    import traceback
+
+    @tiled.kernel
+    def bad(X: T.Tensor((8,), "float32"), alpha: T.bfloat16):
+        with T.Kernel(1, threads=8):
+            for i in T.Parallel(8):
+                X[i] = alpha
+
+    with pytest.raises(KernelDefinitionError) as info:
+        bad.ir
+    shown = "".join(traceback.format_exception_only(info.type, info.value))
+    assert "scalar parameter alpha is bfloat16" in shown and "test_kernel.py:" in shown
+    assert "no detail available" not in shown

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conformance.cases import load_all, np_dtype
+from tests.conformance.cases import load_all
+from tests.conformance.emulated import run_emulated as emulate_case
 from tiled.compiler import compile_program
 from tiled.errors import CompileError
 
@@ -26,35 +27,12 @@ NO_FLOAT8 = {name for name in CASES if "fp8" in name}
 APPLE9 = ("gemm_nt",)  # bfloat16 operands: simdgroup matrices on apple9, the SIMT gemm before
 
 
-class Emulated:
-    """A compiled metal kernel that tiled.jit launches on numpy arrays by emulating it."""
-
-    def __init__(self, compiled):
-        self.compiled, self.manifest = compiled, compiled.manifest
-
-    def __call__(self, *args):
-        self.compiled.emulate(*args)
-
-
 def metal_shape(name: str) -> dict:
     return {**CASES[name].cpu, **METAL_SHAPES.get(name, {})}
 
 
 def run_emulated(name: str, arch: str):
-    case, shape = CASES[name], metal_shape(name)
-    jk = case.factory(**shape)
-    compiled = compile_program(jk.kernel, f"metal:{arch}")
-    jk.use("cpu", Emulated(compiled))  # numpy inputs pick the "cpu" entry
-    rng = np.random.default_rng(0)
-    raw = case.inputs(rng, shape)
-    args = [a.astype(np_dtype(dt)) if isinstance(a, np.ndarray) else a for a, dt in raw]
-    outs = case.call(jk, args, shape) if case.call else jk(*args)
-    outs = outs if isinstance(outs, list | tuple) else [outs]
-    rounded = [a.astype(np.float64) if isinstance(a, np.ndarray) else a for a in args]
-    refs = case.reference(rounded, shape)
-    refs = refs if isinstance(refs, list | tuple) else [refs]
-    return compiled, [(np.asarray(o).astype(np.float64), np.asarray(r, np.float64))
-                      for o, r in zip(outs, refs, strict=True)]
+    return emulate_case(CASES[name], metal_shape(name), f"metal:{arch}")
 
 
 @pytest.mark.parametrize(("name", "arch"), [(n, "apple7") for n in sorted(CASES)

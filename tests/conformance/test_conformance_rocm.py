@@ -10,39 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conformance.cases import load_all, np_dtype
-from tiled.compiler import compile_program
+from tests.conformance.cases import load_all
+from tests.conformance.emulated import run_emulated as emulate_case
 from tiled.compiler.toolchain.hip import disassemble
 
 CASES = load_all()
 ROCM_README = Path(__file__).resolve().parents[2] / "tiled/compiler/targets/rocm/README.md"
 
 
-class Emulated:
-    """A compiled rocm kernel that tiled.jit launches on numpy arrays by emulating it."""
-
-    def __init__(self, compiled):
-        self.compiled, self.manifest = compiled, compiled.manifest
-
-    def __call__(self, *args):
-        self.compiled.emulate(*args)
-
-
 def run_emulated(case, arch: str):
-    shape = case.cpu
-    jk = case.factory(**shape)
-    compiled = compile_program(jk.kernel, f"rocm:{arch}")
-    jk.use("cpu", Emulated(compiled))  # numpy inputs pick the "cpu" entry
-    rng = np.random.default_rng(0)
-    raw = case.inputs(rng, shape)
-    args = [a.astype(np_dtype(dt)) if isinstance(a, np.ndarray) else a for a, dt in raw]
-    outs = case.call(jk, args, shape) if case.call else jk(*args)
-    outs = outs if isinstance(outs, list | tuple) else [outs]
-    rounded = [a.astype(np.float64) if isinstance(a, np.ndarray) else a for a in args]
-    refs = case.reference(rounded, shape)
-    refs = refs if isinstance(refs, list | tuple) else [refs]
-    return compiled, [(np.asarray(o).astype(np.float64), np.asarray(r, np.float64))
-                      for o, r in zip(outs, refs, strict=True)]
+    return emulate_case(case, case.cpu, f"rocm:{arch}")
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx90a"])

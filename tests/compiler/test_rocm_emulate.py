@@ -81,6 +81,10 @@ def test_emulate_checks_arguments_like_a_launch(elementwise):
         elementwise.emulate(a, a, np.zeros(8, np.float16))
     with pytest.raises(LaunchError, match="expected 3 arguments"):
         elementwise.emulate(a, a)
+    cpu = compile_program(example("elementwise").add(), "cpu")  # runs as it is, no emulation
+    with pytest.raises(LaunchError, match=r"this emulation runs rocm kernels; this one is for "
+                                          r"cpu"):
+        cpu.emulate(a, a, a)
 
 
 def _edited(kernel, old: str, new: str) -> str:

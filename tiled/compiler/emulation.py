@@ -10,13 +10,16 @@ tensors are then copied back into the caller's arrays, as a launch would write t
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import tempfile
 
 import numpy as np
 
-from tiled.errors import EmulationError
+from tiled.errors import EmulationError, LaunchError
+from tiled.runtime.args import BoundArgs, bind_args
+from tiled.runtime.manifest import Manifest, eval_expr
 
 REDZONE = 256  # bytes of 0xA5 around each tensor in the argument file
 
@@ -90,3 +93,19 @@ def as_arrays(args) -> list:
     """The call's arguments with array-likes as numpy arrays (scalars as they are)."""
     return [np.asarray(a) if hasattr(a, "__array_interface__") or hasattr(a, "__array__")
             else a for a in args]
+
+
+def bind_launch(manifest: Manifest, backend: str,
+                args) -> tuple[list, BoundArgs, list[int], list[int]]:
+    """(the arguments as arrays, their BoundArgs, grid, block) of an emulated launch of a
+    `backend` kernel; LaunchError for another backend's kernel or arguments its manifest
+    refuses. The arrays are copied into the argument file, so the kernel's pointer alignment
+    holds there whatever the caller's arrays are: it is not checked."""
+    if manifest.backend != backend:
+        raise LaunchError(f"{manifest.name}: this emulation runs {backend} kernels; this one "
+                          f"is for {manifest.target}")
+    arrays = as_arrays(args)
+    params = [dataclasses.replace(p, align=None) for p in manifest.params]
+    bound = bind_args(params, arrays, "cpu")
+    return (arrays, bound, [eval_expr(e, bound.dims) for e in manifest.grid],
+            [eval_expr(e, bound.dims) for e in manifest.block])

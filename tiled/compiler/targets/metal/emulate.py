@@ -17,7 +17,6 @@ compiler's version; the runtime object is built once per runtime source. Emulati
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import re
@@ -28,10 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from tiled import config
-from tiled.compiler.emulation import REDZONE, ArgumentFile, as_arrays, np_dtype
-from tiled.errors import EmulationError, LaunchError, ToolchainError
-from tiled.runtime.args import bind_args
-from tiled.runtime.manifest import Manifest, eval_expr
+from tiled.compiler.emulation import REDZONE, ArgumentFile, bind_launch, np_dtype
+from tiled.errors import EmulationError, ToolchainError
+from tiled.runtime.manifest import Manifest
 
 FLAGS = ("-std=c++17", "-O1", "-fno-exceptions", "-w", "-ffp-contract=off")
 RUNTIME = "tiled_msl_runtime.cc"
@@ -120,17 +118,10 @@ def emulate(artifact: bytes, manifest: Manifest, args, source: str | None = None
     crashes or runs past `timeout_s`, ToolchainError when the emulation cannot be built."""
     from tiled.runtime.metal_abi import pack_args
 
-    if manifest.backend != "metal":
-        raise LaunchError(f"{manifest.name}: this emulation runs metal kernels; this one is for "
-                          f"{manifest.target}")
-    arrays = as_arrays(args)
-    params = [dataclasses.replace(p, align=None) for p in manifest.params]
-    bound = bind_args(params, arrays, "cpu")
+    arrays, bound, grid, block = bind_launch(manifest, "metal", args)
     if source is None:
         source = artifact.decode("utf-8")
     exe = emulator(source, manifest.symbol)
-    grid = [eval_expr(e, bound.dims) for e in manifest.grid]
-    block = [eval_expr(e, bound.dims) for e in manifest.block]
     rec = manifest.metal
     file, values = ArgumentFile(), []
     nbuf = max([b.get("buffer", -1) for b in rec["bindings"]] + [rec["args_buffer"] or -1]) + 1

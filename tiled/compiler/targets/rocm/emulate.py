@@ -15,7 +15,6 @@ context switch): it is for checking numerics at small shapes.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import re
@@ -26,10 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from tiled import config
-from tiled.compiler.emulation import REDZONE, ArgumentFile, as_arrays, np_dtype
+from tiled.compiler.emulation import REDZONE, ArgumentFile, bind_launch, np_dtype
 from tiled.errors import EmulationError, LaunchError, ToolchainError
-from tiled.runtime.args import bind_args
-from tiled.runtime.manifest import Manifest, eval_expr
+from tiled.runtime.manifest import Manifest
 
 EMULATION_FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-fno-exceptions", "-w",
                    "-ffp-contract=fast", "-fexcess-precision=16")
@@ -108,19 +106,10 @@ def emulate(artifact: bytes, manifest: Manifest, args, source: str | None = None
     from tiled.compiler.targets.rocm.codeobject import read_code_object
     from tiled.compiler.toolchain.hip import SOURCE_SECTION
 
-    if manifest.backend != "rocm":
-        raise LaunchError(f"{manifest.name}: emulate() runs rocm kernels; this one is for "
-                          f"{manifest.target}")
-    arrays = as_arrays(args)
-    # The arrays are copied into the argument file: the kernel's pointer alignment holds
-    # there whatever the caller's arrays are.
-    params = [dataclasses.replace(p, align=None) for p in manifest.params]
-    bound = bind_args(params, arrays, "cpu")
+    arrays, bound, grid, block = bind_launch(manifest, "rocm", args)
     if source is None:
         source = read_code_object(artifact).section_text(SOURCE_SECTION)
     exe = emulator(source, manifest.symbol, manifest.arch)
-    grid = [eval_expr(e, bound.dims) for e in manifest.grid]
-    block = [eval_expr(e, bound.dims) for e in manifest.block]
     args, tokens = _arguments(manifest, bound, arrays)
     pool = _POOL.search(source)
     lds = int(pool.group(1)) if pool else 0

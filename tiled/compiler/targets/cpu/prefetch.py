@@ -1,10 +1,10 @@
 """T.Pipelined on a CPU: the loop runs in order on one thread, and its stages become software
-prefetches. Each iteration first asks for the global tiles that the loop's copies will read
-`num_stages - 1` iterations later (at least one), one prefetch per cache line into L2, so the
-copy finds them there instead of waiting on DRAM or L3: copy loops over tiles whose rows lie
-pages apart are what the hardware's own prefetchers follow worst. They are issued after the
-iteration's own copies: a burst of prefetches holds the core's miss buffers, and issued
-first it would delay the very copies whose lines are already in L2.
+prefetches. Each iteration, after its own copies and before its compute, asks for the global
+tiles that the loop's copies will read `num_stages - 1` iterations later (at least one), one
+prefetch per cache line into L2, so the copy finds them nearer than DRAM: copy loops over
+tiles whose rows lie pages apart are what the hardware's own prefetchers follow worst.
+Issued before the copies, the burst of prefetches competed with the copies' own loads for the
+core's miss buffers (the copies took 16.5% of a 2048^3 gemm's time that way, 13.9% after).
 
 A prefetch never faults and changes no value, so unlike the run-ahead copies of the cuda target
 (tiled.compiler.passes.pipeline) the only requirement is that the copy's offsets can be

@@ -8,10 +8,9 @@ T.fill), copy, gemm (mma.sync) and gemm_sm90 (wgmma), reduce, scan (T.cumsum), p
 (T.Pipelined as a cp.async multi-stage pipeline) and, on sm_90a, ws_loop (T.Pipelined fed by
 a TMA producer warpgroup, its wgmma waits placed by wgmma_waits). kernel.py builds the
 PrimFunc around this walk (parameters, launch, buffers).
-Shared memory is one dynamic pool; tiled places every shared tile in it (pipelined tiles get
-`num_stages` copies, a producer's ring its stages and mbarriers), then one scratch area that
-the ops moving fragments through shared memory share (one op at a time), and inserts the
-barriers itself.
+Shared memory is one dynamic pool, laid out by pool.py (pipelined tiles get `num_stages`
+copies, a producer's ring its stages and mbarriers, then one scratch area that the ops moving
+fragments through shared memory share, one op at a time); tiled inserts the barriers itself.
 """
 
 from __future__ import annotations
@@ -25,31 +24,25 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.passes.barriers import SyncTracker, shared_effects
 from tiled.compiler.passes.layout import (
     ReplicatedLayout,
-    body_statements,
     is_identity,
     ravel,
     unravel,
 )
-from tiled.compiler.passes.resources import SharedTile, align_up
+from tiled.compiler.passes.resources import SharedTile
 from tiled.compiler.passes.vectorize import vector_lanes_ok
 from tiled.compiler.targets.cuda.copy import (
     async_vector,
     convert_fp8_tile,
     copy_element,
     copy_scratch_bytes,
-    copy_uses_scratch,
     issue_async_copy,
     lower_fragment_copy,
 )
-from tiled.compiler.targets.cuda.gather import find_gather
 from tiled.compiler.targets.cuda.gemm import (
-    converted,
     lower_gemm,
     stage_bytes,
-    staged_operands,
 )
 from tiled.compiler.targets.cuda.gemm_sm90 import (
-    PANEL_ALIGN,
     WgmmaOps,
     lower_wgmma,
     panel_index,
@@ -61,11 +54,11 @@ from tiled.compiler.targets.cuda.layouts import (
     MmaLayout,
     infer_layouts,
 )
-from tiled.compiler.targets.cuda.limits import MAX_SMEM
 from tiled.compiler.targets.cuda.parallel import lower_fill, lower_parallel
 from tiled.compiler.targets.cuda.pipeline import lower_pipeline
-from tiled.compiler.targets.cuda.reduce import lower_reduce, reduce_scratch_bytes
-from tiled.compiler.targets.cuda.scan import lower_scan, scan_scratch_bytes, scan_uses_scratch
+from tiled.compiler.targets.cuda.pool import plan_pool, uses_scratch
+from tiled.compiler.targets.cuda.reduce import lower_reduce
+from tiled.compiler.targets.cuda.scan import lower_scan
 from tiled.compiler.targets.cuda.sm90_attn import (
     find_ws_attention,
     lower_attn_loop,
@@ -80,7 +73,6 @@ from tiled.compiler.targets.cuda.sm90_gemm import (
 )
 from tiled.compiler.targets.cuda.ws_loop import (
     declare_ring_maps,
-    grow_stages,
     lower_ring_consumer,
     lower_ws_body,
     plan_ws_loop,
@@ -96,7 +88,6 @@ from tiled.ir.walk import element_accesses, expr_vars, subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 UNROLL_LIMIT = 256
-RING_ALIGN = 128  # bytes: a TMA destination's alignment
 VECTOR_LIMIT = 16  # a T.vectorized loop that cannot take vector lanes unrolls up to this extent
 _ATOMIC = {pb.ATOMIC_ADD: "atomicAdd", pb.ATOMIC_MAX: "tiled::atomic_max",
            pb.ATOMIC_MIN: "tiled::atomic_min"}
@@ -199,93 +190,8 @@ class CudaLowering(ExprLowering):
         return walk(self.program.kernel.body)
 
     def plan(self) -> None:
-        gemm_operands, tma_tiles = set(), set()
-        for st in self.statements():
-            kind = st.WhichOneof("kind")
-            if kind == "gemm" and isinstance(self.layouts.get(st.gemm.c), self.mma_layouts):
-                gemm_operands |= {st.gemm.a, st.gemm.b}
-            if kind == "copy" and st.copy.HasField("tma"):
-                tma_tiles.add(st.copy.dst.buffer)
-            if kind == "for_" and st.for_.kind == pb.PIPELINED and st.for_.num_stages >= 2 \
-                    and not (self.ws and st.for_.var == self.ws.loop_var) \
-                    and not (self.attn and st.for_.var == self.attn.loop.var) \
-                    and not (self.wsloop and st.for_.var == self.wsloop.loop.var):
-                body = st.for_.body
-                stmts = body_statements(body)
-                producers = []
-                for s in stmts:
-                    if s.WhichOneof("kind") == "copy" and self.copy_vector(s.copy):
-                        producers.append(s.copy.dst.buffer)
-                    elif (g := find_gather(self, s)) is not None:  # (gather.py)
-                        producers.append(g.tile)
-                        self.gathers[s.for_.var] = g
-                    else:
-                        break
-                if producers:
-                    self.pipelines[st.for_.var] = (min(st.for_.num_stages, self.max_stages),
-                                                   producers)
-        stages = {}
-        for s_count, producers in self.pipelines.values():
-            for bid in producers:
-                stages[bid] = max(stages.get(bid, 1), s_count)
-        self.place(stages, gemm_operands, tma_tiles)
-        if self.wsloop is not None and self.pool_bytes > MAX_SMEM[self.arch]:
-            # Two ring stages do not fit where the program's own stages did: no producer.
-            self.wsloop, self.launch_threads = None, self.threads
-            self.sync = self.block_sync()
-            return self.plan()
-        while self.wsloop is not None and \
-                grow_stages(self.wsloop, self.pool_bytes, MAX_SMEM[self.arch]):
-            self.place(stages, gemm_operands, tma_tiles)
-        if self.wsloop is not None:
-            self.wsloop.fit_blocks(self.pool_bytes)
-
-    def place(self, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
-        """Places the shared tiles (`stages`: pipelined tile -> its stage count), the sm90
-        paths' rings and barriers and the scratch area in the pool."""
-        p = self.program
-        ring = self.wsloop.tiles if self.wsloop else set()
-        if self.wsloop is not None:
-            stages = {**stages, **{bid: self.wsloop.stages for bid in ring}}
-        offset = 0
-        ring_tiles = {self.ws.a, self.ws.b} if self.ws else \
-            self.attn.ring_tiles if self.attn else set()
-        for b in p.buffers:
-            if b.scope != pb.SHARED or b.id in ring_tiles or b.id in self.placed_elsewhere():
-                continue
-            shape = [d.size for d in b.shape]
-            cols = shape[-1]
-            rows = math.prod(shape[:-1])
-            # TMA writes dense rows (no swizzle on the explicit path): its tiles get no pad;
-            # panel tiles (wgmma's) are swizzled instead, on the swizzle's period.
-            pad = 8 if b.id in gemm_operands and dtypes.nbytes(b.dtype) == 2 and \
-                len(shape) >= 2 and b.id not in tma_tiles | ring else 0
-            if b.id in ring:  # a TMA destination (a panel tile is aligned further below)
-                offset = align_up(offset, RING_ALIGN)
-            if b.id in self.wgmma_ops.panels:
-                pad, offset = 0, align_up(offset, PANEL_ALIGN)
-            tile = SharedTile(rows, cols, cols + pad, stages.get(b.id, 1), offset,
-                              dtypes.canonical_name(b.dtype))
-            self.shared[b.id] = tile
-            offset = align_up(offset + tile.nbytes)
-        if self.ws is not None:
-            self.ws_offset, offset = offset, align_up(offset + self.ws.ring_bytes)
-        if self.attn is not None:
-            self.ws_offset, offset = offset, align_up(offset + self.attn.ring_bytes)
-        if self.wsloop is not None:
-            self.wsloop.bar_offset, offset = offset, align_up(offset +
-                                                              self.wsloop.barrier_bytes)
-        self.scratch_offset = offset
-        scratch = 0
-        for st in self.statements():  # the scratch area: one region, used by one op at a time
-            kind = st.WhichOneof("kind")
-            need = {"reduce": reduce_scratch_bytes, "copy": self.copy_scratch_bytes,
-                    "gemm": self.gemm_scratch_bytes, "scan": scan_scratch_bytes}.get(kind)
-            if kind == "gemm" and st.gemm.c in self.wgmma_ops.accumulators:
-                continue  # wgmma reads its operands where they lie
-            if need is not None:
-                scratch = max(scratch, need(self, getattr(st, kind)))
-        self.pool_bytes = offset + align_up(scratch) if scratch else offset
+        """Lays out the shared pool (pool.plan_pool)."""
+        plan_pool(self)
 
     def gemm_scratch_bytes(self, _low, g: pb.Gemm) -> int:
         """Shared scratch bytes T.gemm `g` needs (its staged and converted operands)."""
@@ -314,17 +220,7 @@ class CudaLowering(ExprLowering):
 
     def uses_scratch(self, st: pb.Stmt) -> bool:
         """Whether tile op `st` reads and writes the shared scratch area (beyond its operands)."""
-        kind = st.WhichOneof("kind")
-        if kind == "copy":
-            return copy_uses_scratch(self, st.copy)
-        if kind == "gemm":
-            return st.gemm.c not in self.wgmma_ops.accumulators and \
-                bool(staged_operands(self, st.gemm) or converted(self, st.gemm))
-        if kind == "scan":
-            return scan_uses_scratch(self, st.scan)
-        if kind == "reduce":
-            return reduce_scratch_bytes(self, st.reduce) > 0
-        return False
+        return uses_scratch(self, st)
 
     # -- buffers ---------------------------------------------------------------------------
     def shared_index(self, bid: int, indices: list) -> list:

@@ -326,29 +326,26 @@ inline int simd_all(T v, T* all, int line, const char* what) {
   static_assert(sizeof(T) <= 32, "simd function of a value wider than 32 bytes");
   return tiled_emu_simd_exchange(&v, sizeof(T), all, line, what);
 }
+// The simdgroup's values folded with `combine`, lane 0 first.
+template <typename T, typename F>
+inline T simd_fold(T v, int line, const char* what, F combine) {
+  T all[32];
+  const int n = simd_all(v, all, line, what);
+  T s = all[0];
+  for (int i = 1; i < n; ++i) s = combine(s, all[i]);
+  return s;
+}
 template <typename T>
 inline T simd_sum(T v, int line = __builtin_LINE()) {
-  T all[32];
-  const int n = simd_all(v, all, line, "simd_sum");
-  T s = all[0];
-  for (int i = 1; i < n; ++i) s = T(s + all[i]);
-  return s;
+  return simd_fold(v, line, "simd_sum", [](T a, T b) { return T(a + b); });
 }
 template <typename T>
 inline T simd_max(T v, int line = __builtin_LINE()) {
-  T all[32];
-  const int n = simd_all(v, all, line, "simd_max");
-  T s = all[0];
-  for (int i = 1; i < n; ++i) s = max(s, all[i]);
-  return s;
+  return simd_fold(v, line, "simd_max", [](T a, T b) { return max(a, b); });
 }
 template <typename T>
 inline T simd_min(T v, int line = __builtin_LINE()) {
-  T all[32];
-  const int n = simd_all(v, all, line, "simd_min");
-  T s = all[0];
-  for (int i = 1; i < n; ++i) s = min(s, all[i]);
-  return s;
+  return simd_fold(v, line, "simd_min", [](T a, T b) { return min(a, b); });
 }
 // The value of lane (lane ^ mask); a lane outside the simdgroup gives the caller's own.
 template <typename T>

@@ -1,0 +1,146 @@
+"""The shared pool of a CUDA-style lowering (CudaLowering and the ROCm / Metal lowerings built
+on it): which T.Pipelined loops become cp.async pipelines and with how many stages, where each
+shared tile lies in the one dynamic pool (pipelined tiles `num_stages` times; gemm operand tiles
+padded against bank conflicts; TMA destinations and wgmma panels aligned), the sm_90a paths'
+rings and mbarriers after them, and one scratch area that the ops moving fragments through
+shared memory share (one op at a time). On sm_90a, a T.Pipelined ring (ws_loop.py) whose two
+stages do not fit is dropped for the cp.async pipeline, and one that fits grows its stages
+while the pool stays within the arch's limit.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tiled.compiler.passes.layout import body_statements
+from tiled.compiler.passes.resources import SharedTile, align_up
+from tiled.compiler.targets.cuda.copy import copy_uses_scratch
+from tiled.compiler.targets.cuda.gather import find_gather
+from tiled.compiler.targets.cuda.gemm import converted, staged_operands
+from tiled.compiler.targets.cuda.gemm_sm90 import PANEL_ALIGN
+from tiled.compiler.targets.cuda.limits import MAX_SMEM
+from tiled.compiler.targets.cuda.reduce import reduce_scratch_bytes
+from tiled.compiler.targets.cuda.scan import scan_scratch_bytes, scan_uses_scratch
+from tiled.compiler.targets.cuda.ws_loop import grow_stages
+from tiled.ir import dtypes
+from tiled.v1 import tile_ir_pb2 as pb
+
+RING_ALIGN = 128  # bytes: a TMA destination's alignment
+
+
+def _pipelined_by_hand(low, f: pb.For) -> bool:
+    """T.Pipelined loop `f` is software-pipelined here (cp.async stages), not by one of the
+    sm_90a paths' producers."""
+    return f.kind == pb.PIPELINED and f.num_stages >= 2 \
+        and not (low.ws and f.var == low.ws.loop_var) \
+        and not (low.attn and f.var == low.attn.loop.var) \
+        and not (low.wsloop and f.var == low.wsloop.loop.var)
+
+
+def _pipeline_producers(low, f: pb.For) -> list[int]:
+    """The shared tiles that the leading copies (or gathers) of pipelined loop `f` fill: they
+    run ahead, one stage per buffer copy; the first statement of another kind ends them."""
+    producers = []
+    for s in body_statements(f.body):
+        if s.WhichOneof("kind") == "copy" and low.copy_vector(s.copy):
+            producers.append(s.copy.dst.buffer)
+        elif (g := find_gather(low, s)) is not None:  # (gather.py)
+            producers.append(g.tile)
+            low.gathers[s.for_.var] = g
+        else:
+            break
+    return producers
+
+
+def plan_pool(low) -> None:
+    """Plans lowering `low`'s pipelines and lays out its pool: sets low.pipelines,
+    low.shared, low.scratch_offset and low.pool_bytes (and the sm_90a plans' offsets)."""
+    gemm_operands, tma_tiles = set(), set()
+    for st in low.statements():
+        kind = st.WhichOneof("kind")
+        if kind == "gemm" and isinstance(low.layouts.get(st.gemm.c), low.mma_layouts):
+            gemm_operands |= {st.gemm.a, st.gemm.b}
+        if kind == "copy" and st.copy.HasField("tma"):
+            tma_tiles.add(st.copy.dst.buffer)
+        if kind == "for_" and _pipelined_by_hand(low, st.for_):
+            producers = _pipeline_producers(low, st.for_)
+            if producers:
+                low.pipelines[st.for_.var] = (min(st.for_.num_stages, low.max_stages),
+                                              producers)
+    stages = {}
+    for s_count, producers in low.pipelines.values():
+        for bid in producers:
+            stages[bid] = max(stages.get(bid, 1), s_count)
+    place_tiles(low, stages, gemm_operands, tma_tiles)
+    if low.wsloop is not None and low.pool_bytes > MAX_SMEM[low.arch]:
+        # Two ring stages do not fit where the program's own stages did: no producer.
+        low.wsloop, low.launch_threads = None, low.threads
+        low.sync = low.block_sync()
+        return plan_pool(low)
+    while low.wsloop is not None and \
+            grow_stages(low.wsloop, low.pool_bytes, MAX_SMEM[low.arch]):
+        place_tiles(low, stages, gemm_operands, tma_tiles)
+    if low.wsloop is not None:
+        low.wsloop.fit_blocks(low.pool_bytes)
+
+
+def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
+    """Places the shared tiles (`stages`: pipelined tile -> its stage count), the sm90 paths'
+    rings and barriers and the scratch area in the pool."""
+    p = low.program
+    ring = low.wsloop.tiles if low.wsloop else set()
+    if low.wsloop is not None:
+        stages = {**stages, **{bid: low.wsloop.stages for bid in ring}}
+    offset = 0
+    ring_tiles = {low.ws.a, low.ws.b} if low.ws else \
+        low.attn.ring_tiles if low.attn else set()
+    for b in p.buffers:
+        if b.scope != pb.SHARED or b.id in ring_tiles or b.id in low.placed_elsewhere():
+            continue
+        shape = [d.size for d in b.shape]
+        cols = shape[-1]
+        rows = math.prod(shape[:-1])
+        # TMA writes dense rows (no swizzle on the explicit path): its tiles get no pad;
+        # panel tiles (wgmma's) are swizzled instead, on the swizzle's period.
+        pad = 8 if b.id in gemm_operands and dtypes.nbytes(b.dtype) == 2 and \
+            len(shape) >= 2 and b.id not in tma_tiles | ring else 0
+        if b.id in ring:  # a TMA destination (a panel tile is aligned further below)
+            offset = align_up(offset, RING_ALIGN)
+        if b.id in low.wgmma_ops.panels:
+            pad, offset = 0, align_up(offset, PANEL_ALIGN)
+        tile = SharedTile(rows, cols, cols + pad, stages.get(b.id, 1), offset,
+                          dtypes.canonical_name(b.dtype))
+        low.shared[b.id] = tile
+        offset = align_up(offset + tile.nbytes)
+    if low.ws is not None:
+        low.ws_offset, offset = offset, align_up(offset + low.ws.ring_bytes)
+    if low.attn is not None:
+        low.ws_offset, offset = offset, align_up(offset + low.attn.ring_bytes)
+    if low.wsloop is not None:
+        low.wsloop.bar_offset, offset = offset, align_up(offset + low.wsloop.barrier_bytes)
+    low.scratch_offset = offset
+    scratch = 0
+    for st in low.statements():  # the scratch area: one region, used by one op at a time
+        kind = st.WhichOneof("kind")
+        need = {"reduce": reduce_scratch_bytes, "copy": low.copy_scratch_bytes,
+                "gemm": low.gemm_scratch_bytes, "scan": scan_scratch_bytes}.get(kind)
+        if kind == "gemm" and st.gemm.c in low.wgmma_ops.accumulators:
+            continue  # wgmma reads its operands where they lie
+        if need is not None:
+            scratch = max(scratch, need(low, getattr(st, kind)))
+    low.pool_bytes = offset + align_up(scratch) if scratch else offset
+
+
+def uses_scratch(low, st: pb.Stmt) -> bool:
+    """Whether tile op `st` reads and writes the shared scratch area (beyond its operands)."""
+    kind = st.WhichOneof("kind")
+    if kind == "copy":
+        return copy_uses_scratch(low, st.copy)
+    if kind == "gemm":
+        return st.gemm.c not in low.wgmma_ops.accumulators and \
+            bool(staged_operands(low, st.gemm) or converted(low, st.gemm))
+    if kind == "scan":
+        return scan_uses_scratch(low, st.scan)
+    if kind == "reduce":
+        return reduce_scratch_bytes(low, st.reduce) > 0
+    return False

@@ -131,7 +131,8 @@ def test_the_runtime_packs_the_swizzled_tensor_maps():
     from tests.runtime.test_cuda_pack import cai
     from tests.runtime.test_cuda_tensor_map import RecordingEncoder
     from tiled.runtime import bind_args
-    from tiled.runtime.cuda import TensorMapRequest, pack_kernel_params
+    from tiled.runtime.cuda import pack_kernel_params
+    from tiled.runtime.launch import TensorMapRequest
 
     m = tiled.compile(gemm_ws_explicit.matmul(T.dyn("M"), T.dyn("N"), T.dyn("K")),
                       target="cuda:sm_90a", cache=False).manifest

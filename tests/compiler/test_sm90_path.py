@@ -181,7 +181,7 @@ def test_paired_tiles_run_in_clusters_with_multicast_loads(tmp_path, bm, bn, pai
 
 
 def test_cluster_grid_launches_whole_clusters_of_paired_tiles():
-    from tiled.runtime.cuda import LaunchPlan
+    from tiled.runtime.launch import LaunchPlan
 
     m = tiled.compile(_gemm(128, 256), target="cuda:sm_90a", cache=False, cluster=2).manifest
     plan = LaunchPlan(m)

@@ -17,14 +17,15 @@ from tests.runtime.test_cuda_pack import CUBIN, FakeDriver, cai
 from tiled.errors import LaunchError
 from tiled.runtime import Manifest, bind_args, load
 from tiled.runtime import cuda as rt_cuda
+from tiled.runtime import launch as rt_launch
 from tiled.runtime.args import BoundArgs, TensorView
-from tiled.runtime.cuda import (
+from tiled.runtime.cuda import pack_kernel_params
+from tiled.runtime.launch import (
     TENSOR_MAP_BYTES,
     TMA_DATA_TYPES,
     TMA_SWIZZLE_NAMES,
     LaunchPlan,
     TensorMapRequest,
-    pack_kernel_params,
     tensor_map_encode_args,
 )
 
@@ -120,7 +121,7 @@ def test_the_cache_encodes_each_tensor_once():
 
 
 def test_the_cache_is_a_bounded_lru(monkeypatch):
-    monkeypatch.setattr(rt_cuda, "TENSOR_MAP_CACHE_SIZE", 4)
+    monkeypatch.setattr(rt_launch, "TENSOR_MAP_CACHE_SIZE", 4)
     enc = RecordingEncoder()
     plan = LaunchPlan(manifest(kernel_args=[manifest().kernel_args[0]]), encode_tensor_map=enc)
     ptrs = [A_PTR + 4096 * j for j in range(5)]
@@ -217,11 +218,19 @@ def test_the_driver_is_reached_only_for_a_tensor_map(monkeypatch):
 
     monkeypatch.setattr(rt_cuda, "_driver", None)
     monkeypatch.setattr(rt_cuda, "driver", no_driver)
-    plan = LaunchPlan(manifest())  # the default encoder: nothing loaded yet
+    plan = LaunchPlan(manifest(), rt_cuda.driver_tensor_map)  # CUDAKernel's: nothing loaded yet
     assert plan.geometry({"M": 300}) == ((3, 1, 1), (384, 1, 1))
     plain = manifest(kernel_args=[{"kind": "tensor", "param": 1}])
     LaunchPlan(plain).pack(bound())
     with pytest.raises(AssertionError, match="driver loaded"):
+        plan.pack(bound())
+
+
+def test_a_plan_without_an_encoder_refuses_a_tensor_map():
+    # The ROCm and Metal launchers build their plans with no encoder (geometry only).
+    plan = LaunchPlan(manifest())
+    with pytest.raises(LaunchError, match=r"tensor_map\): this launcher has no TMA descriptor "
+                                          r"encoder"):
         plan.pack(bound())
 
 
@@ -284,7 +293,7 @@ def test_real_encoder_arguments():
     for swizzle in TMA_SWIZZLE_NAMES:
         tensor_map_encode_args(cu, TensorMapRequest("uint8", A_PTR, (16, 1), (16,), (16, 1),
                                                      swizzle))
-    assert ctypes.sizeof(rt_cuda.TensorMapStorage) == TENSOR_MAP_BYTES
+    assert ctypes.sizeof(rt_launch.TensorMapStorage) == TENSOR_MAP_BYTES
     assert len(cu.CUtensorMap().opaque) * 8 == TENSOR_MAP_BYTES
 
 

@@ -238,7 +238,7 @@ def test_tensor_map_box_has_one_entry_per_dim():
 
 
 def test_persistent_grid_may_use_the_sm_count_only_in_the_grid():
-    from tiled.runtime.cuda import LaunchPlan
+    from tiled.runtime.launch import LaunchPlan
     from tiled.runtime.manifest import SM_COUNT_DIM
 
     blocks = ["mul", ["ceildiv", "N", 128], ["ceildiv", "M", 128]]
@@ -254,7 +254,7 @@ def test_persistent_grid_may_use_the_sm_count_only_in_the_grid():
 def test_clustered_persistent_grid_is_whole_clusters():
     """The sm_90a path's grid with 2-CTA clusters (tiled.compiler.manifest): 2 * min(tile
     pairs, max(1, SMs // 2)), always a multiple of the cluster, which the launch checks."""
-    from tiled.runtime.cuda import LaunchPlan
+    from tiled.runtime.launch import LaunchPlan
     from tiled.runtime.manifest import SM_COUNT_DIM
 
     pairs = ["mul", ["ceildiv", "N", 256], ["ceildiv", ["ceildiv", "M", 128], 2]]

@@ -31,7 +31,7 @@ from tiled.errors import LaunchError
 from tiled.ir import dtypes
 from tiled.runtime import Kernel
 from tiled.runtime.args import BoundArgs, bind_args, dim_arg, scalar_bits
-from tiled.runtime.cuda import LaunchPlan
+from tiled.runtime.launch import LaunchPlan
 from tiled.runtime.manifest import Manifest
 from tiled.runtime.metal_abi import pack_args
 

@@ -25,7 +25,8 @@ import threading
 from tiled.errors import LaunchError
 from tiled.runtime import Kernel
 from tiled.runtime.args import BoundArgs, TensorView, bind_args, dim_arg, scalar_bits
-from tiled.runtime.cuda import LaunchPlan, current_stream, stream_handle
+from tiled.runtime.cuda import current_stream, stream_handle
+from tiled.runtime.launch import LaunchPlan
 from tiled.runtime.manifest import Manifest
 
 HIP_LIBRARIES = ("libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5")

@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 # after a pause (examples/gemm.py at 1024^3, 2026-12-03). tiled's pool sleeps on a condition
 # variable. Each timed call therefore starts after this pause, numpy's too.
 SETTLE_S = 0.25
-CONFIGS = [(64, 64, 32), (128, 128, 32), (128, 128, 64), (256, 128, 32), (256, 128, 64)]
+CONFIGS = [(64, 64, 32), (128, 128, 32), (128, 128, 64), (256, 128, 32), (256, 128, 64),
+           (256, 256, 64), (512, 128, 64)]
 
 
 def np_dtype(name: str):

@@ -21,10 +21,10 @@ from tiled.runtime import cuda as rt_cuda
 from tiled.runtime.args import bf16_bits
 from tiled.runtime.cuda import (
     current_stream,
-    launch_geometry,
     pack_kernel_params,
     stream_handle,
 )
+from tiled.runtime.launch import launch_geometry
 
 CUBIN = b"\x7fELF fake cubin"
 

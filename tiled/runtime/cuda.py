@@ -47,12 +47,6 @@ def driver_tensor_map(request: TensorMapRequest) -> bytes:
     return (_driver or driver()).encode_tensor_map(request)
 
 
-def launch_geometry(manifest: Manifest, dims: dict[str, int]
-                    ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(grid, block) for `dims`; see LaunchPlan.geometry."""
-    return LaunchPlan(manifest).geometry(dims)
-
-
 def pack_kernel_params(manifest: Manifest, bound: BoundArgs,
                        encode_tensor_map: TensorMapEncoder | None = None) -> ctypes.Array:
     """A `void**` kernelParams array for `bound` that owns its storage; see LaunchPlan.pack."""

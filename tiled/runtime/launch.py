@@ -291,3 +291,9 @@ class LaunchPlan:
                               f"an offset moves the pointer)")
         return TensorMapRequest(p.dtype, view.ptr, shape[::-1], tuple(outer),
                                 tuple(ka.box), ka.swizzle)  # type: ignore[arg-type]
+
+
+def launch_geometry(manifest: Manifest, dims: dict[str, int]
+                    ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) for `dims`; see LaunchPlan.geometry."""
+    return LaunchPlan(manifest).geometry(dims)

@@ -37,19 +37,20 @@ def _pipelined_by_hand(low, f: pb.For) -> bool:
         and not (low.wsloop and f.var == low.wsloop.loop.var)
 
 
-def _pipeline_producers(low, f: pb.For) -> list[int]:
-    """The shared tiles that the leading copies (or gathers) of pipelined loop `f` fill: they
-    run ahead, one stage per buffer copy; the first statement of another kind ends them."""
-    producers = []
+def _pipeline_producers(low, f: pb.For) -> tuple[list[int], dict]:
+    """(the shared tiles that the leading copies (or gathers) of pipelined loop `f` fill, the
+    gathers among them by their nest's outer var): they run ahead, one stage per buffer copy;
+    the first statement of another kind ends them."""
+    producers, gathers = [], {}
     for s in body_statements(f.body):
         if s.WhichOneof("kind") == "copy" and low.copy_vector(s.copy):
             producers.append(s.copy.dst.buffer)
         elif (g := find_gather(low, s)) is not None:  # (gather.py)
             producers.append(g.tile)
-            low.gathers[s.for_.var] = g
+            gathers[s.for_.var] = g
         else:
             break
-    return producers
+    return producers, gathers
 
 
 def plan_pool(low) -> None:
@@ -63,7 +64,8 @@ def plan_pool(low) -> None:
         if kind == "copy" and st.copy.HasField("tma"):
             tma_tiles.add(st.copy.dst.buffer)
         if kind == "for_" and _pipelined_by_hand(low, st.for_):
-            producers = _pipeline_producers(low, st.for_)
+            producers, gathers = _pipeline_producers(low, st.for_)
+            low.gathers.update(gathers)
             if producers:
                 low.pipelines[st.for_.var] = (min(st.for_.num_stages, low.max_stages),
                                               producers)

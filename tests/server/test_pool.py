@@ -13,7 +13,7 @@ from tiled.errors import CompileError, CompileTimeout, QueueFull, WorkerCrashed
 from tiled.server.pool import CompilePool
 from tiled.server.worker import ALLOWED_ERRORS, MAX_ERROR_CHARS, error_from_record, error_record
 
-M = "tiled.server.pool:"
+M = JOBS = "tiled.server.pool_test_jobs:"
 
 
 class Events:
@@ -248,7 +248,7 @@ def test_error_records_rebuild_only_allow_listed_classes():
 
 
 @pytest.mark.parametrize("fn", ["os:system", "subprocess:run", "tiledx.evil:f", "tiled.server.pool",
-                                "tiled.server.pool:_test_echo; import os", ""])
+                                "tiled.server.pool_test_jobs:_test_echo; import os", ""])
 def test_functions_outside_tiled_are_rejected(make_pool, fn):
     pool = make_pool()
     with pytest.raises(ValueError):

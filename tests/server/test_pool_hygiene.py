@@ -24,7 +24,7 @@ import pytest
 import tiled
 import tiled.lang as T
 from tests.daemon_util import start_daemon
-from tests.server.test_pool import Events
+from tests.server.test_pool import JOBS, Events
 from tiled.errors import CompileTimeout, WorkerCrashed
 from tiled.server.pool import CompilePool
 from tiled.server.worker import encode
@@ -191,7 +191,7 @@ def test_killed_cuda_compile_leaves_no_process_and_no_temp_file(how, slow_nvcc, 
         if how != "shutdown":
             reason = {"crash": "crashed", "cancel": "cancelled"}.get(how, how)
             assert ("replaced", {"reason": reason}) in events.seen
-            assert pool.submit("next", "tiled.server.pool:_test_echo", b"ok").result(60) == b"ok"
+            assert pool.submit("next", JOBS + "_test_echo", b"ok").result(60) == b"ok"
     finally:
         pool.shutdown(wait=False)
     assert not pool.temp_dir.exists()
@@ -260,7 +260,7 @@ def test_an_error_raised_inside_tvm_does_not_load_tvm_in_the_daemon(tmp_path):
         from tiled.server.pool import CompilePool
         pool = CompilePool(workers=1, preload=("tiled.server.preload",), temp_root=sys.argv[1])
         try:
-            pool.submit("k", "tiled.server.pool:_test_raise_tvm", b"").result(120)
+            pool.submit("k", "tiled.server.pool_test_jobs:_test_raise_tvm", b"").result(120)
         except Exception as e:
             error = [type(e).__name__, str(e)]
         pool.shutdown()
@@ -286,7 +286,7 @@ def test_jobs_run_in_private_temp_dirs_removed_after_each_job(tmp_path):
     try:
         assert stat.S_IMODE(pool.temp_root.stat().st_mode) == 0o700
         assert stat.S_IMODE(pool.temp_dir.stat().st_mode) == 0o700
-        seen = [json.loads(pool.submit(f"t{i}", "tiled.server.pool:_test_tmp", b"x").result(60))
+        seen = [json.loads(pool.submit(f"t{i}", JOBS + "_test_tmp", b"x").result(60))
                 for i in range(2)]
         for where in seen:
             job = Path(where["tempfile"])

@@ -106,6 +106,29 @@ def test_decode_token_counts_tune_over_gemv_kernels_and_match_torch():
         for t in LINEAR.chosen.values() for c in t.candidates)
 
 
+def test_large_cpu_tiles_serve_only_token_counts_that_fill_them():
+    import tiled
+    from tiled.ops.gemm import CPU_SPACE, _fits, _run, linear_kernel, matmul_kernel
+
+    big = [c for c in CPU_SPACE if c.get("min_tokens")]
+    assert big and all(c["min_tokens"] == c["BM"] for c in big)
+    for c in big:
+        assert _fits(c, c["BM"]) and not _fits(c, c["BM"] - 1)
+        with pytest.raises(ValueError, match="is not for M"):
+            linear_kernel(c["BM"] // 2, 96, 128, "bfloat16", "bfloat16", **c)
+        with pytest.raises(ValueError, match="is not for M"):
+            matmul_kernel(c["BM"] // 2, 96, 128, "bfloat16", "bfloat16", **c)
+    # a 64 x 128 tile over 70 tokens and 96 rows of w: edges in both M and N
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(70, 192, generator=g).bfloat16()
+    w = (torch.randn(96, 192, generator=g) / 192 ** 0.5).bfloat16()
+    cfg = big[0]
+    kernel = tiled.compile(linear_kernel(70, 96, 192, "bfloat16", "bfloat16", **cfg), "cpu")
+    y = _run(kernel, cfg, [x, w, torch.empty(70, 96).bfloat16()])
+    want = x.float() @ w.float().T
+    assert ((y.float() - want).norm() / want.norm()).item() < 1e-2
+
+
 def test_gemv_kernel_with_split_k_matches_torch():
     import tiled
     from tiled.ops.gemm import _run, linear_kernel

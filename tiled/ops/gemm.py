@@ -44,7 +44,14 @@ CUDA_SPACE = [
 ]
 # (64-column tiles, 128 x 64 and 64 x 64, never won a bucket on the H200 and are left out:
 # benchmarks/results/autotune_linear_h200_run5.json.)
+# The CPU space: tiles of 64 x 128, 128 x 128 and 256 x 128 from as many tokens as their rows
+# (`min_tokens`), which keep the shim's microkernel on a panel long enough to pay for packing
+# it (bf16, N = K = 4096 on the 2-core Zen 3: 64 x 128 reads 81 GFLOP/s at 64 tokens where
+# 32 x 32 reads 47; 256 x 128 133-136 at 256 and 1024 tokens where 32 x 32 reads 50-51:
+# benchmarks/results/cpu_linear.json); the small tiles and gemvs for fewer tokens.
 CPU_SPACE = [
+    *({"kind": "tile", "BM": bm, "BN": 128, "threads": 128, "min_tokens": bm}
+      for bm in (64, 128, 256)),
     {"kind": "tile", "BM": 32, "BN": 32, "threads": 128},
     {"kind": "tile", "BM": 16, "BN": 64, "threads": 128},
     {"kind": "tile", "BM": 16, "BN": 64, "threads": 128, "splits": 2},
@@ -64,7 +71,9 @@ def _fits(cfg: dict, M: int) -> bool:
     """Which configs a token count M is tuned over: gemvs of M's bucket (1, 2 or 3..4 tokens
     per block); swaps whose token tile (BM) covers M, the 128-token ones only past 16
     tokens; tiles from 64 tokens (64-row tiles below too); split-K tiles for 64 .. 1024
-    tokens, where the tiles alone leave SMs idle."""
+    tokens, where the tiles alone leave SMs idle; none below a config's `min_tokens`."""
+    if cfg.get("min_tokens", 0) > M:
+        return False
     if cfg["kind"] == "gemv":
         return cfg["BM"] >= M and cfg["BM"] < 2 * M
     if cfg["kind"] == "swap":
@@ -75,11 +84,12 @@ def _fits(cfg: dict, M: int) -> bool:
 
 
 def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, threads=128,
-                  splits=1, stages=4):
-    """The kernel of one config (M only selects: the kernel's M is symbolic). With `splits`
-    > 1 the K loop is split over a third grid axis and split s writes its float32 partial
-    into P[s] ([splits, M, N]), which `splitk_sum` adds up and casts (`_run`)."""
-    if not _fits({"kind": kind, "BM": BM, "splits": splits}, M):
+                  splits=1, stages=4, min_tokens=0):
+    """The kernel of one config (M only selects: the kernel's M is symbolic; a config serves
+    M from `min_tokens`). With `splits` > 1 the K loop is split over a third grid axis and
+    split s writes its float32 partial into P[s] ([splits, M, N]), which `splitk_sum` adds
+    up and casts (`_run`)."""
+    if not _fits({"kind": kind, "BM": BM, "splits": splits, "min_tokens": min_tokens}, M):
         raise ValueError(f"config {kind} {BM}x{BN} is not for M = {M}")
     Md = T.dyn("M")
     steps = -(-K // BK)
@@ -169,11 +179,14 @@ def _gemv_kernel(Md, N, K, dtype, BX, BW, threads, splits, out, extra, split_of)
 
 
 def matmul_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, threads=128,
-                  stages=4):
+                  stages=4, min_tokens=0):
     """C = A @ B for A [M, K] and B [K, N] row-major (B's tiles K x N: wgmma's N-major B
-    operand), M symbolic; the tile configs of linear's space (`kind` must be "tile")."""
+    operand), M symbolic; the tile configs of linear's space (`kind` must be "tile"), each
+    from its `min_tokens` rows of A."""
     if kind != "tile":
         raise ValueError(f"matmul takes tile configs, not {kind!r}")
+    if min_tokens > M:
+        raise ValueError(f"config tile {BM}x{BN} is not for M = {M}")
     Md = T.dyn("M")
 
     @tiled.kernel

@@ -1,7 +1,7 @@
 """tiled.ops.linear on CPU tensors against torch's F.linear and numpy's float32 GEMM, same
 process, same threads.
 
-    env -u OPENBLAS_CORETYPE python benchmarks/cpu/linear.py [--tokens 1 16 64 256 1024]
+    env -u OPENBLAS_CORETYPE python benchmarks/cpu/linear.py [--tokens 1 4 16 64 256 1024]
         [--n 4096 --k 4096 --repeat 5] [--out benchmarks/results/cpu_linear.json]
 
 y = x @ w.T with x [M, K] and w [N, K] in bfloat16 (float32 accumulation, bfloat16 y), for
@@ -100,7 +100,7 @@ def gflops(best: dict, flop: float) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 256, 1024])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024])
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--repeat", type=int, default=5)

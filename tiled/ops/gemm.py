@@ -48,14 +48,17 @@ CUDA_SPACE = [
 # (`min_tokens`), which keep the shim's microkernel on a panel long enough to pay for packing
 # it (bf16, N = K = 4096 on the 2-core Zen 3: 64 x 128 reads 81 GFLOP/s at 64 tokens where
 # 32 x 32 reads 47; 256 x 128 133-136 at 256 and 1024 tokens where 32 x 32 reads 50-51:
-# benchmarks/results/cpu_linear.json); the small tiles and gemvs for fewer tokens.
+# benchmarks/results/cpu_linear.json); the small tiles and gemvs for fewer tokens. A CPU gemv
+# block is one thread walking K 8 x `threads` lanes a step, its partials one per lane, token
+# and row: 4 "threads" (32 lanes) read 14-20 GFLOP/s at one token (N = K = 4096) where 128
+# (1024 lanes, 32 KiB of partials for 8 rows) read 10-12.
 CPU_SPACE = [
     *({"kind": "tile", "BM": bm, "BN": 128, "threads": 128, "min_tokens": bm}
       for bm in (64, 128, 256)),
     {"kind": "tile", "BM": 32, "BN": 32, "threads": 128},
     {"kind": "tile", "BM": 16, "BN": 64, "threads": 128},
     {"kind": "tile", "BM": 16, "BN": 64, "threads": 128, "splits": 2},
-    *({"kind": "gemv", "BM": bx, "BN": 8, "threads": 128} for bx in (1, 2, 4)),
+    *({"kind": "gemv", "BM": bx, "BN": 8, "threads": 4} for bx in (1, 2, 4)),
 ]
 
 

@@ -174,3 +174,26 @@ def test_swapped_tiles_match_the_loop_for_ragged_experts():
     kernel(x, w.view(E * N, K), grouped.tile_table(offsets, x.shape[0], 16), y)
     want = torch.cat([x[offsets[e]:offsets[e + 1]].float() @ w[e].float().T for e in range(E)])
     assert ((y.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_large_cpu_tiles_serve_experts_that_average_their_rows():
+    """The CPU space's 64 .. 256-row tiles fit only when experts average that many rows; a
+    64 x 128 tile over ragged experts (one empty, one off the tile, N off the tile) matches."""
+    big = [c for c in grouped.CPU_SPACE if c.get("min_rows")]
+    assert big and all(c["min_rows"] == c["BM"] for c in big)
+    for c in big:
+        assert grouped._fits(c, 4 * c["BM"], 4) and not grouped._fits(c, 4 * c["BM"] - 1, 4)
+        with pytest.raises(ValueError, match="is not for"):
+            grouped.grouped_kernel(4 * c["BM"] - 1, 4, 40, 96, "bfloat16", **c)
+    counts = [0, 70, 130, 64]
+    E, N, K = len(counts), 40, 96
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(sum(counts), K, generator=g).bfloat16()
+    w = _weights(E, N, K, torch.bfloat16, seed=9)
+    offsets = _offsets(counts)
+    cfg = big[0]
+    kernel = tiled.compile(grouped.grouped_kernel(x.shape[0], E, N, K, "bfloat16", **cfg),
+                           target="cpu")
+    y = torch.full((x.shape[0], N), float("nan")).bfloat16()
+    kernel(x, w.view(E * N, K), grouped.tile_table(offsets, x.shape[0], cfg["BM"]), y)
+    _check_against_loop(x, w, offsets, y)

@@ -56,7 +56,12 @@ CUDA_SPACE = [
     *({"kind": "swap", "BM": bx, "BN": bw, "threads": t, "stages": 8}
       for bx in (16, 32, 64) for bw, t in ((64, 128), (128, 256))),
 ]
+# CPU: the 64 x 128, 128 x 128 and 256 x 128 tiles where experts average as many rows as the
+# tile's (`min_rows`): bf16, 8 experts, N = K = 2048 on the 2-core Zen 3, 64 x 128 read 76
+# GFLOP/s at 64 rows per expert where 32 x 32 read 48, 256 x 128 114 at 256 rows where 32 x 32
+# read 37 (benchmarks/results/cpu_grouped.json); fewer rows keep the small tiles and the swap.
 CPU_SPACE = [
+    *({"BM": bm, "BN": 128, "threads": 128, "min_rows": bm} for bm in (64, 128, 256)),
     {"BM": 32, "BN": 32, "threads": 128},
     {"BM": 16, "BN": 64, "threads": 128},
     {"kind": "swap", "BM": 16, "BN": 32, "threads": 128},
@@ -73,18 +78,21 @@ def token_bucket(tokens: int, E: int, N: int, K: int, dtype: str):
 
 
 def _fits(cfg: dict, tokens: int, E: int) -> bool:
-    """Swap configs are for few rows per expert (at most 2 BM on average), tiles for any."""
+    """Swap configs are for few rows per expert (at most 2 BM on average), tiles for any, a
+    config with `min_rows` for experts of that many rows on average."""
+    if tokens < cfg.get("min_rows", 0) * E:
+        return False
     return cfg.get("kind", "tile") != "swap" or tokens <= 2 * cfg["BM"] * E
 
 
 def grouped_kernel(tokens, E, N, K, dtype, BM=128, BN=128, threads=256, stages=4,
-                   kind="tile"):
+                   kind="tile", min_rows=0):
     """The kernel of one config (`tokens` only selects the tuning: the kernel's T is symbolic).
     Arguments: X [T, K], W [E * N, K] (w viewed flat), Tiles [tiles, 3] int32, Y [T, N].
     kind "swap" computes y^T = w[e] @ x^T per tile: BN rows of w[e] fill the MMA's M side,
     the tile's BM rows of x its N side (16 .. 64: wgmma's n16 / n32 / n64), for experts of
     few rows, where a tile of 64 or more rows would mostly multiply padding."""
-    if not _fits({"kind": kind, "BM": BM}, tokens, E):
+    if not _fits({"kind": kind, "BM": BM, "min_rows": min_rows}, tokens, E):
         raise ValueError(f"config {kind} {BM}x{BN} is not for {tokens} rows over {E} experts")
     Td, tiles = T.dyn("tokens"), T.dyn("tiles")
     steps = -(-K // BK)

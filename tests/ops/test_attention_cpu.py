@@ -181,3 +181,16 @@ def test_the_h200_configs_stay_out_of_local_memory(tmp_path, varlen, P):
                                            128 ** -0.5, varlen, False, BM=128, BN=128,
                                            threads=256, P=P), target="cuda:sm_90a")
     assert not re.search(r"\b(LDL|STL)\b", sass(c.artifact, tmp_path, c.manifest.symbol))
+
+
+def test_cpu_space_tiles_fit_each_query_length_by_its_bucket():
+    """The 128 x 64 CPU tile serves buckets of 128 query rows and up, all of each bucket (a
+    tuning's winner serves every length of its bucket), and 16 x 16 the rest."""
+    from tiled.ops import prefill
+
+    big = next(c for c in prefill.CPU_SPACE if c.get("min_seq"))
+    args = (4, 4, 64, "float32", "bshd", False, None, None, 0.125, False, False)
+    prefill.prefill_kernel(*args, S_bucket=65, **big)  # bucket 128
+    with pytest.raises(ValueError, match="is not for 64 query rows"):
+        prefill.prefill_kernel(*args, S_bucket=64, **big)
+    assert any(not c.get("min_seq") for c in prefill.CPU_SPACE)

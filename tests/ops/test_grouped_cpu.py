@@ -182,9 +182,10 @@ def test_large_cpu_tiles_serve_experts_that_average_their_rows():
     big = [c for c in grouped.CPU_SPACE if c.get("min_rows")]
     assert big and all(c["min_rows"] == c["BM"] for c in big)
     for c in big:
-        assert grouped._fits(c, 4 * c["BM"], 4) and not grouped._fits(c, 4 * c["BM"] - 1, 4)
+        assert grouped._fits(c, 4 * c["BM"], 4) and not grouped._fits(c, 2 * c["BM"], 4)
+        grouped.grouped_kernel(2 * c["BM"] + 1, 4, 40, 96, "bfloat16", **c)  # bucket 4 BM
         with pytest.raises(ValueError, match="is not for"):
-            grouped.grouped_kernel(4 * c["BM"] - 1, 4, 40, 96, "bfloat16", **c)
+            grouped.grouped_kernel(2 * c["BM"], 4, 40, 96, "bfloat16", **c)
     counts = [0, 70, 130, 64]
     E, N, K = len(counts), 40, 96
     g = torch.Generator().manual_seed(8)

@@ -113,7 +113,8 @@ def test_large_cpu_tiles_serve_only_token_counts_that_fill_them():
     big = [c for c in CPU_SPACE if c.get("min_tokens")]
     assert big and all(c["min_tokens"] == c["BM"] for c in big)
     for c in big:
-        assert _fits(c, c["BM"]) and not _fits(c, c["BM"] - 1)
+        # decided by the bucket: 33 .. 64 tokens share the 64-token tuning
+        assert _fits(c, c["BM"]) and _fits(c, c["BM"] // 2 + 1) and not _fits(c, c["BM"] // 2)
         with pytest.raises(ValueError, match="is not for M"):
             linear_kernel(c["BM"] // 2, 96, 128, "bfloat16", "bfloat16", **c)
         with pytest.raises(ValueError, match="is not for M"):
@@ -127,6 +128,16 @@ def test_large_cpu_tiles_serve_only_token_counts_that_fill_them():
     y = _run(kernel, cfg, [x, w, torch.empty(70, 96).bfloat16()])
     want = x.float() @ w.float().T
     assert ((y.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_a_config_fits_every_token_count_of_its_bucket_alike():
+    """A tuning builds its candidates at the bucket's count and its winner then serves every
+    count of the bucket: no config may fit the one and not the other."""
+    from tiled.ops.gemm import CPU_SPACE, CUDA_SPACE, _fits, tokens_bucket
+
+    for cfg in CPU_SPACE + CUDA_SPACE:
+        for m in range(1, 2100):
+            assert _fits(cfg, m) == _fits(cfg, tokens_bucket(m)), (cfg, m)
 
 
 def test_gemv_kernel_with_split_k_matches_torch():

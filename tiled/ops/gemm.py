@@ -64,17 +64,25 @@ CPU_SPACE = [
 
 def token_bucket(M: int, N: int, K: int, dtype: str, out_dtype: str):
     """The token counts one tuning serves: 1, 2, ... powers of two up to 4096, then 8192+."""
+    return tokens_bucket(M), N, K, dtype, out_dtype
+
+
+def tokens_bucket(M: int) -> int:
+    """The bucket of token count M (token_bucket's first value)."""
     m = 1
     while m < M and m < 8192:
         m *= 2
-    return m, N, K, dtype, out_dtype
+    return m
 
 
 def _fits(cfg: dict, M: int) -> bool:
-    """Which configs a token count M is tuned over: gemvs of M's bucket (1, 2 or 3..4 tokens
-    per block); swaps whose token tile (BM) covers M, the 128-token ones only past 16
-    tokens; tiles from 64 tokens (64-row tiles below too); split-K tiles for 64 .. 1024
-    tokens, where the tiles alone leave SMs idle; none below a config's `min_tokens`."""
+    """Which configs a token count M is tuned over, decided by M's bucket (a tuning builds
+    its candidates at the bucket's count and its winner serves every count of the bucket):
+    gemvs of the bucket (1, 2 or 3..4 tokens per block); swaps whose token tile (BM) covers
+    it, the 128-token ones only past 16 tokens; tiles from 64 tokens (64-row tiles below
+    too); split-K tiles for 64 .. 1024 tokens, where the tiles alone leave SMs idle; none
+    below a config's `min_tokens`."""
+    M = tokens_bucket(M)
     if cfg.get("min_tokens", 0) > M:
         return False
     if cfg["kind"] == "gemv":
@@ -188,7 +196,7 @@ def matmul_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
     from its `min_tokens` rows of A."""
     if kind != "tile":
         raise ValueError(f"matmul takes tile configs, not {kind!r}")
-    if min_tokens > M:
+    if min_tokens > tokens_bucket(M):
         raise ValueError(f"config tile {BM}x{BN} is not for M = {M}")
     Md = T.dyn("M")
 

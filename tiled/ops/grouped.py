@@ -92,7 +92,10 @@ def grouped_kernel(tokens, E, N, K, dtype, BM=128, BN=128, threads=256, stages=4
     kind "swap" computes y^T = w[e] @ x^T per tile: BN rows of w[e] fill the MMA's M side,
     the tile's BM rows of x its N side (16 .. 64: wgmma's n16 / n32 / n64), for experts of
     few rows, where a tile of 64 or more rows would mostly multiply padding."""
-    if not _fits({"kind": kind, "BM": BM, "min_rows": min_rows}, tokens, E):
+    # Decided at the bucket's count: a tuning builds its candidates there, and its winner
+    # serves every count of the bucket.
+    if not _fits({"kind": kind, "BM": BM, "min_rows": min_rows},
+                 token_bucket(tokens, E, N, K, dtype)[0], E):
         raise ValueError(f"config {kind} {BM}x{BN} is not for {tokens} rows over {E} experts")
     Td, tiles = T.dyn("tokens"), T.dyn("tiles")
     steps = -(-K // BK)

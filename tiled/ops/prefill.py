@@ -38,12 +38,19 @@ NEG_INF = float("-inf")
 CUDA_SPACE = [{"BM": bm, "BN": bn, "threads": t, "stages": 2, "P": p}
               for p in ("shared", "regs") for bm, t in ((64, 128), (128, 256))
               for bn in (64, 128)]
-CPU_SPACE = [{"BM": 16, "BN": 16, "threads": 32, "stages": 2}]
+# CPU: a 128 x 64 tile for query lengths past 64 (`min_seq`: buckets of 128 and up), 16 x 16
+# for the rest: bf16, 8 heads of 128, 1024 tokens on the 2-core Zen 3, 128 x 64 read 103-114
+# GFLOP/s (causal 89-93) where 16 x 16 read 38 (39), beside torch's CPU SDPA at 114-134
+# (79-85) (benchmarks/results/cpu_attention.json).
+CPU_SPACE = [{"BM": 128, "BN": 64, "threads": 128, "stages": 2, "min_seq": 128},
+             {"BM": 16, "BN": 16, "threads": 32, "stages": 2}]
 
 
 def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, varlen, lse,
-                   S_bucket=None, BM=64, BN=64, threads=128, stages=2, P="shared"):
-    """The kernel of one config (`S_bucket` only selects: every length is symbolic). Params
+                   S_bucket=None, BM=64, BN=64, threads=128, stages=2, P="shared",
+                   min_seq=0):
+    """The kernel of one config (`S_bucket` only selects: every length is symbolic; a config
+    with `min_seq` serves query lengths from that many). Params
     Q, K, V, CQ, CK (cu_seqlens; one-element placeholders when dense), Out, LSE (a
     placeholder without return_lse), Grid (varlen: a [max_seqlen_q] tensor whose length
     sizes the grid, as launch grids come from tensor shapes; a placeholder when dense)."""
@@ -51,6 +58,9 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
         raise ValueError(f"attention: {H} heads do not group over {KVH} kv heads")
     if P not in ("shared", "regs"):
         raise ValueError(f"attention: P={P!r}, expected 'shared' or 'regs'")
+    if S_bucket is not None and seq_bucket(S_bucket) < min_seq:  # decided by the bucket
+        raise ValueError(f"attention: config {BM}x{BN} is not for {S_bucket} query rows "
+                         f"(from {min_seq})")
     G = H // KVH
     Bd, SQ, SK, B1, MQ = T.dyn("B"), T.dyn("SQ"), T.dyn("SK"), T.dyn("B1"), T.dyn("MQ")
     if varlen:
@@ -197,10 +207,16 @@ def prefill_kernel(H, KVH, D, dtype, layout, causal, window, softcap, scale, var
 
 
 def _bucket(H, KVH, D, dtype, layout, causal, window, softcap, scale, varlen, lse, S_bucket):
+    return H, KVH, D, dtype, layout, causal, window, softcap, scale, varlen, lse, \
+        seq_bucket(S_bucket)
+
+
+def seq_bucket(S: int) -> int:
+    """The query lengths one tuning serves: 64 and below, then powers of two to 16384+."""
     m = 64
-    while m < S_bucket and m < 16384:
+    while m < S and m < 16384:
         m *= 2
-    return H, KVH, D, dtype, layout, causal, window, softcap, scale, varlen, lse, m
+    return m
 
 
 def _inputs(H, KVH, D, dtype, layout, causal, window, softcap, scale, varlen, lse, S_bucket,

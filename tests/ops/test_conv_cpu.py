@@ -82,3 +82,24 @@ def test_conv2d_kernel_compiles_for_sm90a():
     compile_program(conv.conv2d_kernel(64, 56, 56, 64, 3, 3, 1, 1, 1, "bfloat16", False,
                                        BM=128, BN=128, BC=32, threads=256),
                     target="cuda:sm_90a")
+
+
+def test_wide_cpu_tiles_serve_layers_of_64_channels_and_more():
+    """The CPU space's 64-channel-step tiles are for layers of 64+ input and output channels
+    (one such layer, with a ragged pixel tile, matches torch); narrower layers keep 16 x 16."""
+    from tiled.ops import conv
+
+    wide = [c for c in conv.CPU_SPACE if c.get("min_channels")]
+    assert wide and any(not c.get("min_channels") for c in conv.CPU_SPACE)
+    with pytest.raises(ValueError, match="is not for 32 -> 64 channels"):
+        conv.conv2d_kernel(32, 6, 6, 64, 3, 3, 1, 1, 1, "bfloat16", False, **wide[0])
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(1, 64, 5, 7, generator=g).bfloat16()
+    w = (torch.randn(72, 64, 3, 3, generator=g) / 24).bfloat16()
+    conv.CONV2D.spaces["cpu"] = wide[:1]  # this config only
+    try:
+        y = ops.conv2d(x, w, padding=1)
+    finally:
+        conv.CONV2D.spaces["cpu"] = conv.CPU_SPACE
+        conv.CONV2D.clear()
+    assert _rel(y, F.conv2d(x.float(), w.float(), padding=1)) < 1e-2

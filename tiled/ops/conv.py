@@ -21,7 +21,14 @@ from tiled.ops.tuned import TunedOp
 CUDA_SPACE = [{"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
               for bm, bn, t in ((128, 128, 256), (64, 128, 128), (128, 64, 128))
               for bc, st in ((32, 2), (64, 2), (64, 3))]
-CPU_SPACE = [{"BM": 16, "BN": 16, "BC": 16, "threads": 32, "stages": 2}]
+# CPU: 128 x 64 and 256 x 64 pixel x filter tiles over 64 channels a step for layers of at
+# least 64 input and output channels (`min_channels`), 16 x 16 x 16 for the rest: bf16 3x3
+# layers over 4 x 56 x 56 on the 2-core Zen 3, the wide tiles read 51-52 GFLOP/s at 64 -> 64
+# channels and 82-88 at 128 -> 128 where 16 x 16 x 16 read 18 / 24, beside torch's CPU conv2d
+# at 4-5 (NCHW) / 16-19 (channels-last) (benchmarks/results/cpu_conv.json).
+CPU_SPACE = [*({"BM": bm, "BN": 64, "BC": 64, "threads": 128, "stages": 2, "min_channels": 64}
+               for bm in (128, 256)),
+             {"BM": 16, "BN": 16, "BC": 16, "threads": 32, "stages": 2}]
 
 
 def _out_size(size: int, k: int, stride: int, pad: int, dil: int) -> int:
@@ -29,8 +36,12 @@ def _out_size(size: int, k: int, stride: int, pad: int, dil: int) -> int:
 
 
 def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, BM=128, BN=128, BC=32,
-                  threads=256, stages=2):
-    """The implicit-GEMM kernel of one layer shape and config (the batch symbolic)."""
+                  threads=256, stages=2, min_channels=0):
+    """The implicit-GEMM kernel of one layer shape and config (the batch symbolic); a config
+    with `min_channels` is for layers of at least that many input and output channels."""
+    if min(C, F) < min_channels:
+        raise ValueError(f"conv2d: config {BM}x{BN}x{BC} is not for {C} -> {F} channels "
+                         f"(from {min_channels})")
     P, Q = _out_size(H, R, stride, pad, dil), _out_size(W, S, stride, pad, dil)
     if P < 1 or Q < 1:
         raise ValueError(f"conv2d: a {R}x{S} filter leaves no output of a {H}x{W} input")

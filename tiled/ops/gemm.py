@@ -16,7 +16,7 @@ y (no zeroing, no atomics: two launches in all).
 
 import tiled
 import tiled.lang as T
-from tiled.ops.tuned import TunedOp
+from tiled.ops.tuned import TunedOp, pow2_bucket
 
 BK = 64
 
@@ -69,10 +69,7 @@ def token_bucket(M: int, N: int, K: int, dtype: str, out_dtype: str):
 
 def tokens_bucket(M: int) -> int:
     """The bucket of token count M (token_bucket's first value)."""
-    m = 1
-    while m < M and m < 8192:
-        m *= 2
-    return m
+    return pow2_bucket(M, 8192)
 
 
 def _fits(cfg: dict, M: int) -> bool:

@@ -31,7 +31,7 @@ import itertools
 
 import tiled
 import tiled.lang as T
-from tiled.ops.tuned import TunedOp
+from tiled.ops.tuned import TunedOp, pow2_bucket
 
 BK = 64
 MAX_BUCKET = 32768  # token counts past it share one tuning
@@ -71,15 +71,15 @@ CPU_SPACE = [
 def token_bucket(tokens: int, E: int, N: int, K: int, dtype: str):
     """The token counts (rows of x, all experts together) one tuning serves: powers of two up to
     MAX_BUCKET, then everything past it."""
-    m = 1
-    while m < tokens and m < MAX_BUCKET:
-        m *= 2
-    return m, E, N, K, dtype
+    return pow2_bucket(tokens, MAX_BUCKET), E, N, K, dtype
 
 
 def _fits(cfg: dict, tokens: int, E: int) -> bool:
-    """Swap configs are for few rows per expert (at most 2 BM on average), tiles for any, a
-    config with `min_rows` for experts of that many rows on average."""
+    """Which configs a token count is tuned over, decided by its bucket (a tuning builds its
+    candidates at the bucket's count and its winner serves every count of the bucket): swap
+    configs for few rows per expert (at most 2 BM on average), tiles for any, a config with
+    `min_rows` for experts of that many rows on average."""
+    tokens = pow2_bucket(tokens, MAX_BUCKET)
     if tokens < cfg.get("min_rows", 0) * E:
         return False
     return cfg.get("kind", "tile") != "swap" or tokens <= 2 * cfg["BM"] * E
@@ -92,10 +92,7 @@ def grouped_kernel(tokens, E, N, K, dtype, BM=128, BN=128, threads=256, stages=4
     kind "swap" computes y^T = w[e] @ x^T per tile: BN rows of w[e] fill the MMA's M side,
     the tile's BM rows of x its N side (16 .. 64: wgmma's n16 / n32 / n64), for experts of
     few rows, where a tile of 64 or more rows would mostly multiply padding."""
-    # Decided at the bucket's count: a tuning builds its candidates there, and its winner
-    # serves every count of the bucket.
-    if not _fits({"kind": kind, "BM": BM, "min_rows": min_rows},
-                 token_bucket(tokens, E, N, K, dtype)[0], E):
+    if not _fits({"kind": kind, "BM": BM, "min_rows": min_rows}, tokens, E):
         raise ValueError(f"config {kind} {BM}x{BN} is not for {tokens} rows over {E} experts")
     Td, tiles = T.dyn("tokens"), T.dyn("tiles")
     steps = -(-K // BK)

@@ -17,8 +17,8 @@ query tokens become q_len rows of the batch (their table rows repeated, their le
 computed on the device: no host read).
 """
 
-from tiled.ops.paged import _pow2, _run, cache_problem, decode_kernel
-from tiled.ops.tuned import TunedOp
+from tiled.ops.paged import _run, cache_problem, decode_kernel
+from tiled.ops.tuned import TunedOp, pow2_bucket
 
 ROWS_MLA = 64
 # (query heads a block, threads) x splits, 32 tokens a step. Both gemms take FullRow warp
@@ -41,7 +41,7 @@ def mla_kernel(B, H, D, DV, block_size, dtype, MB, scale, BN=32, threads=128, sp
 
 
 def _bucket(B, H, D, DV, block_size, dtype, MB, scale):
-    return _pow2(B, 1024), H, D, DV, block_size, dtype, _pow2(MB, 1 << 20), scale
+    return pow2_bucket(B, 1024), H, D, DV, block_size, dtype, pow2_bucket(MB, 1 << 20), scale
 
 
 def _inputs(B, H, D, DV, block_size, dtype, MB, scale, **config):

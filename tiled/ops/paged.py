@@ -24,7 +24,7 @@ import math
 
 import tiled
 import tiled.lang as T
-from tiled.ops.tuned import TunedOp
+from tiled.ops.tuned import TunedOp, pow2_bucket
 
 LOG2E = 1.4426950408889634
 ROWS = 16  # query rows per block: one MMA tile
@@ -190,17 +190,11 @@ def combine_kernel(H: int, D: int, splits: int, dtype: str, threads: int = 128):
     return paged_combine
 
 
-def _pow2(n: int, cap: int) -> int:
-    m = 1
-    while m < n and m < cap:
-        m *= 2
-    return m
-
-
 def _bucket(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale):
     """Batch to the next power of two up to 256; table width (context) to the next power of
     two, so one tuning serves contexts within 2x."""
-    return _pow2(B, 256), H, KVH, D, block_size, dtype, kv_dtype, _pow2(MB, 1 << 20), scale
+    return (pow2_bucket(B, 256), H, KVH, D, block_size, dtype, kv_dtype,
+            pow2_bucket(MB, 1 << 20), scale)
 
 
 CACHE_BUDGET = 1 << 30  # bytes per cache the tuning inputs may take (pages are reused past it)

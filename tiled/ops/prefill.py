@@ -27,7 +27,7 @@ dtype, the mask's options, Sq bucket).
 import tiled
 import tiled.lang as T
 from tiled.ops.paged import softmax_scale
-from tiled.ops.tuned import TunedOp
+from tiled.ops.tuned import TunedOp, pow2_bucket
 
 LOG2E = 1.4426950408889634
 NEG_INF = float("-inf")
@@ -213,10 +213,7 @@ def _bucket(H, KVH, D, dtype, layout, causal, window, softcap, scale, varlen, ls
 
 def seq_bucket(S: int) -> int:
     """The query lengths one tuning serves: 64 and below, then powers of two to 16384+."""
-    m = 64
-    while m < S and m < 16384:
-        m *= 2
-    return m
+    return pow2_bucket(S, 16384, least=64)
 
 
 def _inputs(H, KVH, D, dtype, layout, causal, window, softcap, scale, varlen, lse, S_bucket,

@@ -44,3 +44,12 @@ class TunedOp:
         """Forgets the tuners and their choices (tests)."""
         self.chosen.clear()
         self._tuners.clear()
+
+
+def pow2_bucket(n: int, cap: int, least: int = 1) -> int:
+    """The bucket of count `n` that one tuning serves: the smallest power of two times `least`
+    at or above n, at most `cap` (everything past cap shares it)."""
+    m = least
+    while m < n and m < cap:
+        m *= 2
+    return m

@@ -260,7 +260,7 @@ def test_an_error_raised_inside_tvm_does_not_load_tvm_in_the_daemon(tmp_path):
         from tiled.server.pool import CompilePool
         pool = CompilePool(workers=1, preload=("tiled.server.preload",), temp_root=sys.argv[1])
         try:
-            pool.submit("k", "tiled.server.pool_test_jobs:_test_raise_tvm", b"").result(120)
+            pool.submit("k", "tiled.compiler.pool_probe:_test_raise_tvm", b"").result(120)
         except Exception as e:
             error = [type(e).__name__, str(e)]
         pool.shutdown()

@@ -1,7 +1,7 @@
 """Job functions that exist for the compile pool's tests only (tests/server/test_pool*.py):
 the pool runs only functions under `tiled.` (its allow-list), so they live in the package, apart
-from the pool itself. `_test_raise_tvm` imports TVM inside a worker, which the daemon process
-never does."""
+from the pool itself. The one that fails inside TVM is tiled.compiler.pool_probe's: TVM stays
+within tiled/compiler."""
 
 import os
 import signal
@@ -47,15 +47,6 @@ def _test_raise(payload: bytes) -> bytes:
 def _test_raise_foreign(payload: bytes) -> bytes:
     """Raises an exception of a class outside the allow-list, with `payload` as its text."""
     raise LookupError(payload.decode())
-
-
-def _test_raise_tvm(payload: bytes) -> bytes:
-    """Fails inside TVM's C++ simplifier (a constant division by zero): the worker sees a
-    tvm.error.InternalError, a class the daemon must never import."""
-    from tvm import tirx  # type: ignore[import-untyped]
-
-    tirx.floordiv(tirx.const(1, "int32"), tirx.const(0, "int32"))
-    return b""
 
 
 def _test_tmp(payload: bytes) -> bytes:

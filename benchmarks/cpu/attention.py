@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import blas_threads, start, write_result
-from linear import gflops, interleaved
+from cpu_common import each_config_then_tuned, run_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,33 +46,11 @@ def bench(S: int, H: int, D: int, causal: bool, repeat: int) -> dict:
 
     refs = {"torch_sdpa_bf16": lambda: F.scaled_dot_product_attention(tq, tk, tv,
                                                                       is_causal=causal)}
-    space = prefill.ATTENTION.spaces["cpu"]
-    configs = []
-    try:
-        for cfg in space:
-            if prefill.seq_bucket(S) < cfg.get("min_seq", 0):
-                continue
-            prefill.ATTENTION.spaces["cpu"] = [cfg]  # the op with this config only
-            prefill.ATTENTION.clear()
-            err = check(ops.attention(q, k, v, causal=causal))
-            best = interleaved({"tiled": lambda: ops.attention(q, k, v, causal=causal),
-                                **refs}, repeat)
-            configs.append({"config": cfg, "rel_err": err, **gflops(best, flop)})
-            print(f"S={S} causal={causal} {cfg}: {configs[-1]['gflops']}", flush=True)
-    finally:
-        prefill.ATTENTION.spaces["cpu"] = space
-        prefill.ATTENTION.clear()
-    t0 = time.perf_counter()
-    err = check(ops.attention(q, k, v, causal=causal))  # the first call tunes
-    tune_s = time.perf_counter() - t0
-    chosen = next(t.config for t in prefill.ATTENTION.chosen.values())
-    best = interleaved({"tiled": lambda: ops.attention(q, k, v, causal=causal), **refs}, repeat)
-    row = {"S": S, "H": H, "D": D, "causal": causal, "dtype": "bfloat16",
-           "tuning_s": round(tune_s, 2), "chosen": chosen, "rel_err": err,
-           **gflops(best, flop), "configs": configs}
-    print(f"S={S} causal={causal} tiled.ops.attention (tuned in {tune_s:.1f} s: {chosen}): "
-          f"{row['gflops']}, {row['ratio']}", flush=True)
-    return row
+    row = each_config_then_tuned(
+        prefill.ATTENTION, lambda cfg: prefill.seq_bucket(S) >= cfg.get("min_seq", 0),
+        lambda: ops.attention(q, k, v, causal=causal), check, refs, flop, repeat,
+        f"S={S} causal={causal}")
+    return {"S": S, "H": H, "D": D, "causal": causal, "dtype": "bfloat16", **row}
 
 
 def main() -> None:
@@ -87,18 +62,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_attention.json")
     args = p.parse_args()
 
-    import torch
-
-    from tiled import config
-
-    threads = blas_threads()
-    torch.set_num_threads(threads)
-    head = start(sys.argv)
-    with config.override(cpu_threads=threads,
-                         cache_dir=Path(tempfile.mkdtemp(prefix="tiled-cpu-attention-"))):
-        rows = [bench(args.seq, args.heads, args.dim, c, args.repeat) for c in (False, True)]
-    write_result(args.out, head, {"threads": threads, "torch": torch.__version__,
-                                  "rows": rows})
+    run_rows(args.out, "tiled-cpu-attention-",
+             lambda: [bench(args.seq, args.heads, args.dim, c, args.repeat)
+                      for c in (False, True)])
 
 
 if __name__ == "__main__":

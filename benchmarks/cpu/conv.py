@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import blas_threads, start, write_result
-from linear import gflops, interleaved
+from cpu_common import each_config_then_tuned, run_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,32 +46,11 @@ def bench(C: int, F_: int, repeat: int) -> dict:
 
     refs = {"torch_conv2d_bf16": lambda: F.conv2d(x, w, padding=1),
             "torch_conv2d_bf16_channels_last": lambda: F.conv2d(xcl, wcl, padding=1)}
-    space = conv.CONV2D.spaces["cpu"]
-    configs = []
-    try:
-        for cfg in space:
-            if min(C, F_) < cfg.get("min_channels", 0):
-                continue
-            conv.CONV2D.spaces["cpu"] = [cfg]  # the op with this config only
-            conv.CONV2D.clear()
-            err = check(ops.conv2d(x, w, padding=1))
-            best = interleaved({"tiled": lambda: ops.conv2d(x, w, padding=1), **refs}, repeat)
-            configs.append({"config": cfg, "rel_err": err, **gflops(best, flop)})
-            print(f"C={C} F={F_} {cfg}: {configs[-1]['gflops']}", flush=True)
-    finally:
-        conv.CONV2D.spaces["cpu"] = space
-        conv.CONV2D.clear()
-    t0 = time.perf_counter()
-    err = check(ops.conv2d(x, w, padding=1))  # the first call tunes
-    tune_s = time.perf_counter() - t0
-    chosen = next(t.config for t in conv.CONV2D.chosen.values())
-    best = interleaved({"tiled": lambda: ops.conv2d(x, w, padding=1), **refs}, repeat)
-    row = {"N": N, "C": C, "H": H, "W": W, "F": F_, "R": 3, "S": 3, "dtype": "bfloat16",
-           "tuning_s": round(tune_s, 2), "chosen": chosen, "rel_err": err,
-           **gflops(best, flop), "configs": configs}
-    print(f"C={C} F={F_} tiled.ops.conv2d (tuned in {tune_s:.1f} s: {chosen}): "
-          f"{row['gflops']}, {row['ratio']}", flush=True)
-    return row
+    row = each_config_then_tuned(
+        conv.CONV2D, lambda cfg: min(C, F_) >= cfg.get("min_channels", 0),
+        lambda: ops.conv2d(x, w, padding=1), check, refs, flop, repeat, f"C={C} F={F_}")
+    return {"N": N, "C": C, "H": H, "W": W, "F": F_, "R": 3, "S": 3, "dtype": "bfloat16",
+            **row}
 
 
 def main() -> None:
@@ -83,18 +59,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_conv.json")
     args = p.parse_args()
 
-    import torch
-
-    from tiled import config
-
-    threads = blas_threads()
-    torch.set_num_threads(threads)
-    head = start(sys.argv)
-    with config.override(cpu_threads=threads,
-                         cache_dir=Path(tempfile.mkdtemp(prefix="tiled-cpu-conv-"))):
-        rows = [bench(c, f, args.repeat) for c, f in ((64, 64), (128, 128), (16, 32))]
-    write_result(args.out, head, {"threads": threads, "torch": torch.__version__,
-                                  "rows": rows})
+    run_rows(args.out, "tiled-cpu-conv-",
+             lambda: [bench(c, f, args.repeat) for c, f in ((64, 64), (128, 128), (16, 32))])
 
 
 if __name__ == "__main__":

@@ -125,3 +125,80 @@ def rows_cols_main(doc: str, bench_dtype, default_out: Path) -> None:
         results = {d: bench_dtype(args.rows, args.cols, d, args.repeat) for d in args.dtypes}
     write_result(args.out, head, {"threads": threads, "rows": args.rows, "cols": args.cols,
                                   "results": results})
+
+
+# -- tiled.ops against torch's CPU ops (linear.py, grouped.py, attention.py, conv.py) -------
+
+# OpenBLAS's worker threads spin for a while after each call before they sleep (its
+# THREAD_TIMEOUT, 2^28 cycles by default: about 0.1 s here); a tiled call right after a numpy
+# call ran beside them on this 2-core machine and read 0.64-0.69x where it reads 0.75-0.81x
+# after a pause (examples/gemm.py at 1024^3, 2026-12-03). tiled's pool sleeps on a condition
+# variable. Each timed call therefore starts after this pause, numpy's too.
+SETTLE_S = 0.25
+
+
+def interleaved(fns: dict, repeat: int) -> dict:
+    """Best seconds of each named call over `repeat` rounds of one call each, each call after
+    a pause of SETTLE_S."""
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            time.sleep(SETTLE_S)
+            best[k] = min(best[k], timings(fn, 1, warmup=0)["best_s"])
+    return best
+
+
+def gflops(best: dict, flop: float) -> dict:
+    """ms, GFLOP/s and tiled's ratio to each reference from `interleaved`'s best seconds."""
+    rates = {k: round(flop / s / 1e9, 1) for k, s in best.items()}
+    return {"ms": {k: round(s * 1e3, 3) for k, s in best.items()}, "gflops": rates,
+            "ratio": {f"tiled_over_{k}": round(rates["tiled"] / v, 3)
+                      for k, v in rates.items() if k != "tiled"}}
+
+
+def each_config_then_tuned(op, fits, call, check, refs: dict, flop: float, repeat: int,
+                           label: str) -> dict:
+    """A tiled.ops op (its TunedOp `op`) on CPU tensors: the op restricted to each config of
+    its CPU space that `fits`, then the op as a user calls it (tuned, then timed), each in
+    rounds with `refs`. `call()` runs the op, `check(y)` returns its error. Returns the tuned
+    op's fields (tuning_s, chosen, rel_err, ms, gflops, ratio) and `configs`."""
+    space = op.spaces["cpu"]
+    configs = []
+    try:
+        for cfg in filter(fits, space):
+            op.spaces["cpu"] = [cfg]  # the op with this config only
+            op.clear()
+            err = check(call())
+            configs.append({"config": cfg, "rel_err": err,
+                            **gflops(interleaved({"tiled": call, **refs}, repeat), flop)})
+            print(f"{label} {cfg}: {configs[-1]['gflops']}", flush=True)
+    finally:
+        op.spaces["cpu"] = space
+        op.clear()
+    t0 = time.perf_counter()
+    err = check(call())  # the first call tunes
+    tune_s = time.perf_counter() - t0
+    chosen = next(t.config for t in op.chosen.values())
+    row = {"tuning_s": round(tune_s, 2), "chosen": chosen, "rel_err": err,
+           **gflops(interleaved({"tiled": call, **refs}, repeat), flop), "configs": configs}
+    print(f"{label} tiled.ops.{op.name} (tuned in {tune_s:.1f} s: {chosen}): "
+          f"{row['gflops']}, {row['ratio']}", flush=True)
+    return row
+
+
+def run_rows(out: Path, prefix: str, rows_of) -> None:
+    """Runs `rows_of()` on numpy's BLAS thread count (torch's and tiled's pools alike) with
+    a fresh tiled cache (so that the ops tune), and writes its rows with torch's version."""
+    import tempfile
+
+    import torch
+
+    from tiled import config
+
+    threads = blas_threads()
+    torch.set_num_threads(threads)
+    head = start(sys.argv)
+    with config.override(cpu_threads=threads,
+                         cache_dir=Path(tempfile.mkdtemp(prefix=prefix))):
+        rows = rows_of()
+    write_result(out, head, {"threads": threads, "torch": torch.__version__, "rows": rows})

@@ -26,17 +26,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import blas_threads, start, timings, write_result
+from cpu_common import SETTLE_S, blas_threads, start, timings, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
-# OpenBLAS's worker threads spin for a while after each call before they sleep (its
-# THREAD_TIMEOUT, 2^28 cycles by default: about 0.1 s here); a tiled call right after a numpy
-# call ran beside them on this 2-core machine and read 0.64-0.69x where it reads 0.75-0.81x
-# after a pause (examples/gemm.py at 1024^3, 2026-12-03). tiled's pool sleeps on a condition
-# variable. Each timed call therefore starts after this pause, numpy's too.
-SETTLE_S = 0.25
 CONFIGS = [(64, 64, 32), (128, 128, 32), (128, 128, 64), (256, 128, 32), (256, 128, 64),
            (256, 256, 64), (512, 128, 64)]
 

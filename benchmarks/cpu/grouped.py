@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,8 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import blas_threads, start, write_result
-from linear import gflops, interleaved
+from cpu_common import gflops, interleaved, run_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,19 +98,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_grouped.json")
     args = p.parse_args()
 
-    import torch
-
-    from tiled import config
-
-    threads = blas_threads()
-    torch.set_num_threads(threads)
-    head = start(sys.argv)
-    with config.override(cpu_threads=threads,
-                         cache_dir=Path(tempfile.mkdtemp(prefix="tiled-cpu-grouped-"))):
-        rows = [bench_tokens(t, args.experts, args.n, args.k, args.repeat)
-                for t in args.tokens]
-    write_result(args.out, head, {"threads": threads, "torch": torch.__version__,
-                                  "rows": rows})
+    run_rows(args.out, "tiled-cpu-grouped-",
+             lambda: [bench_tokens(t, args.experts, args.n, args.k, args.repeat)
+                      for t in args.tokens])
 
 
 if __name__ == "__main__":

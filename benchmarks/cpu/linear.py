@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,22 +25,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import blas_threads, start, timings, write_result
+from cpu_common import gflops, interleaved, run_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-SETTLE_S = 0.25  # OpenBLAS's threads spin after a call (gemm.py says how long)
-
-
-def interleaved(fns: dict, repeat: int) -> dict:
-    """Best seconds of each named call over `repeat` rounds of one call each."""
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            time.sleep(SETTLE_S)
-            best[k] = min(best[k], timings(fn, 1, warmup=0)["best_s"])
-    return best
-
-
 def bench_tokens(M: int, N: int, K: int, repeat: int) -> dict:
     import torch
     import torch.nn.functional as F
@@ -91,13 +77,6 @@ def bench_tokens(M: int, N: int, K: int, repeat: int) -> dict:
     return row
 
 
-def gflops(best: dict, flop: float) -> dict:
-    rates = {k: round(flop / s / 1e9, 1) for k, s in best.items()}
-    return {"ms": {k: round(s * 1e3, 3) for k, s in best.items()}, "gflops": rates,
-            "ratio": {f"tiled_over_{k}": round(rates["tiled"] / v, 3)
-                      for k, v in rates.items() if k != "tiled"}}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024])
@@ -107,18 +86,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_linear.json")
     args = p.parse_args()
 
-    import torch
-
-    from tiled import config
-
-    threads = blas_threads()
-    torch.set_num_threads(threads)
-    head = start(sys.argv)
-    with config.override(cpu_threads=threads,
-                         cache_dir=Path(tempfile.mkdtemp(prefix="tiled-cpu-linear-"))):
-        rows = [bench_tokens(m, args.n, args.k, args.repeat) for m in args.tokens]
-    write_result(args.out, head, {"threads": threads, "torch": torch.__version__,
-                                  "rows": rows})
+    run_rows(args.out, "tiled-cpu-linear-",
+             lambda: [bench_tokens(m, args.n, args.k, args.repeat) for m in args.tokens])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from tiled.errors import CompileError, CompileTimeout, QueueFull, WorkerCrashed
 from tiled.server.pool import CompilePool
 from tiled.server.worker import ALLOWED_ERRORS, MAX_ERROR_CHARS, error_from_record, error_record
 
-M = JOBS = "tiled.server.pool_test_jobs:"
+JOBS = "tiled.server.pool_test_jobs:"
 
 
 class Events:
@@ -60,7 +60,7 @@ def gate(tmp_path):
 
 def test_echo_round_trip(make_pool):
     pool = make_pool()
-    assert pool.submit("k", M + "_test_echo", b"hello").result(30) == b"hello"
+    assert pool.submit("k", JOBS + "_test_echo", b"hello").result(30) == b"hello"
     assert pool.stats()["completed_total"] == 1
 
 
@@ -69,14 +69,15 @@ def test_identical_submits_run_once(make_pool, gate):
     pool = make_pool(workers=2, on_event=events)
     payload, open_gate = gate
     with concurrent.futures.ThreadPoolExecutor(8) as ex:
-        futures = list(ex.map(lambda _: pool.submit("same", M + "_test_gate", payload), range(50)))
+        futures = list(ex.map(lambda _: pool.submit("same", JOBS + "_test_gate", payload),
+                              range(50)))
     assert all(f is futures[0] for f in futures)
     open_gate()
     assert [f.result(30) for f in futures] == [payload] * 50
     stats = pool.stats()
     assert (stats["merged_total"], stats["completed_total"], events.count("started")) == (49, 1, 1)
     # once finished, the key starts a new job
-    assert pool.submit("same", M + "_test_echo", b"again").result(30) == b"again"
+    assert pool.submit("same", JOBS + "_test_echo", b"again").result(30) == b"again"
     assert pool.stats()["completed_total"] == 2
 
 
@@ -84,7 +85,7 @@ def test_different_keys_run_in_parallel_up_to_workers(make_pool, gate):
     events = Events()
     pool = make_pool(workers=2, on_event=events)
     payload, open_gate = gate
-    futures = [pool.submit(f"k{i}", M + "_test_gate", payload) for i in range(3)]
+    futures = [pool.submit(f"k{i}", JOBS + "_test_gate", payload) for i in range(3)]
     events.wait_for("started", 2)
     stats = pool.stats()
     assert (stats["in_flight"], stats["queued"]) == (2, 1)
@@ -97,12 +98,12 @@ def test_queue_full_and_cancel(make_pool, gate):
     events = Events()
     pool = make_pool(queue_limit=2, on_event=events)
     payload, open_gate = gate
-    running = pool.submit("run", M + "_test_gate", payload)
+    running = pool.submit("run", JOBS + "_test_gate", payload)
     events.wait_for("started")
-    queued = [pool.submit(f"q{i}", M + "_test_echo", b"q") for i in range(2)]
+    queued = [pool.submit(f"q{i}", JOBS + "_test_echo", b"q") for i in range(2)]
     with pytest.raises(QueueFull):
-        pool.submit("over", M + "_test_echo", b"x")
-    assert pool.submit("q0", M + "_test_echo", b"q") is queued[0]  # merging is not admission
+        pool.submit("over", JOBS + "_test_echo", b"x")
+    assert pool.submit("q0", JOBS + "_test_echo", b"q") is queued[0]  # merging is not admission
     assert queued[1].cancel()
     assert pool.stats()["queued"] == 1
     open_gate()
@@ -115,13 +116,13 @@ def test_cancelling_a_running_job_kills_its_worker(make_pool, gate):
     events = Events()
     pool = make_pool(on_event=events)
     payload, _never_opened = gate
-    pid = pool.submit("pid", M + "_test_pid", b"").result(30)
-    running = pool.submit("run", M + "_test_gate", payload)
+    pid = pool.submit("pid", JOBS + "_test_pid", b"").result(30)
+    running = pool.submit("run", JOBS + "_test_gate", payload)
     events.wait_for("started", 2)
     assert running.cancel()
     events.wait_for("replaced")
     assert ("replaced", {"reason": "cancelled"}) in events.seen
-    assert pool.submit("pid2", M + "_test_pid", b"").result(30) != pid  # a fresh worker
+    assert pool.submit("pid2", JOBS + "_test_pid", b"").result(30) != pid  # a fresh worker
     stats = pool.stats()
     assert (stats["cancelled_total"], stats["failed_total"], stats["in_flight"]) == (1, 0, 0)
 
@@ -129,8 +130,8 @@ def test_cancelling_a_running_job_kills_its_worker(make_pool, gate):
 def test_worker_over_its_memory_budget_is_recycled_after_answering(make_pool):
     events = Events()
     pool = make_pool(recycle_bytes=1, on_event=events)  # every worker is over 1 byte
-    first = pool.submit("a", M + "_test_pid", b"").result(30)
-    assert pool.submit("b", M + "_test_pid", b"").result(30) != first
+    first = pool.submit("a", JOBS + "_test_pid", b"").result(30)
+    assert pool.submit("b", JOBS + "_test_pid", b"").result(30) != first
     assert ("replaced", {"reason": "recycled"}) in events.seen
     stats = pool.stats()
     assert (stats["completed_total"], stats["failed_total"]) == (2, 0)
@@ -140,7 +141,7 @@ def test_worker_over_its_memory_budget_is_recycled_after_answering(make_pool):
 def test_idle_pool_stops_its_workers_and_starts_them_again(make_pool, preload):
     events = Events()
     pool = make_pool(idle_stop_s=0.3, preload=preload, on_event=events)
-    first = pool.submit("a", M + "_test_pid", b"").result(30)
+    first = pool.submit("a", JOBS + "_test_pid", b"").result(30)
     # The idle stop after the job (on a loaded machine the pool may also have stopped idle
     # once before the job reached it, then started again).
     def stopped_after_the_job():
@@ -151,7 +152,7 @@ def test_idle_pool_stops_its_workers_and_starts_them_again(make_pool, preload):
         assert events.cond.wait_for(stopped_after_the_job, 30), events.seen
     assert pool.stats()["live_workers"] == 0
     assert not [p for p in multiprocessing.active_children() if p.name == "tiled-compile-worker"]
-    assert pool.submit("b", M + "_test_pid", b"").result(60) != first  # a new worker
+    assert pool.submit("b", JOBS + "_test_pid", b"").result(60) != first  # a new worker
     assert pool.stats()["live_workers"] == 1
 
 
@@ -161,8 +162,8 @@ def test_timeout_replaces_worker(make_pool):
     # machine room to run the echo on the replacement worker.
     pool = make_pool(timeout_s=3, on_event=events)
     with pytest.raises(CompileTimeout):
-        pool.submit("slow", M + "_test_sleep", b"60").result(30)
-    assert pool.submit("next", M + "_test_echo", b"ok").result(30) == b"ok"
+        pool.submit("slow", JOBS + "_test_sleep", b"60").result(30)
+    assert pool.submit("next", JOBS + "_test_echo", b"ok").result(30) == b"ok"
     assert pool.stats()["replaced_total"] == 1
     assert ("replaced", {"reason": "timeout"}) in events.seen
 
@@ -171,45 +172,45 @@ def test_killed_worker_fails_only_its_job(make_pool, gate):
     events = Events()
     pool = make_pool(workers=2, on_event=events)
     payload, open_gate = gate
-    other = pool.submit("other", M + "_test_gate", payload)
+    other = pool.submit("other", JOBS + "_test_gate", payload)
     events.wait_for("started")
     with pytest.raises(WorkerCrashed, match="signal 9"):
-        pool.submit("crash", M + "_test_crash", b"").result(30)
+        pool.submit("crash", JOBS + "_test_crash", b"").result(30)
     open_gate()
     assert other.result(30) == payload
-    assert pool.submit("next", M + "_test_echo", b"ok").result(30) == b"ok"
+    assert pool.submit("next", JOBS + "_test_echo", b"ok").result(30) == b"ok"
     stats = pool.stats()
     assert (stats["replaced_total"], stats["failed_total"], stats["completed_total"]) == (1, 1, 2)
 
 
 def test_memory_limit(make_pool):
     pool = make_pool(memory_bytes=300 << 20)
-    assert pool.submit("small", M + "_test_alloc", b"%d" % (10 << 20)).result(30) == b"10485760"
+    assert pool.submit("small", JOBS + "_test_alloc", b"%d" % (10 << 20)).result(30) == b"10485760"
     with pytest.raises(WorkerCrashed, match="ran out of memory"):
-        pool.submit("big", M + "_test_alloc", b"%d" % (1 << 30)).result(30)
-    assert pool.submit("next", M + "_test_echo", b"ok").result(30) == b"ok"
+        pool.submit("big", JOBS + "_test_alloc", b"%d" % (1 << 30)).result(30)
+    assert pool.submit("next", JOBS + "_test_echo", b"ok").result(30) == b"ok"
     assert pool.stats()["replaced_total"] == 1
 
 
 def test_exception_passthrough_keeps_worker(make_pool):
     pool = make_pool()
-    pid = pool.submit("pid1", M + "_test_pid", b"").result(30)
+    pid = pool.submit("pid1", JOBS + "_test_pid", b"").result(30)
     with pytest.raises(CompileError) as info:
-        pool.submit("raise", M + "_test_raise", b"bad tile").result(30)
+        pool.submit("raise", JOBS + "_test_raise", b"bad tile").result(30)
     assert (info.value.message, info.value.loc) == ("bad tile", "kernel.py:7")
     # a missing function under tiled. is the job's error; not allow-listed, it comes back as
     # RuntimeError naming the worker's exception type
     with pytest.raises(RuntimeError, match=r"^AttributeError: .*no_such_function") as info:
-        pool.submit("missing", M + "no_such_function", b"").result(30)
+        pool.submit("missing", JOBS + "no_such_function", b"").result(30)
     assert type(info.value) is RuntimeError
-    assert pool.submit("pid2", M + "_test_pid", b"").result(30) == pid
+    assert pool.submit("pid2", JOBS + "_test_pid", b"").result(30) == pid
     assert pool.stats()["replaced_total"] == 0
 
 
 def test_foreign_errors_come_back_as_bounded_runtime_errors(make_pool):
     pool = make_pool()
     with pytest.raises(RuntimeError) as info:
-        pool.submit("big", M + "_test_raise_foreign", b"x" * 1_000_000).result(30)
+        pool.submit("big", JOBS + "_test_raise_foreign", b"x" * 1_000_000).result(30)
     assert type(info.value) is RuntimeError and str(info.value).startswith("LookupError: xxx")
     assert len(str(info.value)) <= MAX_ERROR_CHARS + 100 and "characters cut" in str(info.value)
 
@@ -259,9 +260,9 @@ def test_shutdown_cancels_pending_and_leaves_no_processes(gate):
     events = Events()
     pool = CompilePool(workers=1, on_event=events)
     payload, open_gate = gate
-    running = pool.submit("run", M + "_test_gate", payload)
+    running = pool.submit("run", JOBS + "_test_gate", payload)
     events.wait_for("started")
-    queued = pool.submit("queued", M + "_test_echo", b"q")
+    queued = pool.submit("queued", JOBS + "_test_echo", b"q")
     threading.Timer(0, open_gate).start()  # shutdown(wait=True) waits for the running job
     pool.shutdown(wait=True, cancel_pending=True)
     assert running.result(0) == payload
@@ -269,13 +270,13 @@ def test_shutdown_cancels_pending_and_leaves_no_processes(gate):
         queued.result(0)
     assert multiprocessing.active_children() == []
     with pytest.raises(RuntimeError):
-        pool.submit("late", M + "_test_echo", b"")
+        pool.submit("late", JOBS + "_test_echo", b"")
 
 
 def test_shutdown_without_wait_kills_running_jobs():
     events = Events()
     pool = CompilePool(workers=2, on_event=events)
-    futures = [pool.submit(f"k{i}", M + "_test_sleep", b"60") for i in range(3)]
+    futures = [pool.submit(f"k{i}", JOBS + "_test_sleep", b"60") for i in range(3)]
     events.wait_for("started", 2)
     pool.shutdown(wait=False)
     assert all(f.cancelled() for f in futures)
@@ -287,4 +288,4 @@ def test_raising_event_hook_does_not_break_the_pool(make_pool):
         raise RuntimeError("metrics are down")
 
     pool = make_pool(on_event=hook)
-    assert pool.submit("k", M + "_test_echo", b"ok").result(30) == b"ok"
+    assert pool.submit("k", JOBS + "_test_echo", b"ok").result(30) == b"ok"

@@ -59,23 +59,32 @@ CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1,
 TILE_BK = 64  # K values per tile step: eight GPTQ words
 
 
-def _nibble(word, i: int, zero):
+def _magic(Md):
+    """The bits of the float 2^23 (0x4B000000) as a value the CUDA compiler cannot fold: a
+    nibble masked and or-ed with it is one LOP3 when the constant sits in a register (two
+    when both the mask and the constant are immediates, as ptxas leaves them: 130 LOP3 for
+    the 64 nibbles of a decode loop iteration instead of 66). min(M - 1, 0) is 0 in every
+    launched block (M >= 1 there) and TVM, knowing only M >= 0, keeps it."""
+    return T.min(Md - 1, 0) + 0x4B000000
+
+
+def _nibble(word, i: int, zero, magic):
     """(q - zero) in float32 for the i-th nibble q of an int32 GPTQ word; zero None: 8. The
-    nibble or-ed into the bits of the float 2^23 reads as 2^23 + q, so one subtraction gives
-    it, exactly, without an int-to-float conversion (a quarter-rate instruction on NVIDIA
-    GPUs, the bound of a dequantizing GEMV's inner loop)."""
+    nibble or-ed into the bits of the float 2^23 (`magic`, _magic) reads as 2^23 + q, so one
+    subtraction gives it, exactly, without an int-to-float conversion (a quarter-rate
+    instruction on NVIDIA GPUs, the bound of a dequantizing GEMV's inner loop)."""
     q = ((word >> (4 * i)) & 15) if i else (word & 15)
-    f = T.reinterpret("float32", q | 0x4B000000)
+    f = T.reinterpret("float32", q | magic)
     return f - 8388616.0 if zero is None else (f - 8388608.0) - zero
 
 
-def _nibble_at(word, i: int):
+def _nibble_at(word, i: int, magic):
     """q * 16^j for the i-th nibble q of an int32 word, j = i for i < 5, else i - 5: the
     nibble masked in place (the low three shifted down by 20 first) and or-ed into the bits of
-    the float 2^23, minus 2^23, exactly; one integer instruction for most nibbles. XS's tokens
-    are staged times 16^-j to match."""
+    the float 2^23 (`magic`), minus 2^23, exactly; one integer instruction for most nibbles.
+    XS's tokens are staged times 16^-j to match."""
     src, j = (word, i) if i < 5 else (word >> 20, i - 5)
-    f = T.reinterpret("float32", (src & (15 << (4 * j))) | 0x4B000000)
+    f = T.reinterpret("float32", (src & (15 << (4 * j))) | magic)
     return f - 8388608.0
 
 
@@ -141,6 +150,8 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
                         t = t + T.cast(X[by * BM + m, bz * KS + k8 * 8 + i], "float32")
                     xsum[m, k8] = t
 
+            magic = _magic(Md)
+
             def term(step, kg, m, n):
                 """This step's sum of (dequantized weight x token) for column n, token m."""
                 col = bx * BN + n
@@ -156,7 +167,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
                         kl = k0 - bz * KS  # in the split's staged tokens
                         part = 0.0
                         for i in range(8):
-                            part = part + _nibble_at(word, i) * xs[m, kl + i]
+                            part = part + _nibble_at(word, i, magic) * xs[m, kl + i]
                         part = part - zero * xsum[m, kl // 8]
                         total = total + part * T.cast(S[k0 // group_size, col], "float32")
                     elif bits == 4:
@@ -164,7 +175,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
                         zero = T.cast(Z[k0 // group_size, col], "float32") if zeros else None
                         part = 0.0
                         for i in range(8):
-                            part = part + _nibble(word, i, zero) * \
+                            part = part + _nibble(word, i, zero, magic) * \
                                 T.cast(X[row, k0 + i], "float32")
                         total = total + part * T.cast(S[k0 // group_size, col], "float32")
                     else:
@@ -200,10 +211,11 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
 
 def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, threads, stages,
                     splits=1):
-    """Y = X @ W.T in BM x BN tiles: per 64-deep K step, X's tile copied to shared memory and
-    W's eight words per column unpacked, scaled and cast into a 16-bit [64, BN] shared tile,
-    then T.gemm (tensor cores) accumulates in float32; `splits` > 1 splits K over a grid axis
-    into float32 partials (as the lanes form)."""
+    """Y = X @ W.T in BM x BN tiles: per 64-deep K step, X's tile and W's eight words per
+    column copied to shared memory (cp.async: the T.Pipelined loop runs them `stages` ahead),
+    the words unpacked, scaled and cast into a 16-bit [64, BN] shared tile, then T.gemm
+    (tensor cores) accumulates in float32; `splits` > 1 splits K over a grid axis into
+    float32 partials (as the lanes form)."""
     if bits != 4:
         raise ValueError("the tile form takes 4-bit weights")
     if K % (TILE_BK * splits) or group_size % TILE_BK:
@@ -223,20 +235,28 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
             bx, by = grid[0], grid[1]
             bz = grid[2] if splits > 1 else 0
             xs = T.alloc_shared((BM, TILE_BK), dtype)
+            wq = T.alloc_shared((TILE_BK // 8, BN), "int32")
             ws = T.alloc_shared((TILE_BK, BN), dtype)
+            word = T.alloc_var("int32")
             acc = T.alloc_fragment((BM, BN), "float32")
             T.clear(acc)
+            magic = _magic(Md)
             for kk in T.Pipelined(per, num_stages=stages):
                 k = bz * per + kk
                 T.copy(X[by * BM, k * TILE_BK], xs)
+                T.copy(Wq[k * (TILE_BK // 8), bx * BN], wq)
+                g = k * TILE_BK // group_size
                 for kw, n in T.Parallel(TILE_BK // 8, BN):
-                    col = bx * BN + n
-                    word = Wq[k * (TILE_BK // 8) + kw, col]
-                    g = k * TILE_BK // group_size
+                    word = wq[kw, n]  # one shared load for the word's eight values
+                    col = T.min(bx * BN + n, N - 1)
                     scale = T.cast(S[g, col], "float32")
-                    zero = T.cast(Z[g, col], "float32") if zeros else None
+                    zs = scale * (T.cast(Z[g, col], "float32") if zeros else 8.0)
                     for i in range(8):
-                        ws[kw * 8 + i, n] = T.cast(_nibble(word, i, zero) * scale, dtype)
+                        # (q * 16^j) * (scale * 16^-j) - zero * scale, one rounding: the
+                        # value (q - zero) * scale (j as in _nibble_at)
+                        j = i if i < 5 else i - 5
+                        ws[kw * 8 + i, n] = T.cast(
+                            _nibble_at(word, i, magic) * (scale * (1.0 / 16 ** j)) - zs, dtype)
                 T.gemm(xs, ws, acc)
             if splits > 1:
                 T.copy(acc, Y[bz, by * BM, bx * BN])

@@ -6,7 +6,7 @@ beside a plain copy of as many bytes, same process, same threads.
 
 bf16 q [B, H, D] over bf16 caches of B sequences of `blocks` x `block_size` tokens each
 (tiled/ops/paged.py's cache_problem: random distinct pages), one kernel per config: the
-op's CPU space (paged.py's CPU_SPACE) and a few wider token steps. GB/s count the cache
+op's CPU space (paged.py's CPU_SPACE), wider token steps and the 16-row tile. GB/s count the cache
 bytes read (keys and values); the reference is torch's copy_ of as many bytes (read and
 written, so its GB/s count both). Outputs are checked against the first config's.
 """
@@ -23,7 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_common import blas_threads, start, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRA = [{"BN": bn, "threads": 32, "splits": 1} for bn in (32, 64, 128)]
+# Wider token steps, and the 16-row tile (one MMA's, the CPU space's until 2026-12-04) that a
+# group of 4 heads fills a quarter of.
+EXTRA = [*({"BN": bn, "threads": 32, "splits": 1, "rows": r}
+           for bn in (32, 64, 128) for r in (16, "group")),
+         *({"BN": 16, "threads": 32, "splits": s, "rows": 16} for s in (1, 2))]
 
 
 def best_s(fn, repeat: int) -> float:

@@ -36,7 +36,10 @@ CUDA_SPACE = [{"BN": bn, "threads": t, "stages": st, "splits": s}
               for bn, t, st in ((32, 32, 2), (64, 32, 2), (32, 128, 2), (64, 128, 2),
                                 (64, 128, 3))
               for s in (1, 2, 4, 8, 16, 32, 64)]
-CPU_SPACE = [{"BN": 16, "threads": 32, "splits": 1}, {"BN": 16, "threads": 32, "splits": 2}]
+# On a CPU the row tile is the group (rows "group"): the T.gemm microkernel has no 16-row
+# MMA shape to fill, and padded rows cost as much as real ones (benchmarks/cpu/paged.py).
+CPU_SPACE = [{"BN": 16, "threads": 32, "splits": 1, "rows": "group"},
+             {"BN": 16, "threads": 32, "splits": 2, "rows": "group"}]
 
 
 def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, threads=32,
@@ -45,14 +48,17 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
     width are symbolic). KVS holds (k_scale, v_scale). splits == 1 writes Out directly;
     otherwise Part [B, H, splits, DV] and LSE [B, H, splits] (base 2) for paged_combine.
     `rows`: query heads per block (ROWS, or more so that a wide group reads the cache once:
-    MLA's 128 heads over one latent kv head); `dv`: the value head dim DV, V being the first
-    dv lanes of its cache's rows (MLA: 512 of the 576), D by default."""
+    MLA's 128 heads over one latent kv head; "group": the group's head count rounded up to a
+    power of two, at most ROWS); `dv`: the value head dim DV, V being the first dv lanes of
+    its cache's rows (MLA: 512 of the 576), D by default."""
     if H % KVH:
         raise ValueError(f"paged attention: {H} query heads do not group over {KVH} kv heads")
     if splits > 1 and splits > -(-MB * block_size // BN):
         raise ValueError(f"{splits} splits of a {MB * block_size}-token context leave some "
                          f"without a {BN}-token step")
     G = H // KVH
+    if rows == "group":
+        rows = min(ROWS, 1 << (G - 1).bit_length())
     rows, DV = rows or ROWS, dv or D
     HT = -(-G // rows)  # row tiles per kv head
     CB = min(BN, block_size)  # tokens per copy: one block's, or the whole step in one block

@@ -14,8 +14,11 @@
  *     shift), a transposed B is packed row-major; both cost O(MK + KN) against the O(MNK)
  *     products.
  *   - k is split into KC-long panels so the B panel a row of C blocks walks stays in L1.
- *   - Blocks at the edges (M % MR, N % NR) compute into a zeroed scratch block from a
- *     zero-padded B panel and add only the valid part.
+ *   - The last M % MR rows run a microkernel compiled for that row count; the last N % NR
+ *     columns compute into a zeroed scratch block from a zero-padded B panel and add only
+ *     the valid part.
+ *   - Fewer than MR rows against a transposed B (attention's q @ k^T at decode) skip the
+ *     microkernel: each column of B is converted once and dotted with A's rows.
  *
  * The vector width and MR follow the compiler flags the shim is built with (the target's
  * level, tiled.runtime.cpu_levels): 64-byte vectors with AVX-512 (8 x 32 block: 16 of 32
@@ -146,36 +149,55 @@ static inline __attribute__((always_inline)) vf splat(float x) {
   return __builtin_shuffle((vf){x}, (vi){0});
 }
 
-/* c[r * ldc + j] += sum_p a_r[p * a_cs] * b[p * ldb + j] for r < MR, j < NR. */
+/* c[r * ldc + j] += sum_p a_r[p * a_cs] * b[p * ldb + j] for r < rows, j < NR; `rows` (at
+   most MR) is a constant where this is inlined, so each row count gets its own code. */
 static inline __attribute__((always_inline)) void micro(long kc, const float* const* a_rows,
                                                         long a_cs, const float* b, long ldb,
-                                                        float* c, long ldc) {
+                                                        float* c, long ldc, const int rows) {
   vf acc[MR][2];
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = (vf){0};
+  for (int r = 0; r < rows; ++r) acc[r][0] = acc[r][1] = (vf){0};
   for (long p = 0; p < kc; ++p) {
     vf b0 = *(const vf_unaligned*)(b + p * ldb);
     vf b1 = *(const vf_unaligned*)(b + p * ldb + VL);
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
+    for (int r = 0; r < rows; ++r) {
       vf a = splat(a_rows[r][p * a_cs]);
       acc[r][0] += a * b0;
       acc[r][1] += a * b1;
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
+  for (int r = 0; r < rows; ++r) {
     *(vf_unaligned*)(c + r * ldc) += acc[r][0];
     *(vf_unaligned*)(c + r * ldc + VL) += acc[r][1];
   }
 }
 
+#define MICRO_CASE(n) \
+  case n:             \
+    micro(kc, a_rows, a_cs, b, ldb, c, ldc, n); \
+    return;
+
+/* micro over `rows` rows (1 .. MR), A's columns contiguous or not. */
 static void micro_any(long kc, const float* const* a_rows, long a_cs, const float* b, long ldb,
-                      float* c, long ldc) {
-  if (a_cs == 1)
-    micro(kc, a_rows, 1, b, ldb, c, ldc);
-  else
-    micro(kc, a_rows, a_cs, b, ldb, c, ldc);
+                      float* c, long ldc, int rows) {
+  if (a_cs == 1) {
+    a_cs = 1; /* (a constant below: contiguous broadcasts) */
+    switch (rows) {
+      MICRO_CASE(1) MICRO_CASE(2) MICRO_CASE(3) MICRO_CASE(4) MICRO_CASE(5) MICRO_CASE(6)
+#if MR > 6
+      MICRO_CASE(7) MICRO_CASE(8)
+#endif
+    }
+  } else {
+    switch (rows) {
+      MICRO_CASE(1) MICRO_CASE(2) MICRO_CASE(3) MICRO_CASE(4) MICRO_CASE(5) MICRO_CASE(6)
+#if MR > 6
+      MICRO_CASE(7) MICRO_CASE(8)
+#endif
+    }
+  }
 }
 
 /* One KC panel: c (m x n, row stride ldc) += a (m x kc, strides a_rs / a_cs) @ b (kc x n, row
@@ -198,15 +220,42 @@ static void panel(float* c, long ldc, const float* a, long a_rs, long a_cs, cons
     }
     for (long i0 = 0; i0 < m; i0 += MR) {
       long mr = m - i0 < MR ? m - i0 : MR;
-      for (int r = 0; r < MR; ++r) rows[r] = a + (i0 + (r < mr ? r : 0)) * a_rs;
-      if (mr == MR && nr == NR) {
-        micro_any(kc, rows, a_cs, bp, ldbp, c + i0 * ldc + j0, ldc);
+      for (int r = 0; r < mr; ++r) rows[r] = a + (i0 + r) * a_rs;
+      if (nr == NR) {
+        micro_any(kc, rows, a_cs, bp, ldbp, c + i0 * ldc + j0, ldc, (int)mr);
         continue;
       }
       memset(edge_c, 0, sizeof edge_c);
-      micro_any(kc, rows, a_cs, bp, ldbp, edge_c, NR);
+      micro_any(kc, rows, a_cs, bp, ldbp, edge_c, NR, (int)mr);
       for (long r = 0; r < mr; ++r)
         for (long j = 0; j < nr; ++j) c[(i0 + r) * ldc + j0 + j] += edge_c[r * NR + j];
+    }
+  }
+}
+
+/* Few rows of C and a transposed B (attention's q @ k^T at decode: a handful of query rows
+   against many keys): each of B's columns (a contiguous row of B^T) is converted once and
+   dotted with every row of A, VL products at a time, instead of packing B for the
+   microkernel, whose MR rows the few rows would leave mostly empty. `a` float32 with
+   contiguous rows (a_cs == 1); `col` scratch for k floats. */
+static void gemm_dots(float* c, long ldc, const float* a, long a_rs, const void* b, long b_cs,
+                      int b_dtype, long m, long n, long k, float* col) {
+  long esz = b_dtype == kF32 ? 4 : 2;
+  for (long j = 0; j < n; ++j) {
+    convert(col, (const char*)b + (size_t)j * b_cs * esz, b_dtype, k);
+    for (long i = 0; i < m; ++i) {
+      const float* ar = a + i * a_rs;
+      vf acc0 = (vf){0}, acc1 = (vf){0};
+      long p = 0;
+      for (; p + 2 * VL <= k; p += 2 * VL) {
+        acc0 += *(const vf_unaligned*)(ar + p) * *(const vf_unaligned*)(col + p);
+        acc1 += *(const vf_unaligned*)(ar + p + VL) * *(const vf_unaligned*)(col + p + VL);
+      }
+      acc0 += acc1;
+      float sum = 0;
+      for (int l = 0; l < VL; ++l) sum += acc0[l];
+      for (; p < k; ++p) sum += ar[p] * col[p];
+      c[i * ldc + j] += sum;
     }
   }
 }
@@ -230,9 +279,22 @@ HIDDEN void tiled_gemm_f32(float* c, int32_t ldc, const void* a, int32_t a_rs, i
                            int32_t b_dtype, int32_t m, int32_t n, int32_t k) {
   if (m <= 0 || n <= 0 || k <= 0) return;
   long a_span = (long)(m - 1) * a_rs + (long)(k - 1) * a_cs + 1;
+  if (m < MR && a_cs == 1 && b_rs == 1 && b_cs >= k) { /* few rows, B transposed */
+    float* buf = scratch_of((a_dtype == kF32 ? 0 : (size_t)a_span) + (size_t)k);
+    if (buf != NULL) {
+      const float* af = (const float*)a;
+      if (a_dtype != kF32) {
+        convert(buf, a, a_dtype, a_span);
+        af = buf;
+        buf += a_span;
+      }
+      gemm_dots(c, ldc, af, a_rs, b, b_cs, b_dtype, m, n, k, buf);
+      return;
+    }
+  }
   int b_direct = b_dtype == kF32 && b_cs == 1;
   long ldb = b_direct ? b_rs : ((long)n + VL - 1) / VL * VL;
-  size_t need = (a_dtype == kF32 ? 0 : (size_t)a_span) + (b_direct ? 0 : (size_t)k * ldb);
+  size_t need = (a_dtype == kF32 ? 0 : (size_t)a_span) + (b_direct ? 0 : (size_t)k * ldb + k);
   float* buf = need ? scratch_of(need) : NULL;
   if (need && buf == NULL) {
     gemm_plain(c, ldc, a, a_rs, a_cs, a_dtype, b, b_rs, b_cs, b_dtype, m, n, k);
@@ -250,7 +312,14 @@ HIDDEN void tiled_gemm_f32(float* c, int32_t ldc, const void* a, int32_t a_rs, i
       for (long p = 0; p < k; ++p)
         convert(buf + p * ldb, (const char*)b + (size_t)p * b_rs * (b_dtype == kF32 ? 4 : 2),
                 b_dtype, n);
-    } else { /* transposed: B's columns are contiguous; write them as rows */
+    } else if (b_rs == 1 && b_cs >= k) { /* transposed, columns contiguous: each converted
+                                              into row k of the scratch, then spread */
+      float* col = buf + k * ldb;
+      for (long j = 0; j < n; ++j) {
+        convert(col, (const char*)b + (size_t)j * b_cs * (b_dtype == kF32 ? 4 : 2), b_dtype, k);
+        for (long p = 0; p < k; ++p) buf[p * ldb + j] = col[p];
+      }
+    } else {
       for (long j = 0; j < n; ++j)
         for (long p = 0; p < k; ++p) buf[p * ldb + j] = element(b, b_dtype, j * b_cs + p * b_rs);
     }

@@ -45,6 +45,11 @@ CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s,
                 for bm in (1, 2) for bn, t, kg in ((512, 256, 2), (512, 512, 4), (1024, 512, 2),
                                                     (512, 1024, 8), (256, 512, 8))
                 for s in (4, 8, 16) for xs in (0, 1)),
+              # twice the bytes in flight a lane, tokens staged
+              *({"kind": "lanes", "BM": 1, "BN": bn, "threads": t, "splits": s, "WPI": 4,
+                 "KG": kg, "XS": 1}
+                for bn, t, kg in ((512, 512, 4), (512, 1024, 8), (256, 512, 8))
+                for s in (2, 4, 8, 16)),
               *({"kind": "tile", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
                 for bm in (16, 64, 128) for bn, t in ((128, 128), (256, 256))
                 for s in (1, 4, 8))]

@@ -257,8 +257,8 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
                     scale = T.cast(S[g, col], "float32")
                     zs = scale * (T.cast(Z[g, col], "float32") if zeros else 8.0)
                     for i in range(8):
-                        # (q * 16^j) * (scale * 16^-j) - zero * scale, one rounding: the
-                        # value (q - zero) * scale (j as in _nibble_at)
+                        # (q * 16^j) * (scale * 16^-j) - zero * scale: (q - zero) * scale
+                        # (j as in _nibble_at; one rounding for the symmetric zero 8)
                         j = i if i < 5 else i - 5
                         ws[kw * 8 + i, n] = T.cast(
                             _nibble_at(word, i, magic) * (scale * (1.0 / 16 ** j)) - zs, dtype)

@@ -174,30 +174,33 @@ static inline __attribute__((always_inline)) void micro(long kc, const float* co
   }
 }
 
-#define MICRO_CASE(n) \
-  case n:             \
-    micro(kc, a_rows, a_cs, b, ldb, c, ldc, n); \
-    return;
+#if MR > 6
+#define MICRO_ROWS_7_8(A_CS) \
+  case 7: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 7); return; \
+  case 8: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 8); return;
+#else
+#define MICRO_ROWS_7_8(A_CS)
+#endif
+/* One switch over the row count, A's column stride A_CS (1: a constant, so the
+   broadcasts address contiguously). */
+#define MICRO_ROWS(A_CS)                                       \
+  switch (rows) {                                              \
+    case 1: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 1); return; \
+    case 2: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 2); return; \
+    case 3: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 3); return; \
+    case 4: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 4); return; \
+    case 5: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 5); return; \
+    case 6: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 6); return; \
+    MICRO_ROWS_7_8(A_CS)                                       \
+  }
 
 /* micro over `rows` rows (1 .. MR), A's columns contiguous or not. */
 static void micro_any(long kc, const float* const* a_rows, long a_cs, const float* b, long ldb,
                       float* c, long ldc, int rows) {
-  if (a_cs == 1) {
-    a_cs = 1; /* (a constant below: contiguous broadcasts) */
-    switch (rows) {
-      MICRO_CASE(1) MICRO_CASE(2) MICRO_CASE(3) MICRO_CASE(4) MICRO_CASE(5) MICRO_CASE(6)
-#if MR > 6
-      MICRO_CASE(7) MICRO_CASE(8)
-#endif
-    }
-  } else {
-    switch (rows) {
-      MICRO_CASE(1) MICRO_CASE(2) MICRO_CASE(3) MICRO_CASE(4) MICRO_CASE(5) MICRO_CASE(6)
-#if MR > 6
-      MICRO_CASE(7) MICRO_CASE(8)
-#endif
-    }
-  }
+  if (a_cs == 1)
+    MICRO_ROWS(1)
+  else
+    MICRO_ROWS(a_cs)
 }
 
 /* One KC panel: c (m x n, row stride ldc) += a (m x kc, strides a_rs / a_cs) @ b (kc x n, row

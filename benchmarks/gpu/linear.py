@@ -20,6 +20,8 @@ at commit 73d750a, when this script's kernels had a static M):
 
 Here (the CPU machine, with TVM):
     python benchmarks/gpu/linear.py build --out .gpu/linear
+(`LINEAR_MS=1024,4096` builds those token counts only, `LINEAR_CANDIDATES=tile_128,per_op`
+the candidates whose names start so; `run` times the sizes the bundle holds.)
 There (device tool, carry=[".gpu"]; thin runtime only):
     python3 benchmarks/gpu/linear.py run --bundle .gpu/linear --out $OUT/linear_h200.json
 
@@ -86,10 +88,11 @@ def candidates(M, N, K) -> dict:
         if M >= 64 or BM == 64:
             out[f"tile_{BM}x{BN}_t{threads}"] = ("tile", (BM, BN, threads), {})
     if M >= 1024:
-        for persistent in (1, 2):
-            out[f"per_op_128x256_t256_p{persistent}"] = (
-                "tile", (128, 256, 256), {"whole_kernel_paths": False,
-                                          "persistent": persistent})
+        for BN in (256, 128):
+            for persistent in (1, 2):
+                out[f"per_op_128x{BN}_t256_p{persistent}"] = (
+                    "tile", (128, BN, 256), {"whole_kernel_paths": False,
+                                             "persistent": persistent})
     if M <= 128:
         BX = 64 if M <= 64 else 128
         for BW, threads in ((128, 256), (64, 128)):
@@ -100,7 +103,17 @@ def candidates(M, N, K) -> dict:
 
 
 def sizes():
-    return [(M, N, K) for N, K in WEIGHTS for M in MS]
+    """Every size, or those whose M is in $LINEAR_MS (a comma list) when it is set."""
+    ms = [int(m) for m in os.environ["LINEAR_MS"].split(",")] if os.environ.get("LINEAR_MS") \
+        else MS
+    return [(M, N, K) for N, K in WEIGHTS for M in ms]
+
+
+def wanted(cname: str) -> bool:
+    """Whether candidate `cname` is built: all, or those starting with a prefix in
+    $LINEAR_CANDIDATES (a comma list) when it is set."""
+    prefixes = os.environ.get("LINEAR_CANDIDATES")
+    return not prefixes or cname.startswith(tuple(prefixes.split(",")))
 
 
 def size_name(M, N, K) -> str:
@@ -112,6 +125,8 @@ def build(out: Path) -> None:
     index = {}
     for M, N, K in sizes():
         for cname, (kind, args, options) in candidates(M, N, K).items():
+            if not wanted(cname):
+                continue
             name = f"{size_name(M, N, K)}__{cname}"
             factory = tile_kernel if kind == "tile" else swap_kernel
             try:
@@ -126,7 +141,9 @@ def build(out: Path) -> None:
                                "error": f"{type(e).__name__}: {e}"[:500]}
             print(name, index[name], flush=True)
     (out / "index.json").write_text(json.dumps({
-        "command": f"python benchmarks/gpu/linear.py build --out {out}",
+        "command": " ".join([f"{v}={os.environ[v]}" for v in ("LINEAR_MS", "LINEAR_CANDIDATES")
+                             if os.environ.get(v)]
+                            + [f"python benchmarks/gpu/linear.py build --out {out}"]),
         "machine": machine(), "target": TARGET, "kernels": index}, indent=1))
 
 
@@ -209,7 +226,8 @@ def run(bundle: Path, out: Path) -> None:
     for name in hung:
         index["kernels"][name]["error"] = "hung in the smoke run"
     rows = {}
-    for M, N, K in sizes():
+    built = {(m["M"], m["N"], m["K"]) for m in index["kernels"].values()}
+    for M, N, K in [(m, n, k) for n, k in WEIGHTS for m in MS + (8192,) if (m, n, k) in built]:
         mine = {n: dict(m, shape=[M, N, K]) for n, m in index["kernels"].items()
                 if (m["M"], m["N"], m["K"]) == (M, N, K)}
         env = dict(os.environ, **{ONE_SIZE_ENV: json.dumps(mine)})

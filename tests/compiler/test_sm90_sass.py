@@ -80,6 +80,27 @@ def test_big_tiles_fed_by_a_producer_warpgroup(tmp_path, name):
     _no_local(text)
 
 
+def test_accumulator_epilogues_store_vectors(tmp_path):
+    """T.copy(acc, C[...]) from a wgmma accumulator to global memory writes vectors, not one
+    element per slot: 16 bytes a lane for a 16-bit C (a quad transposes its words;
+    tiled.ops' y = x W^T on the per-op path), 8 for a float32 C (gemm_nt's)."""
+    import tiled
+    from tiled.ops.gemm import linear_kernel
+
+    case = load_all()["gemm_nt"]
+    text = sass(tiled.compile(case.factory(**case.gpu).kernel, target="cuda:sm_90a",
+                              cache=False).artifact, tmp_path)
+    assert re.search(r"\bSTG\.E\.64\b", text)
+    _no_local(text)
+    k = linear_kernel(4096, 4096, 4096, "bfloat16", "bfloat16", kind="tile", BM=128, BN=256,
+                      threads=256)
+    text = sass(tiled.compile(k, target="cuda:sm_90a", cache=False,
+                              whole_kernel_paths=False).artifact, tmp_path)
+    assert re.search(r"\bSTG\.E\.128\b", text)
+    _tma_fed(text)
+    _no_local(text)
+
+
 @pytest.mark.parametrize("name,shape", [
     ("rms_norm", {"M": 64, "N": 4096, "blk_m": 1}),
     ("softmax", {"M": 64, "N": 4096, "blk_m": 1}),

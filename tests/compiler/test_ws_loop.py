@@ -173,7 +173,7 @@ def test_pingpong_is_an_option():
     kernel = case.factory(**case.gpu).kernel
     plain, _, low = _lower(kernel)
     assert "turn_" not in plain and not low.wsloop.pingpong
-    turns, _, low = _lower(kernel, pingpong=True)
+    turns, _, low = _lower(kernel, pingpong=True, persistent=1)  # one loop nest to read
     assert low.wsloop.pingpong
     assert turns.count("tiled::sm90::turn_first()") == turns.count("tiled::sm90::turn_last()") \
         == 1
@@ -229,16 +229,16 @@ def test_gemms_stay_in_flight_until_something_needs_them():
 
 
 def test_blocks_walk_the_grid_when_they_run_alike():
-    """With the option persistent=2, min(blocks, SMs) blocks walk the program's blocks (the
-    ring's stages and phases carry on from block to block, so the producer loads the next
-    block's tiles while the consumers finish this one). Off by default until it has run on
-    the H200 (ws_loop.PERSISTENT_BY_DEFAULT)."""
+    """min(blocks, SMs) blocks walk the program's blocks (the ring's stages and phases carry
+    on from block to block, so the producer loads the next block's tiles while the
+    consumers finish this one): by default where every block runs the loop alike
+    (ws_loop.PERSISTENT_BY_DEFAULT, after the H200 runs it names), not for a causal loop;
+    the option persistent=2 / 1 forces it on / off."""
     from tests.conformance.cases import load_all
-    from tiled.compiler.targets.cuda import ws_loop
 
     cases = load_all()
-    on = ws_loop.PERSISTENT_BY_DEFAULT
-    for name, options, persistent in (("mha_fwd_bshd", {}, on),
+    for name, options, persistent in (("mha_fwd_bshd", {}, True),
+                                      ("gemm_nt", {}, True),
                                       ("mha_fwd_bshd_causal", {}, False),
                                       ("mha_fwd_bshd_causal", {"persistent": 2}, True),
                                       ("mha_fwd_bshd", {"persistent": 2}, True),

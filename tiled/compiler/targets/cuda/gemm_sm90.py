@@ -26,6 +26,7 @@ statement, except in a loop fed by a TMA producer, where wgmma_waits.py lets it 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tvm import tirx
@@ -34,6 +35,7 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.passes.layout import ravel
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout
+from tiled.compiler.tir import global_extent
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.walk import walk
@@ -189,3 +191,51 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
         pa = T.address_of(low.tir[g.a][panel_index(low, g.a, a_idx)])
         name = f"tiled::sm90::wgmma_rows{issue}<{ct}, {WM}, {BM}, {BN}, {K}, {kmajor}{turn}>"
     T.evaluate(T.call_extern("void", name, pa, pb_, T.address_of(acc[0])))
+
+
+def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: int,
+                   *extra) -> bool:
+    """The whole wgmma-layout fragment `acc` (rows x cols) to a global tile (fp16, bf16 or
+    float32) of one row dim and the last dim, every other dim of extent 1 (Out[b, h, rows,
+    :]; or Out[b, rows, h, :], the dims between static), with `template`::store's vector
+    stores (store_acc_global); False when the copy is not that (it is then lowered
+    generically)."""
+    dst = low.buffers[c.dst.buffer]
+    dt = dtypes.canonical_name(dst.dtype)
+    ext = list(c.dst.extents)
+    rank = len(dst.shape)
+    if dst.scope != pb.GLOBAL or rank < 2 or dt not in ("float16", "bfloat16", "float32") or \
+            ext[-1] != cols or \
+            any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
+        return False
+    wide = [d for d, e in enumerate(ext[:-1]) if e != 1]  # the row dim (none: one row)
+    r = wide[0] if wide else rank - 2
+    if len(wide) > 1 or ext[r] != rows:
+        return False
+    between = list(dst.shape)[r + 1:]
+    if r < rank - 2 and any(d.WhichOneof("kind") != "size" for d in between):
+        return False
+    offsets = [low.expr(o) for o in c.dst.offsets]
+    m, n = global_extent(low, dst, r), global_extent(low, dst, rank - 1)
+    ld = tirx.Cast("int64", n) if r == rank - 2 else \
+        tirx.const(math.prod(d.size for d in between), "int64")
+    zero = tirx.const(0, "int32")
+    base = T.address_of(low.tir[dst.id][tuple(zero if d in (r, rank - 1) else o
+                                              for d, o in enumerate(offsets))])
+    T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>",
+                             T.address_of(low.tir[acc][0]), base, ld, offsets[r],
+                             offsets[-1], m, n, *extra))
+    return True
+
+
+def store_wgmma_fragment(low, c: pb.Copy) -> bool:
+    """A whole float32 wgmma accumulator (WgmmaLayout) to a global tile: each warpgroup's
+    rows by quad-transposed 16-byte stores for 16-bit outputs, by pairs (8 bytes) for
+    float32 (tiled_sm90.h, WgmmaTile::store), instead of one element per slot. False when
+    the copy is not that."""
+    src = low.buffers[c.src.buffer]
+    lay = low.layouts.get(src.id) if src.scope == pb.FRAGMENT else None
+    if not isinstance(lay, WgmmaLayout) or dtypes.canonical_name(src.dtype) != "float32":
+        return False
+    return store_acc_tile(low, c, f"tiled::sm90::WgmmaTile<{lay.M}, {lay.N}, {lay.nwg}>",
+                          src.id, lay.M, lay.N, tirx.floordiv(low.tx, 128))

@@ -47,6 +47,7 @@ from tiled.compiler.targets.cuda.gemm_sm90 import (
     lower_wgmma,
     panel_index,
     plan_wgmma,
+    store_wgmma_fragment,
 )
 from tiled.compiler.targets.cuda.layouts import (
     ROWS_LAYOUTS,
@@ -467,6 +468,8 @@ class CudaLowering(ExprLowering):
         if self.attn is not None and c.dst.buffer == self.attn.q:
             return stmt_q_copy(self)
         if self.attn is not None and c.src.buffer == self.attn.o and store_attn_tile(self, c):
+            return
+        if store_wgmma_fragment(self, c):
             return
         vec = self.copy_vector(c)
         if vec:

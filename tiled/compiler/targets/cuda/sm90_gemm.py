@@ -41,9 +41,9 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
 from tiled.compiler.targets.cuda.cnames import CTYPE
+from tiled.compiler.targets.cuda.gemm_sm90 import store_acc_tile
 from tiled.compiler.targets.cuda.layouts import MmaLayout, WgmmaLayout
 from tiled.compiler.targets.cuda.tma import tma_requirements
-from tiled.compiler.tir import global_extent
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.walk import element_accesses, expr_vars, walk
@@ -327,39 +327,6 @@ def lower_ws_producer(low, tmap_a, tmap_b) -> None:
         T.evaluate(T.call_extern("void", f"{ws_template(low)}::produce", ring(low),
                                  base + k, tmap_a, tmap_b, a[1], a[0], b[1], b[0]))
     T.buffer_store(low.ws_k, base + n, [0])
-
-def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: int) -> bool:
-    """The whole wgmma-layout fragment `acc` (rows x cols) to a 16-bit global tile of one
-    row dim and the last dim, every other dim of extent 1 (Out[b, h, rows, :]; or
-    Out[b, rows, h, :], the dims between static), with `template`::store's 16-byte stores;
-    False when the copy is not that (it is then lowered generically)."""
-    dst = low.buffers[c.dst.buffer]
-    dt = dtypes.canonical_name(dst.dtype)
-    ext = list(c.dst.extents)
-    rank = len(dst.shape)
-    if dst.scope != pb.GLOBAL or rank < 2 or dt not in ("float16", "bfloat16") or \
-            ext[-1] != cols or \
-            any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
-        return False
-    wide = [d for d, e in enumerate(ext[:-1]) if e != 1]  # the row dim (none: one row)
-    r = wide[0] if wide else rank - 2
-    if len(wide) > 1 or ext[r] != rows:
-        return False
-    between = list(dst.shape)[r + 1:]
-    if r < rank - 2 and any(d.WhichOneof("kind") != "size" for d in between):
-        return False
-    offsets = [low.expr(o) for o in c.dst.offsets]
-    m, n = global_extent(low, dst, r), global_extent(low, dst, rank - 1)
-    ld = tirx.Cast("int64", n) if r == rank - 2 else \
-        tirx.const(math.prod(d.size for d in between), "int64")
-    zero = tirx.const(0, "int32")
-    base = T.address_of(low.tir[dst.id][tuple(zero if d in (r, rank - 1) else o
-                                              for d, o in enumerate(offsets))])
-    T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>",
-                             T.address_of(low.tir[acc][0]), base, ld, offsets[r],
-                             offsets[-1], m, n))
-    return True
-
 
 def store_ws_tile(low, c: pb.Copy) -> bool:
     """The GEMM accumulator to a 2-D global tile with WsGemm::store (store_acc_tile)."""

@@ -36,9 +36,9 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
   launch order, and the short ones then fill the tail instead of the long ones (not
   measured apart from the rest of this path);
 - the body's wgmma gemms run on until a statement needs them (wgmma_waits.py);
-- with the compile option persistent=2, min(blocks, SMs) blocks walk the program's blocks,
-  the ring's stages and phases carried from one to the next (`_blocks`; opt-in,
-  PERSISTENT_BY_DEFAULT says why).
+- min(blocks, SMs) blocks walk the program's blocks, the ring's stages and phases carried
+  from one to the next (`_blocks`): by default where every block runs the loop alike
+  (PERSISTENT_BY_DEFAULT says why), or as the compile option `persistent` says.
 
 The ring has the loop's num_stages stages, at least 2, and up to MIN_RING where shared
 memory holds them (half of it for a one-warpgroup program); where two stages do not fit,
@@ -289,14 +289,16 @@ def _stage_phase(w: WsLoop, k):
     return stage, tirx.Cast("uint32", tirx.floormod(tirx.floordiv(k, w.stages), 2))
 
 
-# The plan's choice of persistent walks (the compile option `persistent` = 0). Off: on the
-# H200 (benchmarks/results/tl_attention_h200.json, `_persistent_on` rows) it matched one
-# block per program block on non-causal attention (within +-1%) and lost up to 25% on
-# causal (which the rule below already excludes); on the generic path's y = x W^T GEMMs
-# (linear_h200.json, `per_op_128x256_t256_p1` / `_p2`) it won 5-10 points (0.75-0.93x
-# F.linear against 0.65-0.87x). Still off until the conformance kernels have run on the H200
-# with it on: only those two kernels have run it there.
-PERSISTENT_BY_DEFAULT = False
+# The plan's choice of persistent walks (the compile option `persistent` = 0): on, for loops
+# whose trip count is the same in every block. On the H200 with it on, every conformance
+# kernel stayed correct and moved by -0.6..+1.9 points against torch (benchmarks/results/
+# conformance_h200_persistent_on.json beside _persistent_off.json, one run each), and the
+# generic path's y = x W^T GEMMs ran 1.00-1.41x as fast as one block per program block
+# (linear_perop_h200.json, `per_op_*_p1` / `_p2`); on TileLang-style attention it had
+# matched one block per program block (within +-1%, tl_attention_h200.json,
+# `_persistent_on`). Causal loops (trip count by block) are left to the hardware's block
+# order, longest first, which balanced them better (it lost up to 25% there).
+PERSISTENT_BY_DEFAULT = True
 
 
 def persistent_choice(low, option: int) -> bool:

@@ -534,8 +534,17 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
 template <typename T>
 struct pair_of;
+template <>
+struct pair_of<float> {
+  using type = float2;
+  __device__ __forceinline__ static float2 make(float a, float b) { return make_float2(a, b); }
+};
 template <>
 struct pair_of<half> {
   using type = half2;
@@ -582,12 +591,13 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
 // Elements with row >= m or col >= n are skipped.  All 128 threads must call
 // it (it shuffles within quads).
 //
-// Fast path (C, ldc and col0 16-byte aligned, i.e. multiples of 8 elements):
-// a quad transposes its 4 x 4 words so each lane owns 8 consecutive columns
-// and writes them with one 16-byte store; a warp's store then covers 8 rows
-// x 64 contiguous bytes instead of 8 rows x 16 bytes (4x fewer store
-// instructions, whole 32-byte sectors).  Otherwise, pairs of columns go out
-// as 32-bit stores where 4-byte aligned, else element by element.
+// T: half, bfloat16 or float. Fast path for 16-bit T (C, ldc and col0 16-byte
+// aligned, i.e. multiples of 8 elements): a quad transposes its 4 x 4 words so
+// each lane owns 8 consecutive columns and writes them with one 16-byte store;
+// a warp's store then covers 8 rows x 64 contiguous bytes instead of 8 rows x
+// 16 bytes (4x fewer store instructions, whole 32-byte sectors).  Otherwise,
+// pairs of columns go out as one store (4 bytes, or 8 for float) where so
+// aligned, else element by element.
 template <typename T, int N>
 __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, int64_t ldc,
                                                  int row0, int col0, int m, int n) {
@@ -595,9 +605,9 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
   const int t = threadIdx.x & 127;
   const int q = t & 3;
   const int row_base = row0 + 16 * (t >> 5) + ((t & 31) >> 2);
-  const bool vec16 = N % 32 == 0 && ((ldc | col0) & 7) == 0 &&
+  const bool vec16 = sizeof(T) == 2 && N % 32 == 0 && ((ldc | col0) & 7) == 0 &&
                      (reinterpret_cast<uint64_t>(C) & 15) == 0;  // whole groups of 32 columns
-  if (vec16) {
+  if constexpr (sizeof(T) == 2) if (vec16) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int gr = row_base + 8 * half;
@@ -629,7 +639,8 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
     }
     return;
   }
-  const bool paired = ((ldc | col0) & 1) == 0 && (reinterpret_cast<uint64_t>(C) & 3) == 0;
+  const bool paired = ((ldc | col0) & 1) == 0 &&
+                      (reinterpret_cast<uint64_t>(C) & (2 * sizeof(T) - 1)) == 0;
 #pragma unroll
   for (int i = 0; i < N / 2; i += 2) {
     int r, c;
@@ -645,6 +656,25 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
     }
   }
 }
+
+// A wgmma accumulator fragment of the per-op lowering (gemm_sm90.py: WgmmaLayout(M, N, NWG))
+// to a global tile of half, bfloat16 or float: warpgroup w holds rows [w * M / NWG, ...) as M / NWG / 64 blocks
+// of N / 2 floats per thread, each written by store_acc_global. `wg`: the calling thread's
+// warpgroup among the fragment's threads (a T.ws region's threads start past 0); those past
+// the NWG warpgroups hold none of it.
+template <int M, int N, int NWG>
+struct WgmmaTile {
+  static_assert(M % (64 * NWG) == 0, "WgmmaTile: M / NWG a multiple of 64");
+  template <typename TC>
+  __device__ __forceinline__ static void store(const float* acc, TC* C, int64_t ldc, int row0,
+                                               int col0, int m, int n, int wg) {
+    if (wg >= NWG) return;
+#pragma unroll
+    for (int h = 0; h < M / NWG / 64; ++h)
+      store_acc_global<TC, N>(*reinterpret_cast<const float(*)[N / 2]>(acc + h * (N / 2)), C,
+                              ldc, row0 + wg * (M / NWG) + 64 * h, col0, m, n);
+  }
+};
 
 // ---------------------------------------------------------------------------
 // 6. The warp-specialized GEMM pipeline the compiler emits (sm90_gemm.py)

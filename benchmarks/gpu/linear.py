@@ -227,7 +227,7 @@ def run(bundle: Path, out: Path) -> None:
         index["kernels"][name]["error"] = "hung in the smoke run"
     rows = {}
     built = {(m["M"], m["N"], m["K"]) for m in index["kernels"].values()}
-    for M, N, K in [(m, n, k) for n, k in WEIGHTS for m in MS + (8192,) if (m, n, k) in built]:
+    for M, N, K in sorted(built, key=lambda s: (WEIGHTS.index((s[1], s[2])), s[0])):
         mine = {n: dict(m, shape=[M, N, K]) for n, m in index["kernels"].items()
                 if (m["M"], m["N"], m["K"]) == (M, N, K)}
         env = dict(os.environ, **{ONE_SIZE_ENV: json.dumps(mine)})

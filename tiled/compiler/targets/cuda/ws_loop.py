@@ -289,27 +289,33 @@ def _stage_phase(w: WsLoop, k):
     return stage, tirx.Cast("uint32", tirx.floormod(tirx.floordiv(k, w.stages), 2))
 
 
-# The plan's choice of persistent walks (the compile option `persistent` = 0): on, for loops
-# whose trip count is the same in every block. On the H200 with it on, every conformance
-# kernel stayed correct and moved by -0.6..+1.9 points against torch (benchmarks/results/
-# conformance_h200_persistent_on.json beside _persistent_off.json, one run each), and the
-# generic path's y = x W^T GEMMs ran 1.00-1.41x as fast as one block per program block
-# (linear_perop_h200.json, `per_op_*_p1` / `_p2`); on TileLang-style attention it had
-# matched one block per program block (within +-1%, tl_attention_h200.json,
-# `_persistent_on`). Causal loops (trip count by block) are left to the hardware's block
-# order, longest first, which balanced them better (it lost up to 25% there).
+# The plan's choice of persistent walks (the compile option `persistent` = 0): on, for
+# loops of one wgmma gemm whose trip count is the same in every block. On the H200 with it
+# on for every such loop, every conformance kernel stayed correct and moved by -0.6..+1.9
+# points against torch (benchmarks/results/conformance_h200_persistent_on.json beside
+# _persistent_off.json, one run each), and the generic path's y = x W^T GEMMs ran
+# 1.00-1.41x as fast as one block per program block (linear_perop_h200.json, `per_op_*_p1`
+# / `_p2`); but TileLang-style attention at S = 16384 read 0.95x SDPA walked against 1.05x
+# with one block per program block (tl_attention_h200_persistent_default.json; at S = 4096
+# within the run's noise), so loops of two gemms keep one block per program block. Causal
+# loops (trip count by block) are left to the hardware's block order, longest first, which
+# balanced them better (walked, they lost 6-18% in that run).
 PERSISTENT_BY_DEFAULT = True
 
 
 def persistent_choice(low, option: int) -> bool:
     """Whether the kernel walks its blocks persistently: the compile option `persistent`
-    (1 off, 2 on), or for 0 the plan's choice: PERSISTENT_BY_DEFAULT where every block
-    runs the loop the same number of times (a causal loop's blocks differ, and the
-    hardware's block scheduler, longest first, balances them better than a fixed walk)."""
+    (1 off, 2 on), or for 0 the plan's choice: PERSISTENT_BY_DEFAULT for a loop of one
+    wgmma gemm (a GEMM's) that every block runs the same number of times (a causal loop's
+    blocks differ, and the hardware's block scheduler, longest first, balances them better
+    than a fixed walk; attention's two-gemm loops ran slower walked)."""
     if option:
         return option == 2
     block_vars = set(low.program.kernel.block_vars)
-    return PERSISTENT_BY_DEFAULT and not expr_vars([low.wsloop.loop.extent]) & block_vars
+    gemms = [st for st in body_statements(low.wsloop.loop.body)
+             if wgmma_gemm(st, low.wgmma_ops.accumulators) is not None]
+    return PERSISTENT_BY_DEFAULT and len(gemms) == 1 and \
+        not expr_vars([low.wsloop.loop.extent]) & block_vars
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """tiled.ops.linear_w4a16 on the H200 (issue 14's quantized GEMV table): GPTQ 4-bit weights
 (symmetric, group 128) at batch 1, 16, 64 for (K, N) = 4096 x 14336, 14336 x 4096 and
 8192 x 28672, fp16, beside F.linear on the dequantized fp16 weights (cuBLAS) in the same
-process; weight GB/s beside an in-place 512 MiB stream.
+process; weight GB/s beside an in-place 512 MiB stream. With QUANT_BITS=8 (build and run),
+tiled.ops.linear_w8a16 instead: int8 weights [N, K] with per-channel scales, same shapes.
 
 Here (the CPU machine, with TVM): every config of tiled.ops.quant's CUDA space per shape, and
 the splitk_sum kernels its split configs add their partials with
@@ -13,6 +14,7 @@ Each call graph-replayed GRAPH_CALLS times; medians of ROUNDS interleaved rounds
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +28,7 @@ TARGET = "cuda:sm_90a"
 SHAPES = [(4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 MS = (1, 16, 64)
 DTYPE, GROUP = "float16", 128
+BITS = int(os.environ.get("QUANT_BITS", "4"))  # 4: linear_w4a16, 8: linear_w8a16
 ROUNDS = 3
 GRAPH_CALLS = 20
 RW_FLOATS = 128 << 20
@@ -47,12 +50,12 @@ def build(out: Path) -> None:
     index = {}
     for K, N in SHAPES:
         for i, cfg in enumerate(quant.CUDA_SPACE):
-            if not any(quant._fits(cfg, m) for m in MS):
+            if not any(quant._fits(cfg, m, BITS) for m in MS):
                 continue  # a token tile no row of this run tunes
-            name = f"w4_{K}x{N}__c{i}"
+            name = f"w{BITS}_{K}x{N}__c{i}"
             try:
-                kernel = quant.quant_linear_kernel(cfg["BM"], N, K, DTYPE, DTYPE, 4, GROUP,
-                                                   False, **cfg)
+                kernel = quant.quant_linear_kernel(cfg["BM"], N, K, DTYPE, DTYPE, BITS,
+                                                   GROUP if BITS == 4 else 0, False, **cfg)
             except ValueError as e:  # a config this shape does not take (the tuner skips it)
                 print(name, "skipped:", e, flush=True)
                 continue
@@ -65,7 +68,8 @@ def build(out: Path) -> None:
                                   TARGET)
         index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
     (out / "index.json").write_text(json.dumps({
-        "command": f"python benchmarks/gpu/quant.py build --out {out}", "machine": machine(),
+        "command": ("QUANT_BITS=8 " if BITS == 8 else "") +
+        f"python benchmarks/gpu/quant.py build --out {out}", "machine": machine(), "bits": BITS,
         "target": TARGET, "kernels": index}, indent=1))
 
 
@@ -75,6 +79,39 @@ def _gptq(torch, q):
     for i in range(8):
         words |= q[i::8].to(torch.int64) << (4 * i)
     return (words - ((words >> 31) << 32)).to(torch.int32)
+
+
+def _row8(torch, K, N, M) -> dict:
+    """linear_w8a16's row: int8 W [N, K], per-channel fp16 scales."""
+    import torch.nn.functional as F
+
+    import tiled.ops as ops
+    from tiled.ops import quant
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randint(-128, 128, (N, K), device="cuda", generator=g).to(torch.int8)
+    scales = (torch.rand(N, device="cuda", generator=g) / K ** 0.5 / 64 + 1e-4).half()
+    w = (q.float() * scales.float()[:, None]).half()
+    x = torch.randn(M, K, device="cuda", generator=g).half()
+    y = ops.linear_w8a16(x, q, scales)  # tunes this bucket
+    ref = x.float() @ w.float().T
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    tuned = quant.QUANT_LINEAR.chosen[(TARGET, quant._bucket(M, N, K, DTYPE, DTYPE, 8, 0,
+                                                             False))]
+    rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
+    us = time_graphed(torch, {
+        "tiled": lambda: ops.linear_w8a16(x, q, scales),
+        "F.linear_fp16": lambda: F.linear(x, w), "rw_kernel": rw.neg_}, ROUNDS, GRAPH_CALLS)
+    wbytes = K * N + N * 2
+    row = {"K": K, "N": N, "M": M, "config": tuned.config, "us": us,
+           "vs_F_linear_fp16": us["F.linear_fp16"] / us["tiled"],
+           "weight_GB/s": wbytes / (us["tiled"] * 1e-6) / 1e9,
+           "stream_GB/s": 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9,
+           "rel_err_vs_dequantized": err}
+    print(f"w8a16 K={K:5d} N={N:5d} M={M:3d}: {us['tiled']:7.1f} us, "
+          f"{row['vs_F_linear_fp16']:.2f}x F.linear fp16, {row['weight_GB/s']:.0f} GB/s of "
+          f"weights, config {tuned.config}, err {err:.1e}", flush=True)
+    return row
 
 
 def _row(torch, K, N, M) -> dict:
@@ -126,7 +163,7 @@ def run(bundle: Path, out: Path) -> None:
     with tuning.prebuilt(pairs):
         for K, N in SHAPES:
             for M in MS:
-                rows.append(_row(torch, K, N, M))
+                rows.append((_row8 if index.get("bits") == 8 else _row)(torch, K, N, M))
                 torch.cuda.empty_cache()
     write_results(out, "quant.py", bundle, index, rounds=ROUNDS, graph_calls=GRAPH_CALLS,
                   rows=rows, tuning_stats=dict(tuning.STATS))

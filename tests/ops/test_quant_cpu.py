@@ -83,6 +83,36 @@ def test_w8a16_matches_the_dequantized_product(M):
     assert _rel(y, x.float() @ (q.float() * s.float()[:, None]).T) < 1e-2
 
 
+@pytest.mark.parametrize("M,splits", [(1, 1), (40, 2)])
+def test_the_w8a16_tile_form(M, splits):
+    """int8 W [N, K] copied along K into shared memory, cast to a 16-bit tile, T.gemm, the
+    channel scales after the loop: one token (decode) and 40 (a ragged token tile), 80
+    columns (a ragged column tile), split over K into float32 partials (quant._run)."""
+    import tiled
+
+    g = torch.Generator().manual_seed(5)
+    K, N = 256, 80
+    q = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+    s = (torch.rand(N, generator=g) / 64).to(torch.float16)
+    x = torch.randn(M, K, generator=g).to(torch.float16)
+    cfg = {"BM": 16, "BN": 32, "threads": 32, "stages": 2, "splits": splits}
+    kernel = quant.quant_linear_kernel(M, N, K, "float16", "float16", 8, 0, False,
+                                       kind="tile", **cfg)
+    y = torch.zeros(M, N, dtype=torch.float16)
+    quant._run(tiled.compile(kernel, target="cpu"), {"kind": "tile", **cfg},
+               [x, q.view(torch.int32), s, torch.zeros(1, dtype=torch.float16), y])
+    assert _rel(y, x.float() @ (q.float() * s.float()[:, None]).T) < 1e-2
+
+
+def test_w8a16_decodes_every_byte_exactly():
+    """Every int8 value, in every byte position of its word (sign-extended from the word),
+    times an identity of tokens and unit scales."""
+    K = 256
+    q = torch.stack([torch.arange(-128, 128).roll(r) for r in range(8)]).to(torch.int8)
+    y = ops.linear_w8a16(torch.eye(K).to(torch.float16), q, torch.ones(8, dtype=torch.float16))
+    assert torch.equal(y, q.T.to(torch.float16))
+
+
 def test_quantized_linears_refuse_bad_arguments():
     x = torch.zeros(2, 256, dtype=torch.bfloat16)
     qw = torch.zeros(32, 64, dtype=torch.int32)
@@ -129,3 +159,8 @@ def test_quantized_kernels_compile_for_sm90a():
                                                      128, False, kind="tile", BM=64, BN=128,
                                                      threads=128), target="cuda:sm_90a")
     assert "mma" in tile.source
+    tile8 = compile_program(quant.quant_linear_kernel(1, 4096, 4096, "float16", "float16", 8, 0,
+                                                      False, kind="tile", BM=16, BN=128,
+                                                      threads=128, splits=4),
+                            target="cuda:sm_90a")
+    assert "tiled::gemm_ss" in tile8.source  # the tensor cores (mma.sync at 16 rows)

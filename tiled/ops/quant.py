@@ -16,8 +16,9 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   weight vectors in registers and multiplying them by the block's tokens in float32 (no MMA:
   for decode the weights' bytes are the cost); `splits` > 1 splits K over a grid axis into
   float32 partials that tiled.ops' splitk_sum adds up, as tiled.ops.linear does;
-- `tile` (4-bit, from 8 tokens): the weights of each 64-deep K step unpacked into a 16-bit
-  shared tile that T.gemm multiplies with the tokens' tile; `splits` as the lanes form.
+- `tile` (4-bit from 8 tokens, 8-bit from 1): the weights of each 64-deep K step unpacked
+  into a 16-bit shared tile that T.gemm multiplies with the tokens' tile (8-bit: the
+  channel scales applied after the loop); `splits` as the lanes form.
 Both unpack a nibble without an int-to-float conversion (`_nibble`).
 """
 
@@ -93,11 +94,12 @@ def _nibble_at(word, i: int, magic):
     return f - 8388608.0
 
 
-def _fits(cfg: dict, M: int) -> bool:
-    """lanes: BM the power of two covering M (16 past 16 tokens); tile: from 8 tokens, BM at
-    most twice M's bucket."""
+def _fits(cfg: dict, M: int, bits: int = 4) -> bool:
+    """lanes: BM the power of two covering M (16 past 16 tokens); tile: BM at most twice M's
+    bucket, from 8 tokens for 4-bit weights (lanes read them at the memory's speed below
+    that) and from 1 for 8-bit ones (lanes walk a row of W [N, K] per lane: uncoalesced)."""
     if cfg.get("kind", "lanes") == "tile":
-        return M >= 8 and cfg["BM"] <= max(16, 2 * M)
+        return (M >= 8 or bits == 8) and cfg["BM"] <= max(16, 2 * M)
     m = min(M, 16)
     return m <= cfg["BM"] < 2 * m
 
@@ -107,8 +109,10 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
     """The kernel of one config (M only selects: the kernel's M is symbolic). bits 4: GPTQ
     words [K / 8, N] with group scales (and zeros); bits 8: int8 [N, K] with channel
     scales."""
-    if not _fits({"kind": kind, "BM": BM}, M):
+    if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
+    if kind == "tile" and bits == 8:
+        return _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits)
     if kind == "tile":
         return _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
                                threads, stages, splits)
@@ -269,6 +273,52 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
                 T.copy(acc, Y[by * BM, bx * BN])
 
     return linear_w4a16_tile
+
+
+def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1):
+    """Y = X @ W.T for int8 W [N, K] (as int32 words [N, K / 4]) in BM x BN tiles: per 64-deep
+    K step, X's tile and W's 64 bytes per row copied to shared memory (coalesced along K;
+    the T.Pipelined loop runs them `stages` ahead), the bytes cast into a 16-bit [BN, 64]
+    tile (exact: int8 values are 16-bit floats), T.gemm (tensor cores) with float32
+    accumulation, and each column's scale applied once, after the loop (per-channel scales
+    commute with the sum over K); `splits` > 1 as the other forms."""
+    if K % (TILE_BK * splits):
+        raise ValueError(f"K = {K} does not hold whole {TILE_BK}-deep steps in {splits} splits")
+    Md = T.dyn("M")
+    KW, WB = K // 4, TILE_BK // 4  # words per row of W, per step
+    per = K // TILE_BK // splits  # steps per split
+    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
+    extra = (splits,) if splits > 1 else ()
+
+    @tiled.kernel
+    def linear_w8a16_tile(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((N, KW), "int32"),
+                          S: T.Tensor((N,), dtype), Z: T.Tensor((1,), dtype), Y: out):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as grid:
+            bx, by = grid[0], grid[1]
+            bz = grid[2] if splits > 1 else 0
+            xs = T.alloc_shared((BM, TILE_BK), dtype)
+            wq = T.alloc_shared((BN, WB), "int32")
+            ws = T.alloc_shared((BN, TILE_BK), dtype)
+            word = T.alloc_var("int32")
+            acc = T.alloc_fragment((BM, BN), "float32")
+            T.clear(acc)
+            for kk in T.Pipelined(per, num_stages=stages):
+                k = bz * per + kk
+                T.copy(X[by * BM, k * TILE_BK], xs)
+                T.copy(Wq[bx * BN, k * WB], wq)
+                for n, kw in T.Parallel(BN, WB):
+                    word = wq[n, kw]  # one shared load for the word's four values
+                    for i in range(4):  # sign-extended bytes, lowest first
+                        ws[n, kw * 4 + i] = T.cast((word << (24 - 8 * i)) >> 24, dtype)
+                T.gemm(xs, ws, acc, transpose_B=True)
+            for m, n in T.Parallel(BM, BN):
+                v = acc[m, n] * T.cast(S[T.min(bx * BN + n, N - 1)], "float32")
+                if splits > 1:
+                    Y[bz, by * BM + m, bx * BN + n] = v
+                else:
+                    Y[by * BM + m, bx * BN + n] = T.cast(v, out_dtype)
+
+    return linear_w8a16_tile
 
 
 def _bucket(M, N, K, dtype, out_dtype, bits, group_size, zeros):

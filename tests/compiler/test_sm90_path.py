@@ -90,22 +90,28 @@ def test_explicit_tma_copies_need_launchable_strides():
 
 
 def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
-    """No warp specialization: sm_80 (mma.sync); sm_90a kernels the whole-kernel path does
-    not take, where the per-op lowering issues wgmma when the tiles fit it (64-wide K
-    panels) and mma.sync otherwise (32-wide K tiles)."""
+    """No warp specialization: sm_80 (mma.sync); sm_90a without warp specialization, where
+    the per-op lowering issues wgmma for the tiles that fit it (64-wide K panels). A kernel
+    the whole-kernel path does not take (32-wide K tiles at an offset K base) gets the
+    per-op path's TMA-fed loop and wgmma on narrow 64-byte-swizzled panels."""
+    from tiled.compiler import compile_program
+
     k = gemm.matmul(256, 256, 256, 128, 128, 64, 3, "float16", threads=128)
     for target, kernel, options, instr in [
             ("cuda:sm_80", k, {}, "HMMA"),
-            ("cuda:sm_90a", _split_k_gemm(3, 0), {}, "HMMA"),  # 32-wide K tiles
             ("cuda:sm_90a", k, {"warp_specialize": False}, "HGMMA")]:
-        from tiled.compiler import compile_program
-
         c = compile_program(kernel, target, **options)
         assert c.manifest.block[0] == 128
         assert not [a for a in c.manifest.kernel_args if a.kind == "tensor_map"]
         text = sass(c.artifact, tmp_path)
         assert set(re.findall(r"\b(HG?MMA)\.", text)) == {instr}
         assert "UTMALDG" not in text
+    c = compile_program(_split_k_gemm(3, 32), "cuda:sm_90a")
+    assert c.manifest.block[0] == 128 + 32  # a producer warp beside the warpgroup
+    assert [a.swizzle for a in c.manifest.kernel_args if a.kind == "tensor_map"] == [64, 128]
+    text = sass(c.artifact, tmp_path)
+    assert set(re.findall(r"\b(HG?MMA)\.", text)) == {"HGMMA"} and "UTMALDG" in text
+    assert not re.search(r"\b(LDL|STL)\b", text)
 
 
 def test_variants_take_the_path_too():

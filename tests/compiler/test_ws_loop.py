@@ -87,10 +87,17 @@ def test_attention_loads_k_and_v_from_the_producer():
 
 
 def test_a_dense_ring_tile_takes_one_box_and_mma_tiles_keep_cp_async():
-    # 32-wide K tiles: mma.sync (padded rows), so the loop stays a cp.async pipeline.
-    src, _, low = _lower(_gemm(k_tile=32, scale_in_loop=True))
+    # 16-wide K tiles (32-byte rows): mma.sync (padded rows), so the loop stays a cp.async
+    # pipeline.
+    src, _, low = _lower(_gemm(k_tile=16, scale_in_loop=True))
     assert low.ws is None and low.wsloop is None and low.launch_threads == 256
     assert "cp_async_wait<2>" in src
+    # 32-wide (64-byte rows, TileLang's block_K = 32): wgmma on one narrow panel in the
+    # 64-byte swizzle, A's box [32, 128] with that swizzle; B (MN-major) keeps 128-byte panels
+    _, _, low = _lower(_gemm(k_tile=32, scale_in_loop=True))
+    a, b = low.wsloop.copies
+    assert (a.box, a.swizzle, a.boxes) == ([32, 128], 64, 1)
+    assert (b.box, b.swizzle, b.boxes) == ([64, 32], 128, 2)
     _, _, low = _lower(_gemm(scale_in_loop=True))  # 64-wide: wgmma panels, fed by TMA
     assert low.ws is None and low.wsloop.stages == 4 and low.launch_threads == 256 + 128
 
@@ -271,9 +278,9 @@ def test_a_persistent_walk_frees_the_stages_its_last_gemm_held():
 
 def test_whole_kernel_paths_can_step_aside():
     """whole_kernel_paths=False routes the kernels the whole-kernel paths recognize through
-    the per-op lowering: the repo's attention example gets the TMA-fed loop. The seed's
-    128x128x32 GEMM shows what that path still lacks: 32-wide 16-bit K tiles (a 64-byte
-    swizzle) do not take wgmma per op, so it keeps mma.sync and cp.async there."""
+    the per-op lowering: the repo's attention example and the seed's 128x128x32 GEMM (its
+    32-wide 16-bit K tiles as narrow panels in the 64-byte swizzle) get the TMA-fed loop and
+    wgmma; the seed's one warpgroup walks persistently two blocks per SM."""
     import sys
     from pathlib import Path
 
@@ -291,4 +298,7 @@ def test_whole_kernel_paths_can_step_aside():
     _, _, whole = _lower(seed)
     _, _, per_op = _lower(seed, whole_kernel_paths=False)
     assert whole.ws is not None
-    assert per_op.ws is None and per_op.wsloop is None and not per_op.wgmma_ops
+    assert per_op.ws is None and per_op.wsloop is not None and per_op.wgmma_ops
+    assert per_op.wsloop.persistent and per_op.wsloop.min_blocks == 2
+    c = tiled.compile(seed, target="cuda:sm_90a", cache=False, whole_kernel_paths=False)
+    assert c.manifest.grid[0] == ("min", ("mul", 8, 8), ("mul", 2, "tiled_sm_count"))

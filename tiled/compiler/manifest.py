@@ -81,7 +81,8 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
         blocks = grid[0]
         for g in grid[1:]:
             blocks = ["mul", blocks, g]
-        grid = [["min", blocks, SM_COUNT_DIM]] if size == 1 else \
+        sms = SM_COUNT_DIM if art.persistent == 1 else ["mul", art.persistent, SM_COUNT_DIM]
+        grid = [["min", blocks, sms]] if size == 1 else \
             [["mul", size, ["min", blocks, ["max", 1, ["floordiv", SM_COUNT_DIM, size]]]]]
     grid = grid + [1] * (3 - len(grid))
     backend = get_backend(target.backend)

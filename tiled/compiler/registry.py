@@ -38,9 +38,10 @@ class Artifact:
     block: tuple[int, int, int]
     source: str | None = None
     stages: dict[str, float] = field(default_factory=dict)
-    # A persistent kernel: launched with min(the program's block count, the SM count) blocks,
-    # each of which walks the program's blocks (tiled.runtime.manifest.SM_COUNT_DIM).
-    persistent: bool = False
+    # A persistent kernel (> 0): launched with min(the program's block count, `persistent` x
+    # the SM count) blocks, each of which walks the program's blocks (`persistent`: the
+    # blocks an SM holds at once; tiled.runtime.manifest.SM_COUNT_DIM). 0: the program's grid.
+    persistent: int = 0
     # CTAs per thread-block cluster (the manifest's cluster). A persistent kernel with clusters
     # of 2 launches whole clusters, each walking pairs of the program's blocks adjacent along
     # grid axis `paired_axis` (so the grid's extent there counts pairs, rounded up).

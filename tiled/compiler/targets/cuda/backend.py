@@ -220,12 +220,21 @@ class CudaBackend(Backend):
                         "dynamic_smem_bytes": low.fallback.pool_bytes}
         return Artifact(data=cubin, symbol=symbol, kernel_args=args, dynamic_smem_bytes=smem,
                         block=(low.launch_threads, 1, 1), source=source,
-                        persistent=low.ws is not None or bool(low.attn and
-                                                              low.attn.persistent) or
-                        bool(low.wsloop and low.wsloop.persistent),
+                        persistent=_persistent_blocks(low),
                         cluster=(low.ws.cluster if low.ws else 1, 1, 1),
                         paired_axis=low.ws.pair_axis if low.ws else -1,
                         requires=low.requires, fallback=fallback)
+
+
+def _persistent_blocks(low) -> int:
+    """Blocks per SM a persistent kernel launches (Artifact.persistent), 0 for none: the
+    whole-kernel paths one; a T.Pipelined ring walked persistently as many as its launch
+    bounds keep resident (two for a one-warpgroup program whose ring leaves room)."""
+    if low.ws is not None or (low.attn and low.attn.persistent):
+        return 1
+    if low.wsloop and low.wsloop.persistent:
+        return low.wsloop.min_blocks
+    return 0
 
 
 def _check_smem(low, arch: str) -> None:

@@ -12,7 +12,9 @@ kind of gemm. Decided together (`plan_wgmma`, a fixed point).
 
 Such tiles are *panel tiles*: a tile [rows][cols] (per stage) is stored as panels of
 [rows][128 bytes], each row in the 128-byte swizzle (16-byte chunk c of row r at chunk
-c ^ (r % 8)), stages and the tile 1024-byte aligned: what wgmma's descriptors read (the
+c ^ (r % 8)), or, for a K-major tile whose rows are 64 bytes (TileLang's block_K = 32 in 16
+bits), as one panel of 64-byte rows in the 64-byte swizzle (chunk c at c ^ (r / 2 % 4)),
+stages and the tile 1024-byte aligned: what wgmma's descriptors read (the
 explicit path's panel tiles, sm90_wgmma.py, written there by TMA). Every access goes through
 `panel_index`, so copies, cp.async (16-byte chunks stay whole) and element accesses all see
 the logical tile. The accumulator takes the wgmma layout (`WgmmaLayout(BM, BN, nwg)`), which
@@ -42,6 +44,7 @@ from tiled.ir.walk import walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PANEL_BYTES = 128  # one swizzled row
+NARROW_BYTES = 64  # a K-major tile whose rows are 64 bytes: one panel in the 64-byte swizzle
 CHUNK_BYTES = 16  # the swizzle permutes 16-byte chunks
 # The operand dtypes wgmma takes here (float32 as tf32), with float32 accumulation, and
 # int8 with int32 accumulation.
@@ -68,6 +71,14 @@ def panel_elems(dtype) -> int:
     return PANEL_BYTES // dtypes.nbytes(dtype)
 
 
+def panel_row_bytes(b: pb.Buffer) -> int:
+    """Bytes per swizzled row of panel tile `b`: NARROW_BYTES for a tile whose rows are that
+    long (K-major with K = 32 16-bit elements: the 64-byte swizzle, 8-row groups 512 bytes
+    apart), else PANEL_BYTES."""
+    return NARROW_BYTES if _shape(b)[-1] * dtypes.nbytes(b.dtype) == NARROW_BYTES \
+        else PANEL_BYTES
+
+
 def _shape(b: pb.Buffer) -> list[int]:
     return [d.size for d in b.shape]
 
@@ -88,9 +99,11 @@ def _fits(g: pb.Gemm, buffers, threads: int) -> bool:
     BM, BN = _shape(c)
     am, ak = _shape(a)[-2:]
     bk, bn = _shape(b)[-2:][::-1] if g.transpose_b else _shape(b)[-2:]
-    # K: whole 64-wide panels where a panel tile holds it, whole k16 slices otherwise.
+    # K: whole 64-wide panels where a panel tile holds it (or one narrow panel of 64-byte
+    # rows), whole k16 slices otherwise.
     k_unit = panel_elems(a.dtype) if a.scope == pb.SHARED or g.transpose_b else 16
-    return (am == BM and bn == BN and ak == bk and ak % k_unit == 0 and bk % 8 == 0
+    narrow = ak * dtypes.nbytes(a.dtype) == NARROW_BYTES
+    return (am == BM and bn == BN and ak == bk and (ak % k_unit == 0 or narrow) and bk % 8 == 0
             and BM % (64 * nwg) == 0 and BN % 64 == 0 and BN <= 256
             and BM // nwg // 64 * BN // 2 <= MAX_ACC)
 
@@ -145,9 +158,13 @@ def panel_index(low, bid: int, indices: list):
     if stage is not None:
         lead = lead + stage * (tile.rows * cols)
     r, c = indices[-2], indices[-1]
-    row = panel_elems(low.buffers[bid].dtype)
-    unit = CHUNK_BYTES // dtypes.nbytes(low.buffers[bid].dtype)
-    chunk = tirx.bitwise_xor(tirx.floordiv(tirx.floormod(c, row), unit), tirx.floormod(r, 8))
+    buf = low.buffers[bid]
+    row = panel_row_bytes(buf) // dtypes.nbytes(buf.dtype)
+    unit = CHUNK_BYTES // dtypes.nbytes(buf.dtype)
+    # 16-byte chunk c of row r at chunk c ^ (r % 8) (128-byte rows), c ^ (r / 2 % 4) (64-byte)
+    phase = tirx.floormod(r, 8) if row * dtypes.nbytes(buf.dtype) == PANEL_BYTES else \
+        tirx.floormod(tirx.floordiv(r, 2), 4)
+    chunk = tirx.bitwise_xor(tirx.floordiv(tirx.floormod(c, row), unit), phase)
     return (lead + tirx.floordiv(c, row) * (rows * row) + r * row
             + chunk * unit + tirx.floormod(c, unit))
 

@@ -16,8 +16,9 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
   enough for two blocks per SM where it can be, MIN_BLOCKS). Its first thread walks
   the loop's iterations and, per ring copy, waits until the copy's stage k % stages is free
   (its empty barrier), arrives on its full barrier expecting the tile's bytes, and issues
-  the TMA boxes: one 128B-swizzled box per 128-byte panel for a panel tile (the layout
-  wgmma reads, gemm_sm90.py), one dense box of the tile otherwise;
+  the TMA boxes: one box per panel for a panel tile, in its swizzle (128 bytes, or 64 for
+  a narrow panel of 64-byte rows; the layouts wgmma reads, gemm_sm90.py), one dense box of
+  the tile otherwise;
 - the program's threads (the consumers) run the kernel body as written; in the loop a ring
   copy becomes a wait on its full barrier, every statement after it reads its stage, and
   after the last statement that touches the tile each consumer warp releases the stage
@@ -56,7 +57,7 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import RunAhead, gathers, run_ahead
-from tiled.compiler.targets.cuda.gemm_sm90 import panel_elems
+from tiled.compiler.targets.cuda.gemm_sm90 import panel_row_bytes
 from tiled.compiler.targets.cuda.sm90_gemm import (
     MIN_RING,
     PRODUCER_REGS,
@@ -168,11 +169,11 @@ def _ring_copy(p: pb.Program, buffers, panels: set[int], pos: int, release: int,
     if req is None:
         return None
     size = dtypes.nbytes(dst.dtype)
-    if dst.id in panels:
-        box_cols = panel_elems(dst.dtype)
+    if dst.id in panels:  # a box per panel, in the panel's swizzle (gemm_sm90.py)
+        swizzle = panel_row_bytes(dst)
+        box_cols = swizzle // size
         if cols % box_cols or rows % 8:
             return None
-        swizzle = 128
     else:
         box_cols = cols
         if cols > MAX_BOX or (cols * size) % 16 or (rows * cols * size) % 128:

@@ -118,8 +118,12 @@ __device__ __forceinline__ void wgmma_any(Acc* acc, uint64_t da, uint64_t db,
 // panel): rows COL.. at COL * 128 bytes of panel kk / 4, the slice at 32 * (kk % 4). B
 // MN-major (16-bit only; BN / 64 panels of [K][64]): column panel COL / 64 at
 // COL / 64 * K * 128 bytes, panels K * 128 apart (LBO), slice kk at 2048 * kk.
-template <int BN, int K, bool B_KMAJOR, int COL>
+// NARROW (K-major B whose rows are 64 bytes: one panel of 64-byte rows in the 64-byte
+// swizzle, gemm_sm90.py): rows COL.. at COL * 64 bytes, 8-row groups 512 bytes apart.
+template <int BN, int K, bool B_KMAJOR, int COL, bool NARROW = false>
 __device__ __forceinline__ uint64_t b_desc(const unsigned char* sb, int kk) {
+  if constexpr (B_KMAJOR && NARROW)
+    return make_smem_desc(sb + COL * 64 + 32 * kk, 16, 512, Swizzle::k64B);
   return B_KMAJOR ? desc_kmajor_sw128(sb + (kk / 4) * BN * 128 + COL * 128 + 32 * (kk % 4))
                   : make_smem_desc(sb + (COL / 64) * K * 128 + 2048 * kk, K * 128, 1024);
 }
@@ -134,7 +138,8 @@ template <typename T, int BN, int K, bool B_KMAJOR, int COL = 0, typename Acc>
 __device__ __forceinline__ void wgmma_cols_any(Acc* acc, uint64_t da, const unsigned char* sb,
                                                int kk, uint32_t scale_d = 1u) {
   constexpr int kW = cols_width<BN, COL>();
-  wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da, b_desc<BN, K, B_KMAJOR, COL>(sb, kk), scale_d);
+  wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da,
+                             b_desc<BN, K, B_KMAJOR, COL, K * sizeof(T) == 64>(sb, kk), scale_d);
   if constexpr (COL + kW < BN)
     wgmma_cols_any<T, BN, K, B_KMAJOR, COL + kW>(acc, da, sb, kk, scale_d);
 }

@@ -5,7 +5,10 @@
 // swizzle, 64 16-bit / 128 8-bit / 32 32-bit elements per row, panels rows * 128 bytes apart
 // (tiled_sm90_explicit.h's layout, whatever the element size). One wgmma consumes 32 bytes
 // of K per row (k16 for 16-bit, k32 for float8, k8 for tf32), so slice kk of K sits at
-// 32 * (kk % 4) bytes of panel kk / 4 for every dtype. Compiled for sm_90a device passes only.
+// 32 * (kk % 4) bytes of panel kk / 4 for every dtype. A K-major operand whose K is 64 bytes
+// (32 16-bit elements: TileLang's block_K = 32) is one narrow panel: 64-byte rows in the
+// 64-byte swizzle, 8-row groups 512 bytes apart, slice kk at 32 * kk bytes. Compiled for
+// sm_90a device passes only.
 #ifndef TILED_SM90_OPS_H_
 #define TILED_SM90_OPS_H_
 
@@ -45,7 +48,9 @@ template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = 
           bool ZERO = false, typename Acc>
 __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, Acc* acc) {
   constexpr int kSlice = 32 / sizeof(T);  // K elements of one wgmma
-  static_assert(WM % 64 == 0 && BM % WM == 0 && BN % 64 == 0 && K % (4 * kSlice) == 0,
+  constexpr bool kNarrow = K * sizeof(T) == 64;  // rows of 64 bytes, the 64-byte swizzle
+  static_assert(WM % 64 == 0 && BM % WM == 0 && BN % 64 == 0 &&
+                    (K % (4 * kSlice) == 0 || kNarrow),
                 "wgmma_rows shape");
   static_assert(!ZERO || sizeof(T) == 2, "wgmma_rows: ZERO takes 16-bit operands");
   const unsigned char* sa = static_cast<const unsigned char*>(a);
@@ -56,7 +61,9 @@ __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, A
   for (int kk = 0; kk < K / kSlice; ++kk) {
 #pragma unroll
     for (int h = 0; h < WM / 64; ++h) {
-      const uint64_t da = desc_kmajor_sw128(sa + (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
+      const uint64_t da =
+          kNarrow ? make_smem_desc(sa + h * 4096 + 32 * kk, 16, 512, Swizzle::k64B)
+                  : desc_kmajor_sw128(sa + (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
       wgmma_cols_any<T, BN, K, B_KMAJOR>(acc + h * (BN / 2), da, sb, kk,
                                          ZERO && kk == 0 ? 0u : 1u);
     }
@@ -78,7 +85,8 @@ __device__ __forceinline__ void wgmma_cols_rs(float* acc, const uint32_t* a,
                                               uint32_t scale_d = 1u) {
   constexpr int kW = cols_width<BN, COL>();
   WgmmaRS<T, kW, B_KMAJOR ? 0 : 1>::run(*reinterpret_cast<float(*)[kW / 2]>(acc + COL / 2), a,
-                                        b_desc<BN, K, B_KMAJOR, COL>(sb, kk), scale_d);
+                                        b_desc<BN, K, B_KMAJOR, COL, K * sizeof(T) == 64>(
+                                            sb, kk), scale_d);
   if constexpr (COL + kW < BN)
     wgmma_cols_rs<T, BN, K, B_KMAJOR, COL + kW>(acc, a, sb, kk, scale_d);
 }

@@ -109,7 +109,8 @@ def expr_names(expr: Expr) -> set[str]:
 
 
 # A name a manifest expression may use besides the dims: the CUDA runtime binds it to the
-# device's multiprocessor count (a persistent kernel's grid is min(blocks, SM count)).
+# device's multiprocessor count (a persistent kernel's grid is min(blocks, k x the SM count),
+# k its blocks per SM).
 SM_COUNT_DIM = "tiled_sm_count"
 
 

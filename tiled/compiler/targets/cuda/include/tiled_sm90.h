@@ -658,10 +658,10 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
 }
 
 // A wgmma accumulator fragment of the per-op lowering (gemm_sm90.py: WgmmaLayout(M, N, NWG))
-// to a global tile of half, bfloat16 or float: warpgroup w holds rows [w * M / NWG, ...) as M / NWG / 64 blocks
-// of N / 2 floats per thread, each written by store_acc_global. `wg`: the calling thread's
-// warpgroup among the fragment's threads (a T.ws region's threads start past 0); those past
-// the NWG warpgroups hold none of it.
+// to a global tile of half, bfloat16 or float: warpgroup w holds rows [w * M / NWG, ...) as
+// M / NWG / 64 blocks of N / 2 floats per thread, each written by store_acc_global. `wg`:
+// the calling thread's warpgroup among the fragment's threads (a T.ws region's threads start
+// past 0); those past the NWG warpgroups hold none of it.
 template <int M, int N, int NWG>
 struct WgmmaTile {
   static_assert(M % (64 * NWG) == 0, "WgmmaTile: M / NWG a multiple of 64");

@@ -81,67 +81,51 @@ def _gptq(torch, q):
     return (words - ((words >> 31) << 32)).to(torch.int32)
 
 
-def _row8(torch, K, N, M) -> dict:
-    """linear_w8a16's row: int8 W [N, K], per-channel fp16 scales."""
-    import torch.nn.functional as F
-
+def _w4_problem(torch, K, N, g):
+    """GPTQ 4-bit weights: (the op on tokens x, W dequantized [N, K] fp16, weight bytes)."""
     import tiled.ops as ops
-    from tiled.ops import quant
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randint(-128, 128, (N, K), device="cuda", generator=g).to(torch.int8)
-    scales = (torch.rand(N, device="cuda", generator=g) / K ** 0.5 / 64 + 1e-4).half()
-    w = (q.float() * scales.float()[:, None]).half()
-    x = torch.randn(M, K, device="cuda", generator=g).half()
-    y = ops.linear_w8a16(x, q, scales)  # tunes this bucket
-    ref = x.float() @ w.float().T
-    err = ((y.float() - ref).norm() / ref.norm()).item()
-    tuned = quant.QUANT_LINEAR.chosen[(TARGET, quant._bucket(M, N, K, DTYPE, DTYPE, 8, 0,
-                                                             False))]
-    rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
-    us = time_graphed(torch, {
-        "tiled": lambda: ops.linear_w8a16(x, q, scales),
-        "F.linear_fp16": lambda: F.linear(x, w), "rw_kernel": rw.neg_}, ROUNDS, GRAPH_CALLS)
-    wbytes = K * N + N * 2
-    row = {"K": K, "N": N, "M": M, "config": tuned.config, "us": us,
-           "vs_F_linear_fp16": us["F.linear_fp16"] / us["tiled"],
-           "weight_GB/s": wbytes / (us["tiled"] * 1e-6) / 1e9,
-           "stream_GB/s": 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9,
-           "rel_err_vs_dequantized": err}
-    print(f"w8a16 K={K:5d} N={N:5d} M={M:3d}: {us['tiled']:7.1f} us, "
-          f"{row['vs_F_linear_fp16']:.2f}x F.linear fp16, {row['weight_GB/s']:.0f} GB/s of "
-          f"weights, config {tuned.config}, err {err:.1e}", flush=True)
-    return row
-
-
-def _row(torch, K, N, M) -> dict:
-    import torch.nn.functional as F
-
-    import tiled.ops as ops
-    from tiled.ops import quant
-
-    g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randint(0, 16, (K, N), device="cuda", generator=g)
     scales = (torch.rand(K // GROUP, N, device="cuda", generator=g) / K ** 0.5 + 1e-3).half()
     qweight = _gptq(torch, q)
     w = ((q.float() - 8) * scales.float().repeat_interleave(GROUP, 0)).t().contiguous().half()
+    return (lambda x: ops.linear_w4a16(x, qweight, scales, group_size=GROUP)), w, \
+        K * N // 2 + scales.numel() * 2
+
+
+def _w8_problem(torch, K, N, g):
+    """int8 weights [N, K] with per-channel fp16 scales, as _w4_problem."""
+    import tiled.ops as ops
+
+    q = torch.randint(-128, 128, (N, K), device="cuda", generator=g).to(torch.int8)
+    scales = (torch.rand(N, device="cuda", generator=g) / K ** 0.5 / 64 + 1e-4).half()
+    w = (q.float() * scales.float()[:, None]).half()
+    return (lambda x: ops.linear_w8a16(x, q, scales)), w, K * N + N * 2
+
+
+def _row(torch, K, N, M, bits: int) -> dict:
+    import torch.nn.functional as F
+
+    from tiled.ops import quant
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    op, w, wbytes = (_w8_problem if bits == 8 else _w4_problem)(torch, K, N, g)
     x = torch.randn(M, K, device="cuda", generator=g).half()
-    y = ops.linear_w4a16(x, qweight, scales, group_size=GROUP)  # tunes this bucket
+    y = op(x)  # tunes this bucket
     ref = x.float() @ w.float().T
     err = ((y.float() - ref).norm() / ref.norm()).item()
-    tuned = quant.QUANT_LINEAR.chosen[(TARGET, quant._bucket(M, N, K, DTYPE, DTYPE, 4, GROUP,
+    group = GROUP if bits == 4 else 0
+    tuned = quant.QUANT_LINEAR.chosen[(TARGET, quant._bucket(M, N, K, DTYPE, DTYPE, bits, group,
                                                              False))]
     rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
-    us = time_graphed(torch, {
-        "tiled": lambda: ops.linear_w4a16(x, qweight, scales, group_size=GROUP),
-        "F.linear_fp16": lambda: F.linear(x, w), "rw_kernel": rw.neg_}, ROUNDS, GRAPH_CALLS)
-    wbytes = K * N // 2 + scales.numel() * 2
+    us = time_graphed(torch, {"tiled": lambda: op(x), "F.linear_fp16": lambda: F.linear(x, w),
+                              "rw_kernel": rw.neg_}, ROUNDS, GRAPH_CALLS)
     row = {"K": K, "N": N, "M": M, "config": tuned.config, "us": us,
            "vs_F_linear_fp16": us["F.linear_fp16"] / us["tiled"],
            "weight_GB/s": wbytes / (us["tiled"] * 1e-6) / 1e9,
            "stream_GB/s": 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9,
            "rel_err_vs_dequantized": err}
-    print(f"w4a16 K={K:5d} N={N:5d} M={M:3d}: {us['tiled']:7.1f} us, "
+    print(f"w{bits}a16 K={K:5d} N={N:5d} M={M:3d}: {us['tiled']:7.1f} us, "
           f"{row['vs_F_linear_fp16']:.2f}x F.linear fp16, {row['weight_GB/s']:.0f} GB/s of "
           f"weights, config {tuned.config}, err {err:.1e}", flush=True)
     return row
@@ -163,7 +147,7 @@ def run(bundle: Path, out: Path) -> None:
     with tuning.prebuilt(pairs):
         for K, N in SHAPES:
             for M in MS:
-                rows.append((_row8 if index.get("bits") == 8 else _row)(torch, K, N, M))
+                rows.append(_row(torch, K, N, M, index.get("bits", 4)))
                 torch.cuda.empty_cache()
     write_results(out, "quant.py", bundle, index, rounds=ROUNDS, graph_calls=GRAPH_CALLS,
                   rows=rows, tuning_stats=dict(tuning.STATS))

@@ -78,15 +78,18 @@ def test_choose_warps_follows_the_policy(M, N, threads, policy, want):
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_policy_changes_the_warp_grid_not_the_result_shape(arch):
-    """Each policy's grid reaches gemm_ss; the sm_90a GEMM path (wgmma) is left aside with
+    """Each policy's grid reaches gemm_ss (mma.sync). On sm_90a the K tiles are 16 wide
+    (32-byte rows, which wgmma's panels do not take; 32-wide ones take wgmma, whose
+    warpgroups split M whatever the policy) and the GEMM path is left aside with
     warp_specialize=False. Results are compared bitwise on the H200 (gemm_* cases)."""
     grids = {}
+    bk = 16 if arch == "sm_90a" else 32
     for policy, want in ((SQUARE, "2, 2"), (ROW, "4, 1"), (COL, "1, 4")):
-        k = cases.matmul(256, 256, 96, policy)
+        k = cases.matmul(256, 256, 96, policy, block_K=bk)
         lay = layouts_by_name(k)
         grids[policy] = next(v for v in lay.values() if isinstance(v, MmaLayout))
         src, _, _ = source(k, arch, warp_specialize=False)
-        assert f"tiled::gemm_ss<half, 128, 128, 32, {want}, false, false" in src
+        assert f"tiled::gemm_ss<half, 128, 128, {bk}, {want}, false, false" in src
         art, _ = cases.compile_case(k, f"cuda:{arch}", {"warp_specialize": False})
         assert art.data[:4] == b"\x7fELF"
     assert len(set(grids.values())) == 3

@@ -73,8 +73,8 @@ def panel_elems(dtype) -> int:
 
 def panel_row_bytes(b: pb.Buffer) -> int:
     """Bytes per swizzled row of panel tile `b`: NARROW_BYTES for a tile whose rows are that
-    long (K-major with K = 32 16-bit elements: the 64-byte swizzle, 8-row groups 512 bytes
-    apart), else PANEL_BYTES."""
+    long (K-major with K = 32 16-bit elements, the only narrow tiles _fits admits: the
+    64-byte swizzle, 8-row groups 512 bytes apart), else PANEL_BYTES."""
     return NARROW_BYTES if _shape(b)[-1] * dtypes.nbytes(b.dtype) == NARROW_BYTES \
         else PANEL_BYTES
 
@@ -99,10 +99,10 @@ def _fits(g: pb.Gemm, buffers, threads: int) -> bool:
     BM, BN = _shape(c)
     am, ak = _shape(a)[-2:]
     bk, bn = _shape(b)[-2:][::-1] if g.transpose_b else _shape(b)[-2:]
-    # K: whole 64-wide panels where a panel tile holds it (or one narrow panel of 64-byte
-    # rows), whole k16 slices otherwise.
+    # K: whole 64-wide panels where a panel tile holds it (or, for 16-bit operands, one
+    # narrow panel of 64-byte rows: the form run on the H200), whole k16 slices otherwise.
     k_unit = panel_elems(a.dtype) if a.scope == pb.SHARED or g.transpose_b else 16
-    narrow = ak * dtypes.nbytes(a.dtype) == NARROW_BYTES
+    narrow = dtypes.nbytes(a.dtype) == 2 and ak * 2 == NARROW_BYTES
     return (am == BM and bn == BN and ak == bk and (ak % k_unit == 0 or narrow) and bk % 8 == 0
             and BM % (64 * nwg) == 0 and BN % 64 == 0 and BN <= 256
             and BM // nwg // 64 * BN // 2 <= MAX_ACC)

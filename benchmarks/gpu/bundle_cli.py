@@ -25,6 +25,13 @@ def compile_into(out: Path, name: str, kernel, target: str = "cuda:sm_90a", **op
     return compiled, seconds
 
 
+def build_command(script: str, out: Path, env: tuple[str, ...] = ()) -> str:
+    """The command line that built a bundle into `out`, with those of the environment
+    variables `env` (a script's build filters) that are set, as the index records it."""
+    return " ".join([f"{v}={os.environ[v]}" for v in env if os.environ.get(v)]
+                    + [f"python benchmarks/gpu/{script} build --out {out}"])
+
+
 def load_kernel(bundle: Path, name: str):
     """The kernel compile_into wrote as NAME into `bundle`, loaded by the thin runtime (no GPU
     call until its first launch)."""

@@ -28,7 +28,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, load_kernel, machine, main, smoke_in_child, write_results
+from bundle_cli import (
+    build_command,
+    compile_into,
+    load_kernel,
+    machine,
+    main,
+    smoke_in_child,
+    write_results,
+)
 
 TARGET = "cuda:sm_90a"
 ROUNDS = 3
@@ -62,9 +70,7 @@ def build(out: Path) -> None:
             print(f"{name} {size}: {entry[size]}", flush=True)
         index[name] = entry
     (out / "index.json").write_text(json.dumps({
-        "command": (f"CONFORMANCE_CASES={os.environ['CONFORMANCE_CASES']} "
-                    if os.environ.get("CONFORMANCE_CASES") else "") +
-        f"python benchmarks/gpu/conformance.py build --out {out}",
+        "command": build_command("conformance.py", out, ("CONFORMANCE_CASES",)),
         "machine": machine(), "target": TARGET, "cases": index}, indent=1))
 
 

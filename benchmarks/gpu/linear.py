@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 from bundle_cli import (
+    build_command,
     compile_into,
     load_kernel,
     machine,
@@ -141,9 +142,7 @@ def build(out: Path) -> None:
                                "error": f"{type(e).__name__}: {e}"[:500]}
             print(name, index[name], flush=True)
     (out / "index.json").write_text(json.dumps({
-        "command": " ".join([f"{v}={os.environ[v]}" for v in ("LINEAR_MS", "LINEAR_CANDIDATES")
-                             if os.environ.get(v)]
-                            + [f"python benchmarks/gpu/linear.py build --out {out}"]),
+        "command": build_command("linear.py", out, ("LINEAR_MS", "LINEAR_CANDIDATES")),
         "machine": machine(), "target": TARGET, "kernels": index}, indent=1))
 
 

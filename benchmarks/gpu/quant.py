@@ -22,7 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, load_kernel, machine, main, time_graphed, write_results
+from bundle_cli import (
+    build_command,
+    compile_into,
+    load_kernel,
+    machine,
+    main,
+    time_graphed,
+    write_results,
+)
 
 TARGET = "cuda:sm_90a"
 SHAPES = [(4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
@@ -68,8 +76,8 @@ def build(out: Path) -> None:
                                   TARGET)
         index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
     (out / "index.json").write_text(json.dumps({
-        "command": ("QUANT_BITS=8 " if BITS == 8 else "") +
-        f"python benchmarks/gpu/quant.py build --out {out}", "machine": machine(), "bits": BITS,
+        "command": build_command("quant.py", out, ("QUANT_BITS",)), "machine": machine(),
+        "bits": BITS,
         "target": TARGET, "kernels": index}, indent=1))
 
 

@@ -94,7 +94,7 @@ def _nibble_at(word, i: int, magic):
     return f - 8388608.0
 
 
-def _fits(cfg: dict, M: int, bits: int = 4) -> bool:
+def _fits(cfg: dict, M: int, bits: int) -> bool:
     """lanes: BM the power of two covering M (16 past 16 tokens); tile: BM at most twice M's
     bucket, from 8 tokens for 4-bit weights (lanes read them at the memory's speed below
     that) and from 1 for 8-bit ones (lanes walk a row of W [N, K] per lane: uncoalesced)."""

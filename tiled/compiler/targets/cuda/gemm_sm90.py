@@ -159,10 +159,11 @@ def panel_index(low, bid: int, indices: list):
         lead = lead + stage * (tile.rows * cols)
     r, c = indices[-2], indices[-1]
     buf = low.buffers[bid]
-    row = panel_row_bytes(buf) // dtypes.nbytes(buf.dtype)
+    row_bytes = panel_row_bytes(buf)
+    row = row_bytes // dtypes.nbytes(buf.dtype)
     unit = CHUNK_BYTES // dtypes.nbytes(buf.dtype)
     # 16-byte chunk c of row r at chunk c ^ (r % 8) (128-byte rows), c ^ (r / 2 % 4) (64-byte)
-    phase = tirx.floormod(r, 8) if row * dtypes.nbytes(buf.dtype) == PANEL_BYTES else \
+    phase = tirx.floormod(r, 8) if row_bytes == PANEL_BYTES else \
         tirx.floormod(tirx.floordiv(r, 2), 4)
     chunk = tirx.bitwise_xor(tirx.floordiv(tirx.floormod(c, row), unit), phase)
     return (lead + tirx.floordiv(c, row) * (rows * row) + r * row

@@ -835,11 +835,7 @@ struct WsGemm {
   template <typename TC>
   __device__ __forceinline__ static void store(const float* acc, TC* C, int64_t ldc, int row0,
                                                int col0, int m, int n) {
-    const int wg = threadIdx.x / 128;
-#pragma unroll
-    for (int h = 0; h < kMBlocks; ++h)
-      store_acc_global<TC, BN>(*reinterpret_cast<const float(*)[BN / 2]>(acc + h * (BN / 2)), C,
-                               ldc, row0 + wg * kRowsPerWg + 64 * h, col0, m, n);
+    WgmmaTile<BM, BN, NWG>::template store<TC>(acc, C, ldc, row0, col0, m, n, threadIdx.x / 128);
   }
 };
 

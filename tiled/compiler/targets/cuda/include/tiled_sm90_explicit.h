@@ -118,8 +118,14 @@ __device__ __forceinline__ void wgmma_any(Acc* acc, uint64_t da, uint64_t db,
 // panel): rows COL.. at COL * 128 bytes of panel kk / 4, the slice at 32 * (kk % 4). B
 // MN-major (16-bit only; BN / 64 panels of [K][64]): column panel COL / 64 at
 // COL / 64 * K * 128 bytes, panels K * 128 apart (LBO), slice kk at 2048 * kk.
-// NARROW (K-major B whose rows are 64 bytes: one panel of 64-byte rows in the 64-byte
-// swizzle, gemm_sm90.py): rows COL.. at COL * 64 bytes, 8-row groups 512 bytes apart.
+// Whether a K-major operand of K elements of T is one narrow panel: rows of 64 bytes in the
+// 64-byte swizzle, 8-row groups 512 bytes apart (gemm_sm90.py's panel_row_bytes).
+template <typename T, int K>
+__host__ __device__ constexpr bool narrow_panel() {
+  return K * sizeof(T) == 64;
+}
+
+// NARROW (K-major B of one narrow panel, narrow_panel): rows COL.. at COL * 64 bytes.
 template <int BN, int K, bool B_KMAJOR, int COL, bool NARROW = false>
 __device__ __forceinline__ uint64_t b_desc(const unsigned char* sb, int kk) {
   if constexpr (B_KMAJOR && NARROW)
@@ -139,7 +145,7 @@ __device__ __forceinline__ void wgmma_cols_any(Acc* acc, uint64_t da, const unsi
                                                int kk, uint32_t scale_d = 1u) {
   constexpr int kW = cols_width<BN, COL>();
   wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da,
-                             b_desc<BN, K, B_KMAJOR, COL, K * sizeof(T) == 64>(sb, kk), scale_d);
+                             b_desc<BN, K, B_KMAJOR, COL, narrow_panel<T, K>()>(sb, kk), scale_d);
   if constexpr (COL + kW < BN)
     wgmma_cols_any<T, BN, K, B_KMAJOR, COL + kW>(acc, da, sb, kk, scale_d);
 }

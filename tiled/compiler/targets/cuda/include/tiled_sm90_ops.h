@@ -48,7 +48,7 @@ template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = 
           bool ZERO = false, typename Acc>
 __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, Acc* acc) {
   constexpr int kSlice = 32 / sizeof(T);  // K elements of one wgmma
-  constexpr bool kNarrow = K * sizeof(T) == 64;  // rows of 64 bytes, the 64-byte swizzle
+  constexpr bool kNarrow = narrow_panel<T, K>();
   static_assert(WM % 64 == 0 && BM % WM == 0 && BN % 64 == 0 &&
                     (K % (4 * kSlice) == 0 || kNarrow),
                 "wgmma_rows shape");
@@ -85,7 +85,7 @@ __device__ __forceinline__ void wgmma_cols_rs(float* acc, const uint32_t* a,
                                               uint32_t scale_d = 1u) {
   constexpr int kW = cols_width<BN, COL>();
   WgmmaRS<T, kW, B_KMAJOR ? 0 : 1>::run(*reinterpret_cast<float(*)[kW / 2]>(acc + COL / 2), a,
-                                        b_desc<BN, K, B_KMAJOR, COL, K * sizeof(T) == 64>(
+                                        b_desc<BN, K, B_KMAJOR, COL, narrow_panel<T, K>()>(
                                             sb, kk), scale_d);
   if constexpr (COL + kW < BN)
     wgmma_cols_rs<T, BN, K, B_KMAJOR, COL + kW>(acc, a, sb, kk, scale_d);

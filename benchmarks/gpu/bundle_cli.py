@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ def compile_into(out: Path, name: str, kernel, target: str = "cuda:sm_90a", **op
 def build_command(script: str, out: Path, env: tuple[str, ...] = ()) -> str:
     """The command line that built a bundle into `out`, with those of the environment
     variables `env` (a script's build filters) that are set, as the index records it."""
-    return " ".join([f"{v}={os.environ[v]}" for v in env if os.environ.get(v)]
+    return " ".join([f"{v}={shlex.quote(os.environ[v])}" for v in env if os.environ.get(v)]
                     + [f"python benchmarks/gpu/{script} build --out {out}"])
 
 

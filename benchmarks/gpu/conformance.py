@@ -6,7 +6,9 @@ There (device tool, carry=[".gpu"]; thin runtime only, no TVM):
     python3 benchmarks/gpu/conformance.py run --bundle .gpu/conformance \
         --out $OUT/conformance_h200.json
 
-`build` compiles every case twice: at its small `cpu` shapes and at its H200 `gpu` shapes.
+`build` compiles every case twice: at its small `cpu` shapes and at its H200 `gpu` shapes
+(`CONFORMANCE_CASES=a,b` builds those cases only; `CONFORMANCE_OPTIONS='{"k": v}'` compiles
+with those options).
 `run`, for each case:
 - runs the small kernel on CUDA tensors and checks it against the case's numpy reference, with
   the case's tolerance;
@@ -50,6 +52,12 @@ def cases():
     return {n: c for n, c in load_all().items() if not only or n in only.split(",")}
 
 
+def options() -> dict:
+    """Compile options for every kernel: $CONFORMANCE_OPTIONS, a JSON object (say
+    '{"whole_kernel_paths": false}'), or none."""
+    return json.loads(os.environ.get("CONFORMANCE_OPTIONS") or "{}")
+
+
 def build(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     index = {}
@@ -59,7 +67,8 @@ def build(out: Path) -> None:
             shape = case.cpu if size == "small" else case.gpu
             try:
                 compiled, seconds = compile_into(out, f"{name}_{size}",
-                                                 case.factory(**shape).kernel, TARGET)
+                                                 case.factory(**shape).kernel, TARGET,
+                                                 **options())
                 entry[size] = {"cold_compile_s": round(seconds, 3),
                                "threads": compiled.manifest.block[0],
                                "warp_specialized": compiled.manifest.block[0] in (256, 384)
@@ -70,8 +79,10 @@ def build(out: Path) -> None:
             print(f"{name} {size}: {entry[size]}", flush=True)
         index[name] = entry
     (out / "index.json").write_text(json.dumps({
-        "command": build_command("conformance.py", out, ("CONFORMANCE_CASES",)),
-        "machine": machine(), "target": TARGET, "cases": index}, indent=1))
+        "command": build_command("conformance.py", out,
+                                 ("CONFORMANCE_CASES", "CONFORMANCE_OPTIONS")),
+        "machine": machine(), "target": TARGET, "options": options(), "cases": index},
+        indent=1))
 
 
 # -- on the GPU machine ------------------------------------------------------------------------

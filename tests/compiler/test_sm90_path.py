@@ -93,7 +93,8 @@ def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
     """No warp specialization: sm_80 (mma.sync); sm_90a without warp specialization, where
     the per-op lowering issues wgmma for the tiles that fit it (64-wide K panels). A kernel
     the whole-kernel path does not take (32-wide K tiles at an offset K base) gets the
-    per-op path's TMA-fed loop and wgmma on narrow 64-byte-swizzled panels."""
+    per-op path's TMA-fed loop, two K tiles per ring stage in 128-byte rows; without warp
+    specialization, wgmma on narrow 64-byte-swizzled panels filled by cp.async."""
     from tiled.compiler import compile_program
 
     k = gemm.matmul(256, 256, 256, 128, 128, 64, 3, "float16", threads=128)
@@ -108,9 +109,15 @@ def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
         assert "UTMALDG" not in text
     c = compile_program(_split_k_gemm(3, 32), "cuda:sm_90a")
     assert c.manifest.block[0] == 128 + 32  # a producer warp beside the warpgroup
-    assert [a.swizzle for a in c.manifest.kernel_args if a.kind == "tensor_map"] == [64, 128]
+    assert [a.swizzle for a in c.manifest.kernel_args if a.kind == "tensor_map"] == [128, 128]
     text = sass(c.artifact, tmp_path)
     assert set(re.findall(r"\b(HG?MMA)\.", text)) == {"HGMMA"} and "UTMALDG" in text
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    c = compile_program(_split_k_gemm(3, 32), "cuda:sm_90a", warp_specialize=False)
+    assert c.manifest.block[0] == 128
+    assert not [a for a in c.manifest.kernel_args if a.kind == "tensor_map"]
+    text = sass(c.artifact, tmp_path)
+    assert set(re.findall(r"\b(HG?MMA)\.", text)) == {"HGMMA"} and "UTMALDG" not in text
     assert not re.search(r"\b(LDL|STL)\b", text)
 
 

@@ -92,12 +92,14 @@ def test_a_dense_ring_tile_takes_one_box_and_mma_tiles_keep_cp_async():
     src, _, low = _lower(_gemm(k_tile=16, scale_in_loop=True))
     assert low.ws is None and low.wsloop is None and low.launch_threads == 256
     assert "cp_async_wait<2>" in src
-    # 32-wide (64-byte rows, TileLang's block_K = 32): wgmma on one narrow panel in the
-    # 64-byte swizzle, A's box [32, 128] with that swizzle; B (MN-major) keeps 128-byte panels
+    # 32-wide (64-byte rows, TileLang's block_K = 32): wgmma, two iterations per ring stage
+    # (merged): A's two tiles one panel of 128-byte rows (box [64, 128]), B's (MN-major)
+    # panels of 64 K rows (boxes [64, 64])
     _, _, low = _lower(_gemm(k_tile=32, scale_in_loop=True))
     a, b = low.wsloop.copies
-    assert (a.box, a.swizzle, a.boxes) == ([32, 128], 64, 1)
-    assert (b.box, b.swizzle, b.boxes) == ([64, 32], 128, 2)
+    assert low.wsloop.merge == 2
+    assert (a.box, a.swizzle, a.boxes, a.nbytes) == ([64, 128], 128, 1, 128 * 128)
+    assert (b.box, b.swizzle, b.boxes, b.nbytes) == ([64, 64], 128, 2, 64 * 128 * 2)
     _, _, low = _lower(_gemm(scale_in_loop=True))  # 64-wide: wgmma panels, fed by TMA
     assert low.ws is None and low.wsloop.stages == 4 and low.launch_threads == 256 + 128
 
@@ -279,8 +281,8 @@ def test_a_persistent_walk_frees_the_stages_its_last_gemm_held():
 def test_whole_kernel_paths_can_step_aside():
     """whole_kernel_paths=False routes the kernels the whole-kernel paths recognize through
     the per-op lowering: the repo's attention example and the seed's 128x128x32 GEMM (its
-    32-wide 16-bit K tiles as narrow panels in the 64-byte swizzle) get the TMA-fed loop and
-    wgmma; the seed's one warpgroup walks persistently two blocks per SM."""
+    32-wide 16-bit K tiles two per ring stage, ws_pairs.py) get the TMA-fed loop and wgmma;
+    the seed's one warpgroup walks persistently, one block per SM with 4 merged stages."""
     import sys
     from pathlib import Path
 
@@ -299,6 +301,7 @@ def test_whole_kernel_paths_can_step_aside():
     _, _, per_op = _lower(seed, whole_kernel_paths=False)
     assert whole.ws is not None
     assert per_op.ws is None and per_op.wsloop is not None and per_op.wgmma_ops
-    assert per_op.wsloop.persistent and per_op.wsloop.min_blocks == 2
+    w = per_op.wsloop
+    assert w.persistent and w.merge == 2 and w.stages == 4 and w.min_blocks == 1
     c = tiled.compile(seed, target="cuda:sm_90a", cache=False, whole_kernel_paths=False)
-    assert c.manifest.grid[0] == ("min", ("mul", 8, 8), ("mul", 2, "tiled_sm_count"))
+    assert c.manifest.grid[0] == ("min", ("mul", 8, 8), "tiled_sm_count")

@@ -122,3 +122,28 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
             return RunAhead(f, tuple(copies), tuple(release))
     return None
 
+
+
+def offset_steps(p: pb.Program, f: pb.For, c: pb.Copy) -> list[int | None]:
+    """Per source offset of copy `c` in loop `f`: by how many elements it moves from one
+    iteration to the next, proved for every value of the dims, block indices and scalars
+    (TVM's arithmetic analyzer, not sampled), or None where that is not one constant."""
+    from tvm import tirx
+    from tvm.sym import Analyzer
+
+    from tiled.compiler.tir import ExprLowering
+    from tiled.ir.program import Program
+
+    low = ExprLowering(Program(p))
+    for v in p.vars:
+        low.vars[v.id] = tirx.Var(f"v{v.id}", low.var_dtype[v.id])
+    k = low.vars[f.var]
+    ana = Analyzer()
+    steps: list[int | None] = []
+    for e in c.src.offsets:
+        low.vars[f.var] = k + 1
+        after = low.expr(e)
+        low.vars[f.var] = k
+        step = ana.simplify(after - low.expr(e))
+        steps.append(int(step.value) if isinstance(step, tirx.IntImm) else None)
+    return steps

@@ -15,9 +15,11 @@ Such tiles are *panel tiles*: a tile [rows][cols] (per stage) is stored as panel
 c ^ (r % 8)), or, for a K-major tile whose rows are 64 bytes (TileLang's block_K = 32 in 16
 bits), as one panel of 64-byte rows in the 64-byte swizzle (chunk c at c ^ (r / 2 % 4)),
 stages and the tile 1024-byte aligned: what wgmma's descriptors read (the
-explicit path's panel tiles, sm90_wgmma.py, written there by TMA). Every access goes through
-`panel_index`, so copies, cp.async (16-byte chunks stay whole) and element accesses all see
-the logical tile. The accumulator takes the wgmma layout (`WgmmaLayout(BM, BN, nwg)`), which
+explicit path's panel tiles, sm90_wgmma.py, written there by TMA). A ring tile whose stage
+holds two iterations' tiles (ws_pairs.py) is placed as that stage: two narrow K-major tiles
+make one panel of 128-byte rows, two MN-major ones panels of twice the K rows, and the
+iteration's half is `low.panel_shift`. Every access goes through `panel_index`, so copies,
+cp.async (16-byte chunks stay whole) and element accesses all see the logical tile. The accumulator takes the wgmma layout (`WgmmaLayout(BM, BN, nwg)`), which
 layout inference spreads through T.Parallel nests, copies and row reductions as usual.
 
 Each wgmma gemm is preceded by a proxy fence of the threads' own shared writes and a barrier
@@ -148,7 +150,8 @@ def plan_wgmma(program: pb.Program, infer) -> tuple[WgmmaOps, dict | None]:
 
 def panel_index(low, bid: int, indices: list):
     """The flat element index of logical element `indices` of panel tile `bid` (its leading
-    indices and the current pipeline stage select a stage)."""
+    indices and the current pipeline stage select a stage; in a stage of two merged ring
+    iterations, ws_loop.py, the iteration's half of its 128-byte rows)."""
     tile = low.shared[bid]  # rows: all leading dims flattened (one pipeline stage)
     shape = _shape(low.buffers[bid])
     rows, cols = shape[-2], shape[-1]
@@ -156,18 +159,29 @@ def panel_index(low, bid: int, indices: list):
         tirx.const(0, "int32")
     stage = low.stage.get(bid)
     if stage is not None:
-        lead = lead + stage * (tile.rows * cols)
+        lead = lead + stage * (tile.rows * tile.cols)
     r, c = indices[-2], indices[-1]
-    buf = low.buffers[bid]
-    row_bytes = panel_row_bytes(buf)
-    row = row_bytes // dtypes.nbytes(buf.dtype)
-    unit = CHUNK_BYTES // dtypes.nbytes(buf.dtype)
+    if len(shape) == 2:  # as placed: a merged ring tile's stage holds two tiles (ws_loop.py)
+        rows = tile.rows
+    shift = low.panel_shift.get(bid)
+    if shift is not None:  # this iteration's tile in such a stage
+        r, c = r + shift[0], c + shift[1]
+    row_bytes = tile_row_bytes(tile)
+    size = dtypes.nbytes(tile.dtype)
+    row, unit = row_bytes // size, CHUNK_BYTES // size
     # 16-byte chunk c of row r at chunk c ^ (r % 8) (128-byte rows), c ^ (r / 2 % 4) (64-byte)
     phase = tirx.floormod(r, 8) if row_bytes == PANEL_BYTES else \
         tirx.floormod(tirx.floordiv(r, 2), 4)
     chunk = tirx.bitwise_xor(tirx.floordiv(tirx.floormod(c, row), unit), phase)
     return (lead + tirx.floordiv(c, row) * (rows * row) + r * row
             + chunk * unit + tirx.floormod(c, unit))
+
+
+def tile_row_bytes(tile) -> int:
+    """Bytes per swizzled row of a placed panel tile (passes/resources.SharedTile): 64 for a
+    narrow panel, 128 otherwise (also for two narrow tiles merged into one stage)."""
+    return NARROW_BYTES if tile.cols * dtypes.nbytes(tile.dtype) == NARROW_BYTES else \
+        PANEL_BYTES
 
 
 def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
@@ -179,7 +193,7 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     a, c = low.buffers[g.a], low.buffers[g.c]
     lay = low.layouts[g.c]
     BM, BN = _shape(c)
-    K = _shape(a)[-1]
+    K = _shape(a)[-1] * low.k_tiles
     WM = BM // lay.nwg
     acc = low.tir[g.c]
     # C = A @ B: 16-bit operands take the first wgmma's zero scale-d (no instruction writes
@@ -200,6 +214,8 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     turn = ", true" if low.turn else ""  # issued on its warpgroup's turn (ws_loop.py)
     if zero_init:
         turn = f", {str(bool(low.turn)).lower()}, true"
+    if g.b in low.panel_shift:  # stages of two merged K tiles (ws_pairs.py)
+        turn = f", {str(bool(low.turn)).lower()}, {str(zero_init).lower()}, {2 * _shape(a)[-1]}"
     issue = "_issue" if low.in_flight else ""  # left in flight, retired by wgmma_waits.py
     if a.scope == pb.FRAGMENT:  # RS: A's words from registers, in the wgmma layout
         pa = T.address_of(low.tir[g.a][0])

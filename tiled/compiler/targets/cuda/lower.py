@@ -103,6 +103,7 @@ class CudaLowering(ExprLowering):
     turn = False  # a wgmma gemm issued on its warpgroup's turn (ws_loop.py, pingpong)
     in_flight = False  # a wgmma gemm left in flight (wgmma_waits.py)
     zero_init = False  # a wgmma gemm that sets its accumulator, C = A @ B (ws_rotate.py)
+    k_tiles = 1  # a wgmma gemm over this many K tiles of its merged ring stage (ws_pairs.py)
     # What the op modules (reduce, parallel) ask of the target; ROCm's lowering (a subclass,
     # targets/rocm/lower.py) brings its own.
     warp_size = 32  # lanes of a warp
@@ -151,6 +152,9 @@ class CudaLowering(ExprLowering):
         self.tir: dict[int, tirx.Buffer] = {}
         self.shared: dict[int, SharedTile] = {}
         self.stage: dict[int, tirx.PrimExpr] = {}  # shared bid -> current stage index
+        # ring tile -> (rows, columns) before this iteration's tile in a stage of merged
+        # iterations (ws_loop.py)
+        self.panel_shift: dict[int, tuple] = {}
         self.frag_bind: dict[int, tirx.PrimExpr] = {}  # fragment bid -> local slot in a nest
         self.frag_row = None  # (anchor layout, its slot) of the T.Parallel nest being lowered
         self.replica = None  # in a nest over a rows layout: true in one lane of each quad

@@ -100,6 +100,8 @@ def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
         if b.scope != pb.SHARED or b.id in ring_tiles or b.id in low.placed_elsewhere():
             continue
         shape = [d.size for d in b.shape]
+        if b.id in ring and b.id in low.wsloop.merged:  # a stage holds two tiles along K
+            shape[low.wsloop.merged[b.id]] *= low.wsloop.merge
         cols = shape[-1]
         rows = math.prod(shape[:-1])
         # TMA writes dense rows (no swizzle on the explicit path): its tiles get no pad;

@@ -41,8 +41,10 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
   from one to the next (`_blocks`): by default where every block runs the loop alike
   (PERSISTENT_BY_DEFAULT says why), or as the compile option `persistent` says.
 
-The ring has the loop's num_stages stages, at least 2, and up to MIN_RING where shared
-memory holds them (half of it for a one-warpgroup program); where two stages do not fit,
+Copies of adjacent 32-wide K tiles of 16-bit data share a stage between two iterations
+(ws_pairs.py). The ring has the loop's num_stages stages, at least 2, and up to MIN_RING
+where shared memory holds them (half of it for a one-warpgroup program, unless its stages
+are merged: WsLoop.block_budget); where two stages do not fit,
 the loop is not pipelined (the lowering plans again without the producer). The tiles'
 elements outside the tensor read as zeros (TMA's fill), as T.copy's do.
 """
@@ -57,7 +59,7 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import RunAhead, gathers, run_ahead
-from tiled.compiler.targets.cuda.gemm_sm90 import panel_row_bytes
+from tiled.compiler.targets.cuda.gemm_sm90 import PANEL_BYTES, panel_row_bytes
 from tiled.compiler.targets.cuda.sm90_gemm import (
     MIN_RING,
     PRODUCER_REGS,
@@ -73,6 +75,7 @@ from tiled.compiler.targets.cuda.wgmma_waits import (
     retire_after_loop,
     wgmma_gemm,
 )
+from tiled.compiler.targets.cuda.ws_pairs import lower_pair_loop, merged_axes, pair_gemm
 from tiled.compiler.targets.cuda.ws_rotate import find_rotation, lower_rotated_loop
 from tiled.ir import dtypes
 from tiled.ir.walk import expr_vars, walk
@@ -97,6 +100,7 @@ class RingCopy:
     boxes: int  # boxes per stage (panels of a panel tile)
     box_cols: int  # tile columns per box
     nbytes: int  # bytes per stage
+    row_dim: int  # the source dim along the tile's rows
 
     @property
     def tile(self) -> int:
@@ -116,6 +120,8 @@ class WsLoop:
     pingpong: bool = False  # the consumer warpgroups take turns issuing their gemms
     in_flight: bool = True  # gemms may stay in flight past their statement (wgmma_waits.py)
     persistent: bool = False  # min(blocks, SMs) blocks walk the program's blocks
+    merge: int = 1  # loop iterations per ring stage (2: K tiles paired, ws_pairs.py)
+    merged: dict = field(default_factory=dict)  # merged ring tile -> its K axis (0 / 1)
 
     @property
     def producer_threads(self) -> int:
@@ -123,14 +129,18 @@ class WsLoop:
 
     @property
     def block_budget(self) -> int:
-        """Shared memory bytes a block may take and keep the blocks per SM aimed at."""
-        return (SM_SMEM // MIN_BLOCKS - 1024) if self.consumer_threads < 256 else \
-            SM_SMEM - 1024
+        """Shared memory bytes a block may take and keep the blocks per SM aimed at. A ring
+        of merged stages (ws_pairs.py) grows to MIN_RING stages at one block per SM rather
+        than stop short of it for two: the seed's GEMM (128 x 128 x 32, one warpgroup) read
+        0.88x cuBLAS with 4 stages at one block per SM against 0.77-0.81x with 3 at two
+        (benchmarks/results/merged_ring_h200.json)."""
+        return SM_SMEM - 1024 if self.consumer_threads >= 256 or self.merge > 1 else \
+            SM_SMEM // MIN_BLOCKS - 1024
 
     def fit_blocks(self, pool_bytes: int) -> None:
         """The launch bounds' blocks per SM for a pool of `pool_bytes`."""
         self.min_blocks = MIN_BLOCKS if self.consumer_threads < 256 and \
-            pool_bytes <= self.block_budget else 1
+            pool_bytes <= SM_SMEM // MIN_BLOCKS - 1024 else 1
 
     @property
     def loop(self) -> pb.For:
@@ -182,7 +192,7 @@ def _ring_copy(p: pb.Program, buffers, panels: set[int], pos: int, release: int,
     box = [box_cols if d == len(ext) - 1 else rows if d == nonunit[0] else 1
            for d in reversed(range(len(ext)))]
     return RingCopy(pos, c, release, box, swizzle, cols // box_cols, box_cols,
-                    rows * cols * size), req
+                    rows * cols * size, nonunit[0]), req
 
 
 def plan_ws_loop(low) -> WsLoop | None:
@@ -212,9 +222,20 @@ def plan_ws_loop(low) -> WsLoop | None:
         copies.append(found[0])
         requires += [r for r in found[1] if r not in requires]
     gemms = [st for st in body if wgmma_gemm(st, low.wgmma_ops.accumulators)]
-    return WsLoop(run, copies, tuple(requires), low.threads,
-                  stages=max(2, run.loop.num_stages),
-                  pingpong=low.threads == 256 and len(gemms) >= 2)
+    w = WsLoop(run, copies, tuple(requires), low.threads, stages=max(2, run.loop.num_stages),
+               pingpong=low.threads == 256 and len(gemms) >= 2)
+    axes = merged_axes(p, buffers, w, gemms)
+    if axes:
+        w.merge, w.merged = 2, axes
+        for rc in copies:  # both iterations' tiles in one stage: 128-byte rows
+            if axes[rc.tile] == 1:  # K along the rows: one box twice as wide
+                rc.box = [2 * rc.box_cols, *rc.box[1:]]
+                rc.swizzle, rc.box_cols = PANEL_BYTES, 2 * rc.box_cols
+            else:  # K down the columns: boxes twice as tall
+                rc.box = [x * 2 if d == len(rc.box) - 1 - rc.row_dim else x
+                          for d, x in enumerate(rc.box)]
+            rc.nbytes *= 2
+    return w
 
 
 def grow_stages(w: WsLoop, pool_bytes: int, budget: int) -> bool:
@@ -341,6 +362,13 @@ def _blocks(low, grid: list):
             for v, g in zip(low.program.kernel.block_vars, grid, strict=True):
                 low.vars[v] = tirx.truncmod(linear, g)
                 linear = tirx.truncdiv(linear, g)
+        # Each block index computed once per program block: inside the ring loops nvcc
+        # recomputed the grouped walk's divisions at every step (it may not hoist a division
+        # out of a loop that might not run), a dozen instructions on the producer's path.
+        for v in low.program.kernel.block_vars:
+            index = T.alloc_buffer((1,), "int32", scope="local")
+            T.buffer_store(index, low.vars[v], [0])
+            low.vars[v] = index[0]
         yield
 
 
@@ -389,8 +417,8 @@ def _lower_producer(low) -> None:
     f = w.loop
     n = low.expr(f.extent)
     base = _ring_base(low)
-    with T.serial(0, n) as k:
-        low.vars[f.var] = k
+    with T.serial(0, _ring_steps(w, n)) as k:
+        low.vars[f.var] = k * w.merge  # the first of the iterations this stage holds
         stage, phase = _stage_phase(w, base + k)
         for i, rc in enumerate(w.copies):
             low.stage[rc.tile] = stage
@@ -403,9 +431,34 @@ def _lower_producer(low) -> None:
                 col = b * rc.box_cols
                 dst = low.addr(rc.tile, [zero, tirx.const(col, "int32")])
                 _call("tma_load", dst, w.maps[i], full, coords[0] + col, *coords[1:])
-    _ring_advance(low, n)
+    _ring_advance(low, _ring_steps(w, n))
+    _leave_stages(low)
+
+
+def _ring_steps(w: WsLoop, n):
+    """Ring stages a loop of `n` iterations takes."""
+    return n if w.merge == 1 else tirx.floordiv(n + w.merge - 1, w.merge)
+
+
+def _enter_stage(low, k, base) -> tuple:
+    """Points the ring tiles at iteration k's stage (and, merged, its half of it); returns
+    the stage and its phase."""
+    w = low.wsloop
+    stage, phase = _stage_phase(w, base + (k if w.merge == 1 else tirx.floordiv(k, w.merge)))
     for rc in w.copies:
+        low.stage[rc.tile] = stage
+        if w.merge > 1:
+            axis = w.merged[rc.tile]
+            half = tirx.floormod(k, w.merge) * low.buffers[rc.tile].shape[axis].size
+            zero = tirx.const(0, "int32")
+            low.panel_shift[rc.tile] = (zero, half) if axis else (half, zero)
+    return stage, phase
+
+
+def _leave_stages(low) -> None:
+    for rc in low.wsloop.copies:
         low.stage.pop(rc.tile, None)
+        low.panel_shift.pop(rc.tile, None)
 
 
 def lower_ring_consumer(low, f: pb.For) -> None:
@@ -429,17 +482,28 @@ def lower_ring_consumer(low, f: pb.For) -> None:
         with T.If(n > 0), T.Then():
             for i in sorted(peeled):
                 low.stmt(body[i].if_then_else.then_body)
-    rot = find_rotation(low, body, ring, peeled) if w.in_flight else None
-    waits = plan_waits(low, body, peeled) if w.in_flight and rot is None else None
+    pair = pair_gemm(low, body, ring, peeled)
+    rot = find_rotation(low, body, ring, peeled) if w.in_flight and w.merge == 1 else None
+    waits = plan_waits(low, body, peeled) if w.in_flight and rot is None and pair is None \
+        else None
     base = _ring_base(low)
-    if rot is not None:
+    if pair is not None:
+        def wait_full(j, stage, phase):
+            _call("bar_wait", _bar(low, w.full(j, stage)), phase)
+
+        def release(j, at):  # copy j's stage at ring count `at`
+            _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
+
+        lower_pair_loop(low, f, body[pair], base, n, lambda k: _enter_stage(low, k, base),
+                        wait_full, release)
+    elif rot is not None:
         def release_at(j, at):  # copy j's stage of ring step `at`
             _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
         lower_rotated_loop(low, f, body, ring, peeled, rot, base, n,
                            lambda k: _stage_phase(w, k), release_at, writes)
     else:
         _lower_loop(low, f, body, ring, peeled, waits, base, n, writes)
-    _ring_advance(low, n)
+    _ring_advance(low, _ring_steps(w, n))
     if waits is not None:
         def release_last(j):  # the ring's count is past the loop's last step now
             with T.If(n > 0), T.Then():
@@ -448,8 +512,7 @@ def lower_ring_consumer(low, f: pb.For) -> None:
         retire_after_loop(low, waits, body, release_last if w.persistent else None)
     if w.pingpong:
         _call("turn_last")
-    for rc in w.copies:
-        low.stage.pop(rc.tile, None)
+    _leave_stages(low)
     if writes:
         low.sync.pending_read = low.sync.pending_write = False
     low.sync.pending_read |= reads
@@ -462,19 +525,29 @@ def _lower_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int], waits,
     w = low.wsloop
     with T.serial(0, n) as k:
         low.vars[f.var] = k
-        stage, phase = _stage_phase(w, base + k)
-        for rc in w.copies:
-            low.stage[rc.tile] = stage
+        stage, phase = _enter_stage(low, k, base)
 
         def release(j, back=0):  # copy j's stage of this step (back=1: of the one before)
-            at = base + k - back
-            _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
+            at = k - back
+            if w.merge == 1:
+                _call("ring_release", _bar(low, w.empty(j, tirx.floormod(base + at,
+                                                                         w.stages))))
+                return
+            bar = _bar(low, w.empty(j, tirx.floormod(base + tirx.floordiv(at, w.merge),
+                                                      w.stages)))
+            with T.If(tirx.Or(tirx.floormod(at, w.merge) == w.merge - 1, at == n - 1)):
+                with T.Then():  # the stage's last iteration
+                    _call("ring_release", bar)
 
         for i, st in enumerate(body):
             if waits is not None and i in waits.before:
                 retire(low, waits, body, waits.before[i], k, release)
             if i in ring:
-                _call("bar_wait", _bar(low, w.full(ring[i], stage)), phase)
+                if w.merge == 1:
+                    _call("bar_wait", _bar(low, w.full(ring[i], stage)), phase)
+                else:  # the stage's first iteration
+                    with T.If(tirx.floormod(k, w.merge) == 0), T.Then():
+                        _call("bar_wait", _bar(low, w.full(ring[i], stage)), phase)
             elif i in peeled:
                 pass
             else:

@@ -140,14 +140,17 @@ __host__ __device__ constexpr int cols_width() {
   return BN - COL >= 256 ? 256 : BN - COL >= 128 ? 128 : 64;
 }
 
-template <typename T, int BN, int K, bool B_KMAJOR, int COL = 0, typename Acc>
+// KS: the K elements B's stage holds (2 * K where two K tiles share a ring stage, ws_loop.py:
+// `sb` then points at this tile's half).
+template <typename T, int BN, int K, bool B_KMAJOR, int KS = K, int COL = 0, typename Acc>
 __device__ __forceinline__ void wgmma_cols_any(Acc* acc, uint64_t da, const unsigned char* sb,
                                                int kk, uint32_t scale_d = 1u) {
   constexpr int kW = cols_width<BN, COL>();
-  wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da,
-                             b_desc<BN, K, B_KMAJOR, COL, narrow_panel<T, K>()>(sb, kk), scale_d);
+  constexpr bool kNarrow = narrow_panel<T, KS>();
+  wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da, b_desc<BN, KS, B_KMAJOR, COL, kNarrow>(sb, kk),
+                             scale_d);
   if constexpr (COL + kW < BN)
-    wgmma_cols_any<T, BN, K, B_KMAJOR, COL + kW>(acc, da, sb, kk, scale_d);
+    wgmma_cols_any<T, BN, K, B_KMAJOR, KS, COL + kW>(acc, da, sb, kk, scale_d);
 }
 
 // acc[BM x BN] += A[BM x K] @ B for one warpgroup, A and B panel tiles at byte offsets

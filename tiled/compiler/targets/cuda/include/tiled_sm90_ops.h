@@ -43,14 +43,16 @@ __device__ __forceinline__ void turn_last() {
 // panel tile of BM rows (panels BM * 128 bytes apart), `b` at a panel tile as wgmma_cols_any
 // reads it; acc in the wgmma layout (WM / 64 blocks of BN / 2 floats). Fenced before;
 // wgmma_rows retires it before return (wait_group 0), wgmma_rows_issue leaves it in flight;
-// with TURN, issued on this warpgroup's turn.
+// with TURN, issued on this warpgroup's turn. KS: the K elements A's and B's stages hold (2 *
+// K where two K tiles share a ring stage, ws_loop.py: `a` and `b` then point at this
+// tile's half; two narrow tiles make one panel of 128-byte rows).
 template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false,
-          bool ZERO = false, typename Acc>
+          bool ZERO = false, int KS = K, typename Acc>
 __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, Acc* acc) {
   constexpr int kSlice = 32 / sizeof(T);  // K elements of one wgmma
-  constexpr bool kNarrow = narrow_panel<T, K>();
+  constexpr bool kNarrow = narrow_panel<T, KS>();
   static_assert(WM % 64 == 0 && BM % WM == 0 && BN % 64 == 0 &&
-                    (K % (4 * kSlice) == 0 || kNarrow),
+                    (K % (4 * kSlice) == 0 || narrow_panel<T, K>()),
                 "wgmma_rows shape");
   static_assert(!ZERO || sizeof(T) == 2, "wgmma_rows: ZERO takes 16-bit operands");
   const unsigned char* sa = static_cast<const unsigned char*>(a);
@@ -64,31 +66,31 @@ __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, A
       const uint64_t da =
           kNarrow ? make_smem_desc(sa + h * 4096 + 32 * kk, 16, 512, Swizzle::k64B)
                   : desc_kmajor_sw128(sa + (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
-      wgmma_cols_any<T, BN, K, B_KMAJOR>(acc + h * (BN / 2), da, sb, kk,
-                                         ZERO && kk == 0 ? 0u : 1u);
+      wgmma_cols_any<T, BN, K, B_KMAJOR, KS>(acc + h * (BN / 2), da, sb, kk,
+                                             ZERO && kk == 0 ? 0u : 1u);
     }
   }
   wgmma_commit_group();
   if constexpr (TURN) turn_pass();
 }
 template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false,
-          bool ZERO = false, typename Acc>
+          bool ZERO = false, int KS = K, typename Acc>
 __device__ __forceinline__ void wgmma_rows(const void* a, const void* b, Acc* acc) {
-  wgmma_rows_issue<T, WM, BM, BN, K, B_KMAJOR, TURN, ZERO>(a, b, acc);
+  wgmma_rows_issue<T, WM, BM, BN, K, B_KMAJOR, TURN, ZERO, KS>(a, b, acc);
   wgmma_wait_group<0>();
 }
 
 // wgmma_cols_any with A from registers: `a` the 4 words (8 16-bit elements) of the k16 slice.
-template <typename T, int BN, int K, bool B_KMAJOR, int COL = 0>
+template <typename T, int BN, int K, bool B_KMAJOR, int KS = K, int COL = 0>
 __device__ __forceinline__ void wgmma_cols_rs(float* acc, const uint32_t* a,
                                               const unsigned char* sb, int kk,
                                               uint32_t scale_d = 1u) {
   constexpr int kW = cols_width<BN, COL>();
+  constexpr bool kNarrow = narrow_panel<T, KS>();
   WgmmaRS<T, kW, B_KMAJOR ? 0 : 1>::run(*reinterpret_cast<float(*)[kW / 2]>(acc + COL / 2), a,
-                                        b_desc<BN, K, B_KMAJOR, COL, narrow_panel<T, K>()>(
-                                            sb, kk), scale_d);
+                                        b_desc<BN, KS, B_KMAJOR, COL, kNarrow>(sb, kk), scale_d);
   if constexpr (COL + kW < BN)
-    wgmma_cols_rs<T, BN, K, B_KMAJOR, COL + kW>(acc, a, sb, kk, scale_d);
+    wgmma_cols_rs<T, BN, K, B_KMAJOR, KS, COL + kW>(acc, a, sb, kk, scale_d);
 }
 
 // acc[WM x BN] += A[WM x K] @ B (ZERO: acc = A @ B, its old values ignored by the first
@@ -97,7 +99,7 @@ __device__ __forceinline__ void wgmma_cols_rs(float* acc, const uint32_t* a,
 // blocks of K / 2 elements; two per 32-bit word, which is wgmma's A-operand layout per k16
 // slice), B a panel tile as wgmma_cols_any reads it. As wgmma_rows (and _issue).
 template <typename T, int WM, int BN, int K, bool B_KMAJOR, bool TURN = false,
-          bool ZERO = false>
+          bool ZERO = false, int KS = K>
 __device__ __forceinline__ void wgmma_rows_rs_issue(const void* a, const void* b, float* acc) {
   static_assert(WM % 64 == 0 && BN % 64 == 0 && K % 16 == 0, "wgmma_rows_rs shape");
   const uint32_t* wa = static_cast<const uint32_t*>(a);
@@ -108,16 +110,16 @@ __device__ __forceinline__ void wgmma_rows_rs_issue(const void* a, const void* b
   for (int kk = 0; kk < K / 16; ++kk) {
 #pragma unroll
     for (int h = 0; h < WM / 64; ++h)
-      wgmma_cols_rs<T, BN, K, B_KMAJOR>(acc + h * (BN / 2), wa + h * (K / 4) + 4 * kk, sb, kk,
-                                        ZERO && kk == 0 ? 0u : 1u);
+      wgmma_cols_rs<T, BN, K, B_KMAJOR, KS>(acc + h * (BN / 2), wa + h * (K / 4) + 4 * kk, sb,
+                                            kk, ZERO && kk == 0 ? 0u : 1u);
   }
   wgmma_commit_group();
   if constexpr (TURN) turn_pass();
 }
 template <typename T, int WM, int BN, int K, bool B_KMAJOR, bool TURN = false,
-          bool ZERO = false>
+          bool ZERO = false, int KS = K>
 __device__ __forceinline__ void wgmma_rows_rs(const void* a, const void* b, float* acc) {
-  wgmma_rows_rs_issue<T, WM, BN, K, B_KMAJOR, TURN, ZERO>(a, b, acc);
+  wgmma_rows_rs_issue<T, WM, BN, K, B_KMAJOR, TURN, ZERO, KS>(a, b, acc);
   wgmma_wait_group<0>();
 }
 

@@ -17,7 +17,8 @@ Checked kernels (each against torch in float32):
 Here (the CPU machine, with TVM):
     python benchmarks/gpu/merged_ring.py build --out .gpu/merged_ring
 There (device tool, carry=[".gpu"]; thin runtime only):
-    python3 benchmarks/gpu/merged_ring.py run --bundle .gpu/merged_ring --out $OUT/merged_ring_h200.json
+    python3 benchmarks/gpu/merged_ring.py run --bundle .gpu/merged_ring \
+        --out $OUT/merged_ring_h200.json
 """
 
 import json

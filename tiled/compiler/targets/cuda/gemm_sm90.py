@@ -19,7 +19,8 @@ explicit path's panel tiles, sm90_wgmma.py, written there by TMA). A ring tile w
 holds two iterations' tiles (ws_pairs.py) is placed as that stage: two narrow K-major tiles
 make one panel of 128-byte rows, two MN-major ones panels of twice the K rows, and the
 iteration's half is `low.panel_shift`. Every access goes through `panel_index`, so copies,
-cp.async (16-byte chunks stay whole) and element accesses all see the logical tile. The accumulator takes the wgmma layout (`WgmmaLayout(BM, BN, nwg)`), which
+cp.async (16-byte chunks stay whole) and element accesses all see the logical tile. The
+accumulator takes the wgmma layout (`WgmmaLayout(BM, BN, nwg)`), which
 layout inference spreads through T.Parallel nests, copies and row reductions as usual.
 
 Each wgmma gemm is preceded by a proxy fence of the threads' own shared writes and a barrier

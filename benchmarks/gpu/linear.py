@@ -14,9 +14,10 @@ at commit 73d750a, when this script's kernels had a static M):
   cannot fill the SMs; each split writes its float32 partial into P[s] of a [splits, M, N]
   workspace, summed and cast to bf16 after (here by torch; tiled.ops.linear uses its
   splitk_sum kernel). The timed call is the kernel and that sum;
-- `per_op_*`: the `tile` kernel compiled with whole_kernel_paths=False (the generic
-  TMA-fed loop, ws_loop.py, instead of the whole-kernel GEMM path), one block per tile and
-  with persistent=2: whether the generic path can replace the recognizer at these sizes.
+- `per_op_*` (with `LINEAR_PER_OP=1`): every candidate above compiled again with
+  whole_kernel_paths=False (the generic TMA-fed loop, ws_loop.py, instead of the whole-kernel
+  GEMM path, which takes all of them by default): whether the generic path can replace the
+  recognizer at these sizes.
 
 Here (the CPU machine, with TVM):
     python benchmarks/gpu/linear.py build --out .gpu/linear
@@ -88,18 +89,15 @@ def candidates(M, N, K) -> dict:
     for BM, BN, threads in tiles:
         if M >= 64 or BM == 64:
             out[f"tile_{BM}x{BN}_t{threads}"] = ("tile", (BM, BN, threads), {})
-    if M >= 1024:
-        for BN in (256, 128):
-            for persistent in (1, 2):
-                out[f"per_op_128x{BN}_t256_p{persistent}"] = (
-                    "tile", (128, BN, 256), {"whole_kernel_paths": False,
-                                             "persistent": persistent})
     if M <= 128:
         BX = 64 if M <= 64 else 128
         for BW, threads in ((128, 256), (64, 128)):
             for splits in (1, 2, 4, 8) if K >= 8192 else (1, 2, 4):
                 out[f"swap_{BW}x{BX}_t{threads}_s{splits}"] = (
                     "swap", (BW, BX, threads, splits), {})
+    if os.environ.get("LINEAR_PER_OP"):  # each through the per-op path too
+        out.update({f"per_op_{name}": (kind, args, {"whole_kernel_paths": False})
+                    for name, (kind, args, _) in list(out.items())})
     return out
 
 
@@ -142,7 +140,8 @@ def build(out: Path) -> None:
                                "error": f"{type(e).__name__}: {e}"[:500]}
             print(name, index[name], flush=True)
     (out / "index.json").write_text(json.dumps({
-        "command": build_command("linear.py", out, ("LINEAR_MS", "LINEAR_CANDIDATES")),
+        "command": build_command("linear.py", out,
+                                 ("LINEAR_MS", "LINEAR_CANDIDATES", "LINEAR_PER_OP")),
         "machine": machine(), "target": TARGET, "kernels": index}, indent=1))
 
 

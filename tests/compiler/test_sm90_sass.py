@@ -161,18 +161,25 @@ def _ptxas_remarks(source: str, tmp_path) -> list[str]:
             if re.search(r"\(C75\d\d\)", line)]
 
 
-@pytest.mark.parametrize("name,gpu", [("mha_fwd_bshd", True), ("mha_fwd_bshd_causal", True),
-                                      ("gqa_fwd_bshd", False),
-                                      ("mha_fwd_bhsd_wgmma_pipelined", False),
-                                      ("gemm_nt", True)])
-def test_no_wgmma_is_serialized(tmp_path, name, gpu):
+PER_OP = {"whole_kernel_paths": False}
+
+
+@pytest.mark.parametrize("name,gpu,options", [
+    ("mha_fwd_bshd", True, {}), ("mha_fwd_bshd_causal", True, {}), ("gqa_fwd_bshd", False, {}),
+    ("mha_fwd_bhsd_wgmma_pipelined", False, {}), ("gemm_nt", True, {}),
+    # the per-op path on what the whole-kernel GEMM path takes by default: merged 32-wide K
+    # tiles (ws_pairs.py), TileLang's register-A GEMM (A staged through shared memory, its
+    # C_local -> C_cast -> C epilogue folded: passes/staging.py, passes/fold.py), float8
+    ("gemm", False, PER_OP), ("gemm_rs", True, PER_OP), ("gemm_fp8_e4m3", True, PER_OP)])
+def test_no_wgmma_is_serialized(tmp_path, name, gpu, options):
     """The wgmma schedules the lowering picks (the software-pipelined attention loop of
-    ws_rotate.py, the GEMM loop of wgmma_waits.py) never make ptxas serialize the wgmmas."""
+    ws_rotate.py, the GEMM loops of wgmma_waits.py and ws_pairs.py) never make ptxas
+    serialize the wgmmas."""
     import tiled
 
     case = load_all()[name]
     k = case.factory(**{**case.cpu, **(case.gpu if gpu else {})}).kernel
-    c = tiled.compile(k, target="cuda:sm_90a", cache=False)
+    c = tiled.compile(k, target="cuda:sm_90a", cache=False, **options)
     assert "wgmma_rows" in c.source
     assert _ptxas_remarks(c.source, tmp_path) == []
 

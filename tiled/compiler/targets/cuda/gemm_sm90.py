@@ -206,8 +206,7 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
         with low.loop(lay.local_size) as idx:
             T.buffer_store(acc, tirx.const(0, acc.dtype), [idx])
     zero = tirx.const(0, "int32")
-    wg = tirx.floordiv(low.tx - low.tid_base, 128) if low.tid_base else \
-        tirx.floordiv(low.tx, 128)
+    wg = tirx.floordiv(low.tx, 128)  # low.tx counts from a T.ws region's first thread
     b_idx = [low.expr(i) for i in g.b_index] + [zero, zero]
     pb_ = T.address_of(low.tir[g.b][panel_index(low, g.b, b_idx)])
     ct = CTYPE[dtypes.canonical_name(a.dtype)]
@@ -264,13 +263,15 @@ def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: in
 
 
 def store_wgmma_fragment(low, c: pb.Copy) -> bool:
-    """A whole float32 wgmma accumulator (WgmmaLayout) to a global tile: each warpgroup's
-    rows by quad-transposed 16-byte stores for 16-bit outputs, by pairs (8 bytes) for
-    float32 (tiled_sm90.h, WgmmaTile::store), instead of one element per slot. False when
-    the copy is not that."""
+    """A whole fragment in the wgmma layout (WgmmaLayout: a float32 accumulator, or a 16-bit
+    fragment cast from one, TileLang's C_local -> C_cast) to a global tile: each
+    warpgroup's rows by quad-transposed 16-byte stores for 16-bit outputs, by pairs (8
+    bytes) for float32 (tiled_sm90.h, WgmmaTile::store), instead of one element per slot.
+    False when the copy is not that."""
     src = low.buffers[c.src.buffer]
     lay = low.layouts.get(src.id) if src.scope == pb.FRAGMENT else None
-    if not isinstance(lay, WgmmaLayout) or dtypes.canonical_name(src.dtype) != "float32":
+    if not isinstance(lay, WgmmaLayout) or \
+            dtypes.canonical_name(src.dtype) not in ("float32", "float16", "bfloat16"):
         return False
     return store_acc_tile(low, c, f"tiled::sm90::WgmmaTile<{lay.M}, {lay.N}, {lay.nwg}>",
                           src.id, lay.M, lay.N, tirx.floordiv(low.tx, 128))

@@ -11,6 +11,8 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler.passes.fold import fold_cast_stores
+from tiled.compiler.passes.staging import stage_fragment_operands
 from tiled.compiler.targets.cuda.lower import CudaLowering
 from tiled.compiler.targets.cuda.sm90_attn import lower_attn_kernel, tmap_params
 from tiled.compiler.targets.cuda.sm90_gemm import lower_ws_kernel
@@ -38,6 +40,8 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     and attention paths (sm90_gemm, sm90_attn) may take the kernels they recognize."""
     import tvm
 
+    if lowering is None and arch == "sm_90a" and warp_specialize:
+        program = fold_cast_stores(stage_fragment_operands(program))
     p = program.proto
     low = lowering(program, arch, warp_specialize) if lowering else \
         CudaLowering(program, arch, warp_specialize, whole_kernel)

@@ -67,12 +67,12 @@ from tiled.compiler.targets.cuda.sm90_attn import (
     store_attn_tile,
 )
 from tiled.compiler.targets.cuda.sm90_gemm import (
-    PRODUCER_THREADS,
     find_ws_gemm,
     lower_ws_consumer,
     store_ws_tile,
 )
 from tiled.compiler.targets.cuda.ws_loop import (
+    PRODUCER_THREADS,
     declare_ring_maps,
     lower_ring_consumer,
     lower_ws_body,

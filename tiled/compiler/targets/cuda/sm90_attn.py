@@ -42,8 +42,9 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.gemm_sm90 import store_acc_tile
+from tiled.compiler.targets.cuda.grid_walk import persistent_walk
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout
-from tiled.compiler.targets.cuda.sm90_gemm import persistent_walk, tile_ops_on
+from tiled.compiler.targets.cuda.sm90_gemm import tile_ops_on
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.ir import dtypes
 from tiled.ir.walk import element_accesses, expr_vars, walk

@@ -42,22 +42,19 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.gemm_sm90 import store_acc_tile
+from tiled.compiler.targets.cuda.grid_walk import bind_block, persistent_walk
 from tiled.compiler.targets.cuda.layouts import MmaLayout, WgmmaLayout
 from tiled.compiler.targets.cuda.tma import tma_requirements
+from tiled.compiler.targets.cuda.ws_loop import MIN_RING, PRODUCER_REGS
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.walk import element_accesses, expr_vars, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
-PRODUCER_THREADS = 128
 ROW_BYTES = 128  # a K tile's row: one 128-byte swizzle row (64 16-bit / 128 8-bit elements)
 WS_DTYPES = {"float16": 2, "bfloat16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
-PRODUCER_REGS, CONSUMER_REGS = 40, 232
+CONSUMER_REGS = 232
 RING_SLACK = 1024  # the ring is aligned to 1024 bytes inside the dynamic pool
-# The seed's 128x128x32, 3-stage GEMM (K tiles merged in pairs) on the H200 at 4096^3 fp16:
-# 3 ring stages 0.76x cuBLAS, 4 stages 0.91x, 6 stages 0.88x (one run, interleaved;
-# benchmarks/results/seed_gemm_h200.json has the shipped choice).
-MIN_RING = 4
 # The plan's cluster size where the program's tiles pair up. 1: on the H200 the clustered
 # kernel is correct but slower so far (fp16 4096^3: 650 vs 681 TFLOP/s at 128x256;
 # benchmarks/results/hopper_gemm_h200_cluster.json), so clusters are opt-in (cluster=2).
@@ -334,27 +331,6 @@ def store_ws_tile(low, c: pb.Copy) -> bool:
         store_acc_tile(low, c, ws_template(low), low.ws.c, low.ws.BM, low.ws.BN)
 
 
-def bind_block(low, linear, grid: list, group: int = 8) -> None:
-    """Binds the program's block vars for its block number `linear`. A 2-D grid is walked in
-    groups of `group` rows of y before moving along x, so that blocks running together share
-    their A rows and B columns in L2 (a bijection of the grid: blocks are independent).
-    Every quantity is >= 0, so C's truncating division is the floor division meant here."""
-    block_vars = list(low.program.kernel.block_vars)
-    if len(grid) == 1:
-        low.vars[block_vars[0]] = linear
-        return
-    if len(grid) == 3:  # z outermost (split-K's splits): each z walks the x-y plane as 2-D
-        plane = grid[0] * grid[1]
-        low.vars[block_vars[2]] = tirx.truncdiv(linear, plane)
-        linear = tirx.truncmod(linear, plane)
-    gx, gy = grid[:2]
-    per_group = group * gx
-    first = tirx.truncdiv(linear, per_group) * group
-    rows = tirx.min(gy - first, group)
-    low.vars[block_vars[1]] = first + tirx.truncmod(tirx.truncmod(linear, per_group), rows)
-    low.vars[block_vars[0]] = tirx.truncdiv(tirx.truncmod(linear, per_group), rows)
-
-
 @contextlib.contextmanager
 def program_blocks(low, grid: list):
     """The persistent block's walk over the program's blocks blockIdx.x, + gridDim.x, ...:
@@ -369,15 +345,6 @@ def program_blocks(low, grid: list):
     with persistent_walk(low, blocks) as (_, linear):
         bind_block(low, linear, grid)
         yield
-
-
-@contextlib.contextmanager
-def persistent_walk(low, blocks):
-    """A loop over this persistent block's share of `blocks` program blocks: blockIdx.x,
-    + gridDim.x, ...; yields (the walk's iteration, the program block's number)."""
-    step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
-    with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
-        yield it, low.block_x + it * step
 
 
 def _cluster_blocks(low, grid: list):

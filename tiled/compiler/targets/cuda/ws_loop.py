@@ -43,8 +43,8 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
 
 Copies of adjacent 32-wide K tiles of 16-bit data share a stage between two iterations
 (ws_pairs.py). The ring has the loop's num_stages stages, at least 2, and up to MIN_RING
-where shared memory holds them (half of it for a one-warpgroup program, unless its stages
-are merged: WsLoop.block_budget); where two stages do not fit,
+where shared memory holds them (half of it for a one-warpgroup program where MIN_RING
+stages fit there: WsLoop.block_budget); where two stages do not fit,
 the loop is not pipelined (the lowering plans again without the producer). The tiles'
 elements outside the tensor read as zeros (TMA's fill), as T.copy's do.
 """
@@ -60,13 +60,7 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import RunAhead, gathers, run_ahead
 from tiled.compiler.targets.cuda.gemm_sm90 import PANEL_BYTES, panel_row_bytes
-from tiled.compiler.targets.cuda.sm90_gemm import (
-    MIN_RING,
-    PRODUCER_REGS,
-    PRODUCER_THREADS,
-    bind_block,
-    persistent_walk,
-)
+from tiled.compiler.targets.cuda.grid_walk import bind_block, persistent_walk
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.targets.cuda.wgmma_waits import (
     first_step_fills,
@@ -81,6 +75,13 @@ from tiled.ir import dtypes
 from tiled.ir.walk import expr_vars, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
+PRODUCER_THREADS = 128  # a producer warpgroup
+PRODUCER_REGS = 40  # its registers after setmaxnreg
+# Ring stages a loop gets where shared memory holds them. The seed's 128x128x32, 3-stage
+# GEMM (K tiles merged in pairs) on the H200 at 4096^3 fp16, through sm90_gemm.py: 3 ring
+# stages 0.76x cuBLAS, 4 stages 0.91x, 6 stages 0.88x (one run, interleaved); through this
+# path, 4 stages 0.88x against 0.77-0.81x with 3 (merged_ring_h200_stages.json).
+MIN_RING = 4
 MAX_BOX = 256  # TMA's boxDim limit, elements per dim
 MAX_RANK = 5
 MAX_REGS = 240  # consumers' setmaxnreg ceiling here
@@ -122,20 +123,33 @@ class WsLoop:
     persistent: bool = False  # min(blocks, SMs) blocks walk the program's blocks
     merge: int = 1  # loop iterations per ring stage (2: K tiles paired, ws_pairs.py)
     merged: dict = field(default_factory=dict)  # merged ring tile -> its K axis (0 / 1)
+    gemms: int = 0  # wgmma gemms in the loop's body
 
     @property
     def producer_threads(self) -> int:
         return PRODUCER_THREADS if self.consumer_threads >= 256 else PRODUCER_WARP
 
     @property
-    def block_budget(self) -> int:
-        """Shared memory bytes a block may take and keep the blocks per SM aimed at. A ring
-        of merged stages (ws_pairs.py) grows to MIN_RING stages at one block per SM rather
-        than stop short of it for two: the seed's GEMM (128 x 128 x 32, one warpgroup) read
-        0.88x cuBLAS with 4 stages at one block per SM against 0.77-0.81x with 3 at two
-        (benchmarks/results/merged_ring_h200.json)."""
-        return SM_SMEM - 1024 if self.consumer_threads >= 256 or self.merge > 1 else \
-            SM_SMEM // MIN_BLOCKS - 1024
+    def stage_bytes(self) -> int:
+        """Shared memory bytes one more ring stage takes (its tiles and barriers)."""
+        return sum(rc.nbytes for rc in self.copies) + 16 * len(self.copies)
+
+    def block_budget(self, pool_bytes: int) -> int:
+        """Shared memory bytes the block may take, its pool `pool_bytes` now: a
+        one-warpgroup program keeps to half an SM (two blocks per SM) where its ring reaches
+        MIN_RING stages there; where it does not and the loop has a wgmma gemm, MIN_RING
+        stages at one block per SM are
+        worth more than a second block: 128 x 128 tiles with 32 K bytes a stage (the seed's
+        GEMM, its 32-wide K tiles merged) read 0.88x cuBLAS with 4 stages at one block per
+        SM against 0.77-0.81x with 3 at two (benchmarks/results/merged_ring_h200_stages.json)."""
+        whole = SM_SMEM - 1024
+        half = SM_SMEM // MIN_BLOCKS - 1024
+        if self.consumer_threads >= 256:
+            return whole
+        if not self.gemms:  # measured on GEMM loops only; others keep two blocks per SM
+            return half
+        at_min_ring = pool_bytes + max(0, MIN_RING - self.stages) * self.stage_bytes
+        return half if at_min_ring <= half or at_min_ring > whole else whole
 
     def fit_blocks(self, pool_bytes: int) -> None:
         """The launch bounds' blocks per SM for a pool of `pool_bytes`."""
@@ -223,7 +237,7 @@ def plan_ws_loop(low) -> WsLoop | None:
         requires += [r for r in found[1] if r not in requires]
     gemms = [st for st in body if wgmma_gemm(st, low.wgmma_ops.accumulators)]
     w = WsLoop(run, copies, tuple(requires), low.threads, stages=max(2, run.loop.num_stages),
-               pingpong=low.threads == 256 and len(gemms) >= 2)
+               pingpong=low.threads == 256 and len(gemms) >= 2, gemms=len(gemms))
     axes = merged_axes(p, buffers, w, gemms)
     if axes:
         w.merge, w.merged = 2, axes
@@ -241,8 +255,8 @@ def plan_ws_loop(low) -> WsLoop | None:
 def grow_stages(w: WsLoop, pool_bytes: int, budget: int) -> bool:
     """Deepens the ring by one stage when it has fewer than MIN_RING and the pool (of
     `pool_bytes` now) still fits `budget` and the block budget; whether it did."""
-    more = sum(rc.nbytes for rc in w.copies) + 16 * len(w.copies)
-    if w.stages >= MIN_RING or pool_bytes + more > min(budget, w.block_budget):
+    more = w.stage_bytes
+    if w.stages >= MIN_RING or pool_bytes + more > min(budget, w.block_budget(pool_bytes)):
         return False
     w.stages += 1
     return True
@@ -343,8 +357,8 @@ def persistent_choice(low, option: int) -> bool:
 @contextlib.contextmanager
 def _blocks(low, grid: list):
     """The program blocks this block runs: itself, or (persistent) blockIdx.x, +
-    gridDim.x, ... with the block vars bound for each (a 2-D grid walked in groups of 8
-    rows, as the GEMM path does; x fastest otherwise); `low.ring_k` counts the ring's
+    gridDim.x, ... with the block vars bound for each (bind_block: an x-y plane walked in
+    groups of 8 rows, z outermost, as the GEMM path does); `low.ring_k` counts the ring's
     steps across them, so that stages and phases continue from block to block."""
     if not low.wsloop.persistent:
         low.ring_k = None
@@ -356,12 +370,7 @@ def _blocks(low, grid: list):
     for g in grid[1:]:
         blocks = blocks * g
     with persistent_walk(low, blocks) as (_, linear):
-        if len(grid) == 2:
-            bind_block(low, linear, grid)
-        else:
-            for v, g in zip(low.program.kernel.block_vars, grid, strict=True):
-                low.vars[v] = tirx.truncmod(linear, g)
-                linear = tirx.truncdiv(linear, g)
+        bind_block(low, linear, grid)
         # Each block index computed once per program block: inside the ring loops nvcc
         # recomputed the grouped walk's divisions at every step (it may not hoist a division
         # out of a loop that might not run), a dozen instructions on the producer's path.

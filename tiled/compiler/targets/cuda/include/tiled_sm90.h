@@ -597,9 +597,10 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
 // a warp's store then covers 8 rows x 64 contiguous bytes instead of 8 rows x
 // 16 bytes (4x fewer store instructions, whole 32-byte sectors).  Otherwise,
 // pairs of columns go out as one store (4 bytes, or 8 for float) where so
-// aligned, else element by element.
-template <typename T, int N>
-__device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, int64_t ldc,
+// aligned, else element by element. S: the fragment's element type, float (an accumulator)
+// or a 16-bit type (a fragment cast from one in the same layout), converted through float.
+template <typename T, int N, typename S = float>
+__device__ __forceinline__ void store_acc_global(const S (&d)[N / 2], T* C, int64_t ldc,
                                                  int row0, int col0, int m, int n) {
   using P = detail::pair_of<T>;
   const int t = threadIdx.x & 127;
@@ -618,7 +619,8 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int i = 4 * (4 * g + c) + 2 * half;
-          v[c] = detail::as_u32(P::make(d[i], d[i + 1]));
+          v[c] = detail::as_u32(
+              P::make(static_cast<float>(d[i]), static_cast<float>(d[i + 1])));
         }
         detail::quad_transpose(v, q);
         const int gc = col0 + 8 * (4 * g + q);
@@ -649,30 +651,32 @@ __device__ __forceinline__ void store_acc_global(const float (&d)[N / 2], T* C, 
     if (gr >= m) continue;
     T* p = C + static_cast<int64_t>(gr) * ldc + gc;
     if (paired && gc + 1 < n) {
-      *reinterpret_cast<typename P::type*>(p) = P::make(d[i], d[i + 1]);
+      *reinterpret_cast<typename P::type*>(p) =
+          P::make(static_cast<float>(d[i]), static_cast<float>(d[i + 1]));
     } else {
-      if (gc < n) p[0] = detail::from_f32<T>(d[i]);
-      if (gc + 1 < n) p[1] = detail::from_f32<T>(d[i + 1]);
+      if (gc < n) p[0] = detail::from_f32<T>(static_cast<float>(d[i]));
+      if (gc + 1 < n) p[1] = detail::from_f32<T>(static_cast<float>(d[i + 1]));
     }
   }
 }
 
 // A wgmma accumulator fragment of the per-op lowering (gemm_sm90.py: WgmmaLayout(M, N, NWG))
 // to a global tile of half, bfloat16 or float: warpgroup w holds rows [w * M / NWG, ...) as
-// M / NWG / 64 blocks of N / 2 floats per thread, each written by store_acc_global. `wg`:
+// M / NWG / 64 blocks of N / 2 elements per thread (floats, or 16-bit values of a fragment
+// cast from one), each written by store_acc_global. `wg`:
 // the calling thread's warpgroup among the fragment's threads (a T.ws region's threads start
 // past 0); those past the NWG warpgroups hold none of it.
 template <int M, int N, int NWG>
 struct WgmmaTile {
   static_assert(M % (64 * NWG) == 0, "WgmmaTile: M / NWG a multiple of 64");
-  template <typename TC>
-  __device__ __forceinline__ static void store(const float* acc, TC* C, int64_t ldc, int row0,
+  template <typename TC, typename S>
+  __device__ __forceinline__ static void store(const S* acc, TC* C, int64_t ldc, int row0,
                                                int col0, int m, int n, int wg) {
     if (wg >= NWG) return;
 #pragma unroll
     for (int h = 0; h < M / NWG / 64; ++h)
-      store_acc_global<TC, N>(*reinterpret_cast<const float(*)[N / 2]>(acc + h * (N / 2)), C,
-                              ldc, row0 + wg * (M / NWG) + 64 * h, col0, m, n);
+      store_acc_global<TC, N, S>(*reinterpret_cast<const S(*)[N / 2]>(acc + h * (N / 2)), C,
+                                 ldc, row0 + wg * (M / NWG) + 64 * h, col0, m, n);
   }
 };
 

@@ -1,0 +1,40 @@
+"""Persistent grids: a block that runs several of the program's blocks in turn, and the
+order it takes them in (the sm_90a paths' persistent walks: ws_loop.py, sm90_gemm.py,
+sm90_attn.py)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+
+def bind_block(low, linear, grid: list, group: int = 8) -> None:
+    """Binds the program's block vars for its block number `linear`. A 2-D grid is walked in
+    groups of `group` rows of y before moving along x, so that blocks running together share
+    their A rows and B columns in L2 (a bijection of the grid: blocks are independent).
+    Every quantity is >= 0, so C's truncating division is the floor division meant here."""
+    block_vars = list(low.program.kernel.block_vars)
+    if len(grid) == 1:
+        low.vars[block_vars[0]] = linear
+        return
+    if len(grid) == 3:  # z outermost (split-K's splits): each z walks the x-y plane as 2-D
+        plane = grid[0] * grid[1]
+        low.vars[block_vars[2]] = tirx.truncdiv(linear, plane)
+        linear = tirx.truncmod(linear, plane)
+    gx, gy = grid[:2]
+    per_group = group * gx
+    first = tirx.truncdiv(linear, per_group) * group
+    rows = tirx.min(gy - first, group)
+    low.vars[block_vars[1]] = first + tirx.truncmod(tirx.truncmod(linear, per_group), rows)
+    low.vars[block_vars[0]] = tirx.truncdiv(tirx.truncmod(linear, per_group), rows)
+
+
+@contextlib.contextmanager
+def persistent_walk(low, blocks):
+    """A loop over this persistent block's share of `blocks` program blocks: blockIdx.x,
+    + gridDim.x, ...; yields (the walk's iteration, the program block's number)."""
+    step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
+    with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
+        yield it, low.block_x + it * step

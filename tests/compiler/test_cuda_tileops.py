@@ -97,13 +97,15 @@ def test_policy_changes_the_warp_grid_not_the_result_shape(arch):
 
 
 def test_the_sm90_gemm_path_takes_over_rows_layouts():
-    """Under FullRow the row max of C gets C's rows layout; the sm_90a GEMM path swaps C's mma
-    layout for wgmma's, and the rows layout for wgmma's rows with it."""
+    """Under FullRow the row max of C gets C's rows layout; the sm_90a whole-kernel GEMM path
+    (taken with cluster=2) swaps C's mma layout for wgmma's, and the rows layout for wgmma's
+    rows with it; the per-op path infers wgmma's layouts from the start."""
     k = cases.matmul_row_max(256, 256, 128, ROW).kernel
     assert layouts_by_name(k)["m"] == MmaRows(128, 4)
-    src, _, low = source(k, "sm_90a")
-    assert low.ws is not None and "WsGemm<" in src
-    assert type(low.layouts[_bid(k, "m")]).__name__ == "WgmmaRows"
+    for options in ({"cluster": 2}, {}):
+        src, _, low = source(k, "sm_90a", **options)
+        assert (low.ws is not None and "WsGemm<" in src) == bool(options)
+        assert type(low.layouts[_bid(k, "m")]).__name__ == "WgmmaRows"
 
 
 def test_a_row_vector_filled_in_its_own_nest_takes_the_rows_of_its_readers():

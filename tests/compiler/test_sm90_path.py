@@ -38,13 +38,16 @@ def test_example_gemm_is_warp_specialized_on_sm90a(tmp_path, dtype, bm, bn, thre
     k = gemm.matmul(T.dyn("M"), T.dyn("N"), T.dyn("K"), bm, bn, 64, 4, dtype, threads=threads)
     c = tiled.compile(k, target="cuda:sm_90a", cache=False)
     m = c.manifest
-    assert m.block[0] == threads + 128  # the producer warpgroup
+    # the producer: a warpgroup beside two consumer warpgroups (registers moved by
+    # setmaxnreg), a warp beside one
+    assert m.block[0] == threads + (128 if threads >= 256 else 32)
     maps = [a for a in m.kernel_args if a.kind == "tensor_map"]
     assert [a.param for a in maps] == [0, 1]
     assert "tiled_sm_count" in expr_names(m.grid[0])  # persistent blocks
     assert list(m.grid[1:]) == [1, 1]
     text = sass(c.artifact, tmp_path, m.symbol)
-    for instr in ("HGMMA.64x", "UTMALDG", "SYNCS", "USETMAXREG", "STG.E.128"):
+    for instr in ("HGMMA.64x", "UTMALDG", "SYNCS", "STG.E.128") + \
+            (("USETMAXREG",) if threads >= 256 else ()):
         assert instr in text, instr
     assert "LDL" not in text and "STL" not in text  # the accumulator stays in registers
     assert "HMMA" not in text  # not the sm_80 instruction path
@@ -72,7 +75,7 @@ def test_tma_strides_decide_the_path_at_compile_time(tmp_path):
     serving = tiled.compile(gemm.matmul(T.dyn("M"), 4096, 4096, 128, 128, 64, 3, "float16",
                                         threads=128), target="cuda:sm_90a", cache=False)
     m = serving.manifest
-    assert m.block[0] == 256 and not m.requires and m.fallback is None
+    assert m.block[0] == 128 + 32 and not m.requires and m.fallback is None
     assert "gemm_fallback_kernel" not in sass(serving.artifact, tmp_path)
 
 

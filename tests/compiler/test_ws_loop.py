@@ -139,8 +139,10 @@ def test_a_ring_that_does_not_fit_leaves_the_loop_unpipelined():
 
 
 def test_strides_tma_cannot_take_keep_the_cp_async_pipeline():
-    _, _, low = _lower(_gemm(k=520, k_tile=64))  # A's rows: 1040 bytes
-    assert low.wsloop is None
+    src, _, low = _lower(_gemm(k=516, k_tile=64))  # A's rows: 1032 bytes, not 16 * n
+    assert low.wsloop is None and low.ws is None and "cp_async_wait<2>" in src
+    _, _, low = _lower(_gemm(k=520, k_tile=64))  # 1040 bytes: TMA takes them
+    assert low.wsloop is not None
     src, _, low = _lower(_gemm(), warp_specialize=False)
     assert low.wsloop is None and "cp_async_wait<2>" in src
 
@@ -280,9 +282,10 @@ def test_a_persistent_walk_frees_the_stages_its_last_gemm_held():
 
 def test_whole_kernel_paths_can_step_aside():
     """whole_kernel_paths=False routes the kernels the whole-kernel paths recognize through
-    the per-op lowering: the repo's attention example and the seed's 128x128x32 GEMM (its
-    32-wide 16-bit K tiles two per ring stage, ws_pairs.py) get the TMA-fed loop and wgmma;
-    the seed's one warpgroup walks persistently, one block per SM with 4 merged stages."""
+    the per-op lowering: the repo's attention example gets the TMA-fed loop and wgmma. The
+    seed's 128x128x32 GEMM takes the per-op path by default (its 32-wide 16-bit K tiles two
+    per ring stage, ws_pairs.py), its one warpgroup walking persistently, one block per SM
+    with 4 merged stages; the option cluster=2 keeps it on the whole-kernel GEMM path."""
     import sys
     from pathlib import Path
 
@@ -297,10 +300,12 @@ def test_whole_kernel_paths_can_step_aside():
     assert whole.attn is not None and whole.wsloop is None
     assert per_op.attn is None and per_op.wsloop is not None and per_op.wgmma_ops
     seed = gemm.matmul(1024, 1024, 1024, 128, 128, 32, 3, "float16", threads=128)
-    _, _, whole = _lower(seed)
-    _, _, per_op = _lower(seed, whole_kernel_paths=False)
-    assert whole.ws is not None
+    _, _, whole = _lower(seed, cluster=2)
+    _, _, per_op = _lower(seed)
+    assert whole.ws is not None and whole.wsloop is None
     assert per_op.ws is None and per_op.wsloop is not None and per_op.wgmma_ops
+    _, _, off = _lower(seed, whole_kernel_paths=False)
+    assert off.ws is None and off.wsloop is not None
     w = per_op.wsloop
     assert w.persistent and w.merge == 2 and w.stages == 4 and w.min_blocks == 1
     c = tiled.compile(seed, target="cuda:sm_90a", cache=False, whole_kernel_paths=False)

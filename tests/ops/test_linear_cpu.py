@@ -67,7 +67,9 @@ def test_matmul_kernels_take_the_sm90_warp_specialized_gemm():
 
     src = compile_program(matmul_kernel(256, 4096, 4096, "bfloat16", "bfloat16", BM=128,
                                         BN=256, threads=256), target="cuda:sm_90a").source
-    assert "tiled::sm90::WsGemm" in src
+    # the per-op path: a TMA ring (ws_loop.py), wgmma per warpgroup, vector stores
+    assert "tiled::sm90::tma_load(" in src and "wgmma_rows_issue<__nv_bfloat16" in src
+    assert "WgmmaTile<128, 256, 2>::store<__nv_bfloat16>" in src
 
 
 @pytest.mark.parametrize("kind,bm,splits", [("tile", 16, 3), ("swap", 16, 2)])
@@ -167,12 +169,15 @@ def test_16_token_swaps_and_split_k_tiles_take_the_sm90_warp_specialized_gemm():
     swap = compile_program(linear_kernel(16, 4096, 4096, "bfloat16", "bfloat16", kind="swap",
                                          BM=16, BN=64, threads=128, splits=2),
                            target="cuda:sm_90a")
+    # 16-row tiles of x: the per-op path has no wgmma for them (N a multiple of 64), the
+    # whole-kernel GEMM path does
     assert "WsGemm<__nv_bfloat16, 64, 16," in swap.source
     assert tuple(swap.manifest.grid[1:]) == (1, 1)  # persistent: every block walks x, y and z
     tile = compile_program(linear_kernel(256, 1024, 8192, "bfloat16", "bfloat16", kind="tile",
                                          BM=64, BN=128, threads=128, splits=4),
                            target="cuda:sm_90a")
-    assert "tiled::sm90::WsGemm" in tile.source
+    assert "wgmma_rows_issue<__nv_bfloat16, 64, 64, 128, 64, true>" in tile.source
+    assert tuple(tile.manifest.grid[1:]) == (1, 1)  # persistent over the splits too
 
 
 def test_every_config_of_the_cuda_space_defines_a_kernel_for_its_token_counts():

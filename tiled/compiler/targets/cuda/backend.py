@@ -3,10 +3,11 @@
 Targets `cuda:sm_80` and `cuda:sm_90a`. Tensor-core gemm and async copies are calls into
 the headers of include/, which are prepended to TVM's source. On sm_90a the lowering picks
 per op (wgmma where a gemm fits it, gemm_sm90.py) and per loop (a TMA producer warpgroup for
-a T.Pipelined loop whose copies can run ahead, ws_loop.py); two whole-kernel paths
-(sm90_gemm.py, sm90_attn.py) still take the kernels they recognize, unless the option
-whole_kernel_paths is off. TVM is imported when a kernel is compiled, not with this module:
-parsing a target or computing a key never loads it.
+a T.Pipelined loop whose copies can run ahead, ws_loop.py); two whole-kernel paths remain:
+sm90_attn.py takes the attention kernel it recognizes, sm90_gemm.py float8 GEMM loops, those
+the per-op path cannot feed from a TMA ring and those compiled with cluster=2; the option
+whole_kernel_paths off turns both away. TVM is imported when a kernel is compiled, not with
+this module: parsing a target or computing a key never loads it.
 """
 
 from __future__ import annotations
@@ -110,8 +111,10 @@ class CudaBackend(Backend):
     options: ClassVar[dict[str, Option]] = {
         "warp_specialize": Option(bool, True, "sm_90a: take the warp-specialized TMA + wgmma "
                                   "paths where a kernel fits them"),
-        "cluster": Option(int, 0, "sm_90a GEMM path: CTAs per cluster, 0 the plan's choice",
-                          choices=(0, 1, 2)),
+        "cluster": Option(int, 0, "sm_90a GEMM loops: 2 runs them on the whole-kernel GEMM "
+                          "path in clusters of two CTAs with multicast loads where adjacent "
+                          "tiles share an operand; 0 (the plan's choice) and 1 leave 16-bit "
+                          "ones to the per-op path", choices=(0, 1, 2)),
         "pingpong": Option(bool, False, "sm_90a T.Pipelined loops fed by a TMA producer, "
                            "with two consumer warpgroups and two or more gemms per step: "
                            "the warpgroups take turns issuing their gemms"),

@@ -44,7 +44,7 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
         program = fold_cast_stores(stage_fragment_operands(program))
     p = program.proto
     low = lowering(program, arch, warp_specialize) if lowering else \
-        CudaLowering(program, arch, warp_specialize, whole_kernel)
+        CudaLowering(program, arch, warp_specialize, whole_kernel, cluster)
     if low.ws is not None:
         low.ws = low.ws.with_cluster(cluster)
     if low.wsloop is not None:

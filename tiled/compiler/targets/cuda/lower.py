@@ -114,7 +114,7 @@ class CudaLowering(ExprLowering):
     max_stages = 1 << 30  # the most shared buffers a T.Pipelined copy gets (Metal: 2)
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
-                 whole_kernel: bool = True):
+                 whole_kernel: bool = True, cluster: int = 0):
         super().__init__(program)
         p = self.program
         self.arch = arch
@@ -123,15 +123,31 @@ class CudaLowering(ExprLowering):
         whole = hopper and whole_kernel  # the whole-kernel GEMM / attention paths may match
         self.attn = find_ws_attention(p) if whole else None
         self.layouts = self.infer_layouts(p, self.attn.accumulators() if self.attn else None)
-        self.ws = find_ws_gemm(p, self.layouts) if whole and not self.attn else None
+        ws = find_ws_gemm(p, self.layouts) if whole and not self.attn else None
+        # The whole-kernel GEMM path (sm90_gemm.py) keeps float8 GEMMs (its per-tensor
+        # e4m3 kernel read 1.10x torch._scaled_mm, docs/ops.md; the per-op path has not run
+        # at that config), the clusters the option cluster=2 asks for, and what the per-op
+        # path cannot feed from a TMA ring. 16-bit GEMMs take the per-op path: on every
+        # y = x W^T kernel of tiled.ops.linear it ran as fast or faster (96 kernels,
+        # 0.96-1.49x, median 1.04x; the best of each size never slower,
+        # benchmarks/results/linear_h200_per_op_twins.json), on the seed's GEMM and the
+        # conformance suite's within 1-3% (seed_gemm_h200.json,
+        # conformance_h200_gemms_per_op.json).
+        keep = ws is not None and (cluster == 2 or ws.dtype not in ("float16", "bfloat16"))
+        mma_layouts = self.layouts
+        self.ws = None
         self.wgmma_ops = WgmmaOps()
-        if arch == "sm_90a" and self.ws is None and self.attn is None and not self.explicit:
+        if arch == "sm_90a" and self.attn is None and not self.explicit and not keep:
             ops, layouts = plan_wgmma(p, infer_layouts)
             if ops:
                 self.layouts, self.wgmma_ops = layouts, ops
         self.wsloop = None  # the T.Pipelined loop fed by a TMA producer (ws_loop.py)
-        if hopper and self.ws is None and self.attn is None and not self.explicit:
+        if hopper and self.attn is None and not self.explicit and not keep:
             self.wsloop = plan_ws_loop(self)
+        if ws is not None and (keep or self.wsloop is None or
+                               ws.c not in self.wgmma_ops.accumulators):
+            self.ws, self.layouts, self.wgmma_ops, self.wsloop = ws, mma_layouts, \
+                WgmmaOps(), None
         self.launch_threads = self.threads + (self.wsloop.producer_threads if self.wsloop
                                               else 0)
         self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe

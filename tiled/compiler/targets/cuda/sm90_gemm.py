@@ -1,6 +1,11 @@
-"""The sm_90a warp-specialized GEMM path: which programs take it, and its fragment layout.
+"""The sm_90a whole-kernel GEMM path: which programs take it, and its fragment layout.
 
-A kernel takes the path on `cuda:sm_90a` when its body holds, at top level, a T.Pipelined loop
+Since the per-op path (gemm_sm90.py, ws_loop.py, ws_pairs.py) caught up with it on 16-bit
+GEMMs, this path takes float8 GEMMs, the GEMM loops the per-op path cannot feed from a TMA
+ring with wgmma (K-major B tiles of 16 or 32 rows, say), and those compiled with the option
+cluster=2 (CudaLowering decides, and says why).
+
+A kernel matches the path on `cuda:sm_90a` when its body holds, at top level, a T.Pipelined loop
 whose body is exactly "copy an A tile and a B tile from global to shared, T.gemm them into a
 float32 fragment", with 16-bit A and B and a 64-wide K tile, or float8 A and B (e4m3 / e5m2,
 B transposed: wgmma reads 8-bit operands K-major only) and a 128-wide K tile (one 128-byte
@@ -24,7 +29,7 @@ Then:
   manifest's cluster [2, 1, 1]) that walk the tile pairs; each CTA loads half of the shared
   tile and multicasts it to both (WsGemm's MCAST). The compile option `cluster` picks it: 0
   (default) the plan's choice (DEFAULT_CLUSTER: off for now), 1 off, 2 on where the program
-  pairs up.
+  pairs up (and this path rather than the per-op one).
 
 Everything else, and every program that does not match, is lowered as for sm_80.
 """

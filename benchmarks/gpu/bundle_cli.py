@@ -155,6 +155,20 @@ def time_graphed(torch, calls: dict, rounds: int, graph_calls: int, rep_ms: int 
 SKIP_ENV = "TILED_SMOKE_SKIP"
 
 
+def rotated_medians(calls: dict, rounds: int, bench) -> dict:
+    """name -> the median over `rounds` rounds of `bench(fn)` (triton's do_bench: ms) for
+    each of `calls`, the order rotated each round so that none always runs first (the
+    H200's clock falls as it heats)."""
+    import statistics
+
+    samples = {n: [] for n in calls}
+    for r in range(rounds):
+        names = list(calls)
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            samples[n].append(bench(calls[n]))
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
 def smoke_order(names):
     """The kernels a smoke child launches, in order: `names` less those the parent marked
     hung (SKIP_ENV), each announced before its launch so the parent knows which one hangs."""

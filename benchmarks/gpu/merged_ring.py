@@ -3,6 +3,10 @@ of the merged forms, and the seed's example GEMM (examples/gemm.py, 128x128x32, 
 threads) through the per-op path beside the whole-kernel GEMM path (sm90_gemm.py) and cuBLAS,
 fp16 4096^3, in one process.
 
+Its results files were measured when the default was still the whole-kernel GEMM path: their
+`seed_whole` rows are that path (compiled with no options then). The per-op path is the
+default since 10fc5c4 and the script no longer builds the whole-path row.
+
 benchmarks/results/merged_ring_h200_stages.json is this script's run at the commit before
 merged rings took 4 stages at one block per SM (ws_loop.WsLoop.block_budget): its
 `seed_per_op_s2` / `_s3` ran 3 ring stages at two blocks per SM (a 2-stage loop grew to 3),
@@ -22,7 +26,6 @@ There (device tool, carry=[".gpu"]; thin runtime only):
 """
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -37,6 +40,7 @@ from bundle_cli import (
     load_kernel,
     machine,
     main,
+    rotated_medians,
     smoke_in_child,
     smoke_order,
     write_results,
@@ -81,10 +85,8 @@ def kernels() -> dict:
            "nn_odd": (gemm.matmul(SIZE, SIZE, ODD_K, 128, 128, 32, 3, "float16",
                                   out_dtype="float32", threads=128), PER_OP, "checked"),
            "read_tile": (_nt(256, 256, 160, read_tile=True), PER_OP, "checked"),
-           "seed_whole": (gemm.matmul(SIZE, SIZE, SIZE, 128, 128, 32, 3, "float16",
-                                      threads=128), {}, "timed")}
-    out["seed_per_op"] = (gemm.matmul(SIZE, SIZE, SIZE, 128, 128, 32, 3, "float16",
-                                      threads=128), PER_OP, "timed")
+           "seed_per_op": (gemm.matmul(SIZE, SIZE, SIZE, 128, 128, 32, 3, "float16",
+                                       threads=128), PER_OP, "timed")}
     return out
 
 
@@ -167,14 +169,8 @@ def run(bundle: Path, out: Path) -> None:
         torch.cuda.synchronize()
         errs[name] = float((c.float() - ref.float()).norm() / ref.float().norm())
         calls[name] = lambda k=k: k(a, b, c)
-    samples = {n: [] for n in calls}
-    for r in range(ROUNDS):  # rotate the order each round: none always runs first
-        names = list(calls)
-        names = names[r % len(names):] + names[:r % len(names)]
-        for n in names:
-            samples[n].append(do_bench(calls[n]))
     flop = 2 * SIZE ** 3
-    tflops = {n: flop / statistics.median(v) / 1e9 for n, v in samples.items()}
+    tflops = {n: flop / v / 1e9 for n, v in rotated_medians(calls, ROUNDS, do_bench).items()}
     timed = {"dtype": "float16", "M": SIZE, "N": SIZE, "K": SIZE, "rel_err_vs_cublas": errs,
              "tflops": tflops,
              "ratio_to_cublas": {n: tflops[n] / tflops["cublas"] for n in errs}}

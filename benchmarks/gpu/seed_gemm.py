@@ -2,10 +2,11 @@
 threads) on the H200, fp16 and bf16 at 4096^3, beside cuBLAS (torch.matmul) in the same process
 (issue 12's target: >= 0.9x cuBLAS).
 
-The kernel takes the warp-specialized TMA + wgmma path (K tiles merged in pairs into 64-wide
-ring stages, at least 4 of them: ws_loop.MIN_RING). Measured while choosing that depth (one
-run, fp16, interleaved): 3 ring stages 0.76x cuBLAS, 4 stages 0.91x, 6 stages 0.88x; two
-consumer warpgroups of 64 rows instead of one of 128 changed nothing (0.92x vs 0.91x at 4).
+The kernel takes the per-op TMA + wgmma path (K tiles merged in pairs into 64-wide ring
+stages, at least 4 of them: ws_loop.MIN_RING; ws_pairs.py). Measured on the whole-kernel GEMM
+path (sm90_gemm.py, the default before 10fc5c4) while choosing that depth (one run, fp16,
+interleaved): 3 ring stages 0.76x cuBLAS, 4 stages 0.91x, 6 stages 0.88x; two consumer
+warpgroups of 64 rows instead of one of 128 changed nothing (0.92x vs 0.91x at 4).
 
 Here (the CPU machine, with TVM):
     python benchmarks/gpu/seed_gemm.py build --out .gpu/seed_gemm
@@ -17,7 +18,6 @@ over ROUNDS rounds (do_bench, medians), since the H200's clock falls as it heats
 """
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from bundle_cli import (
     load_kernel,
     machine,
     main,
+    rotated_medians,
     smoke_in_child,
     smoke_order,
     write_results,
@@ -48,10 +49,11 @@ def kernel(dtype: str):
     return gemm.matmul(SIZE, SIZE, SIZE, 128, 128, 32, 3, dtype, threads=128)
 
 
-# name suffix -> compile options: as compiled by default (the whole-kernel GEMM path takes
-# the kernel), and through the per-op path (gemm_sm90.py: one narrow 64-byte panel per K tile,
-# ws_loop.py's TMA ring) with the whole-kernel paths off.
-VARIANTS = {"": {}, "_per_op": {"whole_kernel_paths": False}}
+# name suffix -> compile options. As compiled by default: the per-op path since 10fc5c4 (two
+# 32-wide K tiles per ring stage, ws_pairs.py). benchmarks/results/seed_gemm_h200.json was
+# measured at the commit before, where the default ("tiled" rows) was the whole-kernel GEMM
+# path and `_per_op` ({"whole_kernel_paths": False}) the per-op one; now both build the same.
+VARIANTS = {"": {}}
 
 
 def build(out: Path) -> None:
@@ -113,13 +115,8 @@ def run(bundle: Path, out: Path) -> None:
             errs["tiled" + suffix] = float((c.float() - ref.float()).norm() /
                                            ref.float().norm())
             calls["tiled" + suffix] = lambda k=k, a=a, b=b, c=c: k(a, b, c)
-        samples = {n: [] for n in calls}
-        for r in range(ROUNDS):  # rotate the order each round: none always runs first
-            names = list(calls)
-            names = names[r % len(names):] + names[:r % len(names)]
-            for n in names:
-                samples[n].append(do_bench(calls[n]))
-        tflops = {n: flop / statistics.median(v) / 1e9 for n, v in samples.items()}
+        ms = rotated_medians(calls, ROUNDS, do_bench)
+        tflops = {n: flop / v / 1e9 for n, v in ms.items()}
         row = {"dtype": dt_name, "M": SIZE, "N": SIZE, "K": SIZE,
                "config": "128x128x32, 3 stages, 128 threads",
                "rel_err_vs_cublas": errs, "tflops": tflops,

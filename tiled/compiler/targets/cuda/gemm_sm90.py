@@ -211,11 +211,12 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     pb_ = T.address_of(low.tir[g.b][panel_index(low, g.b, b_idx)])
     ct = CTYPE[dtypes.canonical_name(a.dtype)]
     kmajor = str(g.transpose_b).lower()
-    turn = ", true" if low.turn else ""  # issued on its warpgroup's turn (ws_loop.py)
-    if zero_init:
-        turn = f", {str(bool(low.turn)).lower()}, true"
-    if g.b in low.panel_shift:  # stages of two merged K tiles (ws_pairs.py)
-        turn = f", {str(bool(low.turn)).lower()}, {str(zero_init).lower()}, {2 * _shape(a)[-1]}"
+    # The template's last flags, trailing defaults left out: TURN (issued on its warpgroup's
+    # turn, ws_loop.py), ZERO, KS (the K a stage of two merged K tiles holds, ws_pairs.py).
+    flags = [bool(low.turn), zero_init, 2 * _shape(a)[-1] if g.b in low.panel_shift else None]
+    while flags and flags[-1] in (False, None):
+        flags.pop()
+    turn = "".join(f", {str(f).lower()}" for f in flags)
     issue = "_issue" if low.in_flight else ""  # left in flight, retired by wgmma_waits.py
     if a.scope == pb.FRAGMENT:  # RS: A's words from registers, in the wgmma layout
         pa = T.address_of(low.tir[g.a][0])

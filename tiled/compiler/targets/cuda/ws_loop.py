@@ -43,8 +43,8 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
 
 Copies of adjacent 32-wide K tiles of 16-bit data share a stage between two iterations
 (ws_pairs.py). The ring has the loop's num_stages stages, at least 2, and up to MIN_RING
-where shared memory holds them (half of it for a one-warpgroup program where MIN_RING
-stages fit there: WsLoop.block_budget); where two stages do not fit,
+where shared memory holds them (half of it for a one-warpgroup program, unless MIN_RING
+stages of a GEMM loop do not fit there: WsLoop.block_budget); where two stages do not fit,
 the loop is not pipelined (the lowering plans again without the producer). The tiles'
 elements outside the tensor read as zeros (TMA's fill), as T.copy's do.
 """
@@ -138,10 +138,10 @@ class WsLoop:
         """Shared memory bytes the block may take, its pool `pool_bytes` now: a
         one-warpgroup program keeps to half an SM (two blocks per SM) where its ring reaches
         MIN_RING stages there; where it does not and the loop has a wgmma gemm, MIN_RING
-        stages at one block per SM are
-        worth more than a second block: 128 x 128 tiles with 32 K bytes a stage (the seed's
-        GEMM, its 32-wide K tiles merged) read 0.88x cuBLAS with 4 stages at one block per
-        SM against 0.77-0.81x with 3 at two (benchmarks/results/merged_ring_h200_stages.json)."""
+        stages at one block per SM are worth more than a second block: 128 x 128 tiles with
+        32 KiB a stage (the seed's GEMM, its 32-wide K tiles merged) read 0.88x cuBLAS with 4
+        stages at one block per SM against 0.77-0.81x with 3 at two
+        (benchmarks/results/merged_ring_h200_stages.json)."""
         whole = SM_SMEM - 1024
         half = SM_SMEM // MIN_BLOCKS - 1024
         if self.consumer_threads >= 256:

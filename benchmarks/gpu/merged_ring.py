@@ -8,7 +8,7 @@ Its results files were measured when the default was still the whole-kernel GEMM
 default since 10fc5c4 and the script no longer builds the whole-path row.
 
 benchmarks/results/merged_ring_h200_stages.json is this script's run at the commit before
-merged rings took 4 stages at one block per SM (ws_loop.WsLoop.block_budget): its
+merged rings took 4 stages at one block per SM (ws_plan.WsLoop.block_budget): its
 `seed_per_op_s2` / `_s3` ran 3 ring stages at two blocks per SM (a 2-stage loop grew to 3),
 `_s4` (num_stages=4) 4 stages at one.
 

@@ -3,7 +3,7 @@ threads) on the H200, fp16 and bf16 at 4096^3, beside cuBLAS (torch.matmul) in t
 (issue 12's target: >= 0.9x cuBLAS).
 
 The kernel takes the per-op TMA + wgmma path (K tiles merged in pairs into 64-wide ring
-stages, at least 4 of them: ws_loop.MIN_RING; ws_pairs.py). Measured on the whole-kernel GEMM
+stages, at least 4 of them: ws_plan.MIN_RING; ws_pairs.py). Measured on the whole-kernel GEMM
 path (sm90_gemm.py, the default before 10fc5c4) while choosing that depth (one run, fp16,
 interleaved): 3 ring stages 0.76x cuBLAS, 4 stages 0.91x, 6 stages 0.88x; two consumer
 warpgroups of 64 rows instead of one of 128 changed nothing (0.92x vs 0.91x at 4).

@@ -149,7 +149,7 @@ def test_strides_tma_cannot_take_keep_the_cp_async_pipeline():
 
 @pytest.mark.parametrize("threads,regs", [(128, None), (256, 232), (384, 152)])
 def test_register_split(threads, regs):
-    from tiled.compiler.targets.cuda.ws_loop import consumer_regs
+    from tiled.compiler.targets.cuda.ws_plan import consumer_regs
 
     assert consumer_regs(threads) == regs
 
@@ -243,7 +243,7 @@ def test_blocks_walk_the_grid_when_they_run_alike():
     """min(blocks, SMs) blocks walk the program's blocks (the ring's stages and phases carry
     on from block to block, so the producer loads the next block's tiles while the
     consumers finish this one): by default for a loop of one gemm that every block runs
-    alike (ws_loop.PERSISTENT_BY_DEFAULT, after the H200 runs it names), not for a causal
+    alike (ws_plan.PERSISTENT_BY_DEFAULT, after the H200 runs it names), not for a causal
     loop nor attention's two gemms; the option persistent=2 / 1 forces it on / off."""
     from tests.conformance.cases import load_all
 

@@ -128,7 +128,7 @@ class CudaBackend(Backend):
         "persistent": Option(int, 0, "sm_90a T.Pipelined loops fed by a TMA producer: "
                              "min(blocks, SMs) blocks walk the grid; 0 the plan's choice "
                              "(on where every block runs the loop alike: "
-                             "ws_loop.PERSISTENT_BY_DEFAULT says why), 1 off, 2 on",
+                             "ws_plan.PERSISTENT_BY_DEFAULT says why), 1 off, 2 on",
                              choices=(0, 1, 2)),
         "cuda_compiler": Option(str, None, "CUDA C++ to cubin: nvcc or nvrtc (default "
                                 "TILED_CUDA_COMPILER)", choices=("nvcc", "nvrtc", "auto")),

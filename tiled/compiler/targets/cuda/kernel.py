@@ -16,7 +16,7 @@ from tiled.compiler.passes.staging import stage_fragment_operands
 from tiled.compiler.targets.cuda.lower import CudaLowering
 from tiled.compiler.targets.cuda.sm90_attn import lower_attn_kernel, tmap_params
 from tiled.compiler.targets.cuda.sm90_gemm import lower_ws_kernel
-from tiled.compiler.targets.cuda.ws_loop import longest_first, persistent_choice
+from tiled.compiler.targets.cuda.ws_plan import longest_first, persistent_choice
 from tiled.compiler.tir import declare_params, source_name, tvm_dtype
 from tiled.ir import dtypes
 from tiled.ir.program import Program

@@ -72,12 +72,11 @@ from tiled.compiler.targets.cuda.sm90_gemm import (
     store_ws_tile,
 )
 from tiled.compiler.targets.cuda.ws_loop import (
-    PRODUCER_THREADS,
     declare_ring_maps,
     lower_ring_consumer,
     lower_ws_body,
-    plan_ws_loop,
 )
+from tiled.compiler.targets.cuda.ws_plan import PRODUCER_THREADS, plan_ws_loop
 from tiled.compiler.tir import (
     ExprLowering,
     loc_of,

@@ -21,7 +21,7 @@ from tiled.compiler.targets.cuda.gemm_sm90 import PANEL_ALIGN
 from tiled.compiler.targets.cuda.limits import MAX_SMEM
 from tiled.compiler.targets.cuda.reduce import reduce_scratch_bytes
 from tiled.compiler.targets.cuda.scan import scan_scratch_bytes, scan_uses_scratch
-from tiled.compiler.targets.cuda.ws_loop import grow_stages
+from tiled.compiler.targets.cuda.ws_plan import grow_stages
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 

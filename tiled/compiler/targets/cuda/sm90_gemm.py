@@ -50,7 +50,7 @@ from tiled.compiler.targets.cuda.gemm_sm90 import store_acc_tile
 from tiled.compiler.targets.cuda.grid_walk import bind_block, persistent_walk
 from tiled.compiler.targets.cuda.layouts import MmaLayout, WgmmaLayout
 from tiled.compiler.targets.cuda.tma import tma_requirements
-from tiled.compiler.targets.cuda.ws_loop import MIN_RING, PRODUCER_REGS
+from tiled.compiler.targets.cuda.ws_plan import MIN_RING, PRODUCER_REGS
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.walk import element_accesses, expr_vars, walk

@@ -37,7 +37,7 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 def merged_axes(p: pb.Program, buffers, w, gemms: list) -> dict[int, int]:
     """{ring tile: its K axis (0 rows, 1 columns)} when iterations 2j and 2j + 1 of the
-    ring loop `w` (ws_loop.WsLoop) share a stage, else {}: the loop's one wgmma gemm has
+    ring loop `w` (ws_plan.WsLoop) share a stage, else {}: the loop's one wgmma gemm has
     16-bit operands and A's K tile is 64 bytes, every ring copy fills one of its operands
     and its shared operands are all ring copies, and each copy's K offset moves by exactly
     the tile's K extent per iteration while its other offsets stay (offset_steps: proved,

@@ -1,0 +1,271 @@
+"""The plan of a T.Pipelined loop fed by a TMA producer on sm_90a (ws_loop.py says what the
+path is and lowers it): which copies become ring copies and their TMA boxes, the ring's
+stages and the blocks per SM, the producer's threads and registers, whether the blocks walk
+the grid persistently."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tvm import tirx
+
+from tiled.compiler.passes.layout import body_statements
+from tiled.compiler.passes.pipeline import RunAhead, gathers, run_ahead
+from tiled.compiler.targets.cuda.gemm_sm90 import PANEL_BYTES, panel_row_bytes
+from tiled.compiler.targets.cuda.tma import tma_requirements
+from tiled.compiler.targets.cuda.wgmma_waits import wgmma_gemm
+from tiled.compiler.targets.cuda.ws_pairs import merged_axes
+from tiled.ir import dtypes
+from tiled.ir.walk import expr_vars, walk
+from tiled.v1 import tile_ir_pb2 as pb
+
+PRODUCER_THREADS = 128  # a producer warpgroup
+PRODUCER_REGS = 40  # its registers after setmaxnreg
+# Ring stages a loop gets where shared memory holds them. The seed's 128x128x32, 3-stage
+# GEMM (K tiles merged in pairs) on the H200 at 4096^3 fp16, through sm90_gemm.py: 3 ring
+# stages 0.76x cuBLAS, 4 stages 0.91x, 6 stages 0.88x (one run, interleaved); through this
+# path, 4 stages 0.88x against 0.77-0.81x with 3 (merged_ring_h200_stages.json).
+MIN_RING = 4
+MAX_BOX = 256  # TMA's boxDim limit, elements per dim
+MAX_RANK = 5
+MAX_REGS = 240  # consumers' setmaxnreg ceiling here
+REGISTER_FILE = 65536
+SM_SMEM = 228 * 1024  # shared memory per SM; each resident block reserves 1 KiB of it
+PRODUCER_WARP = 32
+MIN_BLOCKS = 2  # blocks per SM a one-warpgroup program keeps (its latency hiding)
+
+
+@dataclass
+class RingCopy:
+    pos: int  # position in the loop body
+    copy: pb.Copy
+    release: int  # the body position after which its stage is free
+    box: list[int]  # TMA box, innermost dim first
+    swizzle: int  # bytes: 128 for a panel tile, 0 for a dense one
+    boxes: int  # boxes per stage (panels of a panel tile)
+    box_cols: int  # tile columns per box
+    nbytes: int  # bytes per stage
+    row_dim: int  # the source dim along the tile's rows
+
+    @property
+    def tile(self) -> int:
+        return self.copy.dst.buffer
+
+
+@dataclass
+class WsLoop:
+    run: RunAhead
+    copies: list[RingCopy]
+    requires: tuple
+    consumer_threads: int
+    stages: int = 2
+    bar_offset: int = 0
+    maps: dict = field(default_factory=dict)  # copy index -> tensor map parameter
+    min_blocks: int = 1  # the launch bounds' blocks per SM
+    pingpong: bool = False  # the consumer warpgroups take turns issuing their gemms
+    in_flight: bool = True  # gemms may stay in flight past their statement (wgmma_waits.py)
+    persistent: bool = False  # min(blocks, SMs) blocks walk the program's blocks
+    merge: int = 1  # loop iterations per ring stage (2: K tiles paired, ws_pairs.py)
+    merged: dict = field(default_factory=dict)  # merged ring tile -> its K axis (0 / 1)
+    gemms: int = 0  # wgmma gemms in the loop's body
+
+    @property
+    def producer_threads(self) -> int:
+        return PRODUCER_THREADS if self.consumer_threads >= 256 else PRODUCER_WARP
+
+    @property
+    def stage_bytes(self) -> int:
+        """Shared memory bytes one more ring stage takes (its tiles and barriers)."""
+        return sum(rc.nbytes for rc in self.copies) + 16 * len(self.copies)
+
+    def block_budget(self, pool_bytes: int) -> int:
+        """Shared memory bytes the block may take, its pool `pool_bytes` now: a
+        one-warpgroup program keeps to half an SM (two blocks per SM) where its ring reaches
+        MIN_RING stages there; where it does not and the loop has a wgmma gemm, MIN_RING
+        stages at one block per SM are worth more than a second block: 128 x 128 tiles with
+        32 KiB a stage (the seed's GEMM, its 32-wide K tiles merged) read 0.88x cuBLAS with 4
+        stages at one block per SM against 0.77-0.81x with 3 at two
+        (benchmarks/results/merged_ring_h200_stages.json)."""
+        whole = SM_SMEM - 1024
+        half = SM_SMEM // MIN_BLOCKS - 1024
+        if self.consumer_threads >= 256:
+            return whole
+        if not self.gemms:  # measured on GEMM loops only; others keep two blocks per SM
+            return half
+        at_min_ring = pool_bytes + max(0, MIN_RING - self.stages) * self.stage_bytes
+        return half if at_min_ring <= half or at_min_ring > whole else whole
+
+    def fit_blocks(self, pool_bytes: int) -> None:
+        """The launch bounds' blocks per SM for a pool of `pool_bytes`."""
+        self.min_blocks = MIN_BLOCKS if self.consumer_threads < 256 and \
+            pool_bytes <= SM_SMEM // MIN_BLOCKS - 1024 else 1
+
+    @property
+    def loop(self) -> pb.For:
+        return self.run.loop
+
+    @property
+    def tiles(self) -> set[int]:
+        return {rc.tile for rc in self.copies}
+
+    @property
+    def barrier_bytes(self) -> int:
+        return 16 * len(self.copies) * self.stages
+
+    def full(self, i: int, stage):
+        return i * self.stages + stage
+
+    def empty(self, i: int, stage):
+        return (len(self.copies) + i) * self.stages + stage
+
+
+def _ring_copy(p: pb.Program, buffers, panels: set[int], pos: int, release: int,
+               c: pb.Copy) -> tuple[RingCopy, list] | None:
+    """The ring copy for copy `c` with its launch preconditions, or None when TMA cannot do
+    it (module docstring)."""
+    src, dst = buffers[c.src.buffer], buffers[c.dst.buffer]
+    ext = list(c.src.extents)
+    if len(dst.shape) != 2 or len(ext) > MAX_RANK or len(ext) < 2 or \
+            dtypes.canonical_name(src.dtype) != dtypes.canonical_name(dst.dtype):
+        return None
+    rows, cols = (d.size for d in dst.shape)
+    nonunit = [j for j, e in enumerate(ext) if e != 1]
+    if rows == 1 or cols == 1 or len(nonunit) != 2 or nonunit[1] != len(ext) - 1 or \
+            rows > MAX_BOX:
+        return None
+    req = tma_requirements(p, src)
+    if req is None:
+        return None
+    size = dtypes.nbytes(dst.dtype)
+    if dst.id in panels:  # a box per panel, in the panel's swizzle (gemm_sm90.py)
+        swizzle = panel_row_bytes(dst)
+        box_cols = swizzle // size
+        if cols % box_cols or rows % 8:
+            return None
+    else:
+        box_cols = cols
+        if cols > MAX_BOX or (cols * size) % 16 or (rows * cols * size) % 128:
+            return None
+        swizzle = 0
+    box = [box_cols if d == len(ext) - 1 else rows if d == nonunit[0] else 1
+           for d in reversed(range(len(ext)))]
+    return RingCopy(pos, c, release, box, swizzle, cols // box_cols, box_cols,
+                    rows * cols * size, nonunit[0]), req
+
+
+def plan_ws_loop(low) -> WsLoop | None:
+    """The warp-specialized plan of the kernel's T.Pipelined loop (module docstring), or
+    None when it has no ring copy."""
+    p = low.program
+    if low.threads % 128 or low.threads > 512:
+        return None
+    run = run_ahead(p)
+    if run is None:
+        return None
+    buffers = low.buffers
+    body = body_statements(run.loop.body)
+    copies, requires = [], []
+    ring = set(run.copies)
+    if any(gathers(st, buffers) for i, st in enumerate(body) if i not in ring):
+        return None  # the consumers load tiles themselves: more blocks per SM hide that
+    mma_operands = {x for st in walk(p.kernel.body) if st.WhichOneof("kind") == "gemm"
+                    and st.gemm.c not in low.wgmma_ops.accumulators
+                    for x in (st.gemm.a, st.gemm.b)}
+    for pos, release in zip(run.copies, run.release, strict=True):
+        if body[pos].copy.dst.buffer in mma_operands:
+            return None  # mma.sync reads padded rows, which TMA does not write
+        found = _ring_copy(p, buffers, low.wgmma_ops.panels, pos, release, body[pos].copy)
+        if found is None:
+            return None  # the cp.async pipeline runs every copy ahead, not only some
+        copies.append(found[0])
+        requires += [r for r in found[1] if r not in requires]
+    gemms = [st for st in body if wgmma_gemm(st, low.wgmma_ops.accumulators)]
+    w = WsLoop(run, copies, tuple(requires), low.threads, stages=max(2, run.loop.num_stages),
+               pingpong=low.threads == 256 and len(gemms) >= 2, gemms=len(gemms))
+    axes = merged_axes(p, buffers, w, gemms)
+    if axes:
+        w.merge, w.merged = 2, axes
+        for rc in copies:  # both iterations' tiles in one stage: 128-byte rows
+            if axes[rc.tile] == 1:  # K along the rows: one box twice as wide
+                rc.box = [2 * rc.box_cols, *rc.box[1:]]
+                rc.swizzle, rc.box_cols = PANEL_BYTES, 2 * rc.box_cols
+            else:  # K down the columns: boxes twice as tall
+                rc.box = [x * 2 if d == len(rc.box) - 1 - rc.row_dim else x
+                          for d, x in enumerate(rc.box)]
+            rc.nbytes *= 2
+    return w
+
+
+def grow_stages(w: WsLoop, pool_bytes: int, budget: int) -> bool:
+    """Deepens the ring by one stage when it has fewer than MIN_RING and the pool (of
+    `pool_bytes` now) still fits `budget` and the block budget; whether it did."""
+    more = w.stage_bytes
+    if w.stages >= MIN_RING or pool_bytes + more > min(budget, w.block_budget(pool_bytes)):
+        return False
+    w.stages += 1
+    return True
+
+
+def longest_first(low, grid: list) -> int | None:
+    """The grid axis to walk backwards, or None: the one whose block index the loop's trip
+    count grows with, judged at the axis' first and last block (static grid and extent;
+    the other block indices at 0). Launch order is not observable (blocks are independent),
+    so this is a schedule, not a change of meaning."""
+    from tvm.sym import Analyzer
+
+    block_vars = list(low.program.kernel.block_vars)
+    ana = Analyzer()
+
+    def extent_at(axis: int, index: int):
+        with low.bound({v: tirx.const(index if a == axis else 0, "int32")
+                        for a, v in enumerate(block_vars)}):
+            return ana.simplify(low.expr(low.wsloop.loop.extent))
+
+    for axis, g in enumerate(grid):
+        if not isinstance(g, tirx.IntImm) or g.value < 2:
+            continue
+        first, last = extent_at(axis, 0), extent_at(axis, g.value - 1)
+        if isinstance(first, tirx.IntImm) and isinstance(last, tirx.IntImm) and \
+                last.value > first.value:
+            return axis
+    return None
+
+
+def consumer_regs(threads: int) -> int | None:
+    """Registers per consumer thread after setmaxnreg, None below two consumer warpgroups
+    (the launch's own budget is then already the ceiling)."""
+    if threads < 256:
+        return None
+    return min(MAX_REGS, (REGISTER_FILE - PRODUCER_THREADS * PRODUCER_REGS) // threads // 8 * 8)
+
+
+# -- lowering (called by lower.CudaLowering, `low`) ------------------------------------
+
+
+# The plan's choice of persistent walks (the compile option `persistent` = 0): on, for
+# loops of one wgmma gemm whose trip count is the same in every block. On the H200 with it
+# on for every such loop, every conformance kernel stayed correct and moved by -0.6..+1.9
+# points against torch (benchmarks/results/conformance_h200_persistent_on.json beside
+# _persistent_off.json, one run each), and the generic path's y = x W^T GEMMs ran
+# 1.00-1.41x as fast as one block per program block (linear_perop_h200.json, `per_op_*_p1`
+# / `_p2`); but TileLang-style attention at S = 16384 read 0.95x SDPA walked against 1.05x
+# with one block per program block (tl_attention_h200_persistent_default.json; at S = 4096
+# within the run's noise), so loops of two gemms keep one block per program block. Causal
+# loops (trip count by block) are left to the hardware's block order, longest first, which
+# balanced them better (walked, they lost 6-18% in that run).
+PERSISTENT_BY_DEFAULT = True
+
+
+def persistent_choice(low, option: int) -> bool:
+    """Whether the kernel walks its blocks persistently: the compile option `persistent`
+    (1 off, 2 on), or for 0 the plan's choice: PERSISTENT_BY_DEFAULT for a loop of one
+    wgmma gemm (a GEMM's) that every block runs the same number of times (a causal loop's
+    blocks differ, and the hardware's block scheduler, longest first, balances them better
+    than a fixed walk; attention's two-gemm loops ran slower walked)."""
+    if option:
+        return option == 2
+    block_vars = set(low.program.kernel.block_vars)
+    gemms = [st for st in body_statements(low.wsloop.loop.body)
+             if wgmma_gemm(st, low.wgmma_ops.accumulators) is not None]
+    return PERSISTENT_BY_DEFAULT and len(gemms) == 1 and \
+        not expr_vars([low.wsloop.loop.extent]) & block_vars

@@ -251,3 +251,42 @@ def test_pairing_needs_a_shared_tile_and_equal_k_loops():
 
     plan = _plan(k_per_row)
     assert plan is not None and plan.pairing is None and plan.with_cluster(2).cluster == 1
+
+
+def test_sixteen_bit_gemms_take_the_per_op_path_and_the_rest_keep_the_gemm_path():
+    """Which GEMM loops the whole-kernel GEMM path (sm90_gemm.py) still takes (lower.py says
+    why): 16-bit ones go to the per-op path (the seed's 32-wide K tiles two per ring stage);
+    float8 ones, 16-row x tiles (the per-op wgmma wants N a multiple of 64) and any loop
+    compiled with cluster=2 stay; whole_kernel_paths=False sends even those per op."""
+    from tests.conformance.cases import load_all
+    from tiled.compiler.targets.cuda.backend import CudaBackend
+    from tiled.ir.program import as_program
+
+    def lower(kernel, **options):
+        return CudaBackend().generate_source(as_program(kernel), "sm_90a", **options)[2]
+
+    seed = gemm.matmul(1024, 1024, 1024, 128, 128, 32, 3, "float16", threads=128)
+    low = lower(seed)
+    assert low.ws is None and low.wsloop.merge == 2
+    assert lower(seed, cluster=2).ws is not None
+    fp8 = load_all()["gemm_fp8_e4m3"]
+    k = fp8.factory(**fp8.gpu).kernel
+    assert lower(k).ws is not None
+    assert lower(k, whole_kernel_paths=False).ws is None
+
+    @tiled.kernel
+    def sixteen_rows(X: T.Tensor((16, 4096), "bfloat16"), W: T.Tensor((4096, 4096), "bfloat16"),
+                     Y: T.Tensor((4096, 16), "float32")):
+        with T.Kernel(32, threads=128) as bx:  # y^T = W x^T: W's rows as M, x's as N
+            w_s = T.alloc_shared((128, 64), "bfloat16")
+            x_s = T.alloc_shared((16, 64), "bfloat16")
+            acc = T.alloc_fragment((128, 16), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(64, num_stages=3):
+                T.copy(W[bx * 128, k * 64], w_s)
+                T.copy(X[0, k * 64], x_s)
+                T.gemm(w_s, x_s, acc, transpose_B=True)
+            T.copy(acc, Y[bx * 128, 0])
+
+    low = lower(sixteen_rows)
+    assert low.ws is not None and low.ws.BN == 16

@@ -21,13 +21,30 @@ def body(kernel, arch="sm_90a") -> str:
     return src[src.index('extern "C" __global__'):]
 
 
-def test_cyclic_layouts_deal_runs_that_divide_the_row():
-    p = as_program(rms_norm(M=64, N=4096, blk_m=1, dtype="bfloat16").kernel).proto
+def _layouts(kernel) -> dict:
+    p = as_program(kernel).proto
     names = {b.id: b.name for b in p.buffers}
-    lay = {names[b]: v for b, v in infer_layouts(p).items()}
+    return {names[b]: v for b, v in infer_layouts(p).items()}
+
+
+def test_cyclic_layouts_deal_runs_that_divide_the_row():
+    # A float32 row of a bfloat16 tensor: runs of 8, one 16-byte access of the tensor each.
+    lay = _layouts(rms_norm(M=64, N=4096, blk_m=1, dtype="bfloat16").kernel)
     assert lay["x_local"] == CyclicLayout((1, 4096), 128, 8)
-    odd = as_program(rms_norm(M=64, N=2560, blk_m=1).kernel).proto  # 2560 = 5 x 512: runs of 4
-    assert {v.vec for v in infer_layouts(odd).values() if isinstance(v, CyclicLayout)} == {4}
+    odd = rms_norm(M=64, N=2560, blk_m=1).kernel  # 2560 = 5 x 512: runs of 4
+    assert {v.vec for v in _layouts(odd).values() if isinstance(v, CyclicLayout)} == {4}
+
+
+def test_float32_rows_take_16_byte_runs():
+    # Softmax over float32 tensors: runs of 4 (16 bytes), so each warp's float4 access covers
+    # 512 contiguous bytes; runs of 8 put a warp's two float4 accesses half a line apart
+    # (0.67-0.76 of the H200's copy bandwidth against 0.93-1.00 with runs of 4,
+    # benchmarks/results/membound_h200*.json).
+    lay = _layouts(softmax(M=64, N=4096, blk_m=1).kernel)
+    assert {v.vec for v in lay.values() if isinstance(v, CyclicLayout)} == {4}
+    src = body(softmax(M=64, N=4096, blk_m=1).kernel)
+    assert re.search(r"X_ptr \+ \(\(\(\(int\)blockIdx.x\) \* 4096\) \+ "
+                     r"\(\(\(int\)threadIdx.x\) \* 4\)\)", src)
 
 
 def test_rms_norm_moves_vectors_and_reduces_with_shuffles():

@@ -3,7 +3,8 @@
 A FRAGMENT tile belongs to the block but lives in its threads' registers; its layout says
 which thread holds which element. Two layouts are target-independent:
 
-- `CyclicLayout`: element e (row-major) lives in thread e % threads, slot e // threads.
+- `CyclicLayout`: runs of consecutive elements (16 bytes, up to the target's longest) dealt
+  round-robin over the threads.
 - `ReplicatedLayout`: every thread holds the whole tile. Chosen for reduction results and for
   tiles indexed other than by the loop variables of a T.Parallel nest (e.g. `m[i]` inside a
   loop over (i, j)), since any thread may then need any element.
@@ -33,7 +34,9 @@ from typing import Protocol
 
 from tvm import tirx
 
+from tiled.compiler.passes.vectorize import VECTOR_BYTES
 from tiled.errors import CompileError
+from tiled.ir import dtypes
 from tiled.ir.walk import element_accesses, stmt_exprs, stores, subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -145,6 +148,16 @@ def tile_op_buffers(st: pb.Stmt) -> set[int]:
     if kind == "scan":
         return {node.src, node.dst}
     return set()
+
+
+def tile_op_uses(body: pb.Stmt) -> tuple[dict[int, list[pb.Stmt]], set[int]]:
+    """(buffer -> the tile op statements under `body` that touch it, in program order; the
+    buffers some statement under `body` reads or writes element by element)."""
+    uses: dict[int, list[pb.Stmt]] = {}
+    for st in walk(body):
+        for bid in tile_op_buffers(st):
+            uses.setdefault(bid, []).append(st)
+    return uses, {bid for bid, _ in element_accesses(body)}
 
 
 _FOLD = {pb.ADD: lambda a, b: a + b, pb.SUB: lambda a, b: a - b, pb.MUL: lambda a, b: a * b,
@@ -261,12 +274,15 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
     nest_writes: list[set[int]] = []  # the fragments each nest stores to
     moves: list[set[int]] = []  # fragments moved whole into one another (fragment_pair)
     row_reads: list[tuple[int, int]] = []  # (row vector, index of its nest in `nests`)
+    touches: list[set[int]] = []  # what each copy and nest moves: the fragments' run lengths
 
     def visit(st: pb.Stmt) -> None:
         kind = st.WhichOneof("kind")
         pair = fragment_pair(st, buffers)
         if pair is not None:
             moves.append(set(pair))
+        if kind == "copy":
+            touches.append({st.copy.src.buffer, st.copy.dst.buffer})
         if kind == "for_" and st.for_.kind == pb.PARALLEL:
             nest, body = parallel_nest(st)
             shape = tuple(f.extent.int_value if f.extent.WhichOneof("kind") == "int_value"
@@ -286,6 +302,7 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
                 else:
                     replicated.add(bid)
             nests.append(ident)
+            touches.append(ident | {bid for bid, _ in element_accesses(body) if bid not in frags})
             nest_writes.append(written & frags)
             return
         for e in stmt_exprs(st):
@@ -348,6 +365,7 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
     if misfits:
         return layouts, misfits
 
+    runs = _run_lengths(frags - replicated - set(layouts), touches, buffers, anchors.max_vector)
     for bid in frags:
         if bid in replicated:
             if bid in layouts and not isinstance(layouts[bid], anchors.rows_layouts):
@@ -361,8 +379,36 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
         elif bid not in layouts:
             shape = tuple(d.size for d in buffers[bid].shape)
             layouts[bid] = CyclicLayout(shape, threads,
-                                        cyclic_vector(shape, threads, anchors.max_vector))
+                                        cyclic_vector(shape, threads, runs[bid]))
     return layouts, set()
+
+
+def _run_lengths(free: set[int], touches: list[set[int]], buffers, max_vector: int
+                 ) -> dict[int, int]:
+    """The longest run each cyclic fragment in `free` may take: 16 bytes of the narrowest
+    element among the buffers it is moved with (those a copy or a T.Parallel nest touches
+    together with it, transitively), at most `max_vector`. A float32 row read from and
+    written to float32 tensors takes runs of 4, so a warp's 16-byte accesses cover 512
+    contiguous bytes; a float32 fragment of a 16-bit tensor keeps the tensor's 8 (one 16-byte
+    access of it per run)."""
+    members = set().union(*touches) | free if touches else set(free)
+    parent = {b: b for b in members}
+
+    def root(b: int) -> int:
+        while parent[b] != b:
+            parent[b] = parent[parent[b]]
+            b = parent[b]
+        return b
+
+    for group in touches:
+        first, *rest = sorted(group) if group else (None,)
+        for b in rest:
+            parent[root(b)] = root(first)
+    widest: dict[int, int] = {}
+    for b in members:
+        run = max(1, min(max_vector, VECTOR_BYTES // dtypes.nbytes(buffers[b].dtype)))
+        widest[root(b)] = max(widest.get(root(b), 1), run)
+    return {b: widest[root(b)] for b in free}
 
 
 def _spread(nests, moves, reduces, layouts, replicated, buffers, row_reads) -> bool:

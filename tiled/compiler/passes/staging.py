@@ -23,10 +23,10 @@ sm_90a a TMA ring, and the gemm reads A from shared memory). A fragment qualifie
 
 from __future__ import annotations
 
-from tiled.compiler.passes.layout import body_statements, tile_op_buffers
+from tiled.compiler.passes.layout import body_statements, tile_op_uses, whole_region
 from tiled.ir import dtypes
 from tiled.ir.program import Program
-from tiled.ir.walk import element_accesses, walk
+from tiled.ir.walk import walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 
@@ -34,8 +34,8 @@ def _whole_tile_copy(c: pb.Copy, buffers) -> bool:
     src, dst = buffers[c.src.buffer], buffers[c.dst.buffer]
     return src.scope == pb.GLOBAL and dst.scope == pb.FRAGMENT and \
         dtypes.canonical_name(src.dtype) == dtypes.canonical_name(dst.dtype) and \
-        all(o.WhichOneof("kind") == "int_value" and not o.int_value for o in c.dst.offsets) \
-        and [e for e in c.src.extents if e != 1] == [d.size for d in dst.shape]
+        whole_region(c.dst, dst) and \
+        [e for e in c.src.extents if e != 1] == [d.size for d in dst.shape]
 
 
 def staged_operands(p: pb.Program) -> set[int]:
@@ -49,13 +49,10 @@ def staged_operands(p: pb.Program) -> set[int]:
                     found.add(s.copy.dst.buffer)
     if not found:
         return set()
-    uses: dict[int, list[pb.Stmt]] = {bid: [] for bid in found}
-    for st in walk(p.kernel.body):
-        for bid in tile_op_buffers(st) & found:
-            uses[bid].append(st)
-    touched = {bid for bid, _ in element_accesses(p.kernel.body)}
+    uses, touched = tile_op_uses(p.kernel.body)
     staged = set()
-    for bid, sts in uses.items():
+    for bid in found:
+        sts = uses[bid]
         copies = [s for s in sts if s.WhichOneof("kind") == "copy"]
         gemms = [s.gemm for s in sts if s.WhichOneof("kind") == "gemm"]
         if bid in touched or len(copies) != 1 or copies[0].copy.dst.buffer != bid or \

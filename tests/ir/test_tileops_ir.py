@@ -272,8 +272,8 @@ def test_atomic_misuse_is_refused_where_it_is():
 
 
 @pytest.mark.parametrize(("call", "match"), [
-    ("T.atomic_max(s[0], 1.0, memory_order='acquire')", "memory_order='acquire'.*not supported"),
-    ("T.atomic_min(s[0], 1.0, return_prev=True)", r"return_prev=True\) is not supported"),
+    ("T.atomic_max(s[0], 1.0, memory_order='consume')", "memory_order must be one of"),
+    ("T.atomic_min(s[0], 1.0, return_prev=2)", "return_prev"),
     ("T.atomic_max(s, 1.0)", "T.atomic_max on a whole tile is not supported by tiled"),
     ("T.atomic_add(s[0:1], 1.0)", "T.atomic_add on a whole tile"),
     ("T.atomic_min(1.0, 2.0)", "the destination must be an element"),
@@ -632,3 +632,30 @@ def test_pipelined_schedule_hints_are_accepted_and_dropped(kwargs, kind, stages)
 def test_pipelined_hint_errors(kwargs, match):
     with pytest.raises(KernelDefinitionError, match=match):
         _ = pipelined(**kwargs).ir
+
+
+@T.prim_func
+def counted(X: T.Tensor((4, 64), "float32"), P: T.Tensor((4, 64), "float32"),
+            Y: T.Tensor((64,), "float32"), C: T.Tensor((1,), "int32")):
+    with T.Kernel(4, threads=64) as bx:
+        for i in T.Parallel(64):
+            P[bx, i] = X[bx, i]
+        done = T.atomic_add(C[0], 1, memory_order="acq_rel", return_prev=True)
+        if done == 3:
+            for i in T.Parallel(64):
+                Y[i] = P[0, i] + P[1, i] + P[2, i] + P[3, i]
+
+
+def test_ordered_atomic_returns_the_previous_value_into_a_local():
+    (st,) = [s for s in stmts(counted.ir) if s.WhichOneof("kind") == "atomic_add"]
+    a = st.atomic_add
+    assert a.order == pb.ORDER_ACQ_REL and a.has_prev
+    prev = counted.ir.proto.buffers[a.prev]
+    assert prev.scope == pb.LOCAL and prev.dtype == pb.INT32 and prev.name == "done"
+    assert "done = atomic_add(C[0], 1, memory_order='acq_rel')" in format_program(counted.ir)
+    verify_program(counted.ir)
+
+    def wide_prev(p):
+        p.buffers[a.prev].shape.add(size=2)
+    reject(edited(counted.ir, wide_prev), "previous value goes to a one-element LOCAL buffer",
+           path_of(counted.ir, "atomic_add") + ".prev")

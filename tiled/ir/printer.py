@@ -177,8 +177,14 @@ class _Printer:
             x = getattr(s, kind)
             target = f"{self.buf(x.buffer)}[{self.exprs(x.indices, d)}]"
             value = self.expr(x.value, d)[0]
-            self.emit(indent, f"{target} = {value}" if kind == "store"
-                      else f"{ops.ATOMIC_NAME.get(x.op, 'atomic_?')}({target}, {value})")
+            if kind == "store":
+                self.emit(indent, f"{target} = {value}")
+            else:
+                order = pb.MemoryOrder.Name(x.order).removeprefix("ORDER_").lower() \
+                    if x.order in pb.MemoryOrder.values() else f"order {x.order}"
+                call = f"{ops.ATOMIC_NAME.get(x.op, 'atomic_?')}({target}, {value}" + \
+                    (f", memory_order={order!r})" if x.order else ")")
+                self.emit(indent, f"{self.buf(x.prev)} = {call}" if x.has_prev else call)
         elif kind == "copy":
             c = s.copy
             src, dst = self.region(c.src, d), self.region(c.dst, d)

@@ -385,6 +385,15 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
         if b.dtype in (pb.FLOAT8_E4M3, pb.FLOAT8_E5M2):
             self.fail(f"{what} into float8 buffer {self.bname(b.id)}: no target has float8 "
                       "atomics; accumulate in a float32 buffer and cast once", (path, ".buffer"))
+        if s.order not in pb.MemoryOrder.values():
+            self.fail(f"{what} has unknown memory order {s.order}", (path, ".order"))
+        if s.has_prev:
+            prev = self.buffer(s.prev, (path, ".prev"))
+            if prev.scope != pb.LOCAL or [d.size for d in prev.shape] != [1] or \
+                    prev.dtype != b.dtype:
+                self.fail(f"{what}: the previous value goes to a one-element LOCAL buffer of "
+                          f"{self.bname(b.id)}'s dtype, not {self.bname(prev.id)}",
+                          (path, ".prev"))
 
     def element_access(self, s, path: tuple, depth: int, what: str) -> pb.Buffer:
         b = self.buffer(s.buffer, (path, ".buffer"))

@@ -47,8 +47,10 @@ def written(st: pb.Stmt) -> set[int]:
     node = getattr(st, kind)
     if kind in ("copy", "fill"):
         return {node.dst.buffer}
-    if kind in ("store", "atomic_add"):
+    if kind == "store":
         return {node.buffer}
+    if kind == "atomic_add":
+        return {node.buffer, node.prev} if node.has_prev else {node.buffer}
     if kind == "gemm":
         return {node.c}
     if kind in ("reduce", "scan"):
@@ -82,13 +84,21 @@ def expr_vars(exprs) -> set[int]:
     return {x.var for e in exprs for x in subexprs(e) if x.WhichOneof("kind") == "var"}
 
 
+def _element_writes(st: pb.Stmt):
+    """(buffer id, index exprs) of the elements statement `st` itself writes: a store's, an
+    atomic's and the local receiving an atomic's previous value."""
+    kind = st.WhichOneof("kind")
+    if kind in ("store", "atomic_add"):
+        node = getattr(st, kind)
+        yield node.buffer, list(node.indices)
+        if kind == "atomic_add" and node.has_prev:
+            yield node.prev, [pb.Expr(dtype=pb.INT32, int_value=0)]
+
+
 def element_accesses(body: pb.Stmt):
     """(buffer id, index exprs) of every element load / store / atomic in `body`."""
     for st in walk(body):
-        kind = st.WhichOneof("kind")
-        if kind in ("store", "atomic_add"):
-            node = getattr(st, kind)
-            yield node.buffer, list(node.indices)
+        yield from _element_writes(st)
         for e in stmt_exprs(st):
             for sub in subexprs(e):
                 if sub.WhichOneof("kind") == "load":
@@ -98,10 +108,7 @@ def element_accesses(body: pb.Stmt):
 def stores(body: pb.Stmt):
     """(buffer id, index exprs) of every element store / atomic in `body`."""
     for st in walk(body):
-        kind = st.WhichOneof("kind")
-        if kind in ("store", "atomic_add"):
-            node = getattr(st, kind)
-            yield node.buffer, list(node.indices)
+        yield from _element_writes(st)
 
 
 def set_before_read(body: pb.Stmt) -> set[int]:
@@ -121,6 +128,10 @@ def set_before_read(body: pb.Stmt) -> set[int]:
             if bid not in seen and kind == "store":
                 first_store.add(bid)
             seen.add(bid)
+        if kind == "atomic_add" and st.atomic_add.has_prev:
+            if st.atomic_add.prev not in seen:
+                first_store.add(st.atomic_add.prev)
+            seen.add(st.atomic_add.prev)
     return first_store
 
 

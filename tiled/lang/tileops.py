@@ -7,6 +7,7 @@ from enum import IntEnum
 from tiled.ir import dtypes
 from tiled.lang.builder import current, definition_error
 from tiled.lang.expr import BufferRef, Element, Expr, RegionRef, cast, index_expr
+from tiled.lang.localvar import LocalVar
 from tiled.lang.loops import If
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -318,14 +319,14 @@ def cumsum(src, dst=None, dim: int = 0, reverse: bool = False) -> None:
     current().emit(stmt)
 
 
-def _atomic(op: int, name: str, dst, value, memory_order, return_prev: bool) -> None:
-    if return_prev:
-        raise definition_error(f"TileLang feature T.{name}(return_prev=True) is not supported "
-                               f"by tiled: T.{name} is a statement and returns nothing")
-    if memory_order not in (None, "relaxed"):
-        raise definition_error(f"TileLang feature T.{name}(memory_order={memory_order!r}) is "
-                               "not supported by tiled: its atomics are relaxed; order them "
-                               "with the block's own synchronization")
+_ORDERS = {None: pb.ORDER_RELAXED, "relaxed": pb.ORDER_RELAXED, "acquire": pb.ORDER_ACQUIRE,
+           "release": pb.ORDER_RELEASE, "acq_rel": pb.ORDER_ACQ_REL, "seq_cst": pb.ORDER_SEQ_CST}
+
+
+def _atomic(op: int, name: str, dst, value, memory_order, return_prev: bool):
+    if memory_order not in _ORDERS:
+        raise definition_error(f"T.{name}: memory_order must be one of relaxed, acquire, "
+                               f"release, acq_rel, seq_cst, got {memory_order!r}")
     if isinstance(dst, (BufferRef, RegionRef)):
         raise definition_error(f"TileLang feature T.{name} on a whole tile is not supported by "
                                f"tiled: name one element, {name}(buf[i, ...], value), inside "
@@ -335,36 +336,51 @@ def _atomic(op: int, name: str, dst, value, memory_order, return_prev: bool) -> 
     stmt = pb.Stmt()
     stmt.atomic_add.buffer = dst.buffer.bid
     stmt.atomic_add.op = op
+    stmt.atomic_add.order = _ORDERS[memory_order]
     for i in dst.indices:
         stmt.atomic_add.indices.add().CopyFrom(index_expr(i).node)
     stmt.atomic_add.value.CopyFrom(cast(value, dst.buffer.dtype).node)
+    prev = None
+    if _flag(return_prev, f"T.{name}: return_prev"):
+        b = current()
+        buf = b.new_buffer(f"prev{len(b.program.buffers)}", dst.buffer.dtype, [1], pb.LOCAL,
+                           generated=True)
+        buf.loc.CopyFrom(b.location())
+        prev = LocalVar(buf.id, buf.name, dst.buffer.dtype)
+        stmt.atomic_add.has_prev, stmt.atomic_add.prev = True, buf.id
     current().emit(stmt)
+    return prev
 
 
-def atomic_add(dst, value, memory_order: str | None = None, return_prev: bool = False) -> None:
+def atomic_add(dst, value, memory_order: str | None = None, return_prev: bool = False):
     """dst += value atomically across threads and blocks; `dst` is an element of a global or
-    shared buffer. Atomics are relaxed (memory_order None or "relaxed").
+    shared buffer. `memory_order` (relaxed by default; acquire, release, acq_rel, seq_cst)
+    orders the block's other global memory accesses against other blocks' at device scope:
+    outside a T.Parallel loop one thread of the block updates the element, and a release
+    covers every access the block made before it, an acquire every one it makes after.
+    With `return_prev` it returns the element's value before the update (in every thread).
 
     >>> T.atomic_add(Out[bx], partial[0])
+    >>> done = T.atomic_add(Count[bx], 1, memory_order="acq_rel", return_prev=True)
     """
-    _atomic(pb.ATOMIC_ADD, "atomic_add", dst, value, memory_order, return_prev)
+    return _atomic(pb.ATOMIC_ADD, "atomic_add", dst, value, memory_order, return_prev)
 
 
-def atomic_max(dst, value, memory_order: str | None = None, return_prev: bool = False) -> None:
+def atomic_max(dst, value, memory_order: str | None = None, return_prev: bool = False):
     """dst = max(dst, value) atomically across threads and blocks; `dst` is an element of a
     global or shared buffer of ints or floats. `value` replaces the stored value only when it
     compares greater, as IEEE compares: a NaN on either side changes nothing, -0.0 equals
-    +0.0. Atomics are relaxed (memory_order None or "relaxed").
+    +0.0. `memory_order` and `return_prev` as T.atomic_add's.
 
     >>> T.atomic_max(AMax[0], T.abs(x_local[i]))
     """
-    _atomic(pb.ATOMIC_MAX, "atomic_max", dst, value, memory_order, return_prev)
+    return _atomic(pb.ATOMIC_MAX, "atomic_max", dst, value, memory_order, return_prev)
 
 
-def atomic_min(dst, value, memory_order: str | None = None, return_prev: bool = False) -> None:
+def atomic_min(dst, value, memory_order: str | None = None, return_prev: bool = False):
     """dst = min(dst, value) atomically across threads and blocks (as T.atomic_max).
 
     >>> T.atomic_min(Lo[bx % 4], x_local[i])
     """
-    _atomic(pb.ATOMIC_MIN, "atomic_min", dst, value, memory_order, return_prev)
+    return _atomic(pb.ATOMIC_MIN, "atomic_min", dst, value, memory_order, return_prev)
 

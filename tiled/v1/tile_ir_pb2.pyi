@@ -111,6 +111,14 @@ class AtomicOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATOMIC_MAX: _ClassVar[AtomicOp]
     ATOMIC_MIN: _ClassVar[AtomicOp]
 
+class MemoryOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ORDER_RELAXED: _ClassVar[MemoryOrder]
+    ORDER_ACQUIRE: _ClassVar[MemoryOrder]
+    ORDER_RELEASE: _ClassVar[MemoryOrder]
+    ORDER_ACQ_REL: _ClassVar[MemoryOrder]
+    ORDER_SEQ_CST: _ClassVar[MemoryOrder]
+
 class MBarrierKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MBARRIER_KIND_UNSPECIFIED: _ClassVar[MBarrierKind]
@@ -197,6 +205,11 @@ POLICY_FULL_COL: GemmWarpPolicy
 ATOMIC_ADD: AtomicOp
 ATOMIC_MAX: AtomicOp
 ATOMIC_MIN: AtomicOp
+ORDER_RELAXED: MemoryOrder
+ORDER_ACQUIRE: MemoryOrder
+ORDER_RELEASE: MemoryOrder
+ORDER_ACQ_REL: MemoryOrder
+ORDER_SEQ_CST: MemoryOrder
 MBARRIER_KIND_UNSPECIFIED: MBarrierKind
 MBARRIER_ARRIVE: MBarrierKind
 MBARRIER_WAIT_PARITY: MBarrierKind
@@ -435,16 +448,22 @@ class Reduce(_message.Message):
     def __init__(self, kind: _Optional[_Union[ReduceKind, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., dim: _Optional[int] = ..., clear: bool = ...) -> None: ...
 
 class AtomicAdd(_message.Message):
-    __slots__ = ("buffer", "indices", "value", "op")
+    __slots__ = ("buffer", "indices", "value", "op", "order", "has_prev", "prev")
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    HAS_PREV_FIELD_NUMBER: _ClassVar[int]
+    PREV_FIELD_NUMBER: _ClassVar[int]
     buffer: int
     indices: _containers.RepeatedCompositeFieldContainer[Expr]
     value: Expr
     op: AtomicOp
-    def __init__(self, buffer: _Optional[int] = ..., indices: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., value: _Optional[_Union[Expr, _Mapping]] = ..., op: _Optional[_Union[AtomicOp, str]] = ...) -> None: ...
+    order: MemoryOrder
+    has_prev: bool
+    prev: int
+    def __init__(self, buffer: _Optional[int] = ..., indices: _Optional[_Iterable[_Union[Expr, _Mapping]]] = ..., value: _Optional[_Union[Expr, _Mapping]] = ..., op: _Optional[_Union[AtomicOp, str]] = ..., order: _Optional[_Union[MemoryOrder, str]] = ..., has_prev: bool = ..., prev: _Optional[int] = ...) -> None: ...
 
 class Scan(_message.Message):
     __slots__ = ("src", "dst", "dim", "reverse")

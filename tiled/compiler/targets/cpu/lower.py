@@ -258,10 +258,13 @@ class CpuLowering(ExprLowering):
     def stmt_atomic_add(self, st, _s):
         # Blocks run in parallel on CPU threads, so a global update must be atomic (shim CAS);
         # a shared tile belongs to one block, which runs on one thread: a plain update is.
+        # A memory order other than relaxed fences around the update (tiled_fence); the block
+        # is one thread, so its own accesses are ordered already.
         buf = self.tir_buffers[st.buffer]
         dt = self.ir_dtype(st.buffer)  # bfloat16 / float8 buffers hold their bits
         idx = [self.expr(i) for i in st.indices]
         op = _ATOMIC_NAME[st.op]
+        zero = [tirx.const(0, "int32")]
         if self.buffers[st.buffer].scope != pb.GLOBAL:
             calc = "float32" if self.bits_float(dt) else dt
             old = self.cast(buf[tuple(idx)], calc, dt)
@@ -271,6 +274,8 @@ class CpuLowering(ExprLowering):
             else:  # the shim's rule: the value replaces old when it compares past it
                 wins = value > old if st.op == pb.ATOMIC_MAX else value < old
                 new = tirx.Select(wins, value, old)
+            if st.has_prev:
+                self.store(st.prev, old, zero, calc)
             self.store(st.buffer, new, idx, calc)
             return
         if dt not in _ATOMIC_DTYPES[st.op]:
@@ -279,10 +284,20 @@ class CpuLowering(ExprLowering):
         value = self.expr(st.value)
         # The shim's max / min take a float's bits (a 16-bit float has no C type common to
         # LLVM and the shim's compiler); a bfloat16 value is its bits already.
-        if st.op != pb.ATOMIC_ADD and dt.startswith("float"):
+        bits = st.op != pb.ATOMIC_ADD and dt.startswith("float")
+        if bits:
             value = tirx.reinterpret(f"uint{dtypes.bits(dt)}", value)
-        T.evaluate(T.call_extern("void", f"tiled_atomic_{op}_{dt}",
-                                 T.address_of(buf[tuple(idx)]), value))
+        if st.order != pb.ORDER_RELAXED:
+            T.evaluate(T.call_extern("void", "tiled_fence"))
+        update = T.call_extern(str(value.ty) if st.has_prev else "void",
+                               f"tiled_atomic_{op}_{dt}", T.address_of(buf[tuple(idx)]), value)
+        if not st.has_prev:
+            T.evaluate(update)
+        else:
+            prev = self.tir_buffers[st.prev]
+            T.buffer_store(prev, tirx.reinterpret(prev.dtype, update) if bits else update, zero)
+        if st.order != pb.ORDER_RELAXED:
+            T.evaluate(T.call_extern("void", "tiled_fence"))
 
     def stmt_copy(self, c, _s):
         tile = [e for e in c.src.extents if e != 1]

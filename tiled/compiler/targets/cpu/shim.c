@@ -359,37 +359,45 @@ HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv* penv) {
   return 0;
 }
 
-/* ---- atomics: T.atomic_add on cpu lowers to call_extern("tiled_atomic_add_<dtype>") --------- */
+/* ---- atomics: T.atomic_add on cpu lowers to call_extern("tiled_atomic_add_<dtype>") ---------
+ * Each returns the value it replaced (T.atomic_add(..., return_prev=True)); tiled_fence orders
+ * a block's memory accesses against other blocks' (memory_order other than relaxed). */
 
-HIDDEN void tiled_atomic_add_int32(int32_t* addr, int32_t value) {
-  __atomic_fetch_add(addr, value, __ATOMIC_RELAXED);
+HIDDEN void tiled_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+HIDDEN int32_t tiled_atomic_add_int32(int32_t* addr, int32_t value) {
+  return __atomic_fetch_add(addr, value, __ATOMIC_RELAXED);
 }
 
-HIDDEN void tiled_atomic_add_int64(int64_t* addr, int64_t value) {
-  __atomic_fetch_add(addr, value, __ATOMIC_RELAXED);
+HIDDEN int64_t tiled_atomic_add_int64(int64_t* addr, int64_t value) {
+  return __atomic_fetch_add(addr, value, __ATOMIC_RELAXED);
 }
 
 /* Floats: compare-and-swap on the bit pattern until no other thread got in between. */
-HIDDEN void tiled_atomic_add_float32(float* addr, float value) {
+HIDDEN float tiled_atomic_add_float32(float* addr, float value) {
   uint32_t* bits = (uint32_t*)addr;
   uint32_t old = __atomic_load_n(bits, __ATOMIC_RELAXED), want;
+  float was;
   do {
     float sum;
-    memcpy(&sum, &old, sizeof sum);
-    sum += value;
+    memcpy(&was, &old, sizeof was);
+    sum = was + value;
     memcpy(&want, &sum, sizeof want);
   } while (!__atomic_compare_exchange_n(bits, &old, want, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return was;
 }
 
-HIDDEN void tiled_atomic_add_float64(double* addr, double value) {
+HIDDEN double tiled_atomic_add_float64(double* addr, double value) {
   uint64_t* bits = (uint64_t*)addr;
   uint64_t old = __atomic_load_n(bits, __ATOMIC_RELAXED), want;
+  double was;
   do {
     double sum;
-    memcpy(&sum, &old, sizeof sum);
-    sum += value;
+    memcpy(&was, &old, sizeof was);
+    sum = was + value;
     memcpy(&want, &sum, sizeof want);
   } while (!__atomic_compare_exchange_n(bits, &old, want, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return was;
 }
 
 /* ---- T.atomic_max / T.atomic_min: call_extern("tiled_atomic_{max,min}_<dtype>") ---------------
@@ -402,12 +410,13 @@ HIDDEN void tiled_atomic_add_float64(double* addr, double value) {
  * operands, so no conversion is needed. */
 
 #define TILED_ATOMIC_INT(op, name, T, wins)                                                 \
-  HIDDEN void tiled_atomic_##op##_##name(T* addr, T value) {                               \
+  HIDDEN T tiled_atomic_##op##_##name(T* addr, T value) {                                  \
     T old = __atomic_load_n(addr, __ATOMIC_RELAXED);                                      \
     while ((wins) &&                                                                      \
            !__atomic_compare_exchange_n(addr, &old, value, 1, __ATOMIC_RELAXED,           \
                                         __ATOMIC_RELAXED)) {                              \
     }                                                                                     \
+    return old;                                                                           \
   }
 #define TILED_ATOMIC_INTS(name, T)                   \
   TILED_ATOMIC_INT(max, name, T, value > old)        \
@@ -428,14 +437,15 @@ TILED_ATOMIC_INTS(uint64, uint64_t)
                                : (bits) & (sign) ? (U) ~(bits) : (U)((bits) | (sign)))
 #define TILED_IS_NAN(U, bits, sign, inf) (((bits) & (U) ~(sign)) > (inf))
 #define TILED_ATOMIC_FLOAT(op, name, U, sign, inf, beats)                                   \
-  HIDDEN void tiled_atomic_##op##_##name(U* addr, U value) {                               \
-    if (TILED_IS_NAN(U, value, sign, inf)) return;                                        \
+  HIDDEN U tiled_atomic_##op##_##name(U* addr, U value) {                                  \
+    if (TILED_IS_NAN(U, value, sign, inf)) return __atomic_load_n(addr, __ATOMIC_RELAXED); \
     U key = TILED_FLOAT_KEY(U, value, sign);                                              \
     U old = __atomic_load_n(addr, __ATOMIC_RELAXED);                                      \
     while (!TILED_IS_NAN(U, old, sign, inf) && key beats TILED_FLOAT_KEY(U, old, sign) &&  \
            !__atomic_compare_exchange_n(addr, &old, value, 1, __ATOMIC_RELAXED,           \
                                         __ATOMIC_RELAXED)) {                              \
     }                                                                                     \
+    return old;                                                                           \
   }
 #define TILED_ATOMIC_FLOATS(name, U, sign, inf)            \
   TILED_ATOMIC_FLOAT(max, name, U, sign, inf, >)           \

@@ -178,6 +178,7 @@ class CudaLowering(ExprLowering):
         self.tx = None
         self.pool = None
         self.pool_bytes = 0
+        self.atomic_slot = 0  # pool offset of an atomic's previous value (pool.plan_pool)
         self.scratch_offset = 0
         self.pipelines: dict[int, tuple[int, list[int]]] = {}  # For var -> (stages, producers)
         self.gathers: dict = {}  # a producer gather nest's outer var -> gather.Gather
@@ -443,10 +444,35 @@ class CudaLowering(ExprLowering):
                                "not supported on cuda")
         name = _ATOMIC[st.op] if st.op != pb.ATOMIC_ADD or dt in _NATIVE_ADD else \
             "tiled::atomic_add"
+        release = st.order in (pb.ORDER_RELEASE, pb.ORDER_ACQ_REL, pb.ORDER_SEQ_CST)
+        acquire = st.order in (pb.ORDER_ACQUIRE, pb.ORDER_ACQ_REL, pb.ORDER_SEQ_CST)
+        # Outside T.Parallel one thread updates for the block: a release must cover every
+        # thread's earlier accesses (a barrier, then that thread's fence), an acquire every
+        # thread's later ones (its fence, then a barrier); the previous value reaches every
+        # thread through shared memory (atomic_slot).
+        block = not self.nest_vars
+        fence = "__threadfence" if st.order == pb.ORDER_SEQ_CST else "tiled::fence_acq_rel"
+        slot = T.decl_buffer((1,), dt, data=self.pool.data,
+                             elem_offset=self.atomic_slot // dtypes.nbytes(dt)) \
+            if block and st.has_prev else None
+        if block and (release or slot is not None):
+            self.sync.sync()
         with self.single_thread():  # outside T.Parallel every thread runs it: one may update
+            if release:
+                T.evaluate(T.call_extern("void", fence))
             addr = self.addr(st.buffer, [self.expr(i) for i in st.indices])
             value = self.expr(st.value)
-            T.evaluate(T.call_extern(str(value.ty), name, addr, value))
+            update = T.call_extern(str(value.ty), name, addr, value)
+            if not st.has_prev:
+                T.evaluate(update)
+            else:
+                T.buffer_store(slot if slot is not None else self.tir[st.prev], update, [0])
+            if acquire:
+                T.evaluate(T.call_extern("void", fence))
+        if block and (acquire or slot is not None):
+            self.sync.sync()
+        if slot is not None:
+            T.buffer_store(self.tir[st.prev], slot[0], [0])
 
     @contextlib.contextmanager
     def single_thread(self):

@@ -168,6 +168,10 @@ class MetalLowering(CudaLowering):
             raise CompileError(f"atomic {op} of {dt} elements is not supported on "
                                f"metal:{self.arch} (Metal has atomic add / max / min of int, "
                                "uint and float)")
+        if st.order != pb.ORDER_RELAXED or st.has_prev:
+            raise CompileError(f"atomic {op} with memory_order or return_prev is not supported "
+                               f"on metal:{self.arch}: Metal's device atomics are relaxed, and "
+                               "its threadgroups have no device-scope fence tiled relies on")
         self.uniform_stmt(s)
         with self.single_thread():
             addr = self.addr(st.buffer, [self.expr(i) for i in st.indices])

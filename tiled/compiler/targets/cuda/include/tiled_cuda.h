@@ -31,6 +31,12 @@ using cuda::std::uint64_t;
 
 namespace tiled {
 
+// Orders this thread's memory accesses at device scope as an acquire-release fence: the
+// fences around an ordered T.atomic_add (its memory_order; seq_cst takes __threadfence).
+__device__ __forceinline__ void fence_acq_rel() {
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
 namespace detail {
 
 template <typename A, typename B>

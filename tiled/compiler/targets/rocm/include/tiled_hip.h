@@ -31,6 +31,7 @@ typedef unsigned short ushort;
 #define threadIdx (::tiled::isa::thread_idx())
 #define blockIdx (::tiled::isa::block_idx())
 #define __syncthreads() ::tiled::isa::barrier()
+#define __threadfence() ::tiled::isa::fence_device()
 
 // math_constants.h's names TVM prints for infinities and NaNs.
 #define CUDART_INF_F __builtin_huge_valf()
@@ -205,6 +206,9 @@ TILED_FN T bpermute_any(int src, T v) {
 }
 
 }  // namespace detail
+
+// T.atomic_add's acquire / release fences (tiled_cuda.h's name): device scope.
+TILED_FN void fence_acq_rel() { isa::fence_device(); }
 }  // namespace tiled
 
 // v of lane (lane ^ lane_mask) of the 64-lane wave (the 32-bit mask argument is CUDA's and

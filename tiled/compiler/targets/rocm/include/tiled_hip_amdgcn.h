@@ -46,6 +46,9 @@ __device__ __forceinline__ void barrier() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
+// Device-scope ordering of this thread's global memory accesses (T.atomic_add's memory_order).
+__device__ __forceinline__ void fence_device() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
+
 __device__ __forceinline__ int lane_id() {
   return __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
 }

@@ -288,6 +288,7 @@ using emu::dim3v;
 inline dim3v thread_idx() { return emu::thread_idx(); }
 inline dim3v block_idx() { return emu::block_idx(); }
 inline void barrier() { emu::arrive(emu::g_grid->block_bar, "__syncthreads()"); }
+inline void fence_device() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline int lane_id() { return emu::flat_tid() % emu::WAVE; }
 
 inline int bpermute(int src, int v) {

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 from bundle_cli import (
+    build_command,
     compile_into,
     load_kernel,
     machine,
@@ -45,6 +46,9 @@ SHAPES = {  # (N, K) of x @ W^T
     "8b_down": (4096, 14336), "70b_q_o": (8192, 8192), "70b_kv": (1024, 8192),
     "70b_gate_up": (28672, 8192), "70b_down": (8192, 28672)}
 MS = (1, 16, 64, 256, 1024, 4096, 8192)
+# Build filters (issue 12's table: AUTOTUNE_LINEAR_SHAPES=8b_q_o,8b_gate_up,8b_down
+# AUTOTUNE_LINEAR_MS=1,16,64,128,1024,4096); the bundle's index keeps them for the run.
+SELECT_ENV = ("AUTOTUNE_LINEAR_SHAPES", "AUTOTUNE_LINEAR_MS")
 ROUNDS = 3
 GRAPH_CALLS = 20
 PHASE_ENV = "AUTOTUNE_LINEAR_PHASE"
@@ -59,9 +63,10 @@ def build(out: Path) -> None:
     index = {}
     old = out / "index.json"  # what an earlier build recorded of the kernels it made
     before = json.loads(old.read_text())["kernels"] if old.exists() else {}
-    for shape, (N, K) in SHAPES.items():
+    shapes, ms = _selection()
+    for shape, (N, K) in shapes.items():
         for i, cfg in enumerate(CUDA_SPACE):
-            m = next((m for m in MS if _fits(cfg, m)), None)
+            m = next((m for m in ms if _fits(cfg, m)), None)
             if m is None:
                 continue
             name = f"{shape}__c{i}"
@@ -74,15 +79,31 @@ def build(out: Path) -> None:
             print(name, index[name], flush=True)
     import tiled.ops as ops
 
-    for params in _sums():  # what split-K configs add their partials up with
+    for params in _sums(shapes):  # what split-K configs add their partials up with
         name = _sum_name(params)
         _, seconds = compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params),
                                   TARGET)
         index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
         print(name, index[name], flush=True)
     (out / "index.json").write_text(json.dumps({
-        "command": f"python benchmarks/gpu/autotune_linear.py build --out {out}",
-        "machine": machine(), "target": TARGET, "kernels": index}, indent=1))
+        "command": build_command("autotune_linear.py", out, SELECT_ENV),
+        "machine": machine(), "target": TARGET, "shapes": shapes, "ms": ms,
+        "kernels": index}, indent=1))
+
+
+def _selection() -> tuple[dict, list[int]]:
+    """(the weight shapes, the token counts) the build's environment selects (SELECT_ENV)."""
+    names = os.environ.get(SELECT_ENV[0])
+    shapes = {n: SHAPES[n] for n in names.split(",")} if names else dict(SHAPES)
+    ms = os.environ.get(SELECT_ENV[1])
+    return shapes, [int(m) for m in ms.split(",")] if ms else list(MS)
+
+
+def _selected(bundle: Path) -> tuple[dict, list[int]]:
+    """(weight shapes, token counts) the bundle was built for (all of them for an older one)."""
+    index = json.loads((bundle / "index.json").read_text())
+    return ({k: tuple(v) for k, v in index.get("shapes", SHAPES).items()},
+            index.get("ms", list(MS)))
 
 
 def _built(out: Path, name: str, kernel) -> bool:
@@ -93,12 +114,12 @@ def _built(out: Path, name: str, kernel) -> bool:
     return json.loads(m.read_text()).get("program_digest") == kernel.ir.digest
 
 
-def _sums() -> list[dict]:
+def _sums(shapes: dict) -> list[dict]:
     from tiled.ops.gemm import CUDA_SPACE
 
     splits = sorted({c.get("splits", 1) for c in CUDA_SPACE} - {1})
     return [{"N": n, "splits": s, "dtype": "bfloat16"}
-            for n in sorted({n for n, _ in SHAPES.values()}) for s in splits]
+            for n in sorted({n for n, _ in shapes.values()}) for s in splits]
 
 
 def _sum_name(params: dict) -> str:
@@ -132,10 +153,11 @@ def _phase(bundle: Path, phase: str) -> dict:
 
     rows = []
     _install_sums(bundle)
+    shapes, ms = _selected(bundle)
     with tuning.prebuilt(_pairs(bundle)):
-        for shape, (N, K) in SHAPES.items():
+        for shape, (N, K) in shapes.items():
             w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
-            for m in MS:
+            for m in ms:
                 x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
                 t0 = time.perf_counter()
                 y = ops.linear(x, w)
@@ -222,9 +244,10 @@ def smoke(bundle: Path) -> None:
     _install_sums(bundle)
     index = json.loads((bundle / "index.json").read_text())["kernels"]
     names = [n for n, v in index.items() if "op" not in v]
+    ms = _selected(bundle)[1]
     for name in smoke_order(names):
         meta = index[name]
-        m = next(m for m in MS if _fits(meta["config"], m))
+        m = next(m for m in ms if _fits(meta["config"], m))
         x = torch.randn(m, meta["K"], device="cuda", dtype=torch.bfloat16)
         w = torch.randn(meta["N"], meta["K"], device="cuda", dtype=torch.bfloat16)
         y = torch.empty(m, meta["N"], device="cuda", dtype=torch.bfloat16)

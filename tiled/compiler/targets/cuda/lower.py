@@ -43,10 +43,8 @@ from tiled.compiler.targets.cuda.gemm import (
     stage_bytes,
 )
 from tiled.compiler.targets.cuda.gemm_sm90 import (
-    WgmmaOps,
     lower_wgmma,
     panel_index,
-    plan_wgmma,
     store_wgmma_fragment,
 )
 from tiled.compiler.targets.cuda.layouts import (
@@ -56,18 +54,17 @@ from tiled.compiler.targets.cuda.layouts import (
     infer_layouts,
 )
 from tiled.compiler.targets.cuda.parallel import lower_fill, lower_parallel
+from tiled.compiler.targets.cuda.paths import choose_paths
 from tiled.compiler.targets.cuda.pipeline import lower_pipeline
 from tiled.compiler.targets.cuda.pool import plan_pool, uses_scratch
 from tiled.compiler.targets.cuda.reduce import lower_reduce
 from tiled.compiler.targets.cuda.scan import lower_scan
 from tiled.compiler.targets.cuda.sm90_attn import (
-    find_ws_attention,
     lower_attn_loop,
     stmt_q_copy,
     store_attn_tile,
 )
 from tiled.compiler.targets.cuda.sm90_gemm import (
-    find_ws_gemm,
     lower_ws_consumer,
     store_ws_tile,
 )
@@ -76,7 +73,6 @@ from tiled.compiler.targets.cuda.ws_loop import (
     lower_ring_consumer,
     lower_ws_body,
 )
-from tiled.compiler.targets.cuda.ws_plan import PRODUCER_THREADS, plan_ws_loop
 from tiled.compiler.tir import (
     ExprLowering,
     loc_of,
@@ -118,52 +114,10 @@ class CudaLowering(ExprLowering):
         p = self.program
         self.arch = arch
         self.threads = p.kernel.threads  # the program's threads (consumers on the sm90 path)
-        hopper = arch == "sm_90a" and warp_specialize
-        whole = hopper and whole_kernel  # the whole-kernel GEMM / attention paths may match
-        self.attn = find_ws_attention(p) if whole else None
-        self.layouts = self.infer_layouts(p, self.attn.accumulators() if self.attn else None)
-        ws = find_ws_gemm(p, self.layouts) if whole and not self.attn else None
-        # The whole-kernel GEMM path (sm90_gemm.py) keeps float8 GEMMs (its per-tensor
-        # e4m3 kernel read 1.10x torch._scaled_mm, docs/ops.md; the per-op path has not run
-        # at that config), the clusters the option cluster=2 asks for, and what the per-op
-        # path cannot feed from a TMA ring. 16-bit GEMMs take the per-op path: on every
-        # y = x W^T kernel of tiled.ops.linear it ran as fast or faster (96 kernels,
-        # 0.96-1.49x, median 1.04x; the best of each size never slower,
-        # benchmarks/results/linear_h200_per_op_twins.json), on the seed's GEMM and the
-        # conformance suite's within 1-3% (seed_gemm_h200.json,
-        # conformance_h200_gemms_per_op.json).
-        keep = ws is not None and (cluster == 2 or ws.dtype not in ("float16", "bfloat16"))
-        mma_layouts = self.layouts
-        self.ws = None
-        self.wgmma_ops = WgmmaOps()
-        if arch == "sm_90a" and self.attn is None and not self.explicit and not keep:
-            ops, layouts = plan_wgmma(p, infer_layouts)
-            if ops:
-                self.layouts, self.wgmma_ops = layouts, ops
-        self.wsloop = None  # the T.Pipelined loop fed by a TMA producer (ws_loop.py)
-        if hopper and self.attn is None and not self.explicit and not keep:
-            self.wsloop = plan_ws_loop(self)
-        if ws is not None and (keep or self.wsloop is None or
-                               ws.c not in self.wgmma_ops.accumulators):
-            self.ws, self.layouts, self.wgmma_ops, self.wsloop = ws, mma_layouts, \
-                WgmmaOps(), None
-        self.launch_threads = self.threads + (self.wsloop.producer_threads if self.wsloop
-                                              else 0)
         self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe
         self.param_of = {prm.buffer: i for i, prm in enumerate(p.params)  # tensor -> param #
                          if prm.WhichOneof("kind") == "buffer"}
-        if self.ws is not None:
-            mma = self.layouts[self.ws.c]
-            for bid, lay in self.layouts.items():  # fragments that followed the accumulator
-                if lay == mma:
-                    self.layouts[bid] = self.ws.layout
-                elif lay is not None and lay == mma.rows():
-                    self.layouts[bid] = self.ws.layout.rows()
-            self.launch_threads = self.threads + PRODUCER_THREADS
-            self.ws_offset = 0
-        if self.attn is not None:
-            self.launch_threads = self.threads + PRODUCER_THREADS
-            self.ws_offset = 0
+        choose_paths(self, arch == "sm_90a" and warp_specialize, whole_kernel, cluster)
         self.tir: dict[int, tirx.Buffer] = {}
         self.shared: dict[int, SharedTile] = {}
         self.stage: dict[int, tirx.PrimExpr] = {}  # shared bid -> current stage index

@@ -387,7 +387,8 @@ def test_scan_of_a_replicated_vector_stays_in_each_thread():
     lay = layouts_by_name(k)
     assert lay["r"] == lay["r_scan"] == ReplicatedLayout((64,))
     assert lay["acc_scan"] == lay["acc"] == MmaLayout(64, 32, 4, 1)  # moved whole: one layout
-    assert lay["F"] == lay["G"] == CyclicLayout((64, 32), 128, 8)
+    # float32 tiles of a float32 tensor: runs of 16 bytes (passes/layout.py, _run_lengths)
+    assert lay["F"] == lay["G"] == CyclicLayout((64, 32), 128, 4)
     assert lay["racc"] == MmaRows(64, 4)  # scanned where it lies, through shared memory
 
 

@@ -122,16 +122,11 @@ def set_before_read(body: pb.Stmt) -> set[int]:
             for sub in subexprs(e):
                 if sub.WhichOneof("kind") == "load":
                     seen.add(sub.load.buffer)
-        kind = st.WhichOneof("kind")
-        if kind in ("store", "atomic_add"):
-            bid = getattr(st, kind).buffer
-            if bid not in seen and kind == "store":
+        updated = st.atomic_add.buffer if st.WhichOneof("kind") == "atomic_add" else None
+        for bid, _ in _element_writes(st):  # an atomic reads the element it updates
+            if bid not in seen and bid != updated:
                 first_store.add(bid)
             seen.add(bid)
-        if kind == "atomic_add" and st.atomic_add.has_prev:
-            if st.atomic_add.prev not in seen:
-                first_store.add(st.atomic_add.prev)
-            seen.add(st.atomic_add.prev)
     return first_store
 
 

@@ -7,7 +7,7 @@ from enum import IntEnum
 from tiled.ir import dtypes
 from tiled.lang.builder import current, definition_error
 from tiled.lang.expr import BufferRef, Element, Expr, RegionRef, cast, index_expr
-from tiled.lang.localvar import LocalVar
+from tiled.lang.localvar import alloc_var
 from tiled.lang.loops import If
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -342,12 +342,8 @@ def _atomic(op: int, name: str, dst, value, memory_order, return_prev: bool):
     stmt.atomic_add.value.CopyFrom(cast(value, dst.buffer.dtype).node)
     prev = None
     if _flag(return_prev, f"T.{name}: return_prev"):
-        b = current()
-        buf = b.new_buffer(f"prev{len(b.program.buffers)}", dst.buffer.dtype, [1], pb.LOCAL,
-                           generated=True)
-        buf.loc.CopyFrom(b.location())
-        prev = LocalVar(buf.id, buf.name, dst.buffer.dtype)
-        stmt.atomic_add.has_prev, stmt.atomic_add.prev = True, buf.id
+        prev = alloc_var(dst.buffer.dtype)  # the old value, a per-thread scalar
+        stmt.atomic_add.has_prev, stmt.atomic_add.prev = True, prev.bid
     current().emit(stmt)
     return prev
 

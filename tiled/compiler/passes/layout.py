@@ -401,9 +401,9 @@ def _run_lengths(free: set[int], touches: list[set[int]], buffers, max_vector: i
         return b
 
     for group in touches:
-        first, *rest = sorted(group) if group else (None,)
-        for b in rest:
-            parent[root(b)] = root(first)
+        ids = sorted(group)
+        for b in ids[1:]:
+            parent[root(b)] = root(ids[0])
     widest: dict[int, int] = {}
     for b in members:
         run = max(1, min(max_vector, VECTOR_BYTES // dtypes.nbytes(buffers[b].dtype)))

@@ -152,45 +152,70 @@ register(Case(
 
 @tiled.jit
 def matmul_streamk(M, N, K, block_M=64, block_N=64, block_K=32, units=8, dtype="float16",
-                   threads=128):
-    """Stream-K: `units` persistent blocks share the (tile, k-step) iterations evenly; each
-    adds its partial tiles into C (zeroed by the caller)."""
-    tiles_n = (N + block_N - 1) // block_N
-    tiles = ((M + block_M - 1) // block_M) * tiles_n
-    k_steps = (K + block_K - 1) // block_K
-    per_unit = (tiles * k_steps + units - 1) // units
+                   threads=128, num_stages=3):
+    """Stream-K as TileLang's example splits it: `units` persistent blocks first share the
+    (tile, k-step) iterations of the last one or two waves' tiles in even runs, adding each
+    run's partial tile into C (zeroed by the caller), then take the remaining whole waves a
+    tile each. A unit's run crosses at most `runs` tiles: the walk TileLang writes as
+    `while start < last` is a bounded T.serial loop with `if`s here (the Tile IR has no loop
+    of unknown trip count)."""
+    tiles_n = T.ceildiv(N, block_N)
+    tiles = T.ceildiv(M, block_M) * tiles_n
+    k_steps = T.ceildiv(K, block_K)
+    sk_tiles = tiles % units
+    if tiles - sk_tiles > units:
+        sk_tiles += units
+    waves = (tiles - sk_tiles) // units
+    per_unit, extra = divmod(sk_tiles * k_steps, units)
+    runs = T.ceildiv(per_unit + 1, k_steps) + 1
 
     @T.prim_func
     def streamk(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
                 C: T.Tensor((M, N), "float32")):
-        with T.Kernel(units, threads=threads) as u:
+        with T.Kernel(units, threads=threads) as pid:
             A_shared = T.alloc_shared((block_M, block_K), dtype)
             B_shared = T.alloc_shared((block_K, block_N), dtype)
             C_local = T.alloc_fragment((block_M, block_N), "float32")
-            T.clear(C_local)
-            for it in T.serial(per_unit):
-                flat = u * per_unit + it
-                if flat < tiles * k_steps:
-                    tile, ks = flat // k_steps, flat % k_steps
+            start = T.alloc_var("int32")
+            tile = T.alloc_var("int32")
+            kb = T.alloc_var("int32")
+            ke = T.alloc_var("int32")
+            start = pid * per_unit + T.min(pid, extra)
+            last = (pid + 1) * per_unit + T.min(pid + 1, extra)
+            for s in T.serial(runs + waves):
+                if s < runs:  # the unit's stream-K run, one tile's part at a time
+                    tile = start // k_steps
+                    kb = start % k_steps
+                    ke = T.min(kb + last - start, k_steps)
+                    start = start + ke - kb
+                else:  # a whole tile of the data-parallel waves
+                    tile = sk_tiles + (s - runs) * units + pid
+                    kb = 0
+                    ke = k_steps
+                if kb < ke:
                     ty, tx = tile // tiles_n, tile % tiles_n
-                    T.copy(A[ty * block_M, ks * block_K], A_shared)
-                    T.copy(B[ks * block_K, tx * block_N], B_shared)
-                    T.gemm(A_shared, B_shared, C_local)
-                    if (ks == k_steps - 1) | (it == per_unit - 1):  # tile done or unit ends
+                    T.clear(C_local)
+                    for k in T.Pipelined(ke - kb, num_stages=num_stages):
+                        T.copy(A[ty * block_M, (kb + k) * block_K], A_shared)
+                        T.copy(B[(kb + k) * block_K, tx * block_N], B_shared)
+                        T.gemm(A_shared, B_shared, C_local)
+                    if kb == 0 and ke == k_steps:  # the whole tile here: no other unit adds
+                        T.copy(C_local, C[ty * block_M, tx * block_N])
+                    else:
                         for i, j in T.Parallel(block_M, block_N):
                             T.atomic_add(C[ty * block_M + i, tx * block_N + j], C_local[i, j])
-                        T.clear(C_local)
 
     return streamk
 
 
 register(Case(
-    "gemm_streamk", "gemm_streamk", ("atomic_add", "if", "gemm_ss", "jit", "prim_func"),
+    "gemm_streamk", "gemm_streamk", ("atomic_add", "if", "alloc_var", "pipelined", "gemm_ss", "jit",
+                                     "prim_func"),
     factory=matmul_streamk, call=_splitk_call, inputs=_mm_inputs,
     reference=lambda x, s: x[0] @ x[1], tol=2e-3,
     cpu={"M": 128, "N": 128, "K": 160, "units": 3},
-    gpu={"M": 4096, "N": 4096, "K": 4096, "units": 132, "block_M": 128, "block_N": 128,
-         "block_K": 64},
+    gpu={"M": 4096, "N": 4096, "K": 4096, "units": 132, "block_M": 128, "block_N": 256,
+         "block_K": 64, "threads": 256},
     work=_mm_work, torch_op=lambda torch, x, s: (lambda: torch.matmul(x[0], x[1]))))
 
 

@@ -8,10 +8,19 @@ early, into a stage of its own, changes nothing the program can observe:
 - it is a statement of the body itself (not under a condition or an inner loop), copies a
   region of a global tensor the kernel never writes into a whole shared tile;
 - its offsets, and the loop's extent, are built from the loop variable, the block indices,
-  the tensors' dims and the scalar parameters only (no loads, no variables the body binds),
-  so another thread can compute them before the body runs;
+  the tensors' dims and the scalar parameters, the variables of the serial loops around the
+  loop and the block's *uniform scalars* only, so another thread can compute them before the
+  body runs;
 - the tile is written by no other statement, and accessed only inside the loop, after the
   copy (a read before it in the body would see the previous iteration's tile).
+
+The loop may sit inside serial loops and `if`s (a persistent kernel's walk over its tiles,
+stream-K's segments) whose extents and conditions are built the same way: the producer then
+runs that skeleton of the program (those loops and `if`s, and the stores to the uniform
+scalars) around its copies. A uniform scalar is a one-element local (`T.alloc_var`) every
+store of which sits only under such loops and `if`s, outside any T.Pipelined loop, with a
+value built the same way: every thread holds the same value, and the producer can keep it
+too.
 
 The copy's stage may be reused once the last body statement that touches its tile is done
 (`release`).
@@ -19,10 +28,11 @@ The copy's stage may be reused once the last body statement that touches its til
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from tiled.compiler.passes.layout import body_statements, tile_op_buffers
-from tiled.ir.walk import element_accesses, expr_vars, subexprs, walk, written
+from tiled.ir.walk import element_accesses, expr_vars, stmt_exprs, subexprs, walk, written
 from tiled.v1 import tile_ir_pb2 as pb
 
 
@@ -31,6 +41,8 @@ class RunAhead:
     loop: pb.For
     copies: tuple[int, ...]  # positions in the loop body of the copies that run ahead
     release: tuple[int, ...]  # per copy: the body position after which its tile is free
+    nested: bool = False  # inside serial loops / ifs (the producer runs the skeleton)
+    scalars: frozenset[int] = frozenset()  # the uniform scalars (module docstring)
 
 
 def touched(s: pb.Stmt) -> set[int]:
@@ -58,10 +70,12 @@ def gathers(s: pb.Stmt, buffers) -> bool:
     return False
 
 
-def _pure(exprs, allowed: set[int]) -> bool:
-    """Whether `exprs` load nothing and use only the variables `allowed`."""
+def _pure(exprs, allowed: set[int], scalars: set[int] | frozenset = frozenset()) -> bool:
+    """Whether `exprs` load nothing but the one-element locals `scalars` and use only the
+    variables `allowed`."""
     exprs = list(exprs)
-    if any(x.WhichOneof("kind") == "load" for e in exprs for x in subexprs(e)):
+    if any(x.WhichOneof("kind") == "load" and x.load.buffer not in scalars
+           for e in exprs for x in subexprs(e)):
         return False
     return expr_vars(exprs) <= allowed
 
@@ -76,27 +90,104 @@ def uniform_vars(p: pb.Program) -> set[int]:
     return out
 
 
+def _skeleton_stmts(s: pb.Stmt, outer: tuple = ()):
+    """(statement, the For / IfThenElse statements around it) for every statement of `s`
+    outside T.Parallel / vectorized nests and T.ws regions (walk's order)."""
+    yield s, outer
+    kind = s.WhichOneof("kind")
+    if kind == "seq":
+        for x in s.seq.stmts:
+            yield from _skeleton_stmts(x, outer)
+    elif kind == "for_" and s.for_.kind in (pb.SERIAL, pb.UNROLL, pb.PIPELINED):
+        yield from _skeleton_stmts(s.for_.body, (*outer, s))
+    elif kind == "if_then_else":
+        yield from _skeleton_stmts(s.if_then_else.then_body, (*outer, s))
+        if s.if_then_else.HasField("else_body"):
+            yield from _skeleton_stmts(s.if_then_else.else_body, (*outer, s))
+
+
+def _control_ok(outer, allowed: set[int], scalars) -> bool:
+    """Whether every loop / if of `outer` is a serial loop or an `if` whose extent or
+    condition the producer can compute (`allowed` vars, `scalars` loads)."""
+    for o in outer:
+        if o.WhichOneof("kind") == "for_":
+            if o.for_.kind not in (pb.SERIAL, pb.UNROLL):
+                return False
+            if not _pure([o.for_.extent], allowed | _loop_vars(outer), scalars):
+                return False
+        elif not _pure([o.if_then_else.cond], allowed | _loop_vars(outer), scalars):
+            return False
+    return True
+
+
+def _loop_vars(outer) -> set[int]:
+    return {o.for_.var for o in outer if o.WhichOneof("kind") == "for_"}
+
+
+def uniform_scalars(p: pb.Program, uniform: set[int]) -> frozenset[int]:
+    """The block's uniform scalars (module docstring)."""
+    found = {b.id for b in p.buffers if b.scope == pb.LOCAL and len(b.shape) == 1
+             and b.shape[0].WhichOneof("kind") == "size" and b.shape[0].size == 1}
+    # Every write a store under loops and ifs only (not in a nest, not an atomic's value):
+    anywhere = Counter(bid for st in walk(p.kernel.body) for bid in written(st))
+    placed = Counter(st.store.buffer for st, _ in _skeleton_stmts(p.kernel.body)
+                     if st.WhichOneof("kind") == "store")
+    found = {bid for bid in found if anywhere[bid] == placed[bid]}
+    stores = [(st, outer) for st, outer in _skeleton_stmts(p.kernel.body)
+              if st.WhichOneof("kind") == "store"]
+    while True:  # a scalar built from another that is not uniform is not either
+        bad = {st.store.buffer for st, outer in stores if st.store.buffer in found and not (
+            _control_ok(outer, uniform, found) and  # not in a T.Pipelined loop, either
+            _pure([*st.store.indices, st.store.value], uniform | _loop_vars(outer), found))}
+        if not bad:
+            return frozenset(found)
+        found -= bad
+
+
+def touched_outside(s: pb.Stmt, f: pb.For) -> set[int]:
+    """Buffers the statements of `s` outside loop `f` read or write (the loops and ifs
+    around `f` count by their extents and conditions only)."""
+    kind = s.WhichOneof("kind")
+    if kind == "for_" and s.for_.var == f.var:
+        return set()
+    if not any(st.WhichOneof("kind") == "for_" and st.for_.var == f.var for st in walk(s)):
+        return touched(s)
+    if kind == "seq":
+        return set().union(*(touched_outside(x, f) for x in s.seq.stmts))
+    out = {x.load.buffer for e in stmt_exprs(s) for x in subexprs(e)
+           if x.WhichOneof("kind") == "load"}
+    if kind == "for_":
+        return out | touched_outside(s.for_.body, f)
+    out |= touched_outside(s.if_then_else.then_body, f)
+    if s.if_then_else.HasField("else_body"):
+        out |= touched_outside(s.if_then_else.else_body, f)
+    return out
+
+
 def run_ahead(p: pb.Program) -> RunAhead | None:
-    """The first top-level T.Pipelined loop of `p` with copies that may run ahead (module
-    docstring), or None."""
+    """The first T.Pipelined loop of `p` with copies that may run ahead (module docstring),
+    or None."""
     buffers = {b.id: b for b in p.buffers}
     params = {prm.buffer for prm in p.params if prm.WhichOneof("kind") == "buffer"}
     writes_anywhere: dict[int, int] = {}
     for st in walk(p.kernel.body):
         for bid in written(st):
             writes_anywhere[bid] = writes_anywhere.get(bid, 0) + 1
-    top = body_statements(p.kernel.body)
     uniform = uniform_vars(p)
-    for index, s in enumerate(top):
+    scalars = None
+    for s, outer in _skeleton_stmts(p.kernel.body):
         if s.WhichOneof("kind") != "for_" or s.for_.kind != pb.PIPELINED:
             continue
-        f = s.for_
-        if not _pure([f.extent], uniform):
+        if outer and scalars is None:
+            scalars = uniform_scalars(p, uniform)
+        known = scalars if outer else frozenset()
+        if outer and not _control_ok(outer, uniform, known):
             continue
-        outside = set()
-        for j, other in enumerate(top):
-            if j != index:
-                outside |= touched(other)
+        f = s.for_
+        allowed = uniform | _loop_vars(outer)
+        if not _pure([f.extent], allowed, known):
+            continue
+        outside = touched_outside(p.kernel.body, f)
         body = body_statements(f.body)
         uses = [touched(x) for x in body]  # buffers each body statement touches
         copies, release = [], []
@@ -109,7 +200,7 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
                     writes_anywhere.get(src.id) or writes_anywhere.get(dst.id) != 1 or \
                     dst.id in outside or any(dst.id in u for u in uses[:i]):
                 continue
-            if not _pure(c.src.offsets, uniform | {f.var}) or \
+            if not _pure(c.src.offsets, allowed | {f.var}, known) or \
                     any(e.WhichOneof("kind") != "int_value" or e.int_value
                         for e in c.dst.offsets) or \
                     [e for e in c.src.extents if e != 1] != \
@@ -119,22 +210,30 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
             copies.append(i)
             release.append(last)
         if copies:
-            return RunAhead(f, tuple(copies), tuple(release))
+            return RunAhead(f, tuple(copies), tuple(release), bool(outer), known)
     return None
-
 
 
 def offset_steps(p: pb.Program, f: pb.For, c: pb.Copy) -> list[int | None]:
     """Per source offset of copy `c` in loop `f`: by how many elements it moves from one
     iteration to the next, proved for every value of the dims, block indices and scalars
-    (TVM's arithmetic analyzer, not sampled), or None where that is not one constant."""
+    (TVM's arithmetic analyzer, not sampled), or None where that is not one constant. A
+    load (of a uniform scalar: run_ahead's offsets load nothing else) is an unknown value
+    the loop does not change."""
     from tvm import tirx
     from tvm.sym import Analyzer
 
     from tiled.compiler.tir import ExprLowering
     from tiled.ir.program import Program
 
-    low = ExprLowering(Program(p))
+    class Steps(ExprLowering):
+        def load(self, bid: int, indices: list) -> tirx.PrimExpr:
+            if bid not in loaded:
+                loaded[bid] = tirx.Var(f"b{bid}", self.tir_dtype(self.buffers[bid].dtype))
+            return loaded[bid]
+
+    loaded: dict[int, tirx.Var] = {}
+    low = Steps(Program(p))
     for v in p.vars:
         low.vars[v.id] = tirx.Var(f"v{v.id}", low.var_dtype[v.id])
     k = low.vars[f.var]

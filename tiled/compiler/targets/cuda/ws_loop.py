@@ -70,6 +70,7 @@ from tiled.compiler.targets.cuda.wgmma_waits import (
 from tiled.compiler.targets.cuda.ws_pairs import lower_pair_loop, pair_gemm
 from tiled.compiler.targets.cuda.ws_plan import PRODUCER_REGS, WsLoop, consumer_regs
 from tiled.compiler.targets.cuda.ws_rotate import find_rotation, lower_rotated_loop
+from tiled.ir.walk import walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 
@@ -107,12 +108,14 @@ def _blocks(low, grid: list):
     gridDim.x, ... with the block vars bound for each (bind_block: an x-y plane walked in
     groups of 8 rows, z outermost, as the GEMM path does); `low.ring_k` counts the ring's
     steps across them, so that stages and phases continue from block to block."""
-    if not low.wsloop.persistent:
-        low.ring_k = None
+    w = low.wsloop
+    low.ring_k = None
+    if w.reused:
+        low.ring_k = T.alloc_buffer((1,), "int32", scope="local")
+        T.buffer_store(low.ring_k, tirx.const(0, "int32"), [0])
+    if not w.persistent:
         yield
         return
-    low.ring_k = T.alloc_buffer((1,), "int32", scope="local")
-    T.buffer_store(low.ring_k, tirx.const(0, "int32"), [0])
     blocks = grid[0]
     for g in grid[1:]:
         blocks = blocks * g
@@ -169,6 +172,45 @@ def lower_ws_body(low, grid: list) -> None:
 
 
 def _lower_producer(low) -> None:
+    """The producer's thread: the ring loop, inside the skeleton of the program around it
+    when the loop is nested (passes/pipeline.py): the serial loops and ifs that hold the
+    loop or a store to a uniform scalar, and those stores."""
+    w = low.wsloop
+    if not w.run.nested:
+        return _producer_loop(low)
+    scalars = w.run.scalars
+
+    def holds(s: pb.Stmt) -> bool:
+        return any((st.WhichOneof("kind") == "for_" and st.for_.var == w.loop.var) or
+                   (st.WhichOneof("kind") == "store" and st.store.buffer in scalars)
+                   for st in walk(s))
+
+    def skeleton(s: pb.Stmt) -> None:
+        kind = s.WhichOneof("kind")
+        if kind == "seq":
+            for x in s.seq.stmts:
+                skeleton(x)
+        elif kind == "store" and s.store.buffer in scalars:
+            low.stmt(s)
+        elif kind == "for_" and s.for_.var == w.loop.var:
+            _producer_loop(low)
+        elif kind == "for_" and holds(s):
+            with T.serial(0, low.expr(s.for_.extent)) as v:
+                low.vars[s.for_.var] = v
+                skeleton(s.for_.body)
+        elif kind == "if_then_else" and holds(s):
+            node = s.if_then_else
+            with T.If(low.expr(node.cond)):
+                with T.Then():
+                    skeleton(node.then_body)
+                if node.HasField("else_body") and holds(node.else_body):
+                    with T.Else():
+                        skeleton(node.else_body)
+
+    skeleton(low.program.kernel.body)
+
+
+def _producer_loop(low) -> None:
     w = low.wsloop
     f = w.loop
     n = low.expr(f.extent)
@@ -192,7 +234,10 @@ def _lower_producer(low) -> None:
 
 
 def _ring_steps(w: WsLoop, n):
-    """Ring stages a loop of `n` iterations takes."""
+    """Ring stages a loop of `n` iterations takes (none for n <= 0: a nested loop's extent
+    may be anything)."""
+    if w.run.nested:
+        n = tirx.max(n, tirx.const(0, "int32"))
     return n if w.merge == 1 else tirx.floordiv(n + w.merge - 1, w.merge)
 
 
@@ -265,7 +310,7 @@ def lower_ring_consumer(low, f: pb.For) -> None:
             with T.If(n > 0), T.Then():
                 at = tirx.floormod(_ring_base(low) - 1, w.stages)
                 _call("ring_release", _bar(low, w.empty(j, at)))
-        retire_after_loop(low, waits, body, release_last if w.persistent else None)
+        retire_after_loop(low, waits, body, release_last if w.reused else None)
     if w.pingpong:
         _call("turn_last")
     _leave_stages(low)

@@ -110,7 +110,7 @@ def lower_pair_loop(low, f: pb.For, st: pb.Stmt, base, n, enter, wait_full, rele
         issue(n - 1, 1)  # an odd count's last iteration: the first half of its stage
     _call("retire<0>")
     hold(low, st.gemm)
-    if not w.persistent:
+    if not w.reused:
         return  # the producer has issued its last stage; nothing waits for these
     with T.If(pairs > 0), T.Then():  # the last pair's stage, and an odd count's last one
         for j in copies:

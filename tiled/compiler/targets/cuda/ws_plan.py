@@ -105,6 +105,12 @@ class WsLoop:
         return self.run.loop
 
     @property
+    def reused(self) -> bool:
+        """Whether the ring runs on after the loop: into the next program block's loop
+        (persistent) or the loop's next run (a loop inside serial loops, nested)."""
+        return self.persistent or self.run.nested
+
+    @property
     def tiles(self) -> set[int]:
         return {rc.tile for rc in self.copies}
 
@@ -213,6 +219,8 @@ def longest_first(low, grid: list) -> int | None:
     so this is a schedule, not a change of meaning."""
     from tvm.sym import Analyzer
 
+    if low.wsloop.run.nested:  # the author's own walk (stream-K): nothing to reorder
+        return None
     block_vars = list(low.program.kernel.block_vars)
     ana = Analyzer()
 
@@ -261,8 +269,9 @@ def persistent_choice(low, option: int) -> bool:
     (1 off, 2 on), or for 0 the plan's choice: PERSISTENT_BY_DEFAULT for a loop of one
     wgmma gemm (a GEMM's) that every block runs the same number of times (a causal loop's
     blocks differ, and the hardware's block scheduler, longest first, balances them better
-    than a fixed walk; attention's two-gemm loops ran slower walked)."""
-    if option:
+    than a fixed walk; attention's two-gemm loops ran slower walked), off for a loop inside
+    serial loops (the kernel walks its work itself: stream-K)."""
+    if option or low.wsloop.run.nested:  # a nested loop's kernel walks its own work
         return option == 2
     block_vars = set(low.program.kernel.block_vars)
     gemms = [st for st in body_statements(low.wsloop.loop.body)

@@ -253,10 +253,10 @@ def test_pairing_needs_a_shared_tile_and_equal_k_loops():
     assert plan is not None and plan.pairing is None and plan.with_cluster(2).cluster == 1
 
 
-def test_sixteen_bit_gemms_take_the_per_op_path_and_the_rest_keep_the_gemm_path():
-    """Which GEMM loops the whole-kernel GEMM path (sm90_gemm.py) still takes (lower.py says
-    why): 16-bit ones go to the per-op path (the seed's 32-wide K tiles two per ring stage);
-    float8 ones, 16-row x tiles (the per-op wgmma wants N a multiple of 64) and any loop
+def test_gemms_take_the_per_op_path_and_the_rest_keep_the_gemm_path():
+    """Which GEMM loops the whole-kernel GEMM path (sm90_gemm.py) still takes (paths.py says
+    why): 16-bit and float8 ones go to the per-op path (the seed's 32-wide K tiles two per
+    ring stage); 16-row x tiles (the per-op wgmma wants N a multiple of 64) and any loop
     compiled with cluster=2 stay; whole_kernel_paths=False sends even those per op."""
     from tests.conformance.cases import load_all
     from tiled.compiler.targets.cuda.backend import CudaBackend
@@ -271,8 +271,9 @@ def test_sixteen_bit_gemms_take_the_per_op_path_and_the_rest_keep_the_gemm_path(
     assert lower(seed, cluster=2).ws is not None
     fp8 = load_all()["gemm_fp8_e4m3"]
     k = fp8.factory(**fp8.gpu).kernel
-    assert lower(k).ws is not None
-    assert lower(k, whole_kernel_paths=False).ws is None
+    low = lower(k)
+    assert low.ws is None and low.wsloop is not None and low.wgmma_ops.accumulators
+    assert lower(k, cluster=2).ws is not None
 
     @tiled.kernel
     def sixteen_rows(X: T.Tensor((16, 4096), "bfloat16"), W: T.Tensor((4096, 4096), "bfloat16"),

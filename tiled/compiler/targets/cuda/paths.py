@@ -4,14 +4,15 @@ On sm_90a with warp specialization (the default) four paths are tried, in this o
 
 1. the whole-kernel attention path (`sm90_attn.py`): the repo's own attention example;
 2. the whole-kernel GEMM path (`sm90_gemm.py`): a loop of exactly "copy A, copy B, gemm".
-   It keeps float8 GEMMs (its per-tensor e4m3 kernel read 1.10x torch._scaled_mm,
-   docs/ops.md; the per-op path has not run at that config), the clusters the option
-   `cluster=2` asks for, and what the per-op path cannot feed from a TMA ring (16-row x
-   tiles: the per-op wgmma needs N a multiple of 64). 16-bit GEMMs take the per-op path: on
-   every y = x W^T kernel of tiled.ops.linear it ran as fast or faster (96 kernels,
-   0.96-1.49x, median 1.04x; the best of each size never slower,
+   It keeps the clusters the option `cluster=2` asks for, and what the per-op path cannot
+   feed from a TMA ring (16-row x tiles: the per-op wgmma needs N a multiple of 64). 16-bit
+   GEMMs take the per-op path: on every y = x W^T kernel of tiled.ops.linear it ran as fast
+   or faster (96 kernels, 0.96-1.49x, median 1.04x; the best of each size never slower,
    benchmarks/results/linear_h200_per_op_twins.json), on the seed's GEMM and the conformance
-   suite's within 1-3% (seed_gemm_h200.json, conformance_h200_gemms_per_op.json);
+   suite's within 1-3% (seed_gemm_h200.json, conformance_h200_gemms_per_op.json); so do
+   float8 GEMMs: tiled.ops.fp8's per-tensor kernel at its four configs, 4096^3 and 8192^3,
+   ran 0.99-1.17x the whole path's speed (best per-op 1.10x / 1.06x torch._scaled_mm against
+   the whole path's best 1.07x / 1.03x, benchmarks/results/fp8_paths_h200.json);
 3. per op: each gemm that fits takes wgmma (`gemm_sm90.plan_wgmma`), and a T.Pipelined loop
    whose copies can run ahead is fed by a TMA producer warpgroup (`ws_plan.plan_ws_loop`);
 4. otherwise sm_80's instructions (mma.sync, a cp.async pipeline).
@@ -39,7 +40,7 @@ def choose_paths(low, hopper: bool, whole_kernel: bool, cluster: int) -> None:
     low.attn = find_ws_attention(p) if whole else None
     low.layouts = low.infer_layouts(p, low.attn.accumulators() if low.attn else None)
     ws = find_ws_gemm(p, low.layouts) if whole and not low.attn else None
-    keep = ws is not None and (cluster == 2 or ws.dtype not in ("float16", "bfloat16"))
+    keep = ws is not None and cluster == 2
     mma_layouts = low.layouts
     low.ws = None
     low.wgmma_ops = WgmmaOps()

@@ -256,8 +256,7 @@ def test_pairing_needs_a_shared_tile_and_equal_k_loops():
 def test_gemms_take_the_per_op_path_and_the_rest_keep_the_gemm_path():
     """Which GEMM loops the whole-kernel GEMM path (sm90_gemm.py) still takes (paths.py says
     why): 16-bit and float8 ones go to the per-op path (the seed's 32-wide K tiles two per
-    ring stage); 16-row x tiles (the per-op wgmma wants N a multiple of 64) and any loop
-    compiled with cluster=2 stay; whole_kernel_paths=False sends even those per op."""
+    ring stage), 16-row x tiles too (wgmma n16); a loop compiled with cluster=2 stays."""
     from tests.conformance.cases import load_all
     from tiled.compiler.targets.cuda.backend import CudaBackend
     from tiled.ir.program import as_program
@@ -290,4 +289,4 @@ def test_gemms_take_the_per_op_path_and_the_rest_keep_the_gemm_path():
             T.copy(acc, Y[bx * 128, 0])
 
     low = lower(sixteen_rows)
-    assert low.ws is not None and low.ws.BN == 16
+    assert low.ws is None and low.wgmma_ops.accumulators  # wgmma n16, per op

@@ -105,9 +105,9 @@ def test_block_scaled_tiles_of_one_and_of_two_weight_blocks(BM, BN):
     assert _rel(y, xd @ wd.T) < 1e-5
 
 
-def test_fp8_gemms_on_sm90a_take_the_ws_gemm_and_keep_row_scales_in_registers():
-    """Per-tensor: the whole-kernel WS GEMM (WsGemm over e4m3, 128-element K rows, its
-    16-byte stores); block-scaled: the generic WS loop with each thread's two row scales
+def test_fp8_gemms_on_sm90a_take_the_ws_loop_and_keep_row_scales_in_registers():
+    """Per-tensor: the generic WS loop (e4m3 wgmma over 128-element K rows, the
+    accumulator's 16-byte stores); block-scaled: the same with each thread's two row scales
     in registers (layout inference gives the vector its readers' rows)."""
     import shutil
 
@@ -117,7 +117,8 @@ def test_fp8_gemms_on_sm90a_take_the_ws_gemm_and_keep_row_scales_in_registers():
 
     pt = compile_program(fp8.scaled_gemm_kernel(4096, 4096, 4096, "bfloat16", False, BM=128,
                                                 BN=256, threads=256), target="cuda:sm_90a")
-    assert "WsGemm<__nv_fp8_e4m3, 128, 256, 4, 2, true, 0>::store<__nv_bfloat16>" in pt.source
+    assert "wgmma_rows_issue<__nv_fp8_e4m3, 64, 128, 256, 128, true>" in pt.source
+    assert "WgmmaTile<128, 256, 2>::store<__nv_bfloat16>" in pt.source
     assert [a.box for a in pt.manifest.kernel_args if a.kind == "tensor_map"] == \
         [(128, 128), (128, 256)]
     bs = compile_program(fp8.scaled_gemm_kernel(4096, 7168, 2048, "bfloat16", True, BM=128,
@@ -157,8 +158,8 @@ def test_fp8_kernels_compile_for_sm90a(name):
               "gemm_blockscaled": lambda: fp8.scaled_gemm_kernel(256, 7168, 2048, "bfloat16",
                                                                  True)}[name]()
     src = compile_program(kernel, target="cuda:sm_90a").source
-    if name.startswith("gemm"):  # the generic WS loop's wgmma, or the whole-kernel WsGemm
-        assert "wgmma" in src or "WsGemm<__nv_fp8_e4m3" in src
+    if name.startswith("gemm"):  # the generic WS loop's wgmma
+        assert "wgmma_rows_issue<__nv_fp8_e4m3" in src
 
 
 def test_fp8_custom_ops_pass_opcheck():

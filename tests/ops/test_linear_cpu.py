@@ -169,9 +169,8 @@ def test_16_token_swaps_and_split_k_tiles_take_the_sm90_warp_specialized_gemm():
     swap = compile_program(linear_kernel(16, 4096, 4096, "bfloat16", "bfloat16", kind="swap",
                                          BM=16, BN=64, threads=128, splits=2),
                            target="cuda:sm_90a")
-    # 16-row tiles of x: the per-op path has no wgmma for them (N a multiple of 64), the
-    # whole-kernel GEMM path does
-    assert "WsGemm<__nv_bfloat16, 64, 16," in swap.source
+    # 16-row tiles of x: one wgmma n16 per k16 slice (the per-op path)
+    assert "wgmma_rows_issue<__nv_bfloat16, 64, 64, 16, 64, true>" in swap.source
     assert tuple(swap.manifest.grid[1:]) == (1, 1)  # persistent: every block walks x, y and z
     tile = compile_program(linear_kernel(256, 1024, 8192, "bfloat16", "bfloat16", kind="tile",
                                          BM=64, BN=128, threads=128, splits=4),

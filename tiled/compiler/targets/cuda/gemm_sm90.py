@@ -4,7 +4,8 @@ A gemm takes wgmma when A and B are shared tiles of one dtype (fp16 / bf16; floa
 e5m2 and float32, as tf32, and int8 into an int32 C, with B given N x K, the only form
 wgmma has for them) or A a 16-bit fragment (RS), A not transposed, C a float32 fragment
 (int32 for int8) [BM, BN] with BN a multiple of
-64 and BM a multiple of 64 per warpgroup (the block's threads are whole warpgroups, which
+64 (or 16 or 32 for 16-bit operands with B given N x K: one wgmma n16 / n32, the x tiles of
+tiled.ops.linear's 16-row swaps) and BM a multiple of 64 per warpgroup (the block's threads are whole warpgroups, which
 split M), K a whole number of 128-byte panel rows, at most 128 accumulator floats per
 thread; its A and B tiles are written by anything but TMA (cp.async copies, element
 stores) and read by no gemm that does not take wgmma; its C is the accumulator of no other
@@ -107,7 +108,9 @@ def _fits(g: pb.Gemm, buffers, threads: int) -> bool:
     k_unit = panel_elems(a.dtype) if a.scope == pb.SHARED or g.transpose_b else 16
     narrow = dtypes.nbytes(a.dtype) == 2 and ak * 2 == NARROW_BYTES
     return (am == BM and bn == BN and ak == bk and (ak % k_unit == 0 or narrow) and bk % 8 == 0
-            and BM % (64 * nwg) == 0 and BN % 64 == 0 and BN <= 256
+            and BM % (64 * nwg) == 0 and BN <= 256
+            and (BN % 64 == 0 or (BN in (16, 32) and g.transpose_b and
+                                  dtypes.nbytes(a.dtype) == 2))
             and BM // nwg // 64 * BN // 2 <= MAX_ACC)
 
 

@@ -4,9 +4,12 @@ On sm_90a with warp specialization (the default) four paths are tried, in this o
 
 1. the whole-kernel attention path (`sm90_attn.py`): the repo's own attention example;
 2. the whole-kernel GEMM path (`sm90_gemm.py`): a loop of exactly "copy A, copy B, gemm".
-   It keeps the clusters the option `cluster=2` asks for, and what the per-op path cannot
-   feed from a TMA ring (16-row x tiles: the per-op wgmma needs N a multiple of 64). 16-bit
-   GEMMs take the per-op path: on every y = x W^T kernel of tiled.ops.linear it ran as fast
+   It keeps only the clusters the option `cluster=2` asks for, and loops the per-op path
+   cannot feed from a TMA ring with wgmma. tiled.ops.linear's 16-row swaps (wgmma n16) take
+   the per-op path: of its six such configs at three weights and 1 / 16 tokens, the fastest
+   per size ran 0.997-1.08x the whole path's fastest (benchmarks/results/
+   sixteen_paths_h200.json; config by config 0.875-1.21x, the slower ones never a size's
+   best). 16-bit GEMMs take the per-op path: on every y = x W^T kernel of tiled.ops.linear it ran as fast
    or faster (96 kernels, 0.96-1.49x, median 1.04x; the best of each size never slower,
    benchmarks/results/linear_h200_per_op_twins.json), on the seed's GEMM and the conformance
    suite's within 1-3% (seed_gemm_h200.json, conformance_h200_gemms_per_op.json); so do

@@ -51,7 +51,8 @@ template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = 
 __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, Acc* acc) {
   constexpr int kSlice = 32 / sizeof(T);  // K elements of one wgmma
   constexpr bool kNarrow = narrow_panel<T, KS>();
-  static_assert(WM % 64 == 0 && BM % WM == 0 && BN % 64 == 0 &&
+  static_assert(WM % 64 == 0 && BM % WM == 0 &&
+                    (BN % 64 == 0 || (sizeof(T) == 2 && B_KMAJOR && (BN == 16 || BN == 32))) &&
                     (K % (4 * kSlice) == 0 || narrow_panel<T, K>()),
                 "wgmma_rows shape");
   static_assert(!ZERO || sizeof(T) == 2, "wgmma_rows: ZERO takes 16-bit operands");

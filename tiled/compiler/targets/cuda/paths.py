@@ -9,8 +9,8 @@ On sm_90a with warp specialization (the default) four paths are tried, in this o
    the per-op path: of its six such configs at three weights and 1 / 16 tokens, the fastest
    per size ran 0.997-1.08x the whole path's fastest (benchmarks/results/
    sixteen_paths_h200.json; config by config 0.875-1.21x, the slower ones never a size's
-   best). 16-bit GEMMs take the per-op path: on every y = x W^T kernel of tiled.ops.linear it ran as fast
-   or faster (96 kernels, 0.96-1.49x, median 1.04x; the best of each size never slower,
+   best). 16-bit GEMMs take the per-op path: on every y = x W^T kernel of tiled.ops.linear
+   it ran as fast or faster (96 kernels, 0.96-1.49x, median 1.04x; the best of each size never slower,
    benchmarks/results/linear_h200_per_op_twins.json), on the seed's GEMM and the conformance
    suite's within 1-3% (seed_gemm_h200.json, conformance_h200_gemms_per_op.json); so do
    float8 GEMMs: tiled.ops.fp8's per-tensor kernel at its four configs, 4096^3 and 8192^3,

@@ -1,14 +1,15 @@
 """T.gemm on wgmma in the generic sm_90a lowering, decided per op (not per kernel shape).
 
 A gemm takes wgmma when A and B are shared tiles of one dtype (fp16 / bf16; float8 e4m3 /
-e5m2 and float32, as tf32, and int8 into an int32 C, with B given N x K, the only form
-wgmma has for them) or A a 16-bit fragment (RS), A not transposed, C a float32 fragment
-(int32 for int8) [BM, BN] with BN a multiple of 64 (or 16 or 32 for 16-bit operands with B
-given N x K: one wgmma n16 / n32, the x tiles of tiled.ops.linear's 16-row swaps) and BM a
-multiple of 64 per warpgroup (the block's threads are whole warpgroups, which split M), K a whole number of 128-byte panel rows, at most 128 accumulator floats per
-thread; its A and B tiles are written by anything but TMA (cp.async copies, element
-stores) and read by no gemm that does not take wgmma; its C is the accumulator of no other
-kind of gemm. Decided together (`plan_wgmma`, a fixed point).
+e5m2 and float32, as tf32, and int8 into an int32 C, with B given N x K, the only form wgmma
+has for them) or A a 16-bit fragment (RS), A not transposed, C a float32 fragment (int32 for
+int8) [BM, BN] with BN a multiple of 64 (or 16 or 32 for 16-bit operands with B given N x K:
+one wgmma n16 / n32, the x tiles of tiled.ops.linear's 16-row swaps) and BM a multiple of 64
+per warpgroup (the block's threads are whole warpgroups, which split M), K a whole number of
+128-byte panel rows, at most 128 accumulator floats per thread; its A and B tiles are
+written by anything but TMA (cp.async copies, element stores) and read by no gemm that does
+not take wgmma; its C is the accumulator of no other kind of gemm. Decided together
+(`plan_wgmma`, a fixed point).
 
 Such tiles are *panel tiles*: a tile [rows][cols] (per stage) is stored as panels of
 [rows][128 bytes], each row in the 128-byte swizzle (16-byte chunk c of row r at chunk

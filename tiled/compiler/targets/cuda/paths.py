@@ -3,19 +3,19 @@
 On sm_90a with warp specialization (the default) four paths are tried, in this order:
 
 1. the whole-kernel attention path (`sm90_attn.py`): the repo's own attention example;
-2. the whole-kernel GEMM path (`sm90_gemm.py`): a loop of exactly "copy A, copy B, gemm".
-   It keeps only the clusters the option `cluster=2` asks for, and loops the per-op path
-   cannot feed from a TMA ring with wgmma. tiled.ops.linear's 16-row swaps (wgmma n16) take
-   the per-op path: of its six such configs at three weights and 1 / 16 tokens, the fastest
-   per size ran 0.997-1.08x the whole path's fastest (benchmarks/results/
-   sixteen_paths_h200.json; config by config 0.875-1.21x, the slower ones never a size's
-   best). 16-bit GEMMs take the per-op path: on every y = x W^T kernel of tiled.ops.linear
-   it ran as fast or faster (96 kernels, 0.96-1.49x, median 1.04x; the best of each size never slower,
+2. the whole-kernel GEMM path (`sm90_gemm.py`): a loop of exactly "copy A, copy B, gemm". It
+   keeps only the clusters the option `cluster=2` asks for, and loops the per-op path cannot
+   feed from a TMA ring with wgmma. tiled.ops.linear's 16-row swaps (wgmma n16) take the
+   per-op path: of its six such configs at three weights and 1 / 16 tokens, the fastest per
+   size ran 0.997-1.08x the whole path's fastest (benchmarks/results/sixteen_paths_h200.json;
+   config by config 0.875-1.21x, the slower ones never a size's best). 16-bit GEMMs take the
+   per-op path: on every y = x W^T kernel of tiled.ops.linear it ran as fast or faster (96
+   kernels, 0.96-1.49x, median 1.04x; the best of each size never slower,
    benchmarks/results/linear_h200_per_op_twins.json), on the seed's GEMM and the conformance
-   suite's within 1-3% (seed_gemm_h200.json, conformance_h200_gemms_per_op.json); so do
-   float8 GEMMs: tiled.ops.fp8's per-tensor kernel at its four configs, 4096^3 and 8192^3,
-   ran 0.99-1.17x the whole path's speed (best per-op 1.10x / 1.06x torch._scaled_mm against
-   the whole path's best 1.07x / 1.03x, benchmarks/results/fp8_paths_h200.json);
+   suite's within 1-3% (seed_gemm_h200.json, conformance_h200_gemms_per_op.json); so do float8
+   GEMMs: tiled.ops.fp8's per-tensor kernel at its four configs, 4096^3 and 8192^3, ran
+   0.99-1.17x the whole path's speed (best per-op 1.10x / 1.06x torch._scaled_mm against the
+   whole path's best 1.07x / 1.03x, benchmarks/results/fp8_paths_h200.json);
 3. per op: each gemm that fits takes wgmma (`gemm_sm90.plan_wgmma`), and a T.Pipelined loop
    whose copies can run ahead is fed by a TMA producer warpgroup (`ws_plan.plan_ws_loop`);
 4. otherwise sm_80's instructions (mma.sync, a cp.async pipeline).

@@ -26,16 +26,14 @@ sys.path.insert(0, str(ROOT))
 
 from bundle_cli import compile_into, load_bundle, load_kernel, machine, main, smoke_in_child
 
-# name -> (block_M, block_N, num_stages, threads, cluster). BK is 64 (one 128-byte swizzle
-# row). cluster 2: CTA pairs sharing one operand through multicast TMA (sm90_gemm.py).
+# name -> (block_M, block_N, num_stages, threads). BK is 64 (one 128-byte swizzle row).
+# (Configs ending in c2, two-CTA clusters with multicast TMA, were the retired whole-kernel
+# GEMM path's option `cluster=2`: results/hopper_gemm_h200_cluster.json.)
 CONFIGS = {
-    "128x256": (128, 256, 4, 256, 1),
-    "256x128": (256, 128, 4, 256, 1),
-    "128x128": (128, 128, 6, 128, 1),
-    "64x128": (64, 128, 8, 128, 1),
-    "128x256c2": (128, 256, 4, 256, 2),
-    "256x128c2": (256, 128, 4, 256, 2),
-    "128x128c2": (128, 128, 6, 128, 2),
+    "128x256": (128, 256, 4, 256),
+    "256x128": (256, 128, 4, 256),
+    "128x128": (128, 128, 6, 128),
+    "64x128": (64, 128, 8, 128),
 }
 DTYPES = ("float16", "bfloat16")
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096), (16, 14336, 4096),
@@ -91,16 +89,14 @@ def build(out: Path) -> None:
     index, variants = {}, {}
     only = [x for x in os.environ.get("TILED_GEMM_CONFIGS", "").split(",") if x]
     for dtype in DTYPES:
-        for cfg, (bm, bn, stages, threads, cluster) in CONFIGS.items():
+        for cfg, (bm, bn, stages, threads) in CONFIGS.items():
             if only and cfg not in only:
                 continue
             name = f"ws_{dtype}_{cfg}"
             kernel = gemm.matmul(T.dyn("M"), T.dyn("N"), T.dyn("K"), bm, bn, 64, stages, dtype,
                                  threads=threads)
-            compiled, seconds = compile_into(out, name, kernel, cluster=cluster)
-            assert compiled.manifest.cluster == (cluster, 1, 1), name
+            compiled, seconds = compile_into(out, name, kernel)
             index[name] = {"dtype": dtype, "config": cfg, "cold_compile_s": round(seconds, 3),
-                           "cluster": cluster,
                            "stages": {k: round(v, 3) for k, v in compiled.stages.items()},
                            "threads": compiled.manifest.block[0],
                            "dynamic_smem_bytes": compiled.manifest.dynamic_smem_bytes}
@@ -233,14 +229,13 @@ def run(bundle: Path, out: Path) -> None:
                   flush=True)
     fair = interleaved(kernels, index, rows)
     variants = check_variants(bundle, index.get("variants", {}))
-    slots = probe_cluster_slots(index, kernels)
     out.write_text(json.dumps({
         "command": f"python3 benchmarks/gpu/hopper_gemm.py run --bundle {bundle} --out {out}",
         "build": index, "device": torch.cuda.get_device_name(),
         "versions": {"torch": torch.__version__, "triton": triton.__version__,
                      "cuda": torch.version.cuda},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows,
-        "variants": variants, "cluster_slots": slots, "interleaved": fair}, indent=1))
+        "variants": variants, "interleaved": fair}, indent=1))
 
 
 def interleaved(kernels: dict, index: dict, rows: list) -> list:
@@ -289,37 +284,6 @@ def interleaved(kernels: dict, index: dict, rows: list) -> list:
               flush=True)
     return out
 
-
-
-def probe_cluster_slots(index: dict, kernels: dict) -> dict:
-    """The clustered kernels at 4096^3 and 8192^3 with fewer persistent clusters than SMs / 2
-    (the SM count the grid uses overridden): whether all 66 clusters are co-resident."""
-    import torch
-    from triton.testing import do_bench
-
-    from tiled.runtime import cuda as rt_cuda
-
-    out = {}
-    device = torch.cuda.current_device()
-    real = rt_cuda._SM_COUNTS.get(device)
-    try:
-        for name, meta in index["kernels"].items():
-            if meta.get("cluster", 1) == 1:
-                continue
-            dt = getattr(torch, meta["dtype"])
-            for n in (4096, 8192):
-                a = torch.randn(n, n, device="cuda", dtype=dt)
-                b = torch.randn(n, n, device="cuda", dtype=dt)
-                c = torch.empty(n, n, device="cuda", dtype=dt)
-                for sms in (real, 128, 120):
-                    rt_cuda._SM_COUNTS[device] = sms
-                    ms = do_bench(lambda: kernels[name](a, b, c))  # noqa: B023
-                    out[f"{name} {n}^3 sm_count={sms}"] = 2 * n**3 / ms / 1e9
-                    print(f"{name} {n}^3 sm_count={sms}: {2 * n**3 / ms / 1e9:.0f} TFLOP/s",
-                          flush=True)
-    finally:
-        rt_cuda._SM_COUNTS[device] = real
-    return out
 
 
 def check_variants(bundle: Path, variants: dict) -> dict:

@@ -1,7 +1,7 @@
 """Two 32-wide K tiles per ring stage on the per-op sm_90a path (ws_loop.py's `merge`): numerics
 of the merged forms, and the seed's example GEMM (examples/gemm.py, 128x128x32, 3 stages, 128
-threads) through the per-op path beside the whole-kernel GEMM path (sm90_gemm.py) and cuBLAS,
-fp16 4096^3, in one process.
+threads) through the per-op path beside the whole-kernel GEMM path (sm90_gemm.py, retired
+since: targets/cuda/paths.py) and cuBLAS, fp16 4096^3, in one process.
 
 Its results files were measured when the default was still the whole-kernel GEMM path: their
 `seed_whole` rows are that path (compiled with no options then). The per-op path is the

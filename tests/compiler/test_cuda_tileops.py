@@ -96,16 +96,13 @@ def test_policy_changes_the_warp_grid_not_the_result_shape(arch):
     assert {g.local_size for g in grids.values()} == {128}  # same work per thread
 
 
-def test_the_sm90_gemm_path_takes_over_rows_layouts():
-    """Under FullRow the row max of C gets C's rows layout; the sm_90a whole-kernel GEMM path
-    (taken with cluster=2) swaps C's mma layout for wgmma's, and the rows layout for wgmma's
-    rows with it; the per-op path infers wgmma's layouts from the start."""
+def test_the_sm90_path_infers_wgmma_rows_layouts():
+    """Under FullRow the row max of C gets C's rows layout: mma.sync's on sm_80, wgmma's
+    rows on sm_90a, where the per-op path infers wgmma's layouts from the start."""
     k = cases.matmul_row_max(256, 256, 128, ROW).kernel
     assert layouts_by_name(k)["m"] == MmaRows(128, 4)
-    for options in ({"cluster": 2}, {}):
-        src, _, low = source(k, "sm_90a", **options)
-        assert (low.ws is not None and "WsGemm<" in src) == bool(options)
-        assert type(low.layouts[_bid(k, "m")]).__name__ == "WgmmaRows"
+    _, _, low = source(k, "sm_90a")
+    assert type(low.layouts[_bid(k, "m")]).__name__ == "WgmmaRows"
 
 
 def test_a_row_vector_filled_in_its_own_nest_takes_the_rows_of_its_readers():
@@ -174,7 +171,7 @@ def test_flash_attention_fullrow_keeps_p_in_registers():
     assert "tiled::gemm_ss<half, 64, 64, 64, 4, 1, false, true, 72, 72>" in body  # S = Q K^T
     assert "tiled::gemm_rs<half, 64, 64, 64, 4, false, 72>" in body  # O += P V, P in registers
     assert body.count("__shfl_xor_sync") == 2 * 2 * 2  # 2 row reductions x 2 rows x 2 shuffles
-    assert low.attn is None and low.ws is None  # A in registers: not the sm90 attention path
+    assert low.attn is None  # A in registers: not the sm90 attention path
     # Q, K, V padded gemm tiles and O's staging tile; no scratch area.
     assert pool == 3 * 64 * 72 * 2 + 64 * 64 * 2
 
@@ -193,7 +190,7 @@ def test_flash_attention_on_sm90a_takes_wgmma_per_op():
     assert "tiled::sm90::wgmma_rows_rs_issue<half, 64, 64, 64, false>" in body
     assert "gemm_ss" not in body and "gemm_rs" not in body
     assert body.count("__shfl_xor_sync") == 2 * (2 * 2 * 2)  # the loop and its peeled step
-    assert low.attn is None and low.ws is None and low.wgmma_ops
+    assert low.attn is None and low.wgmma_ops
     names = {bid: b.name for bid, b in low.buffers.items()}
     assert {names[b] for b in low.wgmma_ops.panels} == {"Q_shared", "K_shared", "V_shared"}
     w = low.wsloop

@@ -1,5 +1,6 @@
-"""The automatic sm_90a path (sm90_gemm.py): which GEMMs take it, and that their cubins really
-use wgmma, TMA and mbarriers (SASS read with cuobjdump; no GPU needed)."""
+"""The automatic sm_90a path for GEMMs (per-op wgmma fed by a TMA producer, ws_loop.py): which
+GEMMs take it, and that their cubins really use wgmma, TMA and mbarriers (SASS read with
+cuobjdump; no GPU needed)."""
 
 import re
 import subprocess
@@ -94,10 +95,10 @@ def test_explicit_tma_copies_need_launchable_strides():
 
 def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
     """No warp specialization: sm_80 (mma.sync); sm_90a without warp specialization, where
-    the per-op lowering issues wgmma for the tiles that fit it (64-wide K panels). A kernel
-    the whole-kernel path does not take (32-wide K tiles at an offset K base) gets the
-    per-op path's TMA-fed loop, two K tiles per ring stage in 128-byte rows; without warp
-    specialization, wgmma on narrow 64-byte-swizzled panels filled by cp.async."""
+    the per-op lowering issues wgmma for the tiles that fit it (64-wide K panels). 32-wide K
+    tiles at an offset K base get the TMA-fed loop, two K tiles per ring stage in 128-byte
+    rows; without warp specialization, wgmma on narrow 64-byte-swizzled panels filled by
+    cp.async."""
     from tiled.compiler import compile_program
 
     k = gemm.matmul(256, 256, 256, 128, 128, 64, 3, "float16", threads=128)
@@ -136,14 +137,6 @@ def test_variants_take_the_path_too():
         assert sum(a.kind == "tensor_map" for a in c.manifest.kernel_args) == 2, name
 
 
-def _plan(kernel):
-    from tiled.compiler.targets.cuda.layouts import infer_layouts
-    from tiled.compiler.targets.cuda.sm90_gemm import find_ws_gemm
-
-    p = kernel.ir.proto
-    return find_ws_gemm(p, infer_layouts(p))
-
-
 def _split_k_gemm(k_tiles: int, k_base: int):
     """A 32-wide K-tile GEMM whose loop covers `k_tiles` tiles from K offset `k_base`."""
     @tiled.kernel
@@ -163,100 +156,10 @@ def _split_k_gemm(k_tiles: int, k_base: int):
     return partial
 
 
-def test_32_wide_k_tiles_merge_only_when_provably_exact():
-    # The example's default tiles (128x128x32): two iterations per 64-wide stage.
-    assert _plan(gemm.matmul(T.dyn("M"), 1024, T.dyn("K"))).merge == 2
-    assert _plan(gemm.matmul(256, 256, 97 * 32)).merge == 2  # odd count that covers K
-    assert _plan(gemm.matmul(4096, 4096, 4096, 128, 256, 64, 4, threads=256)).merge == 1
-    assert _plan(_split_k_gemm(64, 0)).merge == 2  # even count: always exact
-    # An odd count short of K would pull in a real tile; an offset base breaks the pairing.
-    assert _plan(_split_k_gemm(3, 0)) is None
-    assert _plan(_split_k_gemm(64, 32)) is None
-
-
-# -- 2-CTA clusters with multicast TMA ------------------------------------------------------
-
-def _gemm(bm, bn, dtype="float16", threads=256):
-    return gemm.matmul(T.dyn("M"), T.dyn("N"), T.dyn("K"), bm, bn, 64, 4, dtype, threads=threads)
-
-
-@pytest.mark.parametrize("bm,bn,pairing,boxes", [
-    (128, 256, (1, 2), [(64, 128), (64, 64)]),  # rows pair up and share B's 64-wide boxes
-    (256, 128, (0, 1), [(64, 128), (64, 64)])])  # columns pair up, each CTA loads half of A
-def test_paired_tiles_run_in_clusters_with_multicast_loads(tmp_path, bm, bn, pairing, boxes):
-    plan = _plan(_gemm(bm, bn))
-    assert plan.pairing == pairing and plan.with_cluster(2).cluster == 2
-    c = tiled.compile(_gemm(bm, bn), target="cuda:sm_90a", cache=False, cluster=2)
-    m = c.manifest
-    assert m.cluster == (2, 1, 1)
-    assert [a.box for a in m.kernel_args if a.kind == "tensor_map"] == boxes
-    text = sass(c.artifact, tmp_path)
-    for instr in ("UTMALDG.2D.MULTICAST", "UCGABAR_ARV", "UCGABAR_WAIT", "HGMMA.64x"):
-        assert instr in text, instr
-    assert "LDL" not in text and "STL" not in text
-
-
-def test_cluster_grid_launches_whole_clusters_of_paired_tiles():
-    from tiled.runtime.launch import LaunchPlan
-
-    m = tiled.compile(_gemm(128, 256), target="cuda:sm_90a", cache=False, cluster=2).manifest
-    plan = LaunchPlan(m)
-    for M, N, sms, blocks in [(4096, 4096, 132, 132), (4096, 4096, 133, 132),
-                              (8192, 8192, 132, 132), (384, 256, 132, 4),  # 3 row tiles: 2 pairs
-                              (128, 512, 132, 4), (4096, 4096, 1, 2), (0, 256, 132, 0)]:
-        grid, _ = plan.geometry({"M": M, "N": N, "K": 64, SM_COUNT_DIM: sms})
-        assert grid == (blocks, 1, 1), (M, N, sms)
-
-
-def test_cluster_option_selects_the_path(tmp_path):
-    k = _gemm(128, 256)
-    default = tiled.compile(k, target="cuda:sm_90a", cache=False).manifest
-    assert default.cluster == (1, 1, 1)  # DEFAULT_CLUSTER: clusters are opt-in for now
-    one = tiled.compile(k, target="cuda:sm_90a", cache=False, cluster=1)
-    assert one.manifest.cluster == (1, 1, 1) and one.manifest.grid[0][0] == "min"
-    assert [a.box for a in one.manifest.kernel_args if a.kind == "tensor_map"] == \
-        [(64, 128), (64, 64)]
-    text = sass(one.artifact, tmp_path)
-    assert "UTMALDG.2D" in text and "MULTICAST" not in text and "UCGABAR" not in text
-    two = tiled.compile(k, target="cuda:sm_90a", cache=False, cluster=2)
-    assert two.manifest.cluster == (2, 1, 1)
-    with pytest.raises(ValueError, match="'cluster' must be one of 0, 1, 2, got 3"):
-        tiled.compile(k, target="cuda:sm_90a", cache=False, cluster=3)
-
-
-def test_pairing_needs_a_shared_tile_and_equal_k_loops():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
-    import hopper_gemm
-
-    nt = _plan(hopper_gemm.variant_kernels()["variant_nt_bf16"])  # B is N x K (K-major)
-    assert nt.pairing == (1, 2) and nt.with_cluster(2).box_b == [64, 128] and nt.box_b == [64, 256]
-    # 64-wide MN-major B cannot split its one box: the columns pair up and share A instead.
-    narrow = _plan(_gemm(128, 64, threads=128))
-    assert narrow.pairing == (0, 1) and narrow.with_cluster(2).box_a == [64, 64]
-    assert narrow.with_cluster(1).mcast == 0 and narrow.with_cluster(1).box_a == [64, 128]
-
-    @tiled.kernel
-    def k_per_row(A: T.Tensor((T.dyn("M"), 4096), "float16"),
-                  B: T.Tensor((4096, 256), "float16"), C: T.Tensor((T.dyn("M"), 256), "float16")):
-        with T.Kernel(2, T.ceildiv(A.shape[0], 128), threads=128) as (bx, by):
-            A_s = T.alloc_shared((128, 64), "float16")
-            B_s = T.alloc_shared((64, 128), "float16")
-            acc = T.alloc_fragment((128, 128), "float32")
-            T.clear(acc)
-            for k in T.Pipelined(by + 1, num_stages=3):  # tiles of a pair run different loops
-                T.copy(A[by * 128, k * 64], A_s)
-                T.copy(B[k * 64, bx * 128], B_s)
-                T.gemm(A_s, B_s, acc)
-            T.copy(acc, C[by * 128, bx * 128])
-
-    plan = _plan(k_per_row)
-    assert plan is not None and plan.pairing is None and plan.with_cluster(2).cluster == 1
-
-
-def test_gemms_take_the_per_op_path_and_the_rest_keep_the_gemm_path():
-    """Which GEMM loops the whole-kernel GEMM path (sm90_gemm.py) still takes (paths.py says
-    why): 16-bit and float8 ones go to the per-op path (the seed's 32-wide K tiles two per
-    ring stage), 16-row x tiles too (wgmma n16); a loop compiled with cluster=2 stays."""
+def test_every_gemm_loop_takes_the_per_op_path():
+    """The whole-kernel GEMM path is gone (paths.py says why): 16-bit GEMMs (the seed's
+    32-wide K tiles two per ring stage), float8 ones and 16-row x tiles (wgmma n16) all take
+    wgmma per op, fed by the TMA ring; its `cluster` option went with it."""
     from tests.conformance.cases import load_all
     from tiled.compiler.targets.cuda.backend import CudaBackend
     from tiled.ir.program import as_program
@@ -266,13 +169,12 @@ def test_gemms_take_the_per_op_path_and_the_rest_keep_the_gemm_path():
 
     seed = gemm.matmul(1024, 1024, 1024, 128, 128, 32, 3, "float16", threads=128)
     low = lower(seed)
-    assert low.ws is None and low.wsloop.merge == 2
-    assert lower(seed, cluster=2).ws is not None
+    assert low.wgmma_ops.accumulators and low.wsloop.merge == 2
+    with pytest.raises(ValueError, match="cluster"):
+        tiled.compile(seed, target="cuda:sm_90a", cache=False, cluster=2)
     fp8 = load_all()["gemm_fp8_e4m3"]
-    k = fp8.factory(**fp8.gpu).kernel
-    low = lower(k)
-    assert low.ws is None and low.wsloop is not None and low.wgmma_ops.accumulators
-    assert lower(k, cluster=2).ws is not None
+    low = lower(fp8.factory(**fp8.gpu).kernel)
+    assert low.wsloop is not None and low.wgmma_ops.accumulators
 
     @tiled.kernel
     def sixteen_rows(X: T.Tensor((16, 4096), "bfloat16"), W: T.Tensor((4096, 4096), "bfloat16"),
@@ -289,4 +191,4 @@ def test_gemms_take_the_per_op_path_and_the_rest_keep_the_gemm_path():
             T.copy(acc, Y[bx * 128, 0])
 
     low = lower(sixteen_rows)
-    assert low.ws is None and low.wgmma_ops.accumulators  # wgmma n16, per op
+    assert low.wsloop is not None and low.wgmma_ops.accumulators  # wgmma n16, per op

@@ -90,7 +90,7 @@ def test_a_dense_ring_tile_takes_one_box_and_mma_tiles_keep_cp_async():
     # 16-wide K tiles (32-byte rows): mma.sync (padded rows), so the loop stays a cp.async
     # pipeline.
     src, _, low = _lower(_gemm(k_tile=16, scale_in_loop=True))
-    assert low.ws is None and low.wsloop is None and low.launch_threads == 256
+    assert low.wsloop is None and low.launch_threads == 256
     assert "cp_async_wait<2>" in src
     # 32-wide (64-byte rows, TileLang's block_K = 32): wgmma, two iterations per ring stage
     # (merged): A's two tiles one panel of 128-byte rows (box [64, 128]), B's (MN-major)
@@ -101,7 +101,7 @@ def test_a_dense_ring_tile_takes_one_box_and_mma_tiles_keep_cp_async():
     assert (a.box, a.swizzle, a.boxes, a.nbytes) == ([64, 128], 128, 1, 128 * 128)
     assert (b.box, b.swizzle, b.boxes, b.nbytes) == ([64, 64], 128, 2, 64 * 128 * 2)
     _, _, low = _lower(_gemm(scale_in_loop=True))  # 64-wide: wgmma panels, fed by TMA
-    assert low.ws is None and low.wsloop.stages == 4 and low.launch_threads == 256 + 128
+    assert low.wsloop.stages == 4 and low.launch_threads == 256 + 128
 
     @tiled.kernel
     def scale_rows(X: T.Tensor((4096, 256), "float32"), Y: T.Tensor((4096, 256), "float32")):
@@ -140,7 +140,7 @@ def test_a_ring_that_does_not_fit_leaves_the_loop_unpipelined():
 
 def test_strides_tma_cannot_take_keep_the_cp_async_pipeline():
     src, _, low = _lower(_gemm(k=516, k_tile=64))  # A's rows: 1032 bytes, not 16 * n
-    assert low.wsloop is None and low.ws is None and "cp_async_wait<2>" in src
+    assert low.wsloop is None and "cp_async_wait<2>" in src
     _, _, low = _lower(_gemm(k=520, k_tile=64))  # 1040 bytes: TMA takes them
     assert low.wsloop is not None
     src, _, low = _lower(_gemm(), warp_specialize=False)
@@ -285,7 +285,7 @@ def test_whole_kernel_paths_can_step_aside():
     the per-op lowering: the repo's attention example gets the TMA-fed loop and wgmma. The
     seed's 128x128x32 GEMM takes the per-op path by default (its 32-wide 16-bit K tiles two
     per ring stage, ws_pairs.py), its one warpgroup walking persistently, one block per SM
-    with 4 merged stages; the option cluster=2 keeps it on the whole-kernel GEMM path."""
+    with 4 merged stages."""
     import sys
     from pathlib import Path
 
@@ -300,12 +300,10 @@ def test_whole_kernel_paths_can_step_aside():
     assert whole.attn is not None and whole.wsloop is None
     assert per_op.attn is None and per_op.wsloop is not None and per_op.wgmma_ops
     seed = gemm.matmul(1024, 1024, 1024, 128, 128, 32, 3, "float16", threads=128)
-    _, _, whole = _lower(seed, cluster=2)
     _, _, per_op = _lower(seed)
-    assert whole.ws is not None and whole.wsloop is None
-    assert per_op.ws is None and per_op.wsloop is not None and per_op.wgmma_ops
+    assert per_op.wsloop is not None and per_op.wgmma_ops
     _, _, off = _lower(seed, whole_kernel_paths=False)
-    assert off.ws is None and off.wsloop is not None
+    assert off.wsloop is not None
     w = per_op.wsloop
     assert w.persistent and w.merge == 2 and w.stages == 4 and w.min_blocks == 1
     c = tiled.compile(seed, target="cuda:sm_90a", cache=False, whole_kernel_paths=False)

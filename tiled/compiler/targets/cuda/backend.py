@@ -3,10 +3,9 @@
 Targets `cuda:sm_80` and `cuda:sm_90a`. Tensor-core gemm and async copies are calls into
 the headers of include/, which are prepended to TVM's source. On sm_90a the lowering picks
 per op (wgmma where a gemm fits it, gemm_sm90.py) and per loop (a TMA producer warpgroup for
-a T.Pipelined loop whose copies can run ahead, ws_loop.py); two whole-kernel paths remain:
-sm90_attn.py takes the attention kernel it recognizes, sm90_gemm.py float8 GEMM loops, those
-the per-op path cannot feed from a TMA ring and those compiled with cluster=2; the option
-whole_kernel_paths off turns both away. TVM is imported when a kernel is compiled, not with
+a T.Pipelined loop whose copies can run ahead, ws_loop.py); one whole-kernel path remains:
+sm90_attn.py takes the attention kernel it recognizes (the option whole_kernel_paths off
+turns it away; paths.py). TVM is imported when a kernel is compiled, not with
 this module: parsing a target or computing a key never loads it.
 """
 
@@ -111,20 +110,16 @@ class CudaBackend(Backend):
     options: ClassVar[dict[str, Option]] = {
         "warp_specialize": Option(bool, True, "sm_90a: take the warp-specialized TMA + wgmma "
                                   "paths where a kernel fits them"),
-        "cluster": Option(int, 0, "sm_90a GEMM loops: 2 runs them on the whole-kernel GEMM "
-                          "path in clusters of two CTAs with multicast loads where adjacent "
-                          "tiles share an operand; 0 (the plan's choice) and 1 leave 16-bit "
-                          "ones to the per-op path", choices=(0, 1, 2)),
         "pingpong": Option(bool, False, "sm_90a T.Pipelined loops fed by a TMA producer, "
                            "with two consumer warpgroups and two or more gemms per step: "
                            "the warpgroups take turns issuing their gemms"),
         "wgmma_in_flight": Option(bool, True, "sm_90a T.Pipelined loops fed by a TMA "
                                   "producer: a wgmma gemm runs on until a statement needs "
                                   "it, across the loop's back edge too"),
-        "whole_kernel_paths": Option(bool, True, "sm_90a: the whole-kernel GEMM and "
-                                     "attention paths take the kernels they recognize; off, "
-                                     "those take the per-op lowering (a T.Pipelined loop fed "
-                                     "by a TMA producer) like every other kernel"),
+        "whole_kernel_paths": Option(bool, True, "sm_90a: the whole-kernel attention path "
+                                     "takes the kernel it recognizes; off, that takes the "
+                                     "per-op lowering (a T.Pipelined loop fed by a TMA "
+                                     "producer) like every other kernel"),
         "persistent": Option(int, 0, "sm_90a T.Pipelined loops fed by a TMA producer: "
                              "min(blocks, SMs) blocks walk the grid; 0 the plan's choice "
                              "(on where every block runs the loop alike: "
@@ -147,7 +142,7 @@ class CudaBackend(Backend):
         return arch
 
     def generate_source(self, program: Program, arch: str, warp_specialize: bool = True,
-                        cluster: int = 0, pingpong: bool = False,
+                        pingpong: bool = False,
                         wgmma_in_flight: bool = True, persistent: int = 0,
                         whole_kernel_paths: bool = True):
         """(CUDA source, dynamic shared memory bytes, the lowering). When the automatic sm_90a
@@ -162,7 +157,7 @@ class CudaBackend(Backend):
         from tiled.ir.verify_ws import explicit_statement
 
         explicit = explicit_statement(program.proto) is not None
-        mod, low = lower_cuda(program, arch, warp_specialize, cluster,
+        mod, low = lower_cuda(program, arch, warp_specialize,
                               ExplicitLowering if explicit else None, pingpong,
                               wgmma_in_flight, persistent, whole_kernel_paths)
         _check_smem(low, arch)
@@ -194,17 +189,12 @@ class CudaBackend(Backend):
             src = with_tensor_maps(src, low.launch_threads, low.wsloop.min_blocks)
             return ('#include "tiled_cuda.h"\n#include "tiled_sm90.h"\n'
                     '#include "tiled_sm90_ops.h"\n' + src, low.pool_bytes, low)
-        if low.ws is None:
-            return '#include "tiled_cuda.h"\n' + extra + src, low.pool_bytes, low
-        src = with_tensor_maps(src, low.launch_threads)
-        return ('#include "tiled_cuda.h"\n#include "tiled_sm90.h"\n' + extra + src,
-                low.pool_bytes, low)
+        return '#include "tiled_cuda.h"\n' + extra + src, low.pool_bytes, low
 
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         with timed("lower"):  # TVM's CUDA codegen inside is timed as "codegen"
             source, smem, low = self.generate_source(program, target.arch,
                                                      option(options, "warp_specialize", self),
-                                                     option(options, "cluster", self),
                                                      option(options, "pingpong", self),
                                                      option(options, "wgmma_in_flight", self),
                                                      option(options, "persistent", self),
@@ -224,16 +214,14 @@ class CudaBackend(Backend):
         return Artifact(data=cubin, symbol=symbol, kernel_args=args, dynamic_smem_bytes=smem,
                         block=(low.launch_threads, 1, 1), source=source,
                         persistent=_persistent_blocks(low),
-                        cluster=(low.ws.cluster if low.ws else 1, 1, 1),
-                        paired_axis=low.ws.pair_axis if low.ws else -1,
                         requires=low.requires, fallback=fallback)
 
 
 def _persistent_blocks(low) -> int:
     """Blocks per SM a persistent kernel launches (Artifact.persistent), 0 for none: the
-    whole-kernel paths one; a T.Pipelined ring walked persistently as many as its launch
-    bounds keep resident (two for a one-warpgroup program whose ring leaves room)."""
-    if low.ws is not None or (low.attn and low.attn.persistent):
+    whole-kernel attention path one; a T.Pipelined ring walked persistently as many as its
+    launch bounds keep resident (two for a one-warpgroup program whose ring leaves room)."""
+    if low.attn and low.attn.persistent:
         return 1
     if low.wsloop and low.wsloop.persistent:
         return low.wsloop.min_blocks

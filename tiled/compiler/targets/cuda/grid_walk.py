@@ -1,6 +1,5 @@
 """Persistent grids: a block that runs several of the program's blocks in turn, and the
-order it takes them in (the sm_90a paths' persistent walks: ws_loop.py, sm90_gemm.py,
-sm90_attn.py)."""
+order it takes them in (the sm_90a paths' persistent walks: ws_loop.py, sm90_attn.py)."""
 
 from __future__ import annotations
 

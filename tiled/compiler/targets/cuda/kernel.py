@@ -15,7 +15,6 @@ from tiled.compiler.passes.fold import fold_cast_stores
 from tiled.compiler.passes.staging import stage_fragment_operands
 from tiled.compiler.targets.cuda.lower import CudaLowering
 from tiled.compiler.targets.cuda.sm90_attn import lower_attn_kernel, tmap_params
-from tiled.compiler.targets.cuda.sm90_gemm import lower_ws_kernel
 from tiled.compiler.targets.cuda.ws_plan import longest_first, persistent_choice
 from tiled.compiler.tir import declare_params, source_name, tvm_dtype
 from tiled.ir import dtypes
@@ -24,29 +23,26 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 
 def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
-               cluster: int = 0, lowering: type | None = None,
+               lowering: type | None = None,
                pingpong: bool = False, wgmma_in_flight: bool = True,
                persistent: int = 0, whole_kernel: bool = True
                ) -> tuple[object, CudaLowering]:
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
-    launch's thread count and the TMA descriptors the kernel takes (sm_90a path). `cluster`:
-    the sm_90a path's cluster size, 0 for the plan's choice (WsGemmPlan.with_cluster).
+    launch's thread count and the TMA descriptors the kernel takes (sm_90a path).
     `lowering`: the CudaLowering class (the backend passes sm90_explicit's ExplicitLowering
     for programs of the explicit Hopper path; this module does not import it). `pingpong`:
     whether a T.Pipelined ring's two consumer warpgroups may take turns (ws_loop.py);
     `wgmma_in_flight`: whether its wgmma gemms may run past their statement
     (wgmma_waits.py); `persistent`: whether its blocks walk the grid (0 the plan's choice,
-    1 off, 2 on; ws_loop.persistent_choice); `whole_kernel`: whether the whole-kernel GEMM
-    and attention paths (sm90_gemm, sm90_attn) may take the kernels they recognize."""
+    1 off, 2 on; ws_loop.persistent_choice); `whole_kernel`: whether the whole-kernel
+    attention path (sm90_attn) may take the kernel it recognizes."""
     import tvm
 
     if lowering is None and arch == "sm_90a" and warp_specialize:
         program = fold_cast_stores(stage_fragment_operands(program))
     p = program.proto
     low = lowering(program, arch, warp_specialize) if lowering else \
-        CudaLowering(program, arch, warp_specialize, whole_kernel, cluster)
-    if low.ws is not None:
-        low.ws = low.ws.with_cluster(cluster)
+        CudaLowering(program, arch, warp_specialize, whole_kernel)
     if low.wsloop is not None:
         low.wsloop.pingpong &= pingpong
         low.wsloop.in_flight = wgmma_in_flight
@@ -58,16 +54,6 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
             T.func_attr({"tirx.noalias": True, "global_symbol": p.name})
             for bid, buf in declare_params(program, low).items():
                 low.tir[bid] = buf
-            tmaps = []
-            if low.ws is not None:
-                ws = low.ws
-                for name, cp, box in (("tiled_tmap_a", ws.copy_a, ws.box_a),
-                                      ("tiled_tmap_b", ws.copy_b, ws.box_b)):
-                    tmaps.append(T.arg(name, T.handle()))
-                    low.tensor_maps[name] = {"kind": "tensor_map",
-                                             "param": low.param_of[cp.src.buffer],
-                                             "box": box,
-                                             "swizzle": 128}
             attn_maps = {}
             if low.attn is not None:
                 for key, name, recipe in tmap_params(low):
@@ -77,7 +63,7 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
             grid = [low.expr(g) for g in p.kernel.grid]
             frames = contextlib.ExitStack()
             with frames:
-                if low.ws is None and not (low.attn and low.attn.persistent) and \
+                if not (low.attn and low.attn.persistent) and \
                         not (low.wsloop and low.wsloop.persistent):
                     backwards = longest_first(low, grid) if low.wsloop else None
                     for i, (g, vid) in enumerate(zip(grid, p.kernel.block_vars, strict=True)):
@@ -123,8 +109,6 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
                                              T.address_of(low.pool[0])))
                 if low.attn is not None:
                     lower_attn_kernel(low, attn_maps, grid)
-                elif low.ws is None:
-                    low.lower_body()
                 else:
-                    lower_ws_kernel(low, tmaps, grid)
+                    low.lower_body()
     return tvm.IRModule({p.name: ib.get()}), low

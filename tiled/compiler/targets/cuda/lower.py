@@ -64,10 +64,6 @@ from tiled.compiler.targets.cuda.sm90_attn import (
     stmt_q_copy,
     store_attn_tile,
 )
-from tiled.compiler.targets.cuda.sm90_gemm import (
-    lower_ws_consumer,
-    store_ws_tile,
-)
 from tiled.compiler.targets.cuda.ws_loop import (
     declare_ring_maps,
     lower_ring_consumer,
@@ -109,7 +105,7 @@ class CudaLowering(ExprLowering):
     max_stages = 1 << 30  # the most shared buffers a T.Pipelined copy gets (Metal: 2)
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
-                 whole_kernel: bool = True, cluster: int = 0):
+                 whole_kernel: bool = True):
         super().__init__(program)
         p = self.program
         self.arch = arch
@@ -117,7 +113,7 @@ class CudaLowering(ExprLowering):
         self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe
         self.param_of = {prm.buffer: i for i, prm in enumerate(p.params)  # tensor -> param #
                          if prm.WhichOneof("kind") == "buffer"}
-        choose_paths(self, arch == "sm_90a" and warp_specialize, whole_kernel, cluster)
+        choose_paths(self, arch == "sm_90a" and warp_specialize, whole_kernel)
         self.tir: dict[int, tirx.Buffer] = {}
         self.shared: dict[int, SharedTile] = {}
         self.stage: dict[int, tirx.PrimExpr] = {}  # shared bid -> current stage index
@@ -146,14 +142,14 @@ class CudaLowering(ExprLowering):
     def block_sync(self) -> SyncTracker:
         """Barrier placement for the program's threads: __syncthreads(), or the consumers'
         named barrier when a producer runs beside them (an sm_90a path)."""
-        producer = self.ws is not None or self.attn is not None or self.wsloop is not None
+        producer = self.attn is not None or self.wsloop is not None
         return SyncTracker(f"tiled::sm90::consumer_sync<{self.threads}>" if producer else None)
 
     @property
     def requires(self) -> list:
         """Launch preconditions (manifest expressions that must evaluate to 0) of the TMA
         descriptors the kernel takes (tma)."""
-        plan = self.ws or self.attn or self.wsloop
+        plan = self.attn or self.wsloop
         return list(plan.requires) if plan is not None else []
 
     # -- planning ------------------------------------------------------------------------------
@@ -325,8 +321,6 @@ class CudaLowering(ExprLowering):
             return lower_pipeline(self, f, s)
         if self.wsloop is not None and f.var == self.wsloop.loop.var:
             return lower_ring_consumer(self, f)
-        if self.ws is not None and f.var == self.ws.loop_var:
-            return lower_ws_consumer(self, f)
         if self.attn is not None and f.var == self.attn.loop.var:
             return lower_attn_loop(self, f)
         extent = self.expr(f.extent)
@@ -462,8 +456,6 @@ class CudaLowering(ExprLowering):
     def stmt_copy(self, c, s):
         self.uniform_stmt(s)
         src_b, dst_b = self.buffers[c.src.buffer], self.buffers[c.dst.buffer]
-        if self.ws is not None and c.src.buffer == self.ws.c and store_ws_tile(self, c):
-            return
         if self.attn is not None and c.dst.buffer == self.attn.q:
             return stmt_q_copy(self)
         if self.attn is not None and c.src.buffer == self.attn.o and store_attn_tile(self, c):

@@ -32,7 +32,6 @@ def _pipelined_by_hand(low, f: pb.For) -> bool:
     """T.Pipelined loop `f` is software-pipelined here (cp.async stages), not by one of the
     sm_90a paths' producers."""
     return f.kind == pb.PIPELINED and f.num_stages >= 2 \
-        and not (low.ws and f.var == low.ws.loop_var) \
         and not (low.attn and f.var == low.attn.loop.var) \
         and not (low.wsloop and f.var == low.wsloop.loop.var)
 
@@ -94,8 +93,7 @@ def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
     if low.wsloop is not None:
         stages = {**stages, **{bid: low.wsloop.stages for bid in ring}}
     offset = 0
-    ring_tiles = {low.ws.a, low.ws.b} if low.ws else \
-        low.attn.ring_tiles if low.attn else set()
+    ring_tiles = low.attn.ring_tiles if low.attn else set()
     for b in p.buffers:
         if b.scope != pb.SHARED or b.id in ring_tiles or b.id in low.placed_elsewhere():
             continue
@@ -116,8 +114,6 @@ def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
                           dtypes.canonical_name(b.dtype))
         low.shared[b.id] = tile
         offset = align_up(offset + tile.nbytes)
-    if low.ws is not None:
-        low.ws_offset, offset = offset, align_up(offset + low.ws.ring_bytes)
     if low.attn is not None:
         low.ws_offset, offset = offset, align_up(offset + low.attn.ring_bytes)
     if low.wsloop is not None:

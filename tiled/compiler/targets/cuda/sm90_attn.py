@@ -28,7 +28,7 @@ the K / V tile has BN of 64 or 128 rows; threads are 128 or 256, one consumer wa
 - every global tensor feeding the ring is described by a TMA descriptor of its own rank, so a
   tile past the end of a sequence reads zeros, as the program says, not the next head's rows.
 
-Everything else is lowered as for sm_80 (the sm_90a GEMM path included).
+Everything else is lowered as for sm_80.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.gemm_sm90 import store_acc_tile
 from tiled.compiler.targets.cuda.grid_walk import persistent_walk
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout
-from tiled.compiler.targets.cuda.sm90_gemm import tile_ops_on
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.ir import dtypes
 from tiled.ir.walk import element_accesses, expr_vars, walk
@@ -54,6 +53,11 @@ PRODUCER_THREADS = 128
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
 RING_SLACK = 1024  # the ring is aligned to 1024 bytes inside the dynamic pool
 SMEM_BUDGET = 225 * 1024  # of the ring: stages are dropped to fit (sm_90a: 227 KiB)
+
+
+def tile_ops_on(body: pb.Stmt, tiles: set[int]) -> int:
+    """How many tile ops (copy, gemm, reduce, fill) in `body` read or write one of `tiles`."""
+    return sum(bool(tile_op_buffers(st) & tiles) for st in walk(body))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from tiled.v1 import tile_ir_pb2 as pb
 PRODUCER_THREADS = 128  # a producer warpgroup
 PRODUCER_REGS = 40  # its registers after setmaxnreg
 # Ring stages a loop gets where shared memory holds them. The seed's 128x128x32, 3-stage
-# GEMM (K tiles merged in pairs) on the H200 at 4096^3 fp16, through sm90_gemm.py: 3 ring
+# GEMM (K tiles merged in pairs) on the H200 at 4096^3 fp16, through the whole-kernel GEMM
+# path of the time (sm90_gemm.py, since retired: paths.py): 3 ring
 # stages 0.76x cuBLAS, 4 stages 0.91x, 6 stages 0.88x (one run, interleaved); through this
 # path, 4 stages 0.88x against 0.77-0.81x with 3 (merged_ring_h200_stages.json).
 MIN_RING = 4

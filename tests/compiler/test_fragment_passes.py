@@ -1,7 +1,9 @@
-"""Two Tile IR rewrites the sm_90a lowering applies before planning (tiled/compiler/passes/):
-a fragment that is nothing but a gemm's A operand loaded from global memory is staged
-through shared memory (staging.py), and a cast through a fragment right before its store is
-folded into the store (fold.py). Values never change; what is rewritten and what is not."""
+"""Tile IR rewrites the sm_90a lowering applies before planning (tiled/compiler/passes/): a
+fragment that is nothing but a gemm's A operand loaded from global memory is staged through
+shared memory, and a shared tile that is nothing but a gemm's A operand copied from another
+gemm's accumulator goes back into registers (staging.py); a cast through a fragment right
+before its store is folded into the store (fold.py). Values never change; what is rewritten
+and what is not."""
 
 import tiled
 import tiled.lang as T
@@ -70,3 +72,74 @@ def test_a_cast_right_before_its_store_is_folded_into_it():
     # the cast fragment is also stored elsewhere: it must exist, nothing is folded
     reused = _rs_gemm(reuse_cast=True)
     assert fold_cast_stores(reused) is reused
+
+
+def _p_through_shared(source="scores", read_p=False):
+    """S = Q K^T, P = S cast into a shared tile, O = P V (the repo's FlashAttention example's
+    form). `source`: what P is copied from ("scores": S, a gemm's accumulator; "plain": a
+    fragment no gemm writes); `read_p`: P is also read element by element."""
+    @tiled.kernel
+    def two_gemms(Q: T.Tensor((128, 64), "float16"), K: T.Tensor((128, 64), "float16"),
+                  V: T.Tensor((128, 64), "float16"), O: T.Tensor((128, 64), "float32")):
+        with T.Kernel(1, threads=128):
+            q = T.alloc_shared((128, 64), "float16")
+            k = T.alloc_shared((128, 64), "float16")
+            v = T.alloc_shared((128, 64), "float16")
+            P_s = T.alloc_shared((128, 128), "float16")
+            S = T.alloc_fragment((128, 128), "float32")
+            F = T.alloc_fragment((128, 128), "float32")
+            acc = T.alloc_fragment((128, 64), "float32")
+            T.copy(Q, q)
+            T.copy(K, k)
+            T.copy(V, v)
+            T.clear(S)
+            T.clear(acc)
+            T.gemm(q, k, S, transpose_B=True)
+            if source == "scores":
+                T.copy(S, P_s)
+            else:
+                for i, j in T.Parallel(128, 128):
+                    F[i, j] = S[i, j] * 0.5
+                T.copy(F, P_s)
+            T.gemm(P_s, v, acc)
+            if read_p:
+                for i, j in T.Parallel(128, 64):
+                    acc[i, j] = acc[i, j] + T.cast(P_s[i, j], "float32")
+            T.copy(acc, O)
+
+    return as_program(two_gemms)
+
+
+def test_p_handed_through_shared_memory_goes_back_into_registers():
+    from tiled.compiler.passes.staging import unstage_register_operands, unstaged_operands
+
+    p = _p_through_shared()
+    assert unstaged_operands(p.proto) == {_buffer(p, "P_s").id}
+    moved = unstage_register_operands(p)
+    assert _buffer(moved, "P_s").scope == pb.FRAGMENT and _buffer(p, "P_s").scope == pb.SHARED
+    # copied from a fragment no gemm accumulates into (its layout is not wgmma's A operand's),
+    # or read element by element too: it stays in shared memory
+    for other in (_p_through_shared(source="plain"), _p_through_shared(read_p=True)):
+        assert unstaged_operands(other.proto) == set()
+        assert unstage_register_operands(other) is other
+
+
+def test_the_moved_p_feeds_wgmma_from_registers():
+    """On sm_90a the moved P is wgmma's register operand (RS); the whole-kernel attention path,
+    which reads P from shared memory, keeps the kernels it recognizes as written."""
+    import sys
+    from pathlib import Path
+
+    from tiled.compiler.targets.cuda.backend import CudaBackend
+
+    src = CudaBackend().generate_source(_p_through_shared(), "sm_90a")[0]
+    assert "wgmma_rows_rs" in src
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import flash_attention
+
+    fa = as_program(flash_attention.flash_attention(1, 2, 2, 512, 512, 128, False, "bfloat16",
+                                                    block_M=128, block_N=128, threads=256))
+    whole = CudaBackend().generate_source(fa, "sm_90a")
+    per_op = CudaBackend().generate_source(fa, "sm_90a", whole_kernel_paths=False)
+    assert whole[2].attn is not None
+    assert per_op[2].attn is None and "wgmma_rows_rs_issue" in per_op[0]

@@ -19,6 +19,25 @@ sm_90a a TMA ring, and the gemm reads A from shared memory). A fragment qualifie
   statement of a T.Pipelined loop's body;
 - it is read only as A of gemms (not transposed), and accessed by nothing else: no element
   access, reduction or other copy.
+
+The other way round, `unstage_register_operands`: the repo's FlashAttention example (and
+older TileLang kernels) hand P to the second gemm through shared memory,
+
+    T.copy(S, P_shared)          # the scores' accumulator, cast to 16 bits
+    T.gemm(P_shared, V_shared, acc)
+
+which costs a round trip through shared memory and a block barrier per iteration where
+wgmma could take A straight from the registers that hold S (FlashAttention's RS form). A
+shared tile qualifies for becoming a fragment when:
+
+- it is written only by one whole-tile copy from a fragment of its shape that is the
+  accumulator of a gemm (so that layout inference gives it the accumulator's layout, which
+  is wgmma's A-operand layout);
+- it is read only as A of gemms (not transposed), and accessed by nothing else.
+
+A shared tile every thread sees and a fragment each thread holds its part of then give the
+same values to the same gemm: the copy is the tile's only writer and the gemm its only
+reader.
 """
 
 from __future__ import annotations
@@ -74,4 +93,44 @@ def stage_fragment_operands(program: Program) -> Program:
     for b in p.buffers:
         if b.id in staged:
             b.scope = pb.SHARED
+    return Program(p)
+
+
+def unstaged_operands(p: pb.Program) -> set[int]:
+    """The shared tiles of `p` that may live in registers instead (module docstring)."""
+    buffers = {b.id: b for b in p.buffers}
+    accumulators = {st.gemm.c for st in walk(p.kernel.body) if st.WhichOneof("kind") == "gemm"}
+    uses, touched = tile_op_uses(p.kernel.body)
+    found = set()
+    for bid, sts in uses.items():
+        b = buffers[bid]
+        if b.scope != pb.SHARED or bid in touched:
+            continue
+        copies = [s.copy for s in sts if s.WhichOneof("kind") == "copy"]
+        gemms = [s.gemm for s in sts if s.WhichOneof("kind") == "gemm"]
+        if len(copies) != 1 or not gemms or len(copies) + len(gemms) != len(sts):
+            continue
+        c = copies[0]
+        src = buffers[c.src.buffer]
+        if c.dst.buffer != bid or src.scope != pb.FRAGMENT or src.id not in accumulators or \
+                not whole_region(c.dst, b) or not whole_region(c.src, src) or \
+                [d.size for d in src.shape] != [d.size for d in b.shape]:
+            continue
+        if any(g.a != bid or bid in (g.b, g.c) or g.transpose_a for g in gemms):
+            continue
+        found.add(bid)
+    return found
+
+
+def unstage_register_operands(program: Program) -> Program:
+    """`program` with its unstaged operands (unstaged_operands) in registers, or `program`
+    itself when it has none."""
+    found = unstaged_operands(program.proto)
+    if not found:
+        return program
+    p = pb.Program()
+    p.CopyFrom(program.proto)
+    for b in p.buffers:
+        if b.id in found:
+            b.scope = pb.FRAGMENT
     return Program(p)

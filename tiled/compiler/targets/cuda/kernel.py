@@ -12,9 +12,9 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.fold import fold_cast_stores
-from tiled.compiler.passes.staging import stage_fragment_operands
+from tiled.compiler.passes.staging import stage_fragment_operands, unstage_register_operands
 from tiled.compiler.targets.cuda.lower import CudaLowering
-from tiled.compiler.targets.cuda.sm90_attn import lower_attn_kernel, tmap_params
+from tiled.compiler.targets.cuda.sm90_attn import find_ws_attention, lower_attn_kernel, tmap_params
 from tiled.compiler.targets.cuda.ws_plan import longest_first, persistent_choice
 from tiled.compiler.tir import declare_params, source_name, tvm_dtype
 from tiled.ir import dtypes
@@ -40,6 +40,8 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
 
     if lowering is None and arch == "sm_90a" and warp_specialize:
         program = fold_cast_stores(stage_fragment_operands(program))
+        if not (whole_kernel and find_ws_attention(program.proto)):  # it reads P from shared
+            program = unstage_register_operands(program)
     p = program.proto
     low = lowering(program, arch, warp_specialize) if lowering else \
         CudaLowering(program, arch, warp_specialize, whole_kernel)

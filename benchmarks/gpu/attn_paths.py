@@ -83,11 +83,11 @@ def _config(torch, bundle: Path, labels: dict, dtype, seq, batch, causal) -> dic
     calls = {}
     for label in labels:
         kern = load_kernel(bundle / label, _name(dtype, seq, causal))
-        calls[label] = (lambda kern: lambda: kern(q, k, v, o))(kern)
+        calls[label] = (lambda fn: lambda: fn(q, k, v, o))(kern)
     for bname, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
                            ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
-        calls[bname] = (lambda backend: lambda: _with(sdpa_kernel(backend), sdpa, q, k, v,
-                                                      causal))(backend)
+        calls[bname] = (lambda which: lambda: _with(sdpa_kernel(which), sdpa, q, k, v,
+                                                    causal))(backend)
     ref = calls["sdpa_cudnn"]().float()
     err = {}
     for label in labels:

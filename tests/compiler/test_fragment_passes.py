@@ -80,7 +80,7 @@ def _p_through_shared(source="scores", read_p=False):
     fragment no gemm writes); `read_p`: P is also read element by element."""
     @tiled.kernel
     def two_gemms(Q: T.Tensor((128, 64), "float16"), K: T.Tensor((128, 64), "float16"),
-                  V: T.Tensor((128, 64), "float16"), O: T.Tensor((128, 64), "float32")):
+                  V: T.Tensor((128, 64), "float16"), Out: T.Tensor((128, 64), "float32")):
         with T.Kernel(1, threads=128):
             q = T.alloc_shared((128, 64), "float16")
             k = T.alloc_shared((128, 64), "float16")
@@ -105,7 +105,7 @@ def _p_through_shared(source="scores", read_p=False):
             if read_p:
                 for i, j in T.Parallel(128, 64):
                     acc[i, j] = acc[i, j] + T.cast(P_s[i, j], "float32")
-            T.copy(acc, O)
+            T.copy(acc, Out)
 
     return as_program(two_gemms)
 

@@ -105,3 +105,18 @@ def test_nested_walk_numerics_on_cpu():
     fn(a, b, np.zeros(64, np.int32), c)
     ref = a.astype(np.float32) @ b.astype(np.float32)
     np.testing.assert_allclose(c, ref, rtol=2e-3, atol=2e-3)
+
+
+def test_the_stream_k_kernel_runs_wgmma_on_the_tma_ring(tmp_path):
+    """The conformance stream-K (TileLang's split: stream-K runs, then data-parallel waves) at
+    its H200 shapes: TMA loads, wgmma, mbarriers, the producer's register handoff, and the
+    accumulator in registers (SASS read with cuobjdump; no GPU needed)."""
+    from tests.compiler.test_sm90_path import sass
+    from tests.conformance.cases import load_all
+
+    case = load_all()["gemm_streamk"]
+    c = tiled.compile(case.factory(**case.gpu).kernel, target="cuda:sm_90a", cache=False)
+    text = sass(c.artifact, tmp_path, c.manifest.symbol)
+    for instr in ("HGMMA.64x256x16", "UTMALDG", "SYNCS", "USETMAXREG", "REDG.E.ADD.F32"):
+        assert instr in text, instr
+    assert not re.search(r"\b(LDL|STL)\b", text)

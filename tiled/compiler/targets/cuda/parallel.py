@@ -47,6 +47,9 @@ def lower_parallel(low, s: pb.Stmt) -> None:
             if bid not in ident:
                 ident.append(bid)
     outer_vars = low.nest_vars
+    if anchor is not None and _paired_atomics(low, anchor, body, loop_vars, ident):
+        low.nest_vars = outer_vars
+        return
     if anchor is not None:
         with _slots(low, anchor, body, loop_vars[-1]) as idx:
             coords, valid = anchor.coords(low.tx, idx)
@@ -90,6 +93,61 @@ def lower_parallel(low, s: pb.Stmt) -> None:
         with low.maybe_if(None if exact else flat < total), _lane_locals(low, body, lane, lanes):
             low.stmt(body)
         low.nest_vars = outer_vars
+
+
+def _paired_atomics(low, anchor, body: pb.Stmt, loop_vars: list[int], ident: list) -> bool:
+    """A nest that is one relaxed float32 atomic add into a global tensor, over a wgmma
+    accumulator (slots 2p and 2p + 1 of a thread are the same row's adjacent columns), whose
+    element index moves by exactly one along the tensor's last dim when the nest's last
+    variable does (proved, not sampled): lowered as one paired add per two slots
+    (tiled::atomic_add_f32x2, a vector reduction on sm_90). Whether it was."""
+    from tvm.sym import Analyzer
+
+    from tiled.compiler.targets.cuda.layouts import WgmmaLayout
+
+    while body.WhichOneof("kind") == "seq" and len(body.seq.stmts) == 1:
+        body = body.seq.stmts[0]
+    if not isinstance(anchor, WgmmaLayout) or body.WhichOneof("kind") != "atomic_add":
+        return False
+    st = body.atomic_add
+    dst = low.buffers[st.buffer]
+    if st.op != pb.ATOMIC_ADD or st.order != pb.ORDER_RELAXED or st.has_prev or \
+            dst.scope != pb.GLOBAL or dst.dtype != pb.FLOAT32 or anchor.local_size % 2:
+        return False
+    saved = {v: low.vars.get(v) for v in loop_vars}
+    free = [tirx.Var(f"nest{i}", "int32") for i in range(len(loop_vars))]
+    try:
+        for v, x in zip(loop_vars, free, strict=True):
+            low.vars[v] = x
+        here = [low.expr(e) for e in st.indices]
+        low.vars[loop_vars[-1]] = free[-1] + 1
+        there = [low.expr(e) for e in st.indices]
+    finally:
+        for v, x in saved.items():
+            if x is None:
+                low.vars.pop(v, None)
+            else:
+                low.vars[v] = x
+    ana = Analyzer()
+    steps = [ana.simplify(b - a) for a, b in zip(here, there, strict=True)]
+    if not all(isinstance(s, tirx.IntImm) and s.value == (d == len(steps) - 1)
+               for d, s in enumerate(steps)):
+        return False
+    low.nest_vars = loop_vars
+    with low.loop(anchor.local_size // 2) as pair:
+        parts = []
+        for slot in (pair * 2, pair * 2 + 1):
+            coords, _ = anchor.coords(low.tx, slot)
+            for v, c in zip(loop_vars, coords, strict=True):
+                low.vars[v] = c
+            low.frag_bind = {b: slot for b in ident}
+            low.frag_row = (anchor, slot)
+            parts.append((low.addr(st.buffer, [low.expr(i) for i in st.indices]),
+                          low.expr(st.value)))
+        T.evaluate(T.call_extern("void", "tiled::atomic_add_f32x2", parts[0][0], parts[0][1],
+                                 parts[1][1]))
+    low.frag_bind, low.frag_row = {}, None
+    return True
 
 
 @contextlib.contextmanager

@@ -169,4 +169,21 @@ __device__ __forceinline__ uint64_t atomic_add(uint64_t* addr, uint64_t v) {
                    static_cast<unsigned long long>(v));
 }
 
+// Two adjacent float32 elements of global memory, addr[0] += a and addr[1] += b, each
+// atomic on its own (no old values): on sm_90 one vector reduction when addr is 8-byte
+// aligned (REDG.E.ADD.F32x2: half the requests), else two. A T.Parallel nest of relaxed
+// atomic adds over a wgmma accumulator takes it for the pairs of adjacent columns each
+// thread holds (targets/cuda/parallel.py).
+__device__ __forceinline__ void atomic_add_f32x2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if ((reinterpret_cast<unsigned long long>(addr) & 7) == 0) {  // NVRTC has no uintptr_t
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(addr), "f"(a), "f"(b)
+                 : "memory");
+    return;
+  }
+#endif
+  atomicAdd(addr, a);
+  atomicAdd(addr + 1, b);
+}
+
 }  // namespace tiled

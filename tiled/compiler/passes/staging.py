@@ -57,6 +57,31 @@ def _whole_tile_copy(c: pb.Copy, buffers) -> bool:
         [e for e in c.src.extents if e != 1] == [d.size for d in dst.shape]
 
 
+def _operand_only(bid: int, sts: list[pb.Stmt], touched: set[int]) -> pb.Copy | None:
+    """The one copy that writes tile `bid`, when that copy and gemms reading it as A (not
+    transposed, nowhere else) are all that touch it (`sts`: the tile ops on it; `touched`:
+    the buffers accessed element by element); else None."""
+    copies = [s.copy for s in sts if s.WhichOneof("kind") == "copy"]
+    gemms = [s.gemm for s in sts if s.WhichOneof("kind") == "gemm"]
+    if bid in touched or len(copies) != 1 or copies[0].dst.buffer != bid or not gemms or \
+            len(copies) + len(gemms) != len(sts) or \
+            any(g.a != bid or bid in (g.b, g.c) or g.transpose_a for g in gemms):
+        return None
+    return copies[0]
+
+
+def _with_scope(program: Program, bids: set[int], scope) -> Program:
+    """`program` with buffers `bids` in `scope`, or `program` itself when `bids` is empty."""
+    if not bids:
+        return program
+    p = pb.Program()
+    p.CopyFrom(program.proto)
+    for b in p.buffers:
+        if b.id in bids:
+            b.scope = scope
+    return Program(p)
+
+
 def staged_operands(p: pb.Program) -> set[int]:
     """The fragments of `p` that may live in shared memory instead (module docstring)."""
     buffers = {b.id: b for b in p.buffers}
@@ -69,31 +94,13 @@ def staged_operands(p: pb.Program) -> set[int]:
     if not found:
         return set()
     uses, touched = tile_op_uses(p.kernel.body)
-    staged = set()
-    for bid in found:
-        sts = uses[bid]
-        copies = [s for s in sts if s.WhichOneof("kind") == "copy"]
-        gemms = [s.gemm for s in sts if s.WhichOneof("kind") == "gemm"]
-        if bid in touched or len(copies) != 1 or copies[0].copy.dst.buffer != bid or \
-                len(copies) + len(gemms) != len(sts) or not gemms or \
-                any(g.a != bid or bid in (g.b, g.c) or g.transpose_a for g in gemms):
-            continue
-        staged.add(bid)
-    return staged
+    return {bid for bid in found if _operand_only(bid, uses[bid], touched) is not None}
 
 
 def stage_fragment_operands(program: Program) -> Program:
     """`program` with its staged operands (staged_operands) in shared memory, or `program`
     itself when it has none."""
-    staged = staged_operands(program.proto)
-    if not staged:
-        return program
-    p = pb.Program()
-    p.CopyFrom(program.proto)
-    for b in p.buffers:
-        if b.id in staged:
-            b.scope = pb.SHARED
-    return Program(p)
+    return _with_scope(program, staged_operands(program.proto), pb.SHARED)
 
 
 def unstaged_operands(p: pb.Program) -> set[int]:
@@ -104,33 +111,18 @@ def unstaged_operands(p: pb.Program) -> set[int]:
     found = set()
     for bid, sts in uses.items():
         b = buffers[bid]
-        if b.scope != pb.SHARED or bid in touched:
+        c = _operand_only(bid, sts, touched) if b.scope == pb.SHARED else None
+        if c is None:
             continue
-        copies = [s.copy for s in sts if s.WhichOneof("kind") == "copy"]
-        gemms = [s.gemm for s in sts if s.WhichOneof("kind") == "gemm"]
-        if len(copies) != 1 or not gemms or len(copies) + len(gemms) != len(sts):
-            continue
-        c = copies[0]
         src = buffers[c.src.buffer]
-        if c.dst.buffer != bid or src.scope != pb.FRAGMENT or src.id not in accumulators or \
-                not whole_region(c.dst, b) or not whole_region(c.src, src) or \
-                [d.size for d in src.shape] != [d.size for d in b.shape]:
-            continue
-        if any(g.a != bid or bid in (g.b, g.c) or g.transpose_a for g in gemms):
-            continue
-        found.add(bid)
+        if src.scope == pb.FRAGMENT and src.id in accumulators and whole_region(c.dst, b) and \
+                whole_region(c.src, src) and \
+                [d.size for d in src.shape] == [d.size for d in b.shape]:
+            found.add(bid)
     return found
 
 
 def unstage_register_operands(program: Program) -> Program:
     """`program` with its unstaged operands (unstaged_operands) in registers, or `program`
     itself when it has none."""
-    found = unstaged_operands(program.proto)
-    if not found:
-        return program
-    p = pb.Program()
-    p.CopyFrom(program.proto)
-    for b in p.buffers:
-        if b.id in found:
-            b.scope = pb.FRAGMENT
-    return Program(p)
+    return _with_scope(program, unstaged_operands(program.proto), pb.FRAGMENT)

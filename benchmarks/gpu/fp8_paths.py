@@ -4,6 +4,9 @@ twice (the default, which sends this loop to the whole-kernel path, and
 `whole_kernel_paths=False`, the per-op path), timed beside torch._scaled_mm at 4096^3 and
 8192^3 in one process: graph-replayed, rounds interleaved (bundle_cli.time_graphed).
 
+benchmarks/results/fp8_paths_h200.json was built at b027038; fe186b9 retired the whole-kernel
+GEMM path, after which both builds are the per-op kernel and `build` stops saying so.
+
 Here (the CPU machine, with TVM):
     python benchmarks/gpu/fp8_paths.py build --out .gpu/fp8_paths
 There (device tool, carry=[".gpu"]):

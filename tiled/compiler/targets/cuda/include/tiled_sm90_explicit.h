@@ -60,7 +60,7 @@ __device__ __forceinline__ void tma_load_panels(void* region, int32_t offset, co
   for (int p = 0; p < PANELS; ++p) tma_load_2d(dst + p * PANEL_BYTES, m, b, c0 + 64 * p, c1);
 }
 
-// (WgmmaSSK, the float8 and tf32 wgmma, is in tiled_sm90.h: WsGemm takes float8 too.)
+// (WgmmaSSK, the float8 and tf32 wgmma, is in tiled_sm90.h.)
 
 // int8 x int8 -> int32 wgmma (m64nNk32, both operands K-major): int32 accumulators, so
 // the registers are "r" operands where the float forms have "f".

@@ -10,7 +10,10 @@ backends, interleaved over ROUNDS rounds (medians of do_bench).
 
 benchmarks/results/attn_paths_h200.json: `whole` built at 5b4f6d9, `per_op` at the commit
 that added unstage_register_operands, where it applied by default (the cubins this script's
-`per_op` build makes now are the same bytes).
+`per_op` build made then are the same bytes), both of the example as it was then, its
+scores scaled by a pass of their own. attn_paths_h200_folded.json: both labels built at the
+commit that folded the example's scale into exp2, beside that earlier `whole` build
+(`whole_unfolded`, copied into the bundle).
 
 Here (the CPU machine, with TVM):
     ATTN_LABEL=whole python benchmarks/gpu/attn_paths.py build --out .gpu/attn_paths

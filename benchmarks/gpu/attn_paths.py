@@ -24,9 +24,7 @@ There (device tool, carry=[".gpu/attn_paths"]):
 """
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,7 +32,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, load_kernel, machine, main, write_results
+from bundle_cli import (
+    compile_into,
+    labelled_dir,
+    labelled_indexes,
+    load_kernel,
+    machine,
+    main,
+    write_results,
+)
 
 TARGET = "cuda:sm_90a"
 HEADS, DIM = 32, 128
@@ -51,11 +57,7 @@ def build(out: Path) -> None:
     sys.path.insert(0, str(ROOT / "examples"))
     import flash_attention as fa
 
-    label = os.environ.get("ATTN_LABEL", "per_op")
-    where = out / label
-    where.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
+    label, where, commit = labelled_dir(out, "ATTN_LABEL", "per_op")
     index = {}
     for dtype, seq, batch, causal in CONFIGS:
         kernel = fa.flash_attention(batch, HEADS, HEADS, seq, seq, DIM, causal, dtype,
@@ -121,8 +123,7 @@ def _with(ctx, fn, q, k, v, causal):
 def run(bundle: Path, out: Path) -> None:
     import torch
 
-    labels = {p.name: json.loads((p / "index.json").read_text())
-              for p in sorted(bundle.iterdir()) if (p / "index.json").exists()}
+    labels = labelled_indexes(bundle)
     rows = [_config(torch, bundle, labels, *c) for c in CONFIGS]
     write_results(out, "attn_paths.py", bundle,
                   {k: {"command": v["command"], "commit": v["commit"],

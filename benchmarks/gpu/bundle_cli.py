@@ -48,6 +48,25 @@ def load_bundle(bundle: Path) -> tuple[dict, dict]:
     return index, {name: load_kernel(bundle, name) for name in index["kernels"]}
 
 
+def labelled_dir(out: Path, env: str, default: str) -> tuple[str, Path, str]:
+    """For a twins probe (one bundle, a folder per label, each built at its own commit):
+    (the label $`env` names, else `default`; its folder under `out`, made; the checkout's
+    short commit)."""
+    label = os.environ.get(env, default)
+    where = out / label
+    where.mkdir(parents=True, exist_ok=True)
+    root = Path(__file__).resolve().parents[2]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                            capture_output=True, text=True).stdout.strip()
+    return label, where, commit
+
+
+def labelled_indexes(bundle: Path) -> dict:
+    """A twins probe's bundle: label -> the index.json of its folder."""
+    return {p.name: json.loads((p / "index.json").read_text())
+            for p in sorted(bundle.iterdir()) if (p / "index.json").exists()}
+
+
 def machine() -> dict:
     """Where a bundle was built."""
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),

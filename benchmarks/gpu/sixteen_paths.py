@@ -16,8 +16,6 @@ There (device tool, carry=[".gpu/sixteen"]):
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, load_kernel, machine, main, time_graphed, write_results
+from bundle_cli import (
+    compile_into,
+    labelled_dir,
+    labelled_indexes,
+    load_kernel,
+    machine,
+    main,
+    time_graphed,
+    write_results,
+)
 
 TARGET = "cuda:sm_90a"
 WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
@@ -44,11 +51,7 @@ def configs() -> list[dict]:
 def build(out: Path) -> None:
     from tiled.ops.gemm import linear_kernel
 
-    label = os.environ.get("SIXTEEN_LABEL", "per_op")
-    where = out / label
-    where.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
+    label, where, commit = labelled_dir(out, "SIXTEEN_LABEL", "per_op")
     index = {}
     for N, K in WEIGHTS:
         for M in MS:
@@ -102,8 +105,7 @@ def _size(torch, bundle: Path, labels: dict, M: int, N: int, K: int) -> list[dic
 def run(bundle: Path, out: Path) -> None:
     import torch
 
-    labels = {p.name: json.loads((p / "index.json").read_text())
-              for p in sorted(bundle.iterdir()) if (p / "index.json").exists()}
+    labels = labelled_indexes(bundle)
     rows = []
     for N, K in WEIGHTS:
         for M in MS:

@@ -17,7 +17,8 @@ def _lower(kernel, **options):
 
 
 def _gemm(copy_b_first=False, b_from_table=False, read_before=False, write_a=False,
-          scale_in_loop=False, k_tile=64, m=256, n=256, k=512, threads=256, stages=3):
+          scale_in_loop=False, k_tile=64, m=256, n=256, k=512, threads=256, stages=3,
+          write_table=False):
     """A GEMM loop with the knobs that decide whether its copies may run ahead."""
     @tiled.kernel
     def gemm(A: T.Tensor((m, k), "float16"), B: T.Tensor((k, n), "float16"),
@@ -45,6 +46,8 @@ def _gemm(copy_b_first=False, b_from_table=False, read_before=False, write_a=Fal
                         acc[i, j] = acc[i, j] * 0.5
             if write_a:
                 A[by * 128, bx] = T.cast(acc[0, 0], "float16")
+            if write_table:
+                Table[bx] = 0
             T.copy(acc, C[by * 128, bx * 128])
 
     return gemm
@@ -55,8 +58,11 @@ def test_copies_run_ahead_only_when_nothing_can_observe_it():
     ra = run_ahead(p)
     assert ra is not None and ra.copies == (0, 1) and ra.release == (2, 2)
     assert run_ahead(as_program(_gemm(copy_b_first=True)).proto).copies == (0, 1)
-    # An offset read from memory (a block table) is not known to another thread early.
-    assert run_ahead(as_program(_gemm(b_from_table=True)).proto).copies == (0,)
+    # An offset read from a table the kernel never writes: the producer reads it too. One
+    # the kernel writes is not known to another thread early.
+    assert run_ahead(as_program(_gemm(b_from_table=True)).proto).copies == (0, 1)
+    assert run_ahead(as_program(_gemm(b_from_table=True, write_table=True)).proto).copies \
+        == (0,)
     # The tile is read before the copy in the body: it would see the next tile.
     ra = run_ahead(as_program(_gemm(read_before=True)).proto)
     assert ra.copies == (2,)  # B only (A_s is also written by the store)

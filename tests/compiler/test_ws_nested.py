@@ -21,7 +21,8 @@ K_STEPS = 8
 def _walk(scalar_from="blocks", bound_in_loop=False, store_in_nest=False, units=4):
     """Each unit walks tiles pid, pid + units, ... of a 512 x 256 GEMM: a scalar `tile`
     set per step from `scalar_from` ("blocks": the block index and the loop variable,
-    "table": a global table, which another thread cannot know early)."""
+    "table": a global table the kernel never writes, "written_table": one it writes, which
+    another thread cannot know early)."""
     m, n, k = 512, 256, 64 * K_STEPS
 
     @tiled.kernel
@@ -35,7 +36,7 @@ def _walk(scalar_from="blocks", bound_in_loop=False, store_in_nest=False, units=
             steps = T.alloc_var("int32")
             steps = K_STEPS
             for s in T.serial(T.ceildiv(8, units)):
-                if scalar_from == "table":
+                if scalar_from in ("table", "written_table"):
                     tile = Table[s * units + pid]
                 else:
                     tile = s * units + pid
@@ -51,6 +52,8 @@ def _walk(scalar_from="blocks", bound_in_loop=False, store_in_nest=False, units=
                         if bound_in_loop:
                             steps = K_STEPS
                     T.copy(acc, C[tile // 2 * 128, tile % 2 * 128])
+            if scalar_from == "written_table":
+                Table[pid] = 0
 
     return walk
 
@@ -64,13 +67,17 @@ def test_a_loop_inside_the_kernels_walk_runs_ahead():
     ra = run_ahead(p)
     assert ra is not None and ra.nested and ra.copies == (0, 1)
     assert ra.scalars == _var_ids(p, "tile", "steps")
+    # a scalar loaded from a table the kernel never writes: the producer loads it too
+    p = as_program(_walk(scalar_from="table")).proto
+    assert run_ahead(p).scalars == _var_ids(p, "tile", "steps")
 
 
-@pytest.mark.parametrize("variant", [dict(scalar_from="table"), dict(bound_in_loop=True),
-                                     dict(store_in_nest=True)])
+@pytest.mark.parametrize("variant", [dict(scalar_from="written_table"),
+                                     dict(bound_in_loop=True), dict(store_in_nest=True)])
 def test_a_scalar_threads_may_disagree_on_keeps_the_loop_to_the_consumers(variant):
-    """A scalar loaded from memory, stored inside the pipelined loop or inside a T.Parallel
-    nest is not one the producer can keep: the copies that use it do not run ahead."""
+    """A scalar loaded from a tensor the kernel writes, stored inside the pipelined loop or
+    inside a T.Parallel nest is not one the producer can keep: the copies that use it do not
+    run ahead."""
     p = as_program(_walk(**variant)).proto
     ra = run_ahead(p)
     assert ra is None or not ra.nested

@@ -139,13 +139,16 @@ def test_bad_inputs_raise_errors_that_name_the_problem():
 def test_a_cuda_config_compiles_for_sm_90a_on_the_warp_specialized_path():
     """The largest tile of the CUDA space, N off the tile (no GPU needed to compile). The
     warp-specialized GEMM path shows in the manifest: TMA descriptors among the kernel's
-    arguments, a producer warpgroup beside the 256 threads."""
+    arguments (the producer reads the tile table too), a producer warpgroup beside the 256
+    threads, and blocks walking the grid (a trip count that only the table ties to a block
+    does not keep them from it)."""
     kernel = grouped.grouped_kernel(4096, 8, 1000, 4096, "bfloat16", **grouped.CUDA_SPACE[0])
     compiled = tiled.compile(kernel, target="cuda:sm_90a", cache=False,
                              **grouped.COMPILE_OPTIONS)
     m = compiled.manifest
     assert compiled.artifact and m.arch == "sm_90a"
     assert m.block[0] == 256 + 128 and "tensor_map" in [a.kind for a in m.kernel_args]
+    assert "tiled_sm_count" in str(m.grid[0])
 
 
 def test_grouped_linear_custom_op_passes_opcheck():

@@ -9,8 +9,9 @@ early, into a stage of its own, changes nothing the program can observe:
   region of a global tensor the kernel never writes into a whole shared tile;
 - its offsets, and the loop's extent, are built from the loop variable, the block indices,
   the tensors' dims and the scalar parameters, the variables of the serial loops around the
-  loop and the block's *uniform scalars* only, so another thread can compute them before the
-  body runs;
+  loop and the block's *uniform scalars* only (in a loop of nothing but copies and gemms,
+  elements of tensors the kernel never writes too: a grouped GEMM's tile table), so another
+  thread can compute them before the body runs;
 - the tile is written by no other statement, and accessed only inside the loop, after the
   copy (a read before it in the body would see the previous iteration's tile).
 
@@ -71,7 +72,8 @@ def gathers(s: pb.Stmt, buffers) -> bool:
 
 
 def _pure(exprs, allowed: set[int], scalars: set[int] | frozenset = frozenset()) -> bool:
-    """Whether `exprs` load nothing but the one-element locals `scalars` and use only the
+    """Whether `exprs` load nothing but the buffers `scalars` (uniform scalars; in a GEMM
+    loop, tensors the kernel never writes too) and use only the
     variables `allowed`."""
     exprs = list(exprs)
     if any(x.WhichOneof("kind") == "load" and x.load.buffer not in scalars
@@ -124,8 +126,10 @@ def _loop_vars(outer) -> set[int]:
     return {o.for_.var for o in outer if o.WhichOneof("kind") == "for_"}
 
 
-def uniform_scalars(p: pb.Program, uniform: set[int]) -> frozenset[int]:
-    """The block's uniform scalars (module docstring)."""
+def uniform_scalars(p: pb.Program, uniform: set[int],
+                    constant: frozenset[int] = frozenset()) -> frozenset[int]:
+    """The block's uniform scalars (module docstring); `constant`: the tensors the kernel
+    never writes, whose elements their values may load."""
     found = {b.id for b in p.buffers if b.scope == pb.LOCAL and len(b.shape) == 1
              and b.shape[0].WhichOneof("kind") == "size" and b.shape[0].size == 1}
     # Every write a store under loops and ifs only (not in a nest, not an atomic's value):
@@ -137,8 +141,9 @@ def uniform_scalars(p: pb.Program, uniform: set[int]) -> frozenset[int]:
               if st.WhichOneof("kind") == "store"]
     while True:  # a scalar built from another that is not uniform is not either
         bad = {st.store.buffer for st, outer in stores if st.store.buffer in found and not (
-            _control_ok(outer, uniform, found) and  # not in a T.Pipelined loop, either
-            _pure([*st.store.indices, st.store.value], uniform | _loop_vars(outer), found))}
+            _control_ok(outer, uniform, found | constant) and  # nor in a T.Pipelined loop
+            _pure([*st.store.indices, st.store.value], uniform | _loop_vars(outer),
+                  found | constant))}
         if not bad:
             return frozenset(found)
         found -= bad
@@ -174,13 +179,26 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
         for bid in written(st):
             writes_anywhere[bid] = writes_anywhere.get(bid, 0) + 1
     uniform = uniform_vars(p)
-    scalars = None
+    # Tensors the kernel never writes (a tile table): another thread loading the same
+    # element early reads what the body would.
+    constant = frozenset(bid for bid in params if buffers[bid].scope == pb.GLOBAL
+                         and not writes_anywhere.get(bid))
+    found_scalars: dict[bool, frozenset[int]] = {}
     for s, outer in _skeleton_stmts(p.kernel.body):
         if s.WhichOneof("kind") != "for_" or s.for_.kind != pb.PIPELINED:
             continue
-        if outer and scalars is None:
-            scalars = uniform_scalars(p, uniform)
-        known = scalars if outer else frozenset()
+        # Table loads in a GEMM loop only (copies and gemms: grouped GEMMs' tile tables),
+        # for now: paged and varlen attention's tables are left to the measurements that
+        # would show their loops fed this way are not slower.
+        gemm_loop = all(x.WhichOneof("kind") in ("copy", "gemm")
+                        for x in body_statements(s.for_.body))
+        tables = constant if gemm_loop else frozenset()
+        scalars = frozenset()
+        if outer:
+            if gemm_loop not in found_scalars:
+                found_scalars[gemm_loop] = uniform_scalars(p, uniform, tables)
+            scalars = found_scalars[gemm_loop]
+        known = scalars | tables
         if outer and not _control_ok(outer, uniform, known):
             continue
         f = s.for_
@@ -210,7 +228,7 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
             copies.append(i)
             release.append(last)
         if copies:
-            return RunAhead(f, tuple(copies), tuple(release), bool(outer), known)
+            return RunAhead(f, tuple(copies), tuple(release), bool(outer), scalars)
     return None
 
 

@@ -16,7 +16,7 @@ from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.targets.cuda.wgmma_waits import wgmma_gemm
 from tiled.compiler.targets.cuda.ws_pairs import merged_axes
 from tiled.ir import dtypes
-from tiled.ir.walk import expr_vars, walk
+from tiled.ir.walk import walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128  # a producer warpgroup
@@ -278,4 +278,26 @@ def persistent_choice(low, option: int) -> bool:
     gemms = [st for st in body_statements(low.wsloop.loop.body)
              if wgmma_gemm(st, low.wgmma_ops.accumulators) is not None]
     return PERSISTENT_BY_DEFAULT and len(gemms) == 1 and \
-        not expr_vars([low.wsloop.loop.extent]) & block_vars
+        not _direct_vars(low.wsloop.loop.extent) & block_vars
+
+
+def _direct_vars(e: pb.Expr) -> set[int]:
+    """The variables of `e` outside the indices of its loads: a trip count that a block index
+    reaches only through a table (a grouped GEMM's, whose unused tiles run 0 steps) is the
+    same in every block for the walk's purposes; one computed from it (a causal bound) is
+    not."""
+    kind = e.WhichOneof("kind")
+    if kind == "var":
+        return {e.var}
+    if kind == "load":
+        return set()
+    if kind == "binary":
+        return _direct_vars(e.binary.a) | _direct_vars(e.binary.b)
+    if kind == "call":
+        return set().union(*(_direct_vars(a) for a in e.call.args))
+    if kind == "cast":
+        return _direct_vars(e.cast.value)
+    if kind == "select":
+        return _direct_vars(e.select.cond) | _direct_vars(e.select.true_value) | \
+            _direct_vars(e.select.false_value)
+    return set()

@@ -73,8 +73,7 @@ def gathers(s: pb.Stmt, buffers) -> bool:
 
 def _pure(exprs, allowed: set[int], scalars: set[int] | frozenset = frozenset()) -> bool:
     """Whether `exprs` load nothing but the buffers `scalars` (uniform scalars; in a GEMM
-    loop, tensors the kernel never writes too) and use only the
-    variables `allowed`."""
+    loop, tensors the kernel never writes too) and use only the variables `allowed`."""
     exprs = list(exprs)
     if any(x.WhichOneof("kind") == "load" and x.load.buffer not in scalars
            for e in exprs for x in subexprs(e)):
@@ -132,13 +131,12 @@ def uniform_scalars(p: pb.Program, uniform: set[int],
     never writes, whose elements their values may load."""
     found = {b.id for b in p.buffers if b.scope == pb.LOCAL and len(b.shape) == 1
              and b.shape[0].WhichOneof("kind") == "size" and b.shape[0].size == 1}
-    # Every write a store under loops and ifs only (not in a nest, not an atomic's value):
-    anywhere = Counter(bid for st in walk(p.kernel.body) for bid in written(st))
-    placed = Counter(st.store.buffer for st, _ in _skeleton_stmts(p.kernel.body)
-                     if st.WhichOneof("kind") == "store")
-    found = {bid for bid in found if anywhere[bid] == placed[bid]}
     stores = [(st, outer) for st, outer in _skeleton_stmts(p.kernel.body)
               if st.WhichOneof("kind") == "store"]
+    # Every write a store under loops and ifs only (not in a nest, not an atomic's value):
+    anywhere = Counter(bid for st in walk(p.kernel.body) for bid in written(st))
+    placed = Counter(st.store.buffer for st, _ in stores)
+    found = {bid for bid in found if anywhere[bid] == placed[bid]}
     while True:  # a scalar built from another that is not uniform is not either
         bad = {st.store.buffer for st, outer in stores if st.store.buffer in found and not (
             _control_ok(outer, uniform, found | constant) and  # nor in a T.Pipelined loop

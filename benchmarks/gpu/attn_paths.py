@@ -13,7 +13,11 @@ that added unstage_register_operands, where it applied by default (the cubins th
 `per_op` build made then are the same bytes), both of the example as it was then, its
 scores scaled by a pass of their own. attn_paths_h200_folded.json: both labels built at the
 commit that folded the example's scale into exp2, beside that earlier `whole` build
-(`whole_unfolded`, copied into the bundle).
+(`whole_unfolded`, copied into the bundle). attn_paths_h200_heads.json: `per_op` and
+`per_op_walk` (the per-op path with min(blocks, SMs) blocks walking the grid: the compile
+option persistent=2) built where Q became a head copy the producer loads, beside
+`per_op_head` (the per-op path at the commit before: this script run from a worktree of
+it, `ATTN_LABEL=per_op_head`) and `whole`.
 
 Here (the CPU machine, with TVM):
     ATTN_LABEL=whole python benchmarks/gpu/attn_paths.py build --out .gpu/attn_paths
@@ -63,7 +67,11 @@ def build(out: Path) -> None:
         kernel = fa.flash_attention(batch, HEADS, HEADS, seq, seq, DIM, causal, dtype,
                                     block_M=128, block_N=128, threads=256, num_stages=2)
         name = _name(dtype, seq, causal)
-        options = {"whole_kernel_paths": False} if label == "per_op" else {}
+        options = {}
+        if label.startswith("per_op"):  # *walk*: blocks walking the grid; *pp*: pingpong
+            options = {"whole_kernel_paths": False, **({"persistent": 2} if "walk" in label
+                                                       else {}),
+                       **({"pingpong": True} if "pp" in label else {})}
         compiled, seconds = compile_into(where, name, kernel, TARGET, **options)
         index[name] = {"dtype": dtype, "seq": seq, "batch": batch, "causal": causal,
                        "whole_kernel_path": "WsAttn<" in compiled.source,

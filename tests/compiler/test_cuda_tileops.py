@@ -181,7 +181,8 @@ def test_flash_attention_on_sm90a_takes_wgmma_per_op():
     wgmma with P in registers (RS: the cast copy of S lies in the wgmma A-operand layout),
     Q, K, V as swizzled panel tiles (no padding), row statistics on wgmma's rows layout; the
     loop's K and V copies run ahead on a TMA producer warp (ws_loop.py): a 4-stage ring
-    each, a full and an empty barrier per stage, two blocks per SM."""
+    each, a full and an empty barrier per stage, two blocks per SM; the producer loads Q
+    too (a head copy: a full and an empty barrier of its own)."""
     src, pool, low = source(cases.flash_attention(1, 2, 256, 64, False), "sm_90a")
     body = kernel_body(src)
     # Issued and left in flight in the TMA-fed loop (ws_rotate.py), S set by its gemm (its
@@ -197,9 +198,10 @@ def test_flash_attention_on_sm90a_takes_wgmma_per_op():
     assert {names[b] for b in w.tiles} == {"K_shared", "V_shared"} and w.stages == 4
     assert low.launch_threads == 128 + 32 and w.min_blocks == 2  # a producer warp
     assert [rc.box for rc in w.copies] == [[64, 1, 64, 1]] * 2  # BSHD: a 4-D box per panel
-    assert body.count("tiled::sm90::tma_load(") == 2 and "cp_async_wait<1>" not in body
+    assert [names[rc.tile] for rc in w.heads] == ["Q_shared"]
+    assert body.count("tiled::sm90::tma_load(") == 3 and "cp_async_wait<1>" not in body
     tile = 64 * 64 * 2
-    assert pool == tile * (1 + 4 + 4 + 1) + 128  # Q, the rings, O's staging, 16 barriers
+    assert pool == tile * (1 + 4 + 4 + 1) + 256  # Q, the rings, O's staging, 18 barriers
 
 
 def test_flash_attention_square_stages_p_through_shared_memory():

@@ -82,10 +82,12 @@ def test_attention_loads_k_and_v_from_the_producer():
     assert w.stages == 2 and low.launch_threads == 256 + 128  # d = 128: two stages fit
     body = src[src.index("attention_kernel(half* __restrict__ Out_ptr"):]
     assert "setmaxnreg_inc<232>" in body and "setmaxnreg_dec<40>" in body
-    assert body.count("tiled::sm90::tma_load(") == 4  # two 64-wide panels each
+    assert [low.buffers[rc.tile].name for rc in w.heads] == ["q_tile"]  # the producer's too
+    assert body.count("tiled::sm90::tma_load(") == 6  # two 64-wide panels each (Q, K, V)
     # K's stage freed after S = Q K^T in the peeled first step and in the loop, V's after
-    # the deferred P V in the loop and after it (ws_rotate.py)
-    assert body.count("tiled::sm90::ring_release(") == 4
+    # the deferred P V in the loop and after it (ws_rotate.py); walking the grid, Q's after
+    # the loop
+    assert low.wsloop.persistent and body.count("tiled::sm90::ring_release(") == 5
     loop = body[body.index("for (int v_1"):body.index("tiled::sm90::consumer_sync", body.index(
         "for (int v_1"))]
     assert "consumer_sync" not in loop and "__syncthreads" not in loop  # no barrier per step
@@ -248,13 +250,13 @@ def test_gemms_stay_in_flight_until_something_needs_them():
 def test_blocks_walk_the_grid_when_they_run_alike():
     """min(blocks, SMs) blocks walk the program's blocks (the ring's stages and phases carry
     on from block to block, so the producer loads the next block's tiles while the
-    consumers finish this one): by default for a loop of one gemm that every block runs
-    alike (ws_plan.PERSISTENT_BY_DEFAULT, after the H200 runs it names), not for a causal
-    loop nor attention's two gemms; the option persistent=2 / 1 forces it on / off."""
+    consumers finish this one): by default for a loop of gemms that every block runs alike
+    (ws_plan.PERSISTENT_BY_DEFAULT, after the H200 runs it names), not for a causal loop;
+    the option persistent=2 / 1 forces it on / off."""
     from tests.conformance.cases import load_all
 
     cases = load_all()
-    for name, options, persistent in (("mha_fwd_bshd", {}, False),
+    for name, options, persistent in (("mha_fwd_bshd", {}, True),
                                       ("gemm_nt", {}, True),
                                       ("gemm_nt", {"persistent": 1}, False),
                                       ("mha_fwd_bshd_causal", {}, False),
@@ -269,6 +271,90 @@ def test_blocks_walk_the_grid_when_they_run_alike():
     c = tiled.compile(cases["mha_fwd_bshd"].factory(**cases["mha_fwd_bshd"].gpu).kernel,
                       target="cuda:sm_90a", cache=False, persistent=2)
     assert c.manifest.grid[0] == ("min", ("mul", ("mul", 32, 16), 8), "tiled_sm_count")
+
+
+def _head_kernel(write_q=False, q_from_table=False):
+    """Attention's shape in small: Q copied before the loop, K tiles in it."""
+    @tiled.kernel
+    def heads(Q: T.Tensor((4, 256, 64), "float16"), K: T.Tensor((4, 1024, 64), "float16"),
+              Table: T.Tensor((4,), "int32"), Out: T.Tensor((4, 256, 64), "float32")):
+        with T.Kernel(2, 4, threads=256) as (bx, by):
+            q = T.alloc_shared((128, 64), "float16")
+            k = T.alloc_shared((64, 64), "float16")
+            s = T.alloc_fragment((128, 64), "float32")
+            T.clear(s)
+            if q_from_table:
+                T.copy(Q[Table[by], bx * 128, 0], q)
+            else:
+                T.copy(Q[by, bx * 128, 0], q)
+            if write_q:
+                q[0, 0] = T.cast(0.0, "float16")
+            for j in T.Pipelined(16, num_stages=2):
+                T.copy(K[by, j * 64, 0], k)
+                T.gemm(q, k, s, transpose_B=True)
+            T.copy(s[0:128, 0:64], Out[by, bx * 128, 0])
+
+    return heads
+
+
+def test_the_producer_loads_head_copies():
+    """A copy before the loop that another thread could issue at the block's start (Q) is
+    the producer's: the consumers wait on its full barrier where the program copies and,
+    walking the grid, free it after its last use (the loop) on its empty barrier, which the
+    producer waits on before loading the next block's. Not when the program writes the
+    tile too, nor when its offset loads a value (the table might be the kernel's own)."""
+    from tiled.compiler.targets.cuda.ws_plan import walk_group
+
+    ra = run_ahead(as_program(_head_kernel()).proto)
+    assert ra.heads == (1,) and ra.head_release == (2,)  # after the loop, its last use
+    assert run_ahead(as_program(_head_kernel(write_q=True)).proto).heads == ()
+    assert run_ahead(as_program(_head_kernel(q_from_table=True)).proto).heads == ()
+    for persistent in (1, 2):
+        src, _, low = _lower(_head_kernel(), persistent=persistent)
+        w = low.wsloop
+        assert [low.buffers[rc.tile].name for rc in w.heads] == ["q"]
+        assert src.count("tiled::sm90::tma_load(") == 2 and "cp_async" not in src
+        consumer = src[:src.index("setmaxnreg_dec")]
+        producer = src[src.index("setmaxnreg_dec"):]
+        base = w.bar_offset // 8
+        head_full, head_empty = f"[{base + w.head_full(0)}]", f"[{base + w.head_empty(0)}]"
+        assert f"ring_fill((&(((uint64_t*)_ptr){head_full}))" in producer
+        assert f"bar_wait((&(((uint64_t*)_ptr){head_full}))" in consumer
+        walked = persistent == 2
+        assert (f"ring_release((&(((uint64_t*)_ptr){head_empty}))" in consumer) == walked
+        assert (f"bar_wait((&(((uint64_t*)_ptr){head_empty}))" in producer) == walked
+        # The walk: K's tiles do not move with x, so x goes fastest.
+        assert walk_group(low, [2, 4]) == 1
+    _, _, low = _lower(_gemm())
+    assert walk_group(low, [2, 2]) == 8  # A's and B's tiles move with y and x
+
+
+def test_head_copies_in_two_slots(monkeypatch):
+    """With ws_plan.HEAD_SLOTS = 2 (not the default: not yet timed), a walking block's head
+    tile has two slots, block i's in slot i % 2 with barriers of its own, phase (i / 2) % 2;
+    the consumers' gemms read Q from the block's slot, and the ring keeps the stages that
+    still fit (TileLang-style attention, d = 128: two)."""
+    from tests.conformance.cases import load_all
+    from tiled.compiler.targets.cuda import ws_plan
+
+    monkeypatch.setattr(ws_plan, "HEAD_SLOTS", 2)
+    case = load_all()["mha_fwd_bshd"]
+    src, pool, low = _lower(case.factory(**case.gpu).kernel)
+    w = low.wsloop
+    assert w.persistent and w.head_slots == 2 and w.stages == 2 and pool <= 227 * 1024
+    base = w.bar_offset // 8
+    consumer = src[src.index("attention_kernel(half* __restrict__ Out_ptr"):]
+    consumer, producer = consumer[:consumer.index("setmaxnreg_dec")], \
+        consumer[consumer.index("setmaxnreg_dec"):]
+    assert f"[((v_1 & 1) + {base + w.head_full(0)})])), ((uint)((v_1 & 3) >> 1)))" in consumer
+    assert f"ring_release((&(((uint64_t*)_ptr)[((v_1 & 1) + {base + w.head_empty(0)})" \
+        in consumer
+    assert f"[((v_3 & 1) + {base + w.head_empty(0)})])), ((uint)1 - ((uint)((v_3 & 3) >> 1" \
+        in producer
+    q = low.shared[w.heads[0].tile]
+    assert q.stages == 2
+    # the first gemm's A operand (Q) at the block's slot
+    assert f"[((((v_1 & 1) * {q.rows * q.stride})" in consumer
 
 
 def test_a_persistent_walk_frees_the_stages_its_last_gemm_held():

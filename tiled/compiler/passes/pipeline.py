@@ -25,6 +25,13 @@ too.
 
 The copy's stage may be reused once the last body statement that touches its tile is done
 (`release`).
+
+A loop that is a statement of the kernel body itself may also have *head copies*: copies
+before it in the body, of a region of a global tensor the kernel never writes into a whole
+shared tile no other statement writes, at offsets built from the block indices, the dims and
+the scalar parameters only (attention's Q tile). Another thread may issue them as soon as
+the block starts (or, when blocks walk the grid, as soon as the previous block's last
+statement touching the tile is done: `head_release`, a position in the kernel body).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ class RunAhead:
     release: tuple[int, ...]  # per copy: the body position after which its tile is free
     nested: bool = False  # inside serial loops / ifs (the producer runs the skeleton)
     scalars: frozenset[int] = frozenset()  # the uniform scalars (module docstring)
+    heads: tuple[int, ...] = ()  # kernel body positions of the head copies
+    head_release: tuple[int, ...] = ()  # per head copy: the position after which it is free
 
 
 def touched(s: pb.Stmt) -> set[int]:
@@ -226,8 +235,39 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
             copies.append(i)
             release.append(last)
         if copies:
-            return RunAhead(f, tuple(copies), tuple(release), bool(outer), scalars)
+            heads = () if outer else _head_copies(p, s, buffers, params, writes_anywhere,
+                                                   uniform)
+            return RunAhead(f, tuple(copies), tuple(release), bool(outer), scalars,
+                            tuple(h for h, _ in heads), tuple(r for _, r in heads))
     return None
+
+
+def _head_copies(p: pb.Program, loop: pb.Stmt, buffers, params, writes_anywhere,
+                 uniform) -> list[tuple[int, int]]:
+    """(position, release position) in the kernel body of each head copy of `loop`, a
+    T.Pipelined loop outside any other loop or if (module docstring)."""
+    top = body_statements(p.kernel.body)
+    at = next((i for i, st in enumerate(top) if st.WhichOneof("kind") == "for_" and
+               st.for_.var == loop.for_.var), None)
+    if at is None:  # inside a block of its own: left as written
+        return []
+    uses = [touched(x) for x in top]
+    out = []
+    for i, st in enumerate(top[:at]):
+        if st.WhichOneof("kind") != "copy" or st.copy.HasField("tma"):
+            continue
+        c = st.copy
+        src, dst = buffers[c.src.buffer], buffers[c.dst.buffer]
+        if src.scope != pb.GLOBAL or dst.scope != pb.SHARED or src.id not in params or \
+                writes_anywhere.get(src.id) or writes_anywhere.get(dst.id) != 1 or \
+                any(dst.id in u for u in uses[:i]) or not _pure(c.src.offsets, uniform) or \
+                any(e.WhichOneof("kind") != "int_value" or e.int_value
+                    for e in c.dst.offsets) or \
+                [e for e in c.src.extents if e != 1] != \
+                [d.size for d in dst.shape if d.size != 1]:
+            continue
+        out.append((i, max(j for j, u in enumerate(uses) if dst.id in u)))
+    return out
 
 
 def offset_steps(p: pb.Program, f: pb.For, c: pb.Copy) -> list[int | None]:

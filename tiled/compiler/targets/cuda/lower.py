@@ -68,6 +68,7 @@ from tiled.compiler.targets.cuda.ws_loop import (
     declare_ring_maps,
     lower_ring_consumer,
     lower_ws_body,
+    wait_head,
 )
 from tiled.compiler.tir import (
     ExprLowering,
@@ -454,6 +455,8 @@ class CudaLowering(ExprLowering):
 
     # -- tile ops ---------------------------------------------------------------------------
     def stmt_copy(self, c, s):
+        if self.wsloop is not None and c.dst.buffer in self.wsloop.head_index:
+            return wait_head(self, c.dst.buffer)  # the producer loads it (ws_loop.py)
         self.uniform_stmt(s)
         src_b, dst_b = self.buffers[c.src.buffer], self.buffers[c.dst.buffer]
         if self.attn is not None and c.dst.buffer == self.attn.q:

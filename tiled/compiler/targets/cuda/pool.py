@@ -14,6 +14,7 @@ import math
 
 from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.resources import SharedTile, align_up
+from tiled.compiler.targets.cuda import ws_plan
 from tiled.compiler.targets.cuda.copy import copy_uses_scratch
 from tiled.compiler.targets.cuda.gather import find_gather
 from tiled.compiler.targets.cuda.gemm import converted, staged_operands
@@ -72,7 +73,14 @@ def plan_pool(low) -> None:
     for s_count, producers in low.pipelines.values():
         for bid in producers:
             stages[bid] = max(stages.get(bid, 1), s_count)
+    if low.wsloop is not None:  # walking the grid, the next block's head tiles beside
+        low.wsloop.head_slots = ws_plan.HEAD_SLOTS if low.wsloop.persistent and low.wsloop.heads \
+            else 1
     place_tiles(low, stages, gemm_operands, tma_tiles)
+    if low.wsloop is not None and low.wsloop.head_slots > 1 and \
+            low.pool_bytes > MAX_SMEM[low.arch]:  # one slot each, then
+        low.wsloop.head_slots = 1
+        place_tiles(low, stages, gemm_operands, tma_tiles)
     if low.wsloop is not None and low.pool_bytes > MAX_SMEM[low.arch]:
         # Two ring stages do not fit where the program's own stages did: no producer.
         low.wsloop, low.launch_threads = None, low.threads
@@ -90,8 +98,10 @@ def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
     rings and barriers and the scratch area in the pool."""
     p = low.program
     ring = low.wsloop.tiles if low.wsloop else set()
+    heads = set(low.wsloop.head_index) if low.wsloop else set()  # TMA destinations too
     if low.wsloop is not None:
-        stages = {**stages, **{bid: low.wsloop.stages for bid in ring}}
+        stages = {**stages, **{bid: low.wsloop.stages for bid in ring},
+                  **{bid: low.wsloop.head_slots for bid in heads}}
     offset = 0
     ring_tiles = low.attn.ring_tiles if low.attn else set()
     for b in p.buffers:
@@ -105,8 +115,8 @@ def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
         # TMA writes dense rows (no swizzle on the explicit path): its tiles get no pad;
         # panel tiles (wgmma's) are swizzled instead, on the swizzle's period.
         pad = 8 if b.id in gemm_operands and dtypes.nbytes(b.dtype) == 2 and \
-            len(shape) >= 2 and b.id not in tma_tiles | ring else 0
-        if b.id in ring:  # a TMA destination (a panel tile is aligned further below)
+            len(shape) >= 2 and b.id not in tma_tiles | ring | heads else 0
+        if b.id in ring | heads:  # a TMA destination (a panel tile is aligned further below)
             offset = align_up(offset, RING_ALIGN)
         if b.id in low.wgmma_ops.panels:
             pad, offset = 0, align_up(offset, PANEL_ALIGN)

@@ -39,9 +39,16 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
   launch order, and the short ones then fill the tail instead of the long ones (not
   measured apart from the rest of this path);
 - the body's wgmma gemms run on until a statement needs them (wgmma_waits.py);
+- the loop's head copies (passes/pipeline.py: attention's Q tile, copied before the loop)
+  are the producer's too: it issues them before the block's first ring step, each on a
+  full barrier of its own that the consumers wait on where the program copies;
 - min(blocks, SMs) blocks walk the program's blocks, the ring's stages and phases carried
   from one to the next (`_blocks`): by default where every block runs the loop alike
   (ws_plan.PERSISTENT_BY_DEFAULT says why), or as the compile option `persistent` says.
+  Walking, the consumer warps free a head copy's tile after the last statement touching
+  it (an empty barrier), and the producer loads the next block's into it while they finish
+  this one. The walk takes the blocks in groups of 8 rows of y, or x fastest where the
+  ring's tiles do not move with x (ws_plan.walk_group).
 
 Copies of adjacent 32-wide K tiles of 16-bit data share a stage between two iterations
 (ws_pairs.py). The ring has the loop's num_stages stages, at least 2, and up to MIN_RING
@@ -68,7 +75,13 @@ from tiled.compiler.targets.cuda.wgmma_waits import (
     wgmma_gemm,
 )
 from tiled.compiler.targets.cuda.ws_pairs import lower_pair_loop, pair_gemm
-from tiled.compiler.targets.cuda.ws_plan import PRODUCER_REGS, WsLoop, consumer_regs
+from tiled.compiler.targets.cuda.ws_plan import (
+    PRODUCER_REGS,
+    RingCopy,
+    WsLoop,
+    consumer_regs,
+    walk_group,
+)
 from tiled.compiler.targets.cuda.ws_rotate import find_rotation, lower_rotated_loop
 from tiled.ir.walk import walk
 from tiled.v1 import tile_ir_pb2 as pb
@@ -82,7 +95,8 @@ def declare_ring_maps(low) -> None:
     """One TMA descriptor parameter per (tensor, box, swizzle) the ring copies use."""
     w = low.wsloop
     by_key: dict = {}
-    for i, rc in enumerate(w.copies):
+
+    def tensor_map(rc: RingCopy):
         param = low.param_of[rc.copy.src.buffer]
         key = (param, tuple(rc.box), rc.swizzle)
         if key not in by_key:
@@ -90,7 +104,12 @@ def declare_ring_maps(low) -> None:
             by_key[key] = T.arg(name, T.handle())
             low.tensor_maps[name] = {"kind": "tensor_map", "param": param, "box": rc.box,
                                      "swizzle": rc.swizzle}
-        w.maps[i] = by_key[key]
+        return by_key[key]
+
+    for i, rc in enumerate(w.copies):
+        w.maps[i] = tensor_map(rc)
+    for h, rc in enumerate(w.heads):
+        w.head_maps[h] = tensor_map(rc)
 
 
 def _bar(low, index):
@@ -110,6 +129,7 @@ def _blocks(low, grid: list):
     steps across them, so that stages and phases continue from block to block."""
     w = low.wsloop
     low.ring_k = None
+    low.walk_it = tirx.const(0, "int32")
     if w.reused:
         low.ring_k = T.alloc_buffer((1,), "int32", scope="local")
         T.buffer_store(low.ring_k, tirx.const(0, "int32"), [0])
@@ -119,8 +139,9 @@ def _blocks(low, grid: list):
     blocks = grid[0]
     for g in grid[1:]:
         blocks = blocks * g
-    with persistent_walk(low, blocks) as (_, linear):
-        bind_block(low, linear, grid)
+    with persistent_walk(low, blocks) as (it, linear):
+        low.walk_it = it
+        bind_block(low, linear, grid, group=walk_group(low, grid))
         # Each block index computed once per program block: inside the ring loops nvcc
         # recomputed the grouped walk's divisions at every step (it may not hoist a division
         # out of a loop that might not run), a dozen instructions on the producer's path.
@@ -143,8 +164,7 @@ def _ring_advance(low, n) -> None:
 def lower_ws_body(low, grid: list) -> None:
     """The kernel body with the producer warpgroup beside the program's threads."""
     w = low.wsloop
-    n = 2 * len(w.copies) * w.stages
-    low.ring_bars = T.decl_buffer((n,), "uint64", data=low.pool.data,
+    low.ring_bars = T.decl_buffer((w.barriers,), "uint64", data=low.pool.data,
                                   elem_offset=w.bar_offset // 8)
     warps = low.threads // 32
     with T.If(low.tx == 0), T.Then():
@@ -152,6 +172,11 @@ def lower_ws_body(low, grid: list) -> None:
             _call("bar_init", _bar(low, i), tirx.const(1, "uint32"))
             _call("bar_init", _bar(low, i + len(w.copies) * w.stages),
                   tirx.const(warps, "uint32"))
+        for h in range(len(w.heads)):
+            for slot in range(w.head_slots):
+                _call("bar_init", _bar(low, w.head_full(h, slot)), tirx.const(1, "uint32"))
+                _call("bar_init", _bar(low, w.head_empty(h, slot)),
+                      tirx.const(warps, "uint32"))
         _call("fence_barrier_init")
     T.evaluate(T.tvm_storage_sync("shared"))
     regs = consumer_regs(low.threads)
@@ -160,7 +185,7 @@ def lower_ws_body(low, grid: list) -> None:
             if regs:
                 _call(f"setmaxnreg_inc<{regs}>")
             with _blocks(low, grid):
-                low.stmt(low.program.kernel.body)
+                _lower_consumers(low)
                 if w.persistent:  # the next block's writes wait for this one's reads
                     low.sync.sync()
                     low.sync.pending_read = low.sync.pending_write = False
@@ -171,12 +196,69 @@ def lower_ws_body(low, grid: list) -> None:
                 _lower_producer(low)
 
 
+def _lower_consumers(low) -> None:
+    """The program's body on the consumers' side; where blocks walk the grid, each warp
+    frees the head copies' tiles after the last statement touching them (the producer loads
+    the next block's into them)."""
+    w = low.wsloop
+    if not (w.heads and w.persistent):
+        return low.stmt(low.program.kernel.body)
+    slot, _ = _head_slot(low)
+    for rc in w.heads:
+        low.stage[rc.tile] = slot
+    for i, st in enumerate(body_statements(low.program.kernel.body)):
+        low.stmt(st)
+        for h, rc in enumerate(w.heads):
+            if rc.release == i:
+                _call("ring_release", _bar(low, w.head_empty(h, slot)))
+
+
+def _head_slot(low) -> tuple:
+    """(this program block's head tile slot, its barriers' phase)."""
+    slots = low.wsloop.head_slots
+    return tirx.floormod(low.walk_it, slots), \
+        tirx.Cast("uint32", tirx.floormod(tirx.floordiv(low.walk_it, slots), 2))
+
+
+def wait_head(low, tile: int) -> None:
+    """The consumers' side of a head copy: wait until its tile has landed."""
+    w = low.wsloop
+    slot, phase = _head_slot(low)
+    _call("bar_wait", _bar(low, w.head_full(w.head_index[tile], slot)), phase)
+
+
+def _producer_heads(low) -> None:
+    """The head copies of this program block, issued before its ring steps (module
+    docstring); walking the grid, each waits until the block before that used its slot
+    freed it."""
+    w = low.wsloop
+    slot, phase = _head_slot(low)
+    for h, rc in enumerate(w.heads):
+        if w.persistent:
+            _call("bar_wait", _bar(low, w.head_empty(h, slot)), tirx.const(1, "uint32") - phase)
+        full = _bar(low, w.head_full(h, slot))
+        _call("ring_fill", full, tirx.const(rc.nbytes, "uint32"))
+        low.stage[rc.tile] = slot
+        _tma_boxes(low, rc, w.head_maps[h], full)
+
+
+def _tma_boxes(low, rc: RingCopy, tmap, full) -> None:
+    """The TMA boxes of copy `rc` into its tile (its current stage), completing on `full`."""
+    coords = [low.expr(o) for o in rc.copy.src.offsets][::-1]  # innermost first
+    zero = tirx.const(0, "int32")
+    for b in range(rc.boxes):
+        col = b * rc.box_cols
+        dst = low.addr(rc.tile, [zero, tirx.const(col, "int32")])
+        _call("tma_load", dst, tmap, full, coords[0] + col, *coords[1:])
+
+
 def _lower_producer(low) -> None:
     """The producer's thread: the ring loop, inside the skeleton of the program around it
     when the loop is nested (passes/pipeline.py): the serial loops and ifs that hold the
     loop or a store to a uniform scalar, and those stores."""
     w = low.wsloop
     if not w.run.nested:
+        _producer_heads(low)
         return _producer_loop(low)
     scalars = w.run.scalars
 
@@ -223,12 +305,7 @@ def _producer_loop(low) -> None:
             _call("bar_wait", _bar(low, w.empty(i, stage)), tirx.const(1, "uint32") - phase)
             full = _bar(low, w.full(i, stage))
             _call("ring_fill", full, tirx.const(rc.nbytes, "uint32"))
-            coords = [low.expr(o) for o in rc.copy.src.offsets][::-1]  # innermost first
-            zero = tirx.const(0, "int32")
-            for b in range(rc.boxes):
-                col = b * rc.box_cols
-                dst = low.addr(rc.tile, [zero, tirx.const(col, "int32")])
-                _call("tma_load", dst, w.maps[i], full, coords[0] + col, *coords[1:])
+            _tma_boxes(low, rc, w.maps[i], full)
     _ring_advance(low, _ring_steps(w, n))
     _leave_stages(low)
 

@@ -16,7 +16,7 @@ from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.targets.cuda.wgmma_waits import wgmma_gemm
 from tiled.compiler.targets.cuda.ws_pairs import merged_axes
 from tiled.ir import dtypes
-from tiled.ir.walk import walk
+from tiled.ir.walk import expr_vars, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128  # a producer warpgroup
@@ -34,6 +34,12 @@ REGISTER_FILE = 65536
 SM_SMEM = 228 * 1024  # shared memory per SM; each resident block reserves 1 KiB of it
 PRODUCER_WARP = 32
 MIN_BLOCKS = 2  # blocks per SM a one-warpgroup program keeps (its latency hiding)
+# Tiles per head copy where blocks walk the grid: with 2 the producer may load the next
+# block's Q while this one still reads its own (the whole-kernel attention path's schedule,
+# sm90_attn.py), at the cost of a ring stage where shared memory is tight. 2 is lowered and
+# tested for its code (test_ws_loop.py) but not yet timed on the H200 (the device was not
+# lent when it was written), so the measured 1 stays.
+HEAD_SLOTS = 1
 
 
 @dataclass
@@ -69,6 +75,9 @@ class WsLoop:
     merge: int = 1  # loop iterations per ring stage (2: K tiles paired, ws_pairs.py)
     merged: dict = field(default_factory=dict)  # merged ring tile -> its K axis (0 / 1)
     gemms: int = 0  # wgmma gemms in the loop's body
+    heads: list[RingCopy] = field(default_factory=list)  # head copies (pos: in the kernel body)
+    head_slots: int = 1  # tiles per head copy: 2 walking the grid, where they fit
+    head_maps: dict = field(default_factory=dict)  # head index -> tensor map parameter
 
     @property
     def producer_threads(self) -> int:
@@ -116,14 +125,30 @@ class WsLoop:
         return {rc.tile for rc in self.copies}
 
     @property
+    def head_index(self) -> dict[int, int]:
+        """Head copy tile -> its index."""
+        return {rc.tile: h for h, rc in enumerate(self.heads)}
+
+    @property
+    def barriers(self) -> int:
+        return 2 * len(self.copies) * self.stages + 2 * len(self.heads) * self.head_slots
+
+    @property
     def barrier_bytes(self) -> int:
-        return 16 * len(self.copies) * self.stages
+        return 8 * self.barriers
 
     def full(self, i: int, stage):
         return i * self.stages + stage
 
     def empty(self, i: int, stage):
         return (len(self.copies) + i) * self.stages + stage
+
+    def head_full(self, h: int, slot=0):
+        return 2 * len(self.copies) * self.stages + h * self.head_slots + slot
+
+    def head_empty(self, h: int, slot=0):
+        return 2 * len(self.copies) * self.stages + (len(self.heads) + h) * self.head_slots + \
+            slot
 
 
 def _ring_copy(p: pb.Program, buffers, panels: set[int], pos: int, release: int,
@@ -186,9 +211,19 @@ def plan_ws_loop(low) -> WsLoop | None:
             return None  # the cp.async pipeline runs every copy ahead, not only some
         copies.append(found[0])
         requires += [r for r in found[1] if r not in requires]
+    heads = []
+    top = body_statements(p.kernel.body)
+    for pos, release in zip(run.heads, run.head_release, strict=True):
+        c = top[pos].copy
+        found = None if c.dst.buffer in mma_operands else \
+            _ring_copy(p, buffers, low.wgmma_ops.panels, pos, release, c)
+        if found is not None:  # else the consumers copy it themselves, as written
+            heads.append(found[0])
+            requires += [r for r in found[1] if r not in requires]
     gemms = [st for st in body if wgmma_gemm(st, low.wgmma_ops.accumulators)]
     w = WsLoop(run, copies, tuple(requires), low.threads, stages=max(2, run.loop.num_stages),
-               pingpong=low.threads == 256 and len(gemms) >= 2, gemms=len(gemms))
+               pingpong=low.threads == 256 and len(gemms) >= 2, gemms=len(gemms),
+               heads=heads)
     axes = merged_axes(p, buffers, w, gemms)
     if axes:
         w.merge, w.merged = 2, axes
@@ -240,6 +275,16 @@ def longest_first(low, grid: list) -> int | None:
     return None
 
 
+def walk_group(low, grid: list) -> int:
+    """Rows of y a persistent walk takes together (grid_walk.bind_block): 8 where the ring
+    copies' tiles move with x (a GEMM's: A rows and B columns shared in L2), 1 where none
+    does (attention's K / V tiles are the same for every x: x fastest, so that the blocks
+    running together read the same ones)."""
+    x = low.program.kernel.block_vars[0]
+    offsets = [o for rc in low.wsloop.copies for o in rc.copy.src.offsets]
+    return 8 if len(grid) < 2 or x in expr_vars(offsets) else 1
+
+
 def consumer_regs(threads: int) -> int | None:
     """Registers per consumer thread after setmaxnreg, None below two consumer warpgroups
     (the launch's own budget is then already the ceiling)."""
@@ -251,33 +296,36 @@ def consumer_regs(threads: int) -> int | None:
 # -- lowering (called by lower.CudaLowering, `low`) ------------------------------------
 
 
-# The plan's choice of persistent walks (the compile option `persistent` = 0): on, for
-# loops of one wgmma gemm whose trip count is the same in every block. On the H200 with it
-# on for every such loop, every conformance kernel stayed correct and moved by -0.6..+1.9
-# points against torch (benchmarks/results/conformance_h200_persistent_on.json beside
-# _persistent_off.json, one run each), and the generic path's y = x W^T GEMMs ran
-# 1.00-1.41x as fast as one block per program block (linear_perop_h200.json, `per_op_*_p1`
-# / `_p2`); but TileLang-style attention at S = 16384 read 0.95x SDPA walked against 1.05x
-# with one block per program block (tl_attention_h200_persistent_default.json; at S = 4096
-# within the run's noise), so loops of two gemms keep one block per program block. Causal
-# loops (trip count by block) are left to the hardware's block order, longest first, which
-# balanced them better (walked, they lost 6-18% in that run).
+# The plan's choice of persistent walks (the compile option `persistent` = 0): on for loops
+# whose trip count is the same in every block. On the H200 with it on for every loop of one
+# wgmma gemm, every conformance kernel stayed correct and moved by -0.6..+1.9 points against
+# torch (benchmarks/results/conformance_h200_persistent_on.json beside _persistent_off.json,
+# one run each), and the generic path's y = x W^T GEMMs ran 1.00-1.41x as fast as one block
+# per program block (linear_perop_h200.json, `per_op_*_p1` / `_p2`). Attention's two-gemm
+# loops read 0.95x SDPA walked against 1.05x at S = 16384 while the walk took groups of 8
+# heads (tl_attention_h200_persistent_default.json: 64 MiB of K / V for the blocks running
+# together, more than L2); walked x fastest (`walk_group`) with Q a head copy, TileLang-style
+# attention read 0.985 / 1.051 / 0.977 / 1.026x cuDNN (bf16 and fp16, S = 4096 / 16384, not
+# causal) against 0.960 / 1.030 / 0.959 / 1.017x with one block per program block, the
+# repo's example 0.994 / 1.034 / 0.998 / 1.054x against 0.955 / 1.017 / 0.980 / 1.035x
+# (tl_attention_h200_heads.json, attn_paths_h200_heads.json). Causal loops (trip count by
+# block) are left to the hardware's block order, longest first, which balanced them better
+# (walked, they lost 6-18% in the first run, 7-13% in the last).
 PERSISTENT_BY_DEFAULT = True
 
 
 def persistent_choice(low, option: int) -> bool:
     """Whether the kernel walks its blocks persistently: the compile option `persistent`
-    (1 off, 2 on), or for 0 the plan's choice: PERSISTENT_BY_DEFAULT for a loop of one
-    wgmma gemm (a GEMM's) that every block runs the same number of times (a causal loop's
-    blocks differ, and the hardware's block scheduler, longest first, balances them better
-    than a fixed walk; attention's two-gemm loops ran slower walked), off for a loop inside
-    serial loops (the kernel walks its work itself: stream-K)."""
+    (1 off, 2 on), or for 0 the plan's choice: PERSISTENT_BY_DEFAULT for a loop of wgmma
+    gemms that every block runs the same number of times (a causal loop's blocks differ,
+    and the hardware's block scheduler, longest first, balances them better than a fixed
+    walk), off for a loop inside serial loops (the kernel walks its work itself: stream-K)."""
     if option or low.wsloop.run.nested:  # a nested loop's kernel walks its own work
         return option == 2
     block_vars = set(low.program.kernel.block_vars)
     gemms = [st for st in body_statements(low.wsloop.loop.body)
              if wgmma_gemm(st, low.wgmma_ops.accumulators) is not None]
-    return PERSISTENT_BY_DEFAULT and len(gemms) == 1 and \
+    return PERSISTENT_BY_DEFAULT and bool(gemms) and \
         not _direct_vars(low.wsloop.loop.extent) & block_vars
 
 

@@ -241,6 +241,25 @@ class ExprLowering:
         return _BINARY[op](a, y)
 
 
+def steps_along(lower: ExprLowering, exprs, var: int) -> list[int | None]:
+    """How far each of `exprs` moves when variable `var` grows by one, proved for every value
+    of the variables `lower` binds to symbolic vars (TVM's arithmetic analyzer, not
+    sampled), or None where that is not one constant. `var` must be bound to an expression;
+    its binding is restored."""
+    from tvm.sym import Analyzer
+
+    at = lower.vars[var]
+    try:
+        here = [lower.expr(e) for e in exprs]
+        lower.vars[var] = at + 1
+        there = [lower.expr(e) for e in exprs]
+    finally:
+        lower.vars[var] = at
+    ana = Analyzer()
+    steps = [ana.simplify(b - a) for a, b in zip(here, there, strict=True)]
+    return [int(s.value) if isinstance(s, tirx.IntImm) else None for s in steps]
+
+
 def declare_params(program: Program, lower: ExprLowering,
                    align: int | None = None) -> dict[int, tirx.Buffer]:
     """Declares the PrimFunc's parameters (inside `T.prim_func()`) in program order; binds the

@@ -55,6 +55,16 @@ class RunAhead:
     head_release: tuple[int, ...] = ()  # per head copy: the position after which it is free
 
 
+def is_loop(s: pb.Stmt, var: int) -> bool:
+    """Whether `s` is the loop of variable `var`."""
+    return s.WhichOneof("kind") == "for_" and s.for_.var == var
+
+
+def holds_loop(s: pb.Stmt, var: int) -> bool:
+    """Whether `s` is, or has inside it, the loop of variable `var`."""
+    return any(is_loop(st, var) for st in walk(s))
+
+
 def touched(s: pb.Stmt) -> set[int]:
     """Buffers `s` and the statements nested in it read or write."""
     out: set[int] = set()
@@ -160,9 +170,9 @@ def touched_outside(s: pb.Stmt, f: pb.For) -> set[int]:
     """Buffers the statements of `s` outside loop `f` read or write (the loops and ifs
     around `f` count by their extents and conditions only)."""
     kind = s.WhichOneof("kind")
-    if kind == "for_" and s.for_.var == f.var:
+    if is_loop(s, f.var):
         return set()
-    if not any(st.WhichOneof("kind") == "for_" and st.for_.var == f.var for st in walk(s)):
+    if not holds_loop(s, f.var):
         return touched(s)
     if kind == "seq":
         return set().union(*(touched_outside(x, f) for x in s.seq.stmts))
@@ -247,8 +257,7 @@ def _head_copies(p: pb.Program, loop: pb.Stmt, buffers, params, writes_anywhere,
     """(position, release position) in the kernel body of each head copy of `loop`, a
     T.Pipelined loop outside any other loop or if (module docstring)."""
     top = body_statements(p.kernel.body)
-    at = next((i for i, st in enumerate(top) if st.WhichOneof("kind") == "for_" and
-               st.for_.var == loop.for_.var), None)
+    at = next((i for i, st in enumerate(top) if is_loop(st, loop.for_.var)), None)
     if at is None:  # inside a block of its own: left as written
         return []
     uses = [touched(x) for x in top]
@@ -277,9 +286,8 @@ def offset_steps(p: pb.Program, f: pb.For, c: pb.Copy) -> list[int | None]:
     load (of a uniform scalar: run_ahead's offsets load nothing else) is an unknown value
     the loop does not change."""
     from tvm import tirx
-    from tvm.sym import Analyzer
 
-    from tiled.compiler.tir import ExprLowering
+    from tiled.compiler.tir import ExprLowering, steps_along
     from tiled.ir.program import Program
 
     class Steps(ExprLowering):
@@ -292,13 +300,4 @@ def offset_steps(p: pb.Program, f: pb.For, c: pb.Copy) -> list[int | None]:
     low = Steps(Program(p))
     for v in p.vars:
         low.vars[v.id] = tirx.Var(f"v{v.id}", low.var_dtype[v.id])
-    k = low.vars[f.var]
-    ana = Analyzer()
-    steps: list[int | None] = []
-    for e in c.src.offsets:
-        low.vars[f.var] = k + 1
-        after = low.expr(e)
-        low.vars[f.var] = k
-        step = ana.simplify(after - low.expr(e))
-        steps.append(int(step.value) if isinstance(step, tirx.IntImm) else None)
-    return steps
+    return steps_along(low, c.src.offsets, f.var)

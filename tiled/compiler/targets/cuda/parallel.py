@@ -25,7 +25,7 @@ from tiled.compiler.passes.layout import (
     unravel,
 )
 from tiled.compiler.passes.vectorize import run_lanes
-from tiled.compiler.tir import and_all, unravel_dyn
+from tiled.compiler.tir import and_all, steps_along, unravel_dyn
 from tiled.ir.walk import element_accesses, set_before_read, stores
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -101,8 +101,6 @@ def _paired_atomics(low, anchor, body: pb.Stmt, loop_vars: list[int], ident: lis
     element index moves by exactly one along the tensor's last dim when the nest's last
     variable does (proved, not sampled): lowered as one paired add per two slots
     (tiled::atomic_add_f32x2, a vector reduction on sm_90). Whether it was."""
-    from tvm.sym import Analyzer
-
     from tiled.compiler.targets.cuda.layouts import WgmmaLayout
 
     while body.WhichOneof("kind") == "seq" and len(body.seq.stmts) == 1:
@@ -115,23 +113,17 @@ def _paired_atomics(low, anchor, body: pb.Stmt, loop_vars: list[int], ident: lis
             dst.scope != pb.GLOBAL or dst.dtype != pb.FLOAT32 or anchor.local_size % 2:
         return False
     saved = {v: low.vars.get(v) for v in loop_vars}
-    free = [tirx.Var(f"nest{i}", "int32") for i in range(len(loop_vars))]
     try:
-        for v, x in zip(loop_vars, free, strict=True):
-            low.vars[v] = x
-        here = [low.expr(e) for e in st.indices]
-        low.vars[loop_vars[-1]] = free[-1] + 1
-        there = [low.expr(e) for e in st.indices]
+        for i, v in enumerate(loop_vars):
+            low.vars[v] = tirx.Var(f"nest{i}", "int32")
+        steps = steps_along(low, st.indices, loop_vars[-1])
     finally:
         for v, x in saved.items():
             if x is None:
                 low.vars.pop(v, None)
             else:
                 low.vars[v] = x
-    ana = Analyzer()
-    steps = [ana.simplify(b - a) for a, b in zip(here, there, strict=True)]
-    if not all(isinstance(s, tirx.IntImm) and s.value == (d == len(steps) - 1)
-               for d, s in enumerate(steps)):
+    if steps != [int(d == len(steps) - 1) for d in range(len(steps))]:
         return False
     low.nest_vars = loop_vars
     with low.loop(anchor.local_size // 2) as pair:

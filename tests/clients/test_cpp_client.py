@@ -110,7 +110,7 @@ def test_cuda_loader_makes_the_driver_calls_the_manifest_asks_for(cpp):
     r = subprocess.run([str(cpp / "tiled_cuda_fake_test")], capture_output=True, text=True,
                        timeout=300, env=clean_env(LD_LIBRARY_PATH=str(cpp / "fake-driver")))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.rstrip().endswith("6 passed, 0 failed"), r.stdout
+    assert r.stdout.rstrip().endswith("7 passed, 0 failed"), r.stdout
 
 
 def test_client_tests_pass_against_the_daemon(cpp, daemon):

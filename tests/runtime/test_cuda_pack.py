@@ -25,6 +25,7 @@ from tiled.runtime.cuda import (
     stream_handle,
 )
 from tiled.runtime.launch import launch_geometry
+from tiled.runtime.manifest import ManifestError
 
 CUBIN = b"\x7fELF fake cubin"
 
@@ -170,6 +171,7 @@ class FakeDriver:
         self.current_ctx = current_ctx
         self.cluster = dict(zip(("cw", "ch", "cd"), cluster, strict=True))
         self.launches: list[tuple] = []
+        self.ex_launches: list[tuple] = []  # cuLaunchKernelEx: (attributes, grid)
         self.functions: list[str] = []  # the function each launch ran
 
     def call(self, name, *args):
@@ -189,6 +191,10 @@ class FakeDriver:
             return "function"
         if name == "cuFuncGetAttribute":
             return self.cluster[args[0]]
+        if name == "cuLaunchKernelEx":
+            config = args[0]
+            self.ex_launches.append(([(int(a.id), a) for a in config.attrs],
+                                     (config.gridDimX, config.gridDimY, config.gridDimZ)))
         if name == "cuLaunchKernel":
             self.functions.append(args[0])
             params = ctypes.cast(args[9], ctypes.POINTER(ctypes.c_void_p))
@@ -289,6 +295,32 @@ def test_compiled_cluster_must_match(monkeypatch):
         load(CUBIN, manifest())(*gemm_args())
     load(CUBIN, manifest(cluster=[2, 1, 1], grid=[2, 1, 1]))(*gemm_args())
     assert drv.launches[-1][0] == (2, 1, 1)  # compiled-in cluster: plain cuLaunchKernel
+
+
+def test_a_kernel_holding_pdl_sync_launches_programmatically(monkeypatch):
+    """A manifest with `pdl` (the kernel holds a T.pdl_sync) launches through
+    cuLaunchKernelEx with programmatic stream serialization allowed; beside launch-time
+    cluster dims both attributes go; a plain manifest keeps cuLaunchKernel."""
+    cu = pytest.importorskip("cuda.bindings.driver")
+    drv = FakeDriver()
+    drv.cu = types.SimpleNamespace(CUfunction_attribute=drv.cu.CUfunction_attribute,
+                                   CUlaunchAttribute=cu.CUlaunchAttribute,
+                                   CUlaunchAttributeID=cu.CUlaunchAttributeID,
+                                   CUlaunchConfig=cu.CUlaunchConfig, CUstream=cu.CUstream)
+    monkeypatch.setattr(rt_cuda, "_driver", drv)
+    pdl = int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    cluster = int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+    load(CUBIN, manifest(pdl=True))(*gemm_args())
+    (attrs, grid), = drv.ex_launches
+    assert [i for i, _ in attrs] == [pdl] and grid == (3, 3, 1) and not drv.launches
+    assert attrs[0][1].value.programmaticStreamSerializationAllowed == 1
+    load(CUBIN, manifest(pdl=True, cluster=[2, 1, 1], grid=[2, 1, 1]))(*gemm_args())
+    assert [i for i, _ in drv.ex_launches[-1][0]] == [cluster, pdl]
+    load(CUBIN, manifest())(*gemm_args())
+    assert len(drv.ex_launches) == 2 and len(drv.launches) == 1
+    assert "pdl" not in manifest().to_dict() and manifest(pdl=True).to_dict()["pdl"] is True
+    with pytest.raises(ManifestError, match=r"pdl: expected true or false"):
+        manifest(pdl=1)
 
 
 def test_importing_the_backend_loads_no_driver():

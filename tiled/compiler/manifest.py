@@ -7,6 +7,7 @@ from tiled.compiler.registry import Artifact, Target, get_backend
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.program import Program
+from tiled.ir.walk import waits_on_grid
 from tiled.v1 import tile_ir_pb2 as pb
 
 _OPS = {pb.ADD: "add", pb.SUB: "sub", pb.MUL: "mul", pb.FLOOR_DIV: "floordiv",
@@ -113,4 +114,13 @@ def build_manifest(program: Program, target: Target, art: Artifact, artifact_sha
             "cluster": [1, 1, 1]},
         **({"code_object": art.code_object} if art.code_object is not None else {}),
         **({"metal": art.metal} if art.metal is not None else {}),
+        **({"pdl": True} if _programmatic(p, target) else {}),
     })
+
+
+def _programmatic(p: pb.Program, target: Target) -> bool:
+    """Whether the kernel is launched with programmatic stream serialization: it holds a
+    T.pdl_sync and its target has griddepcontrol (CUDA sm_90 and newer; tiled.lang.pdl)."""
+    digits = target.arch.removeprefix("sm_").rstrip("af")
+    return target.backend == "cuda" and digits.isdigit() and int(digits) >= 90 and \
+        waits_on_grid(p.kernel.body)

@@ -233,6 +233,8 @@ class _Printer:
             self.emit(indent, f"{ops.MBARRIER_NAME.get(op.kind, 'mbarrier_?')}({', '.join(args)})")
         elif kind == "fence_proxy_async":
             self.emit(indent, "fence_proxy_async()")
+        elif kind == "grid_dependency":
+            self.emit(indent, "pdl_trigger()" if s.grid_dependency.trigger else "pdl_sync()")
         else:
             self.emit(indent, "pass  # empty statement")
 

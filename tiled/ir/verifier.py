@@ -367,6 +367,12 @@ class _Verifier(ParamRules, LimitRules, TileOpRules, ExprRules, ArithRules, Guar
             self.stmt(s.else_body, (path, ".else_body"), depth + 1)
         self.env, self.dead = saved
 
+    def s_grid_dependency(self, _g: pb.GridDependency, path: tuple, _depth: int) -> None:
+        """T.pdl_sync / T.pdl_trigger: run by every thread of the block, not per element."""
+        if self.parallel:
+            self.fail("T.pdl_sync / T.pdl_trigger inside T.Parallel: they are run by the whole "
+                      "block; place them outside the nest", path)
+
     def s_store(self, s: pb.Store, path: tuple, depth: int) -> None:
         self.element_access(s, path, depth, "store")
 

@@ -22,6 +22,13 @@ def walk(s: pb.Stmt):
             yield from walk(s.if_then_else.else_body)
 
 
+def waits_on_grid(body: pb.Stmt) -> bool:
+    """Whether `body` holds a T.pdl_sync: the kernel may be launched before the kernels ahead
+    of it in its stream end (tiled.lang.pdl)."""
+    return any(st.WhichOneof("kind") == "grid_dependency" and not st.grid_dependency.trigger
+               for st in walk(body))
+
+
 def stmt_exprs(s: pb.Stmt):
     """Expressions directly in statement `s` (not in nested statements)."""
     kind = s.WhichOneof("kind")

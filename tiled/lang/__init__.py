@@ -77,6 +77,7 @@ from tiled.lang.math import (
     sqrt,
     tanh,
 )
+from tiled.lang.pdl import pdl_sync, pdl_trigger
 from tiled.lang.tileops import (
     GemmWarpPolicy,
     alloc_fragment,
@@ -113,6 +114,8 @@ __all__ = [
     "Buffer", "FragmentBuffer", "LocalBuffer", "Macro", "SharedBuffer", "alloc_var", "dtype",
     "dynamic", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "int16", "macro", "prim_func",
     "symbolic", "uint8", "uint16", "uint32", "uint64",
+    # programmatic dependent launch
+    "pdl_sync", "pdl_trigger",
 ]
 
 

@@ -314,19 +314,28 @@ class CUDAKernel(Kernel):
     def _launch(self, drv: _Driver, loaded: _Loaded, grid, block, stream: int,
                 params_addr: int) -> None:
         m, cu = self.manifest, drv.cu
-        if m.cluster == (1, 1, 1) or loaded.compiled_cluster is not None:
+        attrs = []
+        if m.cluster != (1, 1, 1) and loaded.compiled_cluster is None:
+            # Cluster dims chosen at launch time (cuLaunchKernelEx).
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = \
+                m.cluster
+            attrs.append(attr)
+        if m.pdl:  # T.pdl_sync: the kernel may start before the stream's earlier ones end
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        if not attrs:
             drv.call("cuLaunchKernel", loaded.function, *grid, *block, m.dynamic_smem_bytes,
                      stream, params_addr, 0)
             return
-        # Cluster dims chosen at launch time need cuLaunchKernelEx.
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = m.cluster
         config = cu.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = grid
         config.blockDimX, config.blockDimY, config.blockDimZ = block
         config.sharedMemBytes = m.dynamic_smem_bytes
         config.hStream = cu.CUstream(stream)
-        config.attrs = [attr]
-        config.numAttrs = 1
+        config.attrs = attrs
+        config.numAttrs = len(attrs)
         drv.call("cuLaunchKernelEx", config, loaded.function, params_addr, 0)

@@ -328,7 +328,7 @@ _REQUIRED = ("manifest_version", "name", "program_digest", "target", "backend", 
              "artifact_format", "artifact_sha256", "symbol", "params")
 _OPTIONAL = {"kernel_args": [], "grid": [1, 1, 1], "block": [1, 1, 1], "dynamic_smem_bytes": 0,
              "cluster": [1, 1, 1], "action": None, "requires": [], "fallback": None,
-             "notes": None, "code_object": None, "metal": None}
+             "notes": None, "code_object": None, "metal": None, "pdl": False}
 # The launch fields a fallback variant replaces (it shares the artifact and the params).
 _FALLBACK_FIELDS = ("symbol", "kernel_args", "grid", "block", "dynamic_smem_bytes", "cluster")
 _ACTION_FIELDS = {"v", "program", "target", "options", "toolchain", "namespace"}
@@ -383,6 +383,9 @@ class Manifest:
     code_object: dict | None = field(default=None, hash=False)
     # metal: how the kernel binds its arguments (tiled.runtime.metal_abi); None elsewhere.
     metal: dict | None = field(default=None, hash=False)
+    # cuda: the kernel holds a T.pdl_sync, so it is launched with programmatic stream
+    # serialization (it may start before the kernels ahead of it end; tiled.lang.pdl).
+    pdl: bool = False
     manifest_version: int = MANIFEST_VERSION
     _dims: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -468,6 +471,8 @@ class Manifest:
                         f"{self.dynamic_smem_bytes!r}")
         if len(self.cluster) != 3 or not all(_is_int(c) and c >= 1 for c in self.cluster):
             raise _fail("cluster", f"expected 3 ints >= 1, got {list(self.cluster)!r}")
+        if not isinstance(self.pdl, bool):
+            raise _fail("pdl", f"expected true or false, got {self.pdl!r}")
         if self.action is not None:
             _check_action(self.action, self.program_digest)
         for j, e in enumerate(self.requires):
@@ -539,6 +544,7 @@ class Manifest:
             **({"notes": self.notes} if self.notes is not None else {}),
             **({"code_object": self.code_object} if self.code_object is not None else {}),
             **({"metal": self.metal} if self.metal is not None else {}),
+            **({"pdl": True} if self.pdl else {}),
         }
 
     def to_json(self) -> str:

@@ -491,6 +491,12 @@ class FenceProxyAsync(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class GridDependency(_message.Message):
+    __slots__ = ("trigger",)
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    trigger: bool
+    def __init__(self, trigger: bool = ...) -> None: ...
+
 class WarpGroup(_message.Message):
     __slots__ = ("group", "regs", "body")
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -502,7 +508,7 @@ class WarpGroup(_message.Message):
     def __init__(self, group: _Optional[int] = ..., regs: _Optional[int] = ..., body: _Optional[_Union[Stmt, _Mapping]] = ...) -> None: ...
 
 class Stmt(_message.Message):
-    __slots__ = ("loc", "seq", "for_", "if_then_else", "store", "copy", "gemm", "fill", "reduce", "atomic_add", "warp_group", "mbarrier", "fence_proxy_async", "scan")
+    __slots__ = ("loc", "seq", "for_", "if_then_else", "store", "copy", "gemm", "fill", "reduce", "atomic_add", "warp_group", "mbarrier", "fence_proxy_async", "scan", "grid_dependency")
     LOC_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FOR__FIELD_NUMBER: _ClassVar[int]
@@ -517,6 +523,7 @@ class Stmt(_message.Message):
     MBARRIER_FIELD_NUMBER: _ClassVar[int]
     FENCE_PROXY_ASYNC_FIELD_NUMBER: _ClassVar[int]
     SCAN_FIELD_NUMBER: _ClassVar[int]
+    GRID_DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
     loc: Location
     seq: Seq
     for_: For
@@ -531,7 +538,8 @@ class Stmt(_message.Message):
     mbarrier: MBarrierOp
     fence_proxy_async: FenceProxyAsync
     scan: Scan
-    def __init__(self, loc: _Optional[_Union[Location, _Mapping]] = ..., seq: _Optional[_Union[Seq, _Mapping]] = ..., for_: _Optional[_Union[For, _Mapping]] = ..., if_then_else: _Optional[_Union[IfThenElse, _Mapping]] = ..., store: _Optional[_Union[Store, _Mapping]] = ..., copy: _Optional[_Union[Copy, _Mapping]] = ..., gemm: _Optional[_Union[Gemm, _Mapping]] = ..., fill: _Optional[_Union[Fill, _Mapping]] = ..., reduce: _Optional[_Union[Reduce, _Mapping]] = ..., atomic_add: _Optional[_Union[AtomicAdd, _Mapping]] = ..., warp_group: _Optional[_Union[WarpGroup, _Mapping]] = ..., mbarrier: _Optional[_Union[MBarrierOp, _Mapping]] = ..., fence_proxy_async: _Optional[_Union[FenceProxyAsync, _Mapping]] = ..., scan: _Optional[_Union[Scan, _Mapping]] = ...) -> None: ...
+    grid_dependency: GridDependency
+    def __init__(self, loc: _Optional[_Union[Location, _Mapping]] = ..., seq: _Optional[_Union[Seq, _Mapping]] = ..., for_: _Optional[_Union[For, _Mapping]] = ..., if_then_else: _Optional[_Union[IfThenElse, _Mapping]] = ..., store: _Optional[_Union[Store, _Mapping]] = ..., copy: _Optional[_Union[Copy, _Mapping]] = ..., gemm: _Optional[_Union[Gemm, _Mapping]] = ..., fill: _Optional[_Union[Fill, _Mapping]] = ..., reduce: _Optional[_Union[Reduce, _Mapping]] = ..., atomic_add: _Optional[_Union[AtomicAdd, _Mapping]] = ..., warp_group: _Optional[_Union[WarpGroup, _Mapping]] = ..., mbarrier: _Optional[_Union[MBarrierOp, _Mapping]] = ..., fence_proxy_async: _Optional[_Union[FenceProxyAsync, _Mapping]] = ..., scan: _Optional[_Union[Scan, _Mapping]] = ..., grid_dependency: _Optional[_Union[GridDependency, _Mapping]] = ...) -> None: ...
 
 class Kernel(_message.Message):
     __slots__ = ("grid", "block_vars", "threads", "body", "loc")

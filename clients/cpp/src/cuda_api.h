@@ -29,6 +29,7 @@ enum : int {
   CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH = 13,
   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
   CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4,
+  CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
   // CUtensorMapDataType
   CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0,
   CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1,
@@ -58,6 +59,7 @@ union CUlaunchAttributeValue {
   struct {
     unsigned x, y, z;
   } clusterDim;
+  int programmaticStreamSerializationAllowed;
 };
 
 struct CUlaunchAttribute {

@@ -125,8 +125,9 @@ class CudaKernel : public Kernel {
     std::vector<void*> params(slots.size() + 1);
     for (size_t i = 0; i < slots.size(); ++i) params[i] = slots[i].bytes;
     CUstream stream = static_cast<CUstream>(options.stream);
-    bool cluster = m.cluster[0] != 1 || m.cluster[1] != 1 || m.cluster[2] != 1;
-    if (!cluster || loaded.compiled_cluster) {
+    bool cluster = (m.cluster[0] != 1 || m.cluster[1] != 1 || m.cluster[2] != 1) &&
+                   !loaded.compiled_cluster;
+    if (!cluster && !m.pdl) {
       d.check(d.cuLaunchKernel(loaded.function, unsigned(grid[0]), unsigned(grid[1]),
                                unsigned(grid[2]), unsigned(block[0]), unsigned(block[1]),
                                unsigned(block[2]), unsigned(m.dynamic_smem_bytes), stream,
@@ -134,17 +135,25 @@ class CudaKernel : public Kernel {
               "cuLaunchKernel");
       return;
     }
-    // Cluster dims chosen at launch time need cuLaunchKernelEx.
+    // Cluster dims chosen at launch time and programmatic launches need cuLaunchKernelEx.
     if (!d.cuLaunchKernelEx)
-      throw LaunchError(m.name + ": cluster dims need cuLaunchKernelEx, which this driver lacks");
-    CUlaunchAttribute attr{};
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = unsigned(m.cluster[0]);
-    attr.value.clusterDim.y = unsigned(m.cluster[1]);
-    attr.value.clusterDim.z = unsigned(m.cluster[2]);
+      throw LaunchError(m.name + (cluster ? ": cluster dims" : ": a programmatic launch") +
+                        " needs cuLaunchKernelEx, which this driver lacks");
+    CUlaunchAttribute attrs[2]{};
+    unsigned n = 0;
+    if (cluster) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attrs[n].value.clusterDim.x = unsigned(m.cluster[0]);
+      attrs[n].value.clusterDim.y = unsigned(m.cluster[1]);
+      attrs[n++].value.clusterDim.z = unsigned(m.cluster[2]);
+    }
+    if (m.pdl) {  // T.pdl_sync: it may start before the stream's earlier kernels end
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[n++].value.programmaticStreamSerializationAllowed = 1;
+    }
     CUlaunchConfig config{unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2]),
                           unsigned(block[0]), unsigned(block[1]), unsigned(block[2]),
-                          unsigned(m.dynamic_smem_bytes), stream, &attr, 1};
+                          unsigned(m.dynamic_smem_bytes), stream, attrs, n};
     d.check(d.cuLaunchKernelEx(&config, loaded.function, params.data(), nullptr),
             "cuLaunchKernelEx");
   }

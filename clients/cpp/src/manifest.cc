@@ -228,7 +228,7 @@ const std::vector<std::string> kRequired = {"manifest_version", "name", "program
 const std::vector<std::string> kOptional = {"kernel_args", "grid", "block",
                                             "dynamic_smem_bytes", "cluster", "action",
                                             "requires", "fallback", "notes", "code_object",
-                                            "metal"};
+                                            "metal", "pdl"};
 const std::vector<std::string> kFallbackFields = {"symbol", "kernel_args", "grid", "block",
                                                   "dynamic_smem_bytes", "cluster"};
 
@@ -362,6 +362,9 @@ Manifest from_json(const json& d) {
   for (const json& c : cluster) cluster_ok = cluster_ok && is_int(c) && c.get<int64_t>() >= 1;
   if (!cluster_ok) throw fail("cluster", "expected 3 ints >= 1, got " + show(cluster));
   for (int j = 0; j < 3; ++j) m.cluster[j] = cluster[j].get<int64_t>();
+  const json pdl = get("pdl", false);
+  if (!pdl.is_boolean()) throw fail("pdl", "expected true or false, got " + show(pdl));
+  m.pdl = pdl.get<bool>();
   if (d.contains("action") && !d["action"].is_null()) check_action(d["action"], m.program_digest);
   const json requires_ = get("requires", json::array());
   for (size_t j = 0; j < requires_.size(); ++j) {

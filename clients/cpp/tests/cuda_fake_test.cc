@@ -205,6 +205,27 @@ TEST(cluster_dims_launch_through_cuLaunchKernelEx_unless_the_cubin_fixes_them) {
   device.free(a);
 }
 
+TEST(a_kernel_holding_pdl_sync_launches_programmatically) {
+  tiled::CudaDevice device;
+  json m = manifest("gemm");
+  m["pdl"] = true;
+  const int64_t n = 4096;
+  void* a = device.alloc(n * n * 2);
+  std::vector<Arg> args{Tensor{a, {n, n}, "float16"}, Tensor{a, {n, n}, "float16"},
+                        Tensor{a, {n, n}, "float16"}};
+  load(m, "fake cubin: gemm_kernel")->launch(args);
+  CHECK(last_launch().ex);
+  CHECK_EQ(last_launch().programmatic, 1);
+  CHECK_EQ(last_launch().cluster[0], 1u);
+  m["cluster"] = {2, 1, 1};  // both attributes
+  load(m, "fake cubin: gemm_kernel")->launch(args);
+  CHECK(last_launch().ex && last_launch().programmatic == 1 && last_launch().cluster[0] == 2u);
+  m["pdl"] = 1;
+  CHECK_THROWS(load(m, "fake cubin: gemm_kernel"), "MANIFEST_ERROR",
+               "pdl: expected true or false");
+  device.free(a);
+}
+
 TEST(a_failed_precondition_runs_the_fallback_or_is_refused) {
   tiled::CudaDevice device;
   json m = manifest("vadd");

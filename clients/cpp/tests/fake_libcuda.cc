@@ -145,6 +145,7 @@ struct LaunchConfig {
     union {
       char bytes[64];
       unsigned cluster[3];
+      int programmatic;
     } value;
   } * attrs;
   unsigned num_attrs;
@@ -156,7 +157,10 @@ int cuLaunchKernelEx(const LaunchConfig* c, void* f, void** params, void**) {
            {c->block[0], c->block[1], c->block[2]}, c->smem, c->stream, copy_params(params)};
   l.ex = true;
   for (unsigned i = 0; i < c->num_attrs; ++i)
-    if (c->attrs[i].id == 4) std::memcpy(l.cluster, c->attrs[i].value.cluster, sizeof l.cluster);
+    if (c->attrs[i].id == 4)
+      std::memcpy(l.cluster, c->attrs[i].value.cluster, sizeof l.cluster);
+    else if (c->attrs[i].id == 6)
+      l.programmatic = c->attrs[i].value.programmatic;
   launches.push_back(l);
   return kSuccess;
 }

@@ -15,6 +15,7 @@ struct Launch {
   std::vector<std::vector<unsigned char>> params;  // the first 128 bytes of each parameter
   unsigned cluster[3] = {1, 1, 1};
   bool ex = false;  // through cuLaunchKernelEx
+  int programmatic = 0;  // its programmatic stream serialization attribute
 };
 
 struct TensorMapCall {

@@ -82,6 +82,8 @@ struct Manifest {
   std::array<Expr, 3> grid, block;
   int64_t dynamic_smem_bytes = 0;
   std::array<int64_t, 3> cluster{1, 1, 1};
+  // The kernel holds a T.pdl_sync: launched with programmatic stream serialization (cuda).
+  bool pdl = false;
   // Launch preconditions: each must evaluate to 0, else `fallback` runs (cuda only).
   std::vector<Expr> requires_;
   // Another kernel of the same artifact for calls that fail a precondition; null if none.

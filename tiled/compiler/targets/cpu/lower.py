@@ -404,6 +404,10 @@ class CpuLowering(ExprLowering):
                 self.cast(dst[tuple(out_idx)], acc, dst_dt)
             T.buffer_store(dst, self.cast(combine(init, part[0]), dst_dt, acc), out_idx)
 
+    def stmt_grid_dependency(self, _g, _s):
+        """T.pdl_sync / T.pdl_trigger: a launch returns when its blocks are done; nothing to
+        do."""
+
     def stmt_scan(self, sc, _s):
         src, dst = self.tir_buffers[sc.src], self.tir_buffers[sc.dst]
         shape = static_shape(self.buffers[sc.src])

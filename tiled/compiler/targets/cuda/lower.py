@@ -487,6 +487,12 @@ class CudaLowering(ExprLowering):
     def stmt_fill(self, f, s):
         lower_fill(self, f, s)
 
+    def stmt_grid_dependency(self, g, _s):
+        """T.pdl_trigger / T.pdl_sync (tiled_cuda.h; nothing before sm_90). A producer
+        warpgroup beside the program's threads waits at its own start (ws_loop.py)."""
+        fn = "launch_dependents" if g.trigger else "grid_dependency_wait"
+        T.evaluate(T.call_extern("void", f"tiled::{fn}"))
+
     def stmt_gemm(self, g, s):
         if g.c in self.wgmma_ops.accumulators:
             return lower_wgmma(self, g, s)

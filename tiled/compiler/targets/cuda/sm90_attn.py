@@ -46,7 +46,7 @@ from tiled.compiler.targets.cuda.grid_walk import persistent_walk
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.ir import dtypes
-from tiled.ir.walk import element_accesses, expr_vars, walk
+from tiled.ir.walk import element_accesses, expr_vars, waits_on_grid, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128
@@ -395,8 +395,11 @@ def lower_attn_kernel(low, tmaps: dict, grid: list) -> None:
                 low.stmt(low.program.kernel.body)
         with T.Else():
             T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_dec<{PRODUCER_REGS}>"))
-            with T.If(low.tx == low.threads), T.Then(), attn_blocks(low, grid):
-                lower_attn_producer(low, tmaps)
+            with T.If(low.tx == low.threads), T.Then():
+                if waits_on_grid(low.program.kernel.body):  # T.pdl_sync: before any load
+                    T.evaluate(T.call_extern("void", "tiled::grid_dependency_wait"))
+                with attn_blocks(low, grid):
+                    lower_attn_producer(low, tmaps)
 
 
 def stmt_q_copy(low) -> None:

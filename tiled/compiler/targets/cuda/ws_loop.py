@@ -66,6 +66,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.layout import body_statements
+from tiled.compiler.passes.pipeline import holds_loop, is_loop
 from tiled.compiler.targets.cuda.grid_walk import bind_block, persistent_walk
 from tiled.compiler.targets.cuda.wgmma_waits import (
     first_step_fills,
@@ -83,12 +84,16 @@ from tiled.compiler.targets.cuda.ws_plan import (
     walk_group,
 )
 from tiled.compiler.targets.cuda.ws_rotate import find_rotation, lower_rotated_loop
-from tiled.ir.walk import walk
+from tiled.ir.walk import waits_on_grid, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 
 def _call(fn: str, *args) -> None:
     T.evaluate(T.call_extern("void", f"tiled::sm90::{fn}", *args))
+
+
+def _call_plain(fn: str) -> None:
+    T.evaluate(T.call_extern("void", f"tiled::{fn}"))
 
 
 def declare_ring_maps(low) -> None:
@@ -192,8 +197,11 @@ def lower_ws_body(low, grid: list) -> None:
         with T.Else():
             if regs:
                 _call(f"setmaxnreg_dec<{PRODUCER_REGS}>")
-            with T.If(low.tx == low.threads), T.Then(), _blocks(low, grid):
-                _lower_producer(low)
+            with T.If(low.tx == low.threads), T.Then():
+                if waits_on_grid(low.program.kernel.body):  # T.pdl_sync: before any load
+                    _call_plain("grid_dependency_wait")
+                with _blocks(low, grid):
+                    _lower_producer(low)
 
 
 def _lower_consumers(low) -> None:
@@ -263,9 +271,8 @@ def _lower_producer(low) -> None:
     scalars = w.run.scalars
 
     def holds(s: pb.Stmt) -> bool:
-        return any((st.WhichOneof("kind") == "for_" and st.for_.var == w.loop.var) or
-                   (st.WhichOneof("kind") == "store" and st.store.buffer in scalars)
-                   for st in walk(s))
+        return holds_loop(s, w.loop.var) or any(
+            st.WhichOneof("kind") == "store" and st.store.buffer in scalars for st in walk(s))
 
     def skeleton(s: pb.Stmt) -> None:
         kind = s.WhichOneof("kind")
@@ -274,7 +281,7 @@ def _lower_producer(low) -> None:
                 skeleton(x)
         elif kind == "store" and s.store.buffer in scalars:
             low.stmt(s)
-        elif kind == "for_" and s.for_.var == w.loop.var:
+        elif is_loop(s, w.loop.var):
             _producer_loop(low)
         elif kind == "for_" and holds(s):
             with T.serial(0, low.expr(s.for_.extent)) as v:

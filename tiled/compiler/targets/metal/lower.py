@@ -161,6 +161,10 @@ class MetalLowering(CudaLowering):
     def stmt_gemm(self, g, s):
         lower_metal_gemm(self, g, s)
 
+    def stmt_grid_dependency(self, _g, _s):
+        """T.pdl_sync / T.pdl_trigger: Metal runs a queue's dispatches in order; nothing to
+        do."""
+
     def stmt_atomic_add(self, st, s):
         dt = dtypes.canonical_name(self.buffers[st.buffer].dtype)
         op = ("add", "max", "min")[st.op]

@@ -78,6 +78,9 @@ class RocmLowering(CudaLowering):
     def stmt_gemm(self, g, s):
         lower_mfma_gemm(self, g, s)
 
+    def stmt_grid_dependency(self, _g, _s):
+        """T.pdl_sync / T.pdl_trigger: HIP launches kernels in stream order; nothing to do."""
+
     def stmt_atomic_add(self, st, s):
         dt = dtypes.canonical_name(self.buffers[st.buffer].dtype)
         if dt == "bool" or dt.startswith("float8"):

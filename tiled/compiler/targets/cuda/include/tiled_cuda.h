@@ -31,6 +31,19 @@ using cuda::std::uint64_t;
 
 namespace tiled {
 
+// Programmatic dependent launch (T.pdl_sync / T.pdl_trigger): griddepcontrol on sm_90 and
+// newer; before that kernels start in stream order and there is nothing to do.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Orders this thread's memory accesses at device scope as an acquire-release fence: the
 // fences around an ordered T.atomic_add (its memory_order; seq_cst takes __threadfence).
 __device__ __forceinline__ void fence_acq_rel() {

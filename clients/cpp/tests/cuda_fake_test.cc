@@ -77,6 +77,13 @@ T slot(const fake_cuda::Launch& l, size_t i) {
 
 uint64_t address(const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); }
 
+// The gemm manifest's three 4096 x 4096 float16 tensors, all over one allocation `a`.
+std::vector<Arg> gemm_args(void* a) {
+  const int64_t n = 4096;
+  return {Tensor{a, {n, n}, "float16"}, Tensor{a, {n, n}, "float16"},
+          Tensor{a, {n, n}, "float16"}};
+}
+
 }  // namespace
 
 TEST(vadd_launches_with_the_manifests_geometry_and_parameters) {
@@ -186,10 +193,8 @@ TEST(cluster_dims_launch_through_cuLaunchKernelEx_unless_the_cubin_fixes_them) {
   tiled::CudaDevice device;
   json m = manifest("gemm");
   m["cluster"] = {2, 1, 1};
-  const int64_t n = 4096;
-  void* a = device.alloc(n * n * 2);
-  std::vector<Arg> args{Tensor{a, {n, n}, "float16"}, Tensor{a, {n, n}, "float16"},
-                        Tensor{a, {n, n}, "float16"}};
+  void* a = device.alloc(4096 * 4096 * 2);
+  std::vector<Arg> args = gemm_args(a);
   load(m, "fake cubin: gemm_kernel")->launch(args);
   CHECK(last_launch().ex);
   CHECK_EQ(last_launch().cluster[0], 2u);
@@ -209,10 +214,8 @@ TEST(a_kernel_holding_pdl_sync_launches_programmatically) {
   tiled::CudaDevice device;
   json m = manifest("gemm");
   m["pdl"] = true;
-  const int64_t n = 4096;
-  void* a = device.alloc(n * n * 2);
-  std::vector<Arg> args{Tensor{a, {n, n}, "float16"}, Tensor{a, {n, n}, "float16"},
-                        Tensor{a, {n, n}, "float16"}};
+  void* a = device.alloc(4096 * 4096 * 2);
+  std::vector<Arg> args = gemm_args(a);
   load(m, "fake cubin: gemm_kernel")->launch(args);
   CHECK(last_launch().ex);
   CHECK_EQ(last_launch().programmatic, 1);

@@ -227,23 +227,13 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
         uses = [touched(x) for x in body]  # buffers each body statement touches
         copies, release = [], []
         for i, st in enumerate(body):
-            if st.WhichOneof("kind") != "copy" or st.copy.HasField("tma"):
+            c = _whole_tile_copy(st, buffers, params, writes_anywhere)
+            if c is None or c.dst.buffer in outside or \
+                    any(c.dst.buffer in u for u in uses[:i]) or \
+                    not _pure(c.src.offsets, allowed | {f.var}, known):
                 continue
-            c = st.copy
-            src, dst = buffers[c.src.buffer], buffers[c.dst.buffer]
-            if src.scope != pb.GLOBAL or dst.scope != pb.SHARED or src.id not in params or \
-                    writes_anywhere.get(src.id) or writes_anywhere.get(dst.id) != 1 or \
-                    dst.id in outside or any(dst.id in u for u in uses[:i]):
-                continue
-            if not _pure(c.src.offsets, allowed | {f.var}, known) or \
-                    any(e.WhichOneof("kind") != "int_value" or e.int_value
-                        for e in c.dst.offsets) or \
-                    [e for e in c.src.extents if e != 1] != \
-                    [d.size for d in dst.shape if d.size != 1]:
-                continue
-            last = max(j for j, u in enumerate(uses) if dst.id in u)
             copies.append(i)
-            release.append(last)
+            release.append(max(j for j, u in enumerate(uses) if c.dst.buffer in u))
         if copies:
             heads = () if outer else _head_copies(p, s, buffers, params, writes_anywhere,
                                                    uniform)
@@ -263,20 +253,27 @@ def _head_copies(p: pb.Program, loop: pb.Stmt, buffers, params, writes_anywhere,
     uses = [touched(x) for x in top]
     out = []
     for i, st in enumerate(top[:at]):
-        if st.WhichOneof("kind") != "copy" or st.copy.HasField("tma"):
+        c = _whole_tile_copy(st, buffers, params, writes_anywhere)
+        if c is None or any(c.dst.buffer in u for u in uses[:i]) or \
+                not _pure(c.src.offsets, uniform):
             continue
-        c = st.copy
-        src, dst = buffers[c.src.buffer], buffers[c.dst.buffer]
-        if src.scope != pb.GLOBAL or dst.scope != pb.SHARED or src.id not in params or \
-                writes_anywhere.get(src.id) or writes_anywhere.get(dst.id) != 1 or \
-                any(dst.id in u for u in uses[:i]) or not _pure(c.src.offsets, uniform) or \
-                any(e.WhichOneof("kind") != "int_value" or e.int_value
-                    for e in c.dst.offsets) or \
-                [e for e in c.src.extents if e != 1] != \
-                [d.size for d in dst.shape if d.size != 1]:
-            continue
-        out.append((i, max(j for j, u in enumerate(uses) if dst.id in u)))
+        out.append((i, max(j for j, u in enumerate(uses) if c.dst.buffer in u)))
     return out
+
+
+def _whole_tile_copy(st: pb.Stmt, buffers, params, writes_anywhere) -> pb.Copy | None:
+    """`st`'s copy if it copies a region of a global tensor the kernel never writes into a
+    whole shared tile that no other statement writes (not a TMA copy), else None."""
+    if st.WhichOneof("kind") != "copy" or st.copy.HasField("tma"):
+        return None
+    c = st.copy
+    src, dst = buffers[c.src.buffer], buffers[c.dst.buffer]
+    if src.scope != pb.GLOBAL or dst.scope != pb.SHARED or src.id not in params or \
+            writes_anywhere.get(src.id) or writes_anywhere.get(dst.id) != 1 or \
+            any(e.WhichOneof("kind") != "int_value" or e.int_value for e in c.dst.offsets) or \
+            [e for e in c.src.extents if e != 1] != [d.size for d in dst.shape if d.size != 1]:
+        return None
+    return c
 
 
 def offset_steps(p: pb.Program, f: pb.For, c: pb.Copy) -> list[int | None]:

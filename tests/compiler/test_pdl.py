@@ -104,3 +104,25 @@ def test_other_backends_run_it_as_nothing():
     for target in ("rocm:gfx942", "metal:apple7"):
         src = tiled.compile(_scale(), target, cache=False).source
         assert "griddepcontrol" not in src and "grid_dependency" not in src, target
+
+
+def test_the_split_k_pair_can_launch_programmatically():
+    """tiled.ops' split-K pieces take PDL on request only (benchmarks/gpu/splitk_pdl.py
+    measures it before tiled.ops.linear asks): the GEMM's trigger after its main loop, the
+    sum's wait at its top and the manifest flag that makes the runtime use it."""
+    from tiled.ops import kernels
+    from tiled.ops.gemm import linear_kernel
+
+    def gemm(**kw):
+        k = linear_kernel(64, 256, 256, "bfloat16", "bfloat16", kind="swap", BM=64, BN=64,
+                          threads=128, splits=2, stages=2, **kw)
+        return tiled.compile(k, "cuda:sm_90a", cache=False)
+
+    plain, early = gemm(), gemm(trigger=True)
+    assert "launch_dependents" not in plain.source
+    assert early.source.count("tiled::launch_dependents()") == 1 and not early.manifest.pdl
+    total = tiled.compile(kernels.splitk_sum(256, 2, "bfloat16", pdl=True), "cuda:sm_90a",
+                          cache=False)
+    assert total.manifest.pdl and "tiled::grid_dependency_wait()" in total.source
+    assert not tiled.compile(kernels.splitk_sum(256, 2, "bfloat16"), "cuda:sm_90a",
+                             cache=False).manifest.pdl

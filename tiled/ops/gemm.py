@@ -92,11 +92,12 @@ def _fits(cfg: dict, M: int) -> bool:
 
 
 def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, threads=128,
-                  splits=1, stages=4, min_tokens=0):
+                  splits=1, stages=4, min_tokens=0, trigger=False):
     """The kernel of one config (M only selects: the kernel's M is symbolic; a config serves
     M from `min_tokens`). With `splits` > 1 the K loop is split over a third grid axis and
     split s writes its float32 partial into P[s] ([splits, M, N]), which `splitk_sum` adds
-    up and casts (`_run`)."""
+    up and casts (`_run`). `trigger`: T.pdl_trigger after the main loop, so that a
+    `splitk_sum(pdl=True)` launched after it may start (not in the tuned space yet)."""
     if not _fits({"kind": kind, "BM": BM, "splits": splits, "min_tokens": min_tokens}, M):
         raise ValueError(f"config {kind} {BM}x{BN} is not for M = {M}")
     Md = T.dyn("M")
@@ -121,6 +122,8 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
                     T.copy(X[by * BM, (bz * per_split + k) * BK], xs)
                     T.copy(Wt[bx * BN, (bz * per_split + k) * BK], ws)
                     T.gemm(xs, ws, acc, transpose_B=True)
+                if trigger:
+                    T.pdl_trigger()
                 T.copy(acc, Y[*lead, by * BM, bx * BN])
         return linear_tile
 
@@ -141,6 +144,8 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
                 T.copy(Wt[bx * BW, (bz * per_split + k) * BK], ws)
                 T.copy(X[by * BX, (bz * per_split + k) * BK], xs)
                 T.gemm(ws, xs, acc, transpose_B=True)
+            if trigger:
+                T.pdl_trigger()
             for i, j in T.Parallel(BW, BX):  # rows past M or N: the guards drop them
                 Y[*lead, by * BX + j, bx * BW + i] = acc[i, j]
     return linear_swap

@@ -180,15 +180,20 @@ def rotary(heads: int, kv_heads: int, head_size: int, rot_dim: int, dtype: str,
     return rotary_kernel
 
 
-def splitk_sum(N: int, splits: int, dtype: str, block_n: int = 1024, threads: int = 128):
+def splitk_sum(N: int, splits: int, dtype: str, block_n: int = 1024, threads: int = 128,
+               pdl: bool = False):
     """Y = P[0] + ... + P[splits - 1] in `dtype`, for the float32 split-K partials P
-    [splits, M, N] of tiled.ops.linear: one pass that both reduces and casts."""
+    [splits, M, N] of tiled.ops.linear: one pass that both reduces and casts. With `pdl` it
+    may start while the GEMM that writes P still runs, and waits for it (T.pdl_sync; not yet
+    measured, so tiled.ops.linear does not ask for it: benchmarks/gpu/splitk_pdl.py)."""
     M = T.dyn("M")
     bn = min(block_n, N)
 
     @tiled.kernel
     def splitk_sum_kernel(P: T.Tensor((splits, M, N), "float32"), Y: T.Tensor((M, N), dtype)):
         with T.Kernel(T.ceildiv(N, bn), M, threads=threads) as (bx, by):
+            if pdl:
+                T.pdl_sync()
             for j in T.Parallel(bn):
                 total = P[0, by, bx * bn + j]
                 for s in range(1, splits):

@@ -67,6 +67,12 @@ def labelled_indexes(bundle: Path) -> dict:
             for p in sorted(bundle.iterdir()) if (p / "index.json").exists()}
 
 
+def write_labelled_rows(out: Path, labels: dict, rows: list) -> None:
+    """A twins probe's result: each label's commit (labelled_indexes) and the rows."""
+    out.write_text(json.dumps({"labels": {k: v["commit"] for k, v in labels.items()},
+                               "rows": rows}, indent=1))
+
+
 def machine() -> dict:
     """Where a bundle was built."""
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),

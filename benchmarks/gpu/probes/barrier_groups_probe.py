@@ -20,7 +20,6 @@ There: python3 benchmarks/gpu/probes/barrier_groups_probe.py run .gpu/bars $OUT/
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -56,18 +55,14 @@ def kernels() -> dict:
 
 
 def build(out: Path) -> None:
-    from bundle_cli import compile_into
+    from bundle_cli import compile_into, labelled_dir
 
-    label = os.environ["LABEL"]
-    where = out / label
-    where.mkdir(parents=True, exist_ok=True)
+    label, where, commit = labelled_dir(out, "LABEL", os.environ["LABEL"])  # LABEL required
     index = {}
     for name, (kind, shape, kernel) in kernels().items():
         compile_into(where, name, kernel, "cuda:sm_90a")
         index[name] = {"kind": kind, "shape": shape}
         print(label, name, flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     (where / "index.json").write_text(json.dumps({"commit": commit, "kernels": index},
                                                  indent=1))
 
@@ -120,17 +115,15 @@ def _row(torch, do_bench, load_kernel, bundle: Path, labels: dict, name: str) ->
 
 def run(bundle: Path, out: Path) -> None:
     import torch
-    from bundle_cli import load_kernel
+    from bundle_cli import labelled_indexes, load_kernel, write_labelled_rows
     from triton.testing import do_bench
 
-    labels = {p.name: json.loads((p / "index.json").read_text())
-              for p in sorted(bundle.iterdir()) if (p / "index.json").exists()}
+    labels = labelled_indexes(bundle)
     rows = []
     for name in next(iter(labels.values()))["kernels"]:
         rows.append(_row(torch, do_bench, load_kernel, bundle, labels, name))
         print(name, {c: round(v, 3) for c, v in rows[-1]["vs_torch"].items()}, flush=True)
-    out.write_text(json.dumps({"labels": {k: v["commit"] for k, v in labels.items()},
-                               "rows": rows}, indent=1))
+    write_labelled_rows(out, labels, rows)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ There: python3 benchmarks/gpu/probes/grouped_paths_probe.py run .gpu/grouped_pat
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,9 +38,7 @@ def build(out: Path) -> None:
 
     from tiled.ops import grouped
 
-    label, where, _ = labelled_dir(out, "LABEL", "per_op")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
+    label, where, commit = labelled_dir(out, "LABEL", "per_op")
     index = {}
     for shape, (E, N, K) in SHAPES.items():
         for i, cfg in enumerate(grouped.CUDA_SPACE):
@@ -95,12 +92,11 @@ def _shape(torch, bundle: Path, labels: dict, shape: str) -> list[dict]:
 
 def run(bundle: Path, out: Path) -> None:
     import torch
-    from bundle_cli import labelled_indexes
+    from bundle_cli import labelled_indexes, write_labelled_rows
 
     labels = labelled_indexes(bundle)
-    rows = [r for shape in SHAPES for r in _shape(torch, bundle, labels, shape)]
-    out.write_text(json.dumps({"labels": {k: v["commit"] for k, v in labels.items()},
-                               "rows": rows}, indent=1))
+    write_labelled_rows(out, labels,
+                        [r for shape in SHAPES for r in _shape(torch, bundle, labels, shape)])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Persistent grids: a block that runs several of the program's blocks in turn, and the
-order it takes them in (the sm_90a paths' persistent walks: ws_loop.py, sm90_attn.py)."""
+order it takes them in (the sm_90a paths' persistent walks: ws_loop.py, sm90_attn.py); and
+the grid's dependency on the kernels before it (T.pdl_sync / T.pdl_trigger)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import contextlib
 
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
+
+from tiled.ir.walk import waits_on_grid
 
 
 def bind_block(low, linear, grid: list, group: int = 8) -> None:
@@ -28,6 +31,19 @@ def bind_block(low, linear, grid: list, group: int = 8) -> None:
     rows = tirx.min(gy - first, group)
     low.vars[block_vars[1]] = first + tirx.truncmod(tirx.truncmod(linear, per_group), rows)
     low.vars[block_vars[0]] = tirx.truncdiv(tirx.truncmod(linear, per_group), rows)
+
+
+def grid_dependency(trigger: bool) -> None:
+    """T.pdl_trigger / T.pdl_sync (griddepcontrol, tiled_cuda.h; nothing before sm_90)."""
+    fn = "launch_dependents" if trigger else "grid_dependency_wait"
+    T.evaluate(T.call_extern("void", f"tiled::{fn}"))
+
+
+def producer_waits_for_grid(low) -> None:
+    """The wait of a producer thread that loads for the program's threads: before its first
+    load when the program holds a T.pdl_sync (it never runs the program's own)."""
+    if waits_on_grid(low.program.kernel.body):
+        grid_dependency(trigger=False)
 
 
 @contextlib.contextmanager

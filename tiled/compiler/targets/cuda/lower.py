@@ -47,6 +47,7 @@ from tiled.compiler.targets.cuda.gemm_sm90 import (
     panel_index,
     store_wgmma_fragment,
 )
+from tiled.compiler.targets.cuda.grid_walk import grid_dependency
 from tiled.compiler.targets.cuda.layouts import (
     ROWS_LAYOUTS,
     CudaAnchors,
@@ -488,10 +489,9 @@ class CudaLowering(ExprLowering):
         lower_fill(self, f, s)
 
     def stmt_grid_dependency(self, g, _s):
-        """T.pdl_trigger / T.pdl_sync (tiled_cuda.h; nothing before sm_90). A producer
-        warpgroup beside the program's threads waits at its own start (ws_loop.py)."""
-        fn = "launch_dependents" if g.trigger else "grid_dependency_wait"
-        T.evaluate(T.call_extern("void", f"tiled::{fn}"))
+        """T.pdl_trigger / T.pdl_sync. A producer beside the program's threads waits at its
+        own start (grid_walk.producer_waits_for_grid)."""
+        grid_dependency(g.trigger)
 
     def stmt_gemm(self, g, s):
         if g.c in self.wgmma_ops.accumulators:

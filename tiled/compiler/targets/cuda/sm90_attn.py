@@ -42,11 +42,11 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.gemm_sm90 import store_acc_tile
-from tiled.compiler.targets.cuda.grid_walk import persistent_walk
+from tiled.compiler.targets.cuda.grid_walk import persistent_walk, producer_waits_for_grid
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.ir import dtypes
-from tiled.ir.walk import element_accesses, expr_vars, waits_on_grid, walk
+from tiled.ir.walk import element_accesses, expr_vars, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128
@@ -396,8 +396,7 @@ def lower_attn_kernel(low, tmaps: dict, grid: list) -> None:
         with T.Else():
             T.evaluate(T.call_extern("void", f"tiled::sm90::setmaxnreg_dec<{PRODUCER_REGS}>"))
             with T.If(low.tx == low.threads), T.Then():
-                if waits_on_grid(low.program.kernel.body):  # T.pdl_sync: before any load
-                    T.evaluate(T.call_extern("void", "tiled::grid_dependency_wait"))
+                producer_waits_for_grid(low)
                 with attn_blocks(low, grid):
                     lower_attn_producer(low, tmaps)
 

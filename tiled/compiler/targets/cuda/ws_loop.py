@@ -67,7 +67,11 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import holds_loop, is_loop
-from tiled.compiler.targets.cuda.grid_walk import bind_block, persistent_walk
+from tiled.compiler.targets.cuda.grid_walk import (
+    bind_block,
+    persistent_walk,
+    producer_waits_for_grid,
+)
 from tiled.compiler.targets.cuda.wgmma_waits import (
     first_step_fills,
     plan_waits,
@@ -84,16 +88,12 @@ from tiled.compiler.targets.cuda.ws_plan import (
     walk_group,
 )
 from tiled.compiler.targets.cuda.ws_rotate import find_rotation, lower_rotated_loop
-from tiled.ir.walk import waits_on_grid, walk
+from tiled.ir.walk import walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 
 def _call(fn: str, *args) -> None:
     T.evaluate(T.call_extern("void", f"tiled::sm90::{fn}", *args))
-
-
-def _call_plain(fn: str) -> None:
-    T.evaluate(T.call_extern("void", f"tiled::{fn}"))
 
 
 def declare_ring_maps(low) -> None:
@@ -198,8 +198,7 @@ def lower_ws_body(low, grid: list) -> None:
             if regs:
                 _call(f"setmaxnreg_dec<{PRODUCER_REGS}>")
             with T.If(low.tx == low.threads), T.Then():
-                if waits_on_grid(low.program.kernel.body):  # T.pdl_sync: before any load
-                    _call_plain("grid_dependency_wait")
+                producer_waits_for_grid(low)
                 with _blocks(low, grid):
                     _lower_producer(low)
 

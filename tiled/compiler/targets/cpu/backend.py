@@ -37,7 +37,7 @@ class CpuBackend(Backend):
 
         codegen = codegen_of(target.arch)
         with timed("lower"):
-            mod = lower_cpu(program, codegen.vector_bytes)
+            mod = lower_cpu(program, codegen.vector_bytes, codegen.vector_ldexp)
         with tempfile.TemporaryDirectory(prefix="tiled-cpu-") as tmp:
             obj, so = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
             with timed("codegen"), tvm.transform.PassContext(opt_level=3):

@@ -18,6 +18,9 @@ class Codegen:
     llvm: dict  # TVM's LLVM target attributes (mcpu, mattr)
     cflags: tuple[str, ...]  # the C compiler's
     vector_bytes: int = 16  # the widest vector register the level has
+    # Whether LLVM's ldexp is one vector instruction (AVX-512 vscalefps) rather than a libm
+    # call per lane (vmath).
+    vector_ldexp: bool = False
 
 
 _CODEGEN = {
@@ -31,7 +34,7 @@ _CODEGEN = {
     # SiLU-mul loops here (Zen 4), so loops use the whole 512 bits.
     ("x86_64", "x86-64-v4"): Codegen({"mcpu": "x86-64-v4", "mattr": ["-prefer-256-bit"]},
                                      ("-march=x86-64-v4", "-mtune=generic",
-                                      "-mprefer-vector-width=512"), 64),
+                                      "-mprefer-vector-width=512"), 64, True),
     ("aarch64", "generic"): Codegen({"mcpu": "generic", "mattr": ["+neon"]}, ("-march=armv8-a",)),
     ("aarch64", "aarch64+fp16"): Codegen({"mcpu": "generic", "mattr": ["+neon", "+fullfp16"]},
                                          ("-march=armv8.2-a+fp16",)),

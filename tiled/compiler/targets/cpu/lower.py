@@ -87,8 +87,9 @@ class CpuLowering(ExprLowering):
     exact_fp8 = True  # TVM's LLVM float8 legalization misreads subnormals and NaN
     exact_bf16 = True  # its bfloat16 legalization misses conversions inside a Let's value
 
-    def __init__(self, program: Program, vector_bytes: int = 16):
+    def __init__(self, program: Program, vector_bytes: int = 16, vector_ldexp: bool = False):
         super().__init__(program)
+        self.vector_ldexp = vector_ldexp  # vmath's 2^n through ldexp (levels.Codegen)
         self.tir_buffers: dict[int, tirx.Buffer] = {}
         # Partial results of a reduction: two vector registers of float32 on the target.
         self.reduce_lanes = max(4, vector_bytes // 2)
@@ -151,7 +152,7 @@ class CpuLowering(ExprLowering):
         fn = _VMATH.get(op)
         if fn is None or dt not in ("float32", "float16", "bfloat16"):
             return super().call(op, args, dt)
-        return self.cast(fn(self.cast(args[0], "float32", dt)), dt, "float32")
+        return self.cast(fn(self.cast(args[0], "float32", dt), self.vector_ldexp), dt, "float32")
 
     def ir_dtype(self, bid: int) -> str:
         """The TVM name of buffer `bid`'s Tile IR dtype (its TIR buffer holds float8 as
@@ -427,15 +428,17 @@ class CpuLowering(ExprLowering):
                 T.buffer_store(dst, self.cast(run[0], dt, acc), idx)
 
 
-def lower_cpu(program: Program, vector_bytes: int = 16) -> tvm.IRModule:
-    """The kernel as a TIR module for a CPU whose vector registers hold `vector_bytes`."""
+def lower_cpu(program: Program, vector_bytes: int = 16,
+              vector_ldexp: bool = False) -> tvm.IRModule:
+    """The kernel as a TIR module for a CPU whose vector registers hold `vector_bytes` (and
+    whose ldexp is a vector instruction: levels.Codegen)."""
     p = program.proto
     found = explicit_statement(p)
     if found is not None:
         raise CompileError(f"{found[0]} is part of the explicit Hopper path (mbarriers, TMA, "
                            "warpgroups): it compiles for cuda:sm_90a only, not cpu",
                            loc_of(found[1]))
-    lower = CpuLowering(program, vector_bytes)
+    lower = CpuLowering(program, vector_bytes, vector_ldexp)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name(p.name)

@@ -74,6 +74,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("llvm_objdump", str, lambda: "llvm-objdump-22",
             "the llvm-objdump that disassembles ROCm code objects (structural checks)"),
     Setting("cpu_threads", int, lambda: 0, "threads for CPU kernels; 0 = the CPUs usable"),
+    Setting("cpu_spin_us", int, lambda: 200,
+            "microseconds a CPU kernel's pool threads spin for the next launch (and the "
+            "launching thread for the workers) before they sleep; 0 = sleep at once"),
     Setting("keep_sources", _bool, lambda: False, "keep generated sources next to artifacts"),
     Setting("server", str, lambda: "", "daemon address (unix:///path or host:port); empty: none"),
     Setting("socket", str, lambda: f"/tmp/tiled-{os.getuid()}/tiled.sock",

@@ -132,8 +132,9 @@ def rows_cols_main(doc: str, bench_dtype, default_out: Path) -> None:
 # OpenBLAS's worker threads spin for a while after each call before they sleep (its
 # THREAD_TIMEOUT, 2^28 cycles by default: about 0.1 s here); a tiled call right after a numpy
 # call ran beside them on this 2-core machine and read 0.64-0.69x where it reads 0.75-0.81x
-# after a pause (examples/gemm.py at 1024^3, 2026-12-03). tiled's pool sleeps on a condition
-# variable. Each timed call therefore starts after this pause, numpy's too.
+# after a pause (examples/gemm.py at 1024^3, 2026-12-03). tiled's pool spins far shorter
+# (TILED_CPU_SPIN_US, 200 us by default) before it sleeps. Each timed call therefore starts
+# after this pause, numpy's too.
 SETTLE_S = 0.25
 
 

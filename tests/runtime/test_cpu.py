@@ -7,6 +7,7 @@ import hashlib
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -187,6 +188,39 @@ def test_vadd_single_thread_and_concurrent_callers(kernels):
         t.join()
     for i in range(8):
         np.testing.assert_array_equal(outs[i], 2.0 * i)
+
+
+@pytest.mark.parametrize("spin_us", [0, 1, 200])
+def test_pool_threads_spinning_or_sleeping_between_launches(kernels, spin_us):
+    """Workers that sleep at once (0), give up spinning between launches (1 us: the sleep path
+    after a spin), or catch the next launch spinning (200) all run every task of every launch,
+    from one caller and from several."""
+    from tiled.runtime import cpu as cpu_runtime
+
+    k = load(*kernels["vadd"])
+    k.set_num_threads(4)
+    cpu_runtime.set_pool_spin_us(spin_us)
+    try:
+        a = aligned((20_000,), np.float32, 1.0)
+        for i in range(50):
+            c = aligned((20_000,), np.float32, 0)
+            b = aligned((20_000,), np.float32, float(i))
+            k(a, b, c)
+            np.testing.assert_array_equal(c, 1.0 + i)
+            if i % 10 == 9:
+                time.sleep(0.002)  # past a 1 us spin: the workers sleep, then wake
+        outs = [aligned((20_000,), np.float32, 0) for _ in range(4)]
+        threads = [threading.Thread(target=lambda i=i: [k(a, a, outs[i]) for _ in range(20)])
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for out in outs:
+            np.testing.assert_array_equal(out, 2.0)
+    finally:
+        cpu_runtime.set_pool_spin_us(config.get("cpu_spin_us"))
+        k.set_num_threads(0)
 
 
 def test_workspace_in_parallel_loop(kernels):

@@ -77,13 +77,14 @@ def _open_library(data: bytes, digest: str) -> ctypes.CDLL:
 
 _POOL_LOCK = threading.Lock()
 _pool: int | None = None  # the address of the process's pool (the first library's tiled_pool())
+_pool_lib: ctypes.CDLL | None = None  # the library that owns it (its settings are the pool's)
 
 
 def _share_pool(lib: ctypes.CDLL) -> bool:
     """Makes `lib` launch on the process's pool (True), or makes its pool the process's when
     it is the first (False). A library without the pool entry points (built before them) or
     of another pool ABI keeps its own (False)."""
-    global _pool
+    global _pool, _pool_lib
     try:
         own, use = lib.tiled_pool, lib.tiled_use_pool
     except AttributeError:
@@ -92,9 +93,27 @@ def _share_pool(lib: ctypes.CDLL) -> bool:
     use.restype, use.argtypes = ctypes.c_int, [ctypes.c_void_p]
     with _POOL_LOCK:
         if _pool is None:
-            _pool = own()
+            _pool, _pool_lib = own(), lib
             return False
         return use(_pool) == 0
+
+
+def _set_spin(lib: ctypes.CDLL, us: int) -> None:
+    """How long the pool's threads spin before they sleep (a library built before the
+    setting has none: its threads sleep at once)."""
+    fn = getattr(lib, "tiled_set_spin_us", None)
+    if fn is not None:
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+        fn(us)
+
+
+def set_pool_spin_us(us: int) -> None:
+    """Sets how long the process's CPU pool threads spin between launches (TILED_CPU_SPIN_US
+    at load; 0: sleep at once). No effect before a CPU kernel is loaded."""
+    with _POOL_LOCK:
+        lib = _pool_lib
+    if lib is not None:
+        _set_spin(lib, int(us))
 
 
 def _bind(lib: ctypes.CDLL, name: str, restype, argtypes, what: str):
@@ -123,6 +142,7 @@ class CPUKernel(Kernel):
                                   [ctypes.c_int], f"{what} (not linked with tiled's CPU shim)")
         if not _share_pool(self._lib):  # a pool of its own: sized here
             self._set_threads(int(config.get("cpu_threads")))
+            _set_spin(self._lib, int(config.get("cpu_spin_us")))
         self._dl_dtypes = [DL_DTYPES[p.dtype] for p in manifest.params]
         self._binder = FastBinder(manifest.params, "cpu")
 

@@ -258,6 +258,19 @@ def test_scalars(kernels):
         k(x, 0.5, 1 << 32, y)
 
 
+def test_launches_reuse_arguments_only_where_shapes_match(kernels):
+    """A thread's launches with the shapes of its last one reuse its ctypes arguments
+    (tiled.runtime.cpu._Frame): each still reads its own tensors and scalars, and a launch
+    with other shapes (an empty tensor among them) builds its own."""
+    k = load(*kernels["axpb"])
+    for n, scale, shift in [(100, 0.5, 3), (100, 2.0, -1), (7, 1.0, 0), (100, -1.0, 5),
+                            (0, 3.0, 1), (100, 0.25, 2)]:
+        x = aligned((n,), np.float32, np.arange(n))
+        y = aligned((n,), np.float32, 0)
+        k(x, scale, shift, y)
+        np.testing.assert_allclose(y, x * scale + shift)
+
+
 def test_shim_atomics_from_parallel_tasks(kernels):
     k = load(*kernels["asum"])
     k.set_num_threads(4)

@@ -323,8 +323,7 @@ class FastBinder:
                 view = TensorView(a, "torch", ptr, shape, None, dtype, dtype, self.device, index)
                 bound.uses_torch = True
             elif isinstance(a, ndarray):
-                if NUMPY_DTYPES.get(a.dtype.name) != dtype or \
-                        not a.flags.c_contiguous:
+                if _numpy_dtype(a.dtype) != dtype or not a.flags.c_contiguous:
                     return None
                 shape, ptr = a.shape, a.__array_interface__["data"][0]
                 view = TensorView(a, "numpy", ptr, shape, None, dtype, dtype, "cpu", None)
@@ -344,6 +343,19 @@ class FastBinder:
                 return None
             values.append(view)
         return bound
+
+
+# numpy dtype object -> tiled dtype name (or None). A dtype's `.name` is computed in Python on
+# every read (about 2 us); the objects are few and hashable.
+_NUMPY_DTYPE_CACHE: dict[object, str | None] = {}
+
+
+def _numpy_dtype(dt) -> str | None:
+    try:
+        return _NUMPY_DTYPE_CACHE[dt]
+    except KeyError:
+        name = _NUMPY_DTYPE_CACHE[dt] = NUMPY_DTYPES.get(dt.name)
+        return name
 
 
 def bind_fast(binder: FastBinder, args: Sequence[object]) -> BoundArgs:

@@ -116,6 +116,36 @@ def set_pool_spin_us(us: int) -> None:
         _set_spin(lib, int(us))
 
 
+class _Frame:
+    """The ctypes arguments of a launch (TVM FFI Anys, DLTensors and their shape arrays), built
+    for one set of tensor shapes and kept by the thread for its next launch with the same
+    shapes, which then only writes the data pointers and the scalars: building them cost
+    about 6 us of a one-block launch's 17."""
+
+    __slots__ = ("anys", "keep", "result", "result_ref", "scalars", "shapes", "tensors")
+
+    def __init__(self, shapes: tuple, dl_dtypes: list):
+        self.shapes = shapes
+        self.anys = (TVMFFIAny * len(shapes))()
+        self.tensors: list[tuple[int, DLTensor, bool]] = []  # (position, tensor, empty)
+        self.scalars: list[int] = []
+        self.keep: list[object] = []  # the shape arrays the DLTensors point to
+        for i, shape in enumerate(shapes):
+            if shape is None:
+                self.scalars.append(i)
+                continue
+            code, bits = dl_dtypes[i]
+            dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+            tensor = DLTensor(_EMPTY_PTR, DLDevice(KDL_CPU, 0), len(shape),
+                              DLDataType(code, bits, 1), dims, None, 0)
+            self.keep.append(dims)
+            self.tensors.append((i, tensor, 0 in shape))
+            self.anys[i].type_index = K_TVMFFI_DLTENSOR_PTR
+            self.anys[i].v_ptr = ctypes.addressof(tensor)
+        self.result = TVMFFIAny()
+        self.result_ref = ctypes.byref(self.result)
+
+
 def _bind(lib: ctypes.CDLL, name: str, restype, argtypes, what: str):
     try:
         fn = getattr(lib, name)
@@ -145,6 +175,7 @@ class CPUKernel(Kernel):
             _set_spin(self._lib, int(config.get("cpu_spin_us")))
         self._dl_dtypes = [DL_DTYPES[p.dtype] for p in manifest.params]
         self._binder = FastBinder(manifest.params, "cpu")
+        self._frames = threading.local()  # each thread's last launch's ctypes arguments
 
     def set_num_threads(self, n: int) -> int:
         """Threads for the parallel loops of the process's CPU kernels (they share one pool;
@@ -156,28 +187,25 @@ class CPUKernel(Kernel):
 
     def launch(self, bound: BoundArgs) -> None:
         """Runs the kernel on arguments already checked by bind_args."""
-        n = len(bound.values)
-        anys = (TVMFFIAny * n)()
-        keep: list[object] = []  # DLTensors and shape arrays must outlive the call
-        for i, value in enumerate(bound.values):
-            if isinstance(value, TensorView):
-                code, bits = self._dl_dtypes[i]
-                shape = (ctypes.c_int64 * max(1, len(value.shape)))(*value.shape)
-                ptr = value.ptr if value.ptr and 0 not in value.shape else _EMPTY_PTR
-                tensor = DLTensor(ptr, DLDevice(KDL_CPU, 0), len(value.shape),
-                                  DLDataType(code, bits, 1), shape, None, 0)
-                keep += (shape, tensor)
-                anys[i].type_index = K_TVMFFI_DLTENSOR_PTR
-                anys[i].v_ptr = ctypes.addressof(tensor)
-            elif isinstance(value, bool):
+        values = bound.values
+        shapes = tuple(v.shape if isinstance(v, TensorView) else None for v in values)
+        frame = getattr(self._frames, "last", None)
+        if frame is None or frame.shapes != shapes:
+            frame = self._frames.last = _Frame(shapes, self._dl_dtypes)
+        for i, tensor, empty in frame.tensors:
+            ptr = values[i].ptr
+            tensor.data = ptr if ptr and not empty else _EMPTY_PTR
+        anys = frame.anys
+        for i in frame.scalars:
+            value = values[i]
+            if isinstance(value, bool):
                 anys[i].type_index, anys[i].v_int64 = K_TVMFFI_BOOL, int(value)
             elif isinstance(value, int):
                 anys[i].type_index = K_TVMFFI_INT
                 anys[i].v_int64 = value - (1 << 64) if value >= 1 << 63 else value  # uint64
             else:
                 anys[i].type_index, anys[i].v_float64 = K_TVMFFI_FLOAT, value
-        result = TVMFFIAny()
-        rc = self._fn(None, anys, n, ctypes.byref(result))
+        rc = self._fn(None, anys, len(values), frame.result_ref)
         if rc != 0:
             message = (self._last_error() or b"").decode("utf-8", "replace")
             raise LaunchError(f"{self.manifest.name}: kernel failed: "

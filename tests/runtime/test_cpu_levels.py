@@ -12,16 +12,18 @@ from tiled.runtime.cpu_levels import HostCPU, check_runs_here, host_level, level
 BASE = {"fpu", "sse", "sse2", "cx8", "cmov"}
 V2 = BASE | {"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"}
 V3 = V2 | {"abm", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"}
-V4 = V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_bf16"}
+V4 = V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}
+V4_BF16 = V4 | {"avx512_bf16"}  # a Zen 4 / Sapphire Rapids
 HOSTS = {
     "generic": HostCPU("x86_64", frozenset(BASE)),
     "x86-64-v2": HostCPU("x86_64", frozenset(V2)),
     "x86-64-v3": HostCPU("x86_64", frozenset(V3)),
     "x86-64-v4": HostCPU("x86_64", frozenset(V4)),
+    "x86-64-v4+bf16": HostCPU("x86_64", frozenset(V4_BF16)),
     "aarch64+fp16": HostCPU("aarch64", frozenset({"fp", "asimd", "fphp", "asimdhp"})),
     "aarch64+sve": HostCPU("aarch64", frozenset({"fp", "asimd", "fphp", "asimdhp", "sve"})),
 }
-X86 = ("generic", "x86-64-v2", "x86-64-v3", "x86-64-v4")
+X86 = ("generic", "x86-64-v2", "x86-64-v3", "x86-64-v4", "x86-64-v4+bf16")
 
 
 @pytest.mark.parametrize("name", list(HOSTS))
@@ -31,6 +33,8 @@ def test_a_host_has_the_newest_level_whose_flags_it_all_shows(name):
 
 def test_one_missing_flag_drops_the_level():
     assert host_level(HostCPU("x86_64", frozenset(V4 - {"avx512vl"}))).name == "x86-64-v3"
+    assert host_level(HostCPU("x86_64", frozenset(V4_BF16 - {"avx512vl"}))).name == \
+        "x86-64-v3"  # AVX512-BF16 alone is no level
     assert host_level(HostCPU("x86_64", frozenset(V3 - {"f16c"}))).name == "x86-64-v2"
     assert host_level(HostCPU("aarch64", frozenset({"fp", "asimd"}))).name == "generic"
     assert host_level(HostCPU("riscv64", frozenset({"rv64"}))).name == "generic"

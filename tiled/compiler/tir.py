@@ -203,8 +203,12 @@ class ExprLowering:
         f32 = value if src == "float32" else _BITS_FLOATS[src][1](value) \
             if self.bits_float(src) else tirx.Cast("float32", value)
         if self.bits_float(dt):
-            return _BITS_FLOATS[dt][2](f32)
+            return self.bits_of_float32(f32, dt)
         return f32 if dt == "float32" else tirx.Cast(dt, f32)
+
+    def bits_of_float32(self, f32: tirx.PrimExpr, dt: str) -> tirx.PrimExpr:
+        """The bits of float32 `f32` rounded to bits float `dt` (a backend may override)."""
+        return _BITS_FLOATS[dt][2](f32)
 
     def binary(self, b: pb.Binary, dt: str) -> tirx.PrimExpr:
         """A binary expression with every result defined (the verifier refuses what is wrong

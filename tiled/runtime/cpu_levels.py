@@ -8,6 +8,8 @@ level the host lacks (tiled.runtime.cpu).
     cpu:x86-64-v2    + SSE4.2, POPCNT            (the x86-64 psABI levels; LLVM and GCC take
     cpu:x86-64-v3    + AVX2, FMA, F16C, BMI       the same names for -mcpu / -march)
     cpu:x86-64-v4    + AVX-512 F/BW/CD/DQ/VL
+    cpu:x86-64-v4+bf16 + AVX512-BF16 (Zen 4, Cooper Lake, Sapphire Rapids): float32 ->
+                     bfloat16 in one instruction, which treats float32 subnormals as zero
     cpu:aarch64+fp16 + half-precision arithmetic (ARMv8.2-A FP16)
     cpu:aarch64+sve  + SVE
 
@@ -48,6 +50,7 @@ LEVELS: tuple[Level, ...] = (  # per ISA, oldest first: each needs what the one 
     Level("x86-64-v2", "x86_64", _V2),
     Level("x86-64-v3", "x86_64", _V3),
     Level("x86-64-v4", "x86_64", _V4),
+    Level("x86-64-v4+bf16", "x86_64", _V4 | {"avx512_bf16"}),
     Level(GENERIC, "aarch64", frozenset()),
     Level("aarch64+fp16", "aarch64", _FP16),
     Level("aarch64+sve", "aarch64", _FP16 | {"sve"}),

@@ -36,6 +36,7 @@ const std::vector<Level>& levels() {
     std::vector<const char*> fp16 = {"fphp", "asimdhp"};
     return std::vector<Level>{{"generic", "x86_64", {}},      {"x86-64-v2", "x86_64", kV2},
                               {"x86-64-v3", "x86_64", v3},    {"x86-64-v4", "x86_64", v4},
+                              {"x86-64-v4+bf16", "x86_64", plus(v4, {"avx512_bf16"})},
                               {"generic", "aarch64", {}},     {"aarch64+fp16", "aarch64", fp16},
                               {"aarch64+sve", "aarch64", plus(fp16, {"sve"})}};
   }();

@@ -356,6 +356,14 @@ TEST(cpu_levels_refuse_what_the_host_lacks) {
                "cpu:x86-64-v3");
   CHECK_THROWS(tiled::check_runs_here("k", "aarch64+sve", host), "LAUNCH_ERROR",
                "a level of another ISA");
+  // A Zen 4: AVX-512 with AVX512-BF16 (float32 -> bfloat16 by instruction).
+  tiled::HostCpu zen4 = tiled::parse_cpuinfo(
+      "flags\t\t: fpu cx16 lahf_lm popcnt pni sse4_1 sse4_2 ssse3 abm avx avx2 bmi1 bmi2 f16c "
+      "fma movbe xsave avx512f avx512bw avx512cd avx512dq avx512vl avx512_bf16\n", "x86_64");
+  CHECK_EQ(tiled::host_level(zen4), std::string("x86-64-v4+bf16"));
+  tiled::check_runs_here("k", "x86-64-v4", zen4);
+  CHECK_THROWS(tiled::check_runs_here("k", "x86-64-v4+bf16", host), "LAUNCH_ERROR",
+               "which needs avx512_bf16, avx512bw");
   tiled::HostCpu arm = tiled::parse_cpuinfo("Features\t: fp asimd fphp asimdhp\n", "arm64");
   CHECK_EQ(tiled::host_level(arm), std::string("aarch64+fp16"));
   CHECK_THROWS(tiled::check_runs_here("k", "aarch64+sve", arm), "LAUNCH_ERROR", "needs sve");

@@ -202,9 +202,13 @@ def _backend_record(backend: str, compiler: str | None, root: Path) -> dict[str,
                 "nvrtc": _nvrtc_version() if compiler == "nvrtc" else None,
                 "headers": _headers_digest(root)}
     if backend == "cpu":
+        from tiled.compiler.toolchain import hip
         from tiled.compiler.toolchain.cc import cc_version, shim_digest
 
-        return {"cc": cc_version(), "shim": shim_digest(), "machine": platform.machine()}
+        # clang compiles the IR of levels that convert to bfloat16 by instruction, and its
+        # absence makes them round in integers (targets/cpu/native_bf16.py).
+        return {"cc": cc_version(), "shim": shim_digest(), "machine": platform.machine(),
+                "clang": hip.optional_tool_version("clang")}
     if backend == "rocm":
         from tiled.compiler.toolchain import hip
 
@@ -260,7 +264,8 @@ def toolchain_record(target: Any, cuda_compiler: str | None = None,
     cuda adds compiler (nvcc | nvrtc, as `cuda_compiler` or TILED_CUDA_COMPILER resolve),
     nvcc and ptxas version lines, nvrtc (its version when compiling with NVRTC, else None) and
     headers (a hash of tiled_cuda.h and the toolkit's cuda_fp16 / cuda_bf16 headers); cpu adds
-    cc (the C compiler's version), shim (its digest) and machine (the host arch); rocm adds
+    cc (the C compiler's version), shim (its digest), machine (the host arch) and clang (its
+    version line, None when absent: native_bf16); rocm adds
     the version lines of clang, ld.lld and llvm-objcopy (TILED_CLANG, TILED_LLD,
     TILED_LLVM_OBJCOPY) and headers (a hash of tiled's ROCm device headers, toolchain.hip);
     metal adds clang's version line (its type check) and headers (a hash of tiled_metal.h and

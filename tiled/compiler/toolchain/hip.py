@@ -71,6 +71,11 @@ def tool_version(setting: str) -> str:
     return _version_of(path, os.stat(path).st_mtime_ns)
 
 
+def optional_tool_version(setting: str) -> str | None:
+    """tool_version, or None when the tool is not on PATH (a backend that does without it)."""
+    return tool_version(setting) if shutil.which(config.get(setting)) else None
+
+
 def headers_digest() -> str:
     """sha256 over tiled's ROCm device headers (name, size, bytes, in name order)."""
     h = hashlib.sha256()

@@ -32,17 +32,27 @@ class CpuBackend(Backend):
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         import tvm
 
+        from tiled.compiler.targets.cpu import native_bf16
         from tiled.compiler.targets.cpu.lower import lower_cpu
         from tiled.compiler.toolchain.cc import link_cpu_library
 
         codegen = codegen_of(target.arch)
+        # bfloat16 by instruction takes clang (native_bf16.py); without it, integer rounding.
+        native = codegen.native_bf16 and native_bf16.clang() is not None
         with timed("lower"):
-            mod = lower_cpu(program, codegen.vector_bytes, codegen.vector_ldexp)
+            mod = lower_cpu(program, codegen.vector_bytes, codegen.vector_ldexp, native)
+        native = native and native_bf16.uses_marker(mod)
+        llvm = {"kind": "llvm", **codegen.llvm, **({"opt-level": 0} if native else {})}
         with tempfile.TemporaryDirectory(prefix="tiled-cpu-") as tmp:
             obj, so = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
             with timed("codegen"), tvm.transform.PassContext(opt_level=3):
-                ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", **codegen.llvm}))
-                ex.mod.write_to_file(str(obj))
+                ex = tvm.compile(mod, target=tvm.target.Target(llvm))
+                if not native:
+                    ex.mod.write_to_file(str(obj))
+            if native:  # TVM's IR unoptimized, optimized and compiled by clang
+                with timed("toolchain"):
+                    native_bf16.compile_ir(native_bf16.define_marker(
+                        ex.mod.inspect_source("ll")), obj, codegen.cflags)
             with timed("toolchain"):
                 link_cpu_library(str(obj), str(so), codegen.cflags)
             data = so.read_bytes()

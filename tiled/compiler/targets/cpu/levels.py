@@ -21,6 +21,8 @@ class Codegen:
     # Whether LLVM's ldexp is one vector instruction (AVX-512 vscalefps) rather than a libm
     # call per lane (vmath).
     vector_ldexp: bool = False
+    # Whether float32 -> bfloat16 conversions use the level's own instruction (native_bf16.py)
+    native_bf16: bool = False
 
 
 _CODEGEN = {
@@ -35,6 +37,10 @@ _CODEGEN = {
     ("x86_64", "x86-64-v4"): Codegen({"mcpu": "x86-64-v4", "mattr": ["-prefer-256-bit"]},
                                      ("-march=x86-64-v4", "-mtune=generic",
                                       "-mprefer-vector-width=512"), 64, True),
+    ("x86_64", "x86-64-v4+bf16"): Codegen({"mcpu": "x86-64-v4",
+                                           "mattr": ["-prefer-256-bit", "+avx512bf16"]},
+                                          ("-march=x86-64-v4", "-mavx512bf16", "-mtune=generic",
+                                           "-mprefer-vector-width=512"), 64, True, True),
     ("aarch64", "generic"): Codegen({"mcpu": "generic", "mattr": ["+neon"]}, ("-march=armv8-a",)),
     ("aarch64", "aarch64+fp16"): Codegen({"mcpu": "generic", "mattr": ["+neon", "+fullfp16"]},
                                          ("-march=armv8.2-a+fp16",)),

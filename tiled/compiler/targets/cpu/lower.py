@@ -23,6 +23,8 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.targets.cpu import forward, vmath
+from tiled.compiler.targets.cpu.native_bf16 import ATTR as NATIVE_BF16_ATTR
+from tiled.compiler.targets.cpu.native_bf16 import to_bits as native_bf16_bits
 from tiled.compiler.targets.cpu.prefetch import prefetch_ahead, prefetch_plan
 from tiled.compiler.tir import (
     FP8_DTYPES,
@@ -87,9 +89,12 @@ class CpuLowering(ExprLowering):
     exact_fp8 = True  # TVM's LLVM float8 legalization misreads subnormals and NaN
     exact_bf16 = True  # its bfloat16 legalization misses conversions inside a Let's value
 
-    def __init__(self, program: Program, vector_bytes: int = 16, vector_ldexp: bool = False):
+    def __init__(self, program: Program, vector_bytes: int = 16, vector_ldexp: bool = False,
+                 native_bf16: bool = False):
         super().__init__(program)
         self.vector_ldexp = vector_ldexp  # vmath's 2^n through ldexp (levels.Codegen)
+        self.native_bf16 = native_bf16  # float32 -> bfloat16 by instruction (native_bf16.py)
+        self.used_native_bf16 = False
         self.tir_buffers: dict[int, tirx.Buffer] = {}
         # Partial results of a reduction: two vector registers of float32 on the target.
         self.reduce_lanes = max(4, vector_bytes // 2)
@@ -153,6 +158,12 @@ class CpuLowering(ExprLowering):
         if fn is None or dt not in ("float32", "float16", "bfloat16"):
             return super().call(op, args, dt)
         return self.cast(fn(self.cast(args[0], "float32", dt), self.vector_ldexp), dt, "float32")
+
+    def bits_of_float32(self, f32, dt: str):
+        if self.native_bf16 and dt == "bfloat16":
+            self.used_native_bf16 = True
+            return native_bf16_bits(f32)
+        return super().bits_of_float32(f32, dt)
 
     def ir_dtype(self, bid: int) -> str:
         """The TVM name of buffer `bid`'s Tile IR dtype (its TIR buffer holds float8 as
@@ -428,17 +439,18 @@ class CpuLowering(ExprLowering):
                 T.buffer_store(dst, self.cast(run[0], dt, acc), idx)
 
 
-def lower_cpu(program: Program, vector_bytes: int = 16,
-              vector_ldexp: bool = False) -> tvm.IRModule:
-    """The kernel as a TIR module for a CPU whose vector registers hold `vector_bytes` (and
-    whose ldexp is a vector instruction: levels.Codegen)."""
+def lower_cpu(program: Program, vector_bytes: int = 16, vector_ldexp: bool = False,
+              native_bf16: bool = False) -> tvm.IRModule:
+    """The kernel as a TIR module for a CPU whose vector registers hold `vector_bytes` (whose
+    ldexp is a vector instruction, and which converts to bfloat16 by instruction:
+    levels.Codegen)."""
     p = program.proto
     found = explicit_statement(p)
     if found is not None:
         raise CompileError(f"{found[0]} is part of the explicit Hopper path (mbarriers, TMA, "
                            "warpgroups): it compiles for cuda:sm_90a only, not cpu",
                            loc_of(found[1]))
-    lower = CpuLowering(program, vector_bytes, vector_ldexp)
+    lower = CpuLowering(program, vector_bytes, vector_ldexp, native_bf16)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name(p.name)
@@ -459,4 +471,5 @@ def lower_cpu(program: Program, vector_bytes: int = 16,
                         lower.tir_buffers[b.id] = source_name(b, T.alloc_buffer(
                             static_shape(b), lower.tir_dtype(b.dtype)))
                 lower.body(p.kernel.body)
-    return tvm.IRModule({p.name: ib.get()})
+    mod = tvm.IRModule({p.name: ib.get()})
+    return mod.with_attr(NATIVE_BF16_ATTR, True) if lower.used_native_bf16 else mod

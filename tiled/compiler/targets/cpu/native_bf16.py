@@ -6,8 +6,8 @@ them with 8 integer instructions per vector.
 The lowering writes such a conversion as a call of MARKER; TVM builds the module's LLVM IR
 without optimizing it (its `opt-level` 0); `define_marker` turns the marker's declaration into a
 definition (an `fptrunc` to bfloat) and clang compiles the IR at -O3, inlining it into the
-loops it then vectorizes, one instruction per 16 values. LLVM 22 on both sides (TVM's and
-clang-22), so the IR needs no translation.
+loops it then vectorizes, one instruction per 16 values. clang must be of TVM's LLVM major
+version (22 for TVM 0.27: clang-22) to read its IR; another one counts as missing.
 
 The instruction rounds to nearest even and quiets NaN as the integer rounding does, but treats
 float32 subnormal inputs as zero: values below 2^-126 in magnitude become +-0 where the exact
@@ -48,8 +48,17 @@ _FP_OP = re.compile(r"= (fmul|fadd|fsub) (?!contract)")
 
 
 def clang() -> str | None:
-    """The clang (LLVM 22, TILED_CLANG) that compiles the IR, or None when there is none."""
-    return shutil.which(config.get("clang"))
+    """The clang (TILED_CLANG) that compiles the IR, or None when there is none or it is of
+    another LLVM major version than TVM's (it would not read TVM's IR)."""
+    path = shutil.which(config.get("clang"))
+    if path is None:
+        return None
+    from tvm.target import codegen
+
+    from tiled.compiler.toolchain.hip import tool_version
+
+    major = re.search(r"version (\d+)\.", tool_version("clang"))
+    return path if major and int(major.group(1)) == codegen.llvm_version_major() else None
 
 
 def to_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:

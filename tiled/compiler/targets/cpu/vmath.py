@@ -71,11 +71,13 @@ def _scaled(coefficients, r, n, ldexp: bool):
     return p * _pow2(half) * _pow2(k - half)
 
 
-def _clamped(x, lo: float, hi: float, body):
+def _clamped(x, lo: float, hi: float | None, body):
     """body(x clamped to [lo, hi]), NaN passed through: each bound is taken only when the
-    comparison with it holds, which it never does for NaN."""
+    comparison with it holds, which it never does for NaN. hi None: x is never above 0."""
     def clamp(v):
         low = tirx.Select(v < _f32(lo), _f32(lo), v)
+        if hi is None:
+            return low
         return _let(low, lambda c: tirx.Select(c > _f32(hi), _f32(hi), c))
     return _let(x, lambda v: _let(clamp(v), body))
 
@@ -89,18 +91,18 @@ def exp2(x, ldexp: bool = False):
     return _clamped(x, -151.0, 129.0, body)
 
 
-def exp(x, ldexp: bool = False):
-    """e^x for a float32 x."""
+def exp(x, ldexp: bool = False, nonpositive: bool = False):
+    """e^x for a float32 x (`nonpositive`: x is never above 0, so no upper clamp)."""
     def body(c):
         return _let(tirx.nearbyint(c * _f32(_LOG2E)), lambda n: _let(
             c - n * _f32(_LN2_HI) - n * _f32(_LN2_LO), lambda r: _scaled(_EXP, r, n, ldexp)))
-    return _clamped(x, -104.0, 89.0, body)
+    return _clamped(x, -104.0, None if nonpositive else 89.0, body)
 
 
 def sigmoid(x, ldexp: bool = False):
     """1 / (1 + e^-x) for a float32 x, as e^x / (1 + e^x) below 0 (where e^-x would overflow
     while the result is still a subnormal)."""
     def body(v):
-        return _let(exp(_f32(0.0) - tirx.abs(v), ldexp), lambda e: _let(
+        return _let(exp(_f32(0.0) - tirx.abs(v), ldexp, nonpositive=True), lambda e: _let(
             _f32(1.0) / (_f32(1.0) + e), lambda s: tirx.Select(v >= _f32(0.0), s, e * s)))
     return _let(x, body)

@@ -115,10 +115,10 @@ def _built(out: Path, name: str, kernel) -> bool:
 
 
 def _sums(shapes: dict) -> list[dict]:
-    from tiled.ops.gemm import CUDA_SPACE
+    from tiled.ops.gemm import CUDA_SPACE, sum_params
 
     splits = sorted({c.get("splits", 1) for c in CUDA_SPACE} - {1})
-    return [{"N": n, "splits": s, "dtype": "bfloat16"}
+    return [sum_params(n, s, "bfloat16")
             for n in sorted({n for n, _ in shapes.values()}) for s in splits]
 
 

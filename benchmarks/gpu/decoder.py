@@ -72,7 +72,7 @@ def build(out: Path) -> None:
             if cfg.get("splits", 1) > 1:
                 splits.add((N, cfg["splits"]))
     for N, s_ in sorted(splits):
-        params = {"N": N, "splits": s_, "dtype": DTYPE}
+        params = gemm.sum_params(N, s_, DTYPE)
         name = f"splitk_sum__{N}x{s_}"
         _, s = compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params),
                             TARGET)

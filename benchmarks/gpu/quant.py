@@ -43,11 +43,11 @@ RW_FLOATS = 128 << 20
 
 
 def _sums() -> list[dict]:
+    from tiled.ops.gemm import sum_params
     from tiled.ops.quant import CUDA_SPACE
 
     splits = sorted({c.get("splits", 1) for c in CUDA_SPACE} - {1})
-    return [{"N": n, "splits": s, "dtype": DTYPE} for n in sorted({n for _, n in SHAPES})
-            for s in splits]
+    return [sum_params(n, s, DTYPE) for n in sorted({n for _, n in SHAPES}) for s in splits]
 
 
 def build(out: Path) -> None:

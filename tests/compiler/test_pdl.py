@@ -106,23 +106,25 @@ def test_other_backends_run_it_as_nothing():
         assert "griddepcontrol" not in src and "grid_dependency" not in src, target
 
 
-def test_the_split_k_pair_can_launch_programmatically():
-    """tiled.ops' split-K pieces take PDL on request only (benchmarks/gpu/splitk_pdl.py
-    measures it before tiled.ops.linear asks): the GEMM's trigger after its main loop, the
-    sum's wait at its top and the manifest flag that makes the runtime use it."""
+def test_the_split_k_pair_launches_programmatically():
+    """tiled.ops.linear's split-K pieces take PDL (benchmarks/results/splitk_pdl_h200.json):
+    the GEMM's trigger after its main loop (by default with splits, never without), the
+    sum's wait at its top and the manifest flag that makes the runtime use it, as
+    run_split_k asks for it (sum_params)."""
     from tiled.ops import kernels
-    from tiled.ops.gemm import linear_kernel
+    from tiled.ops.gemm import linear_kernel, sum_params
 
-    def gemm(**kw):
+    def gemm(splits=2, **kw):
         k = linear_kernel(64, 256, 256, "bfloat16", "bfloat16", kind="swap", BM=64, BN=64,
-                          threads=128, splits=2, stages=2, **kw)
+                          threads=128, splits=splits, stages=2, **kw)
         return tiled.compile(k, "cuda:sm_90a", cache=False)
 
-    plain, early = gemm(), gemm(trigger=True)
-    assert "launch_dependents" not in plain.source
-    assert early.source.count("tiled::launch_dependents()") == 1 and not early.manifest.pdl
-    total = tiled.compile(kernels.splitk_sum(256, 2, "bfloat16", pdl=True), "cuda:sm_90a",
-                          cache=False)
+    split, whole, plain = gemm(), gemm(splits=1), gemm(trigger=False)
+    assert split.source.count("tiled::launch_dependents()") == 1 and not split.manifest.pdl
+    assert "launch_dependents" not in whole.source and "launch_dependents" not in plain.source
+    params = sum_params(256, 2, "bfloat16")
+    assert params["pdl"]
+    total = tiled.compile(kernels.splitk_sum(**params), "cuda:sm_90a", cache=False)
     assert total.manifest.pdl and "tiled::grid_dependency_wait()" in total.source
     assert not tiled.compile(kernels.splitk_sum(256, 2, "bfloat16"), "cuda:sm_90a",
                              cache=False).manifest.pdl

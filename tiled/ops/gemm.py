@@ -11,7 +11,10 @@ Three kernel forms, all with the token count M symbolic (one compile serves a wh
   cross-lane sum at the end (`_gemv_kernel`).
 Either with `splits` > 1: split-K over a third grid axis, split s writing its float32 partial
 into P[s] of a [splits, M, N] workspace, which one `splitk_sum` kernel adds up and casts into
-y (no zeroing, no atomics: two launches in all).
+y (no zeroing, no atomics: two launches in all). The GEMM runs T.pdl_trigger after its main
+loop and the sum starts with T.pdl_sync, so the sum is launched programmatically: resident
+when the GEMM's blocks finish instead of a launch later (4096 x 4096 at 64 tokens 0.82 ->
+0.85x F.linear with 2 splits, 0.86 -> 0.90x with 4: benchmarks/results/splitk_pdl_h200.json).
 """
 
 import tiled
@@ -31,6 +34,7 @@ CUDA_SPACE = [
     {"kind": "tile", "BM": 128, "BN": 128, "threads": 256},
     {"kind": "tile", "BM": 64, "BN": 128, "threads": 128},
     {"kind": "tile", "BM": 64, "BN": 256, "threads": 128},
+    {"kind": "tile", "BM": 128, "BN": 192, "threads": 256},
     *({"kind": "tile", "BM": bm, "BN": 128, "threads": t, "splits": s}
       for bm, t in ((128, 256), (64, 128)) for s in (2, 4)),
     *({"kind": "swap", "BM": bx, "BN": bw, "threads": t, "splits": s}
@@ -43,7 +47,9 @@ CUDA_SPACE = [
       for bx in (1, 2, 4) for bw in (4, 8) for s in (1, 2)),
 ]
 # (64-column tiles, 128 x 64 and 64 x 64, never won a bucket on the H200 and are left out:
-# benchmarks/results/autotune_linear_h200_run5.json.)
+# benchmarks/results/autotune_linear_h200_run5.json.) 128 x 192 tiles are for grids that
+# 128 x 256 ones leave a partial last wave of: 14336 columns at 1024 tokens are 448 such tiles,
+# 3.4 waves of 132 SMs, and 600 of 128 x 192 (4.5 waves; wgmma takes N a multiple of 64 here).
 # The CPU space: tiles of 64 x 128, 128 x 128 and 256 x 128 from as many tokens as their rows
 # (`min_tokens`), which keep the shim's microkernel on a panel long enough to pay for packing
 # it (bf16, N = K = 4096 on the 2-core Zen 3: 64 x 128 reads 81 GFLOP/s at 64 tokens where
@@ -92,12 +98,13 @@ def _fits(cfg: dict, M: int) -> bool:
 
 
 def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, threads=128,
-                  splits=1, stages=4, min_tokens=0, trigger=False):
+                  splits=1, stages=4, min_tokens=0, trigger=None):
     """The kernel of one config (M only selects: the kernel's M is symbolic; a config serves
     M from `min_tokens`). With `splits` > 1 the K loop is split over a third grid axis and
     split s writes its float32 partial into P[s] ([splits, M, N]), which `splitk_sum` adds
-    up and casts (`_run`). `trigger`: T.pdl_trigger after the main loop, so that a
-    `splitk_sum(pdl=True)` launched after it may start (not in the tuned space yet)."""
+    up and casts (`_run`). `trigger` (default: with splits): T.pdl_trigger after the main
+    loop, so that the programmatically launched `splitk_sum` may start then."""
+    trigger = splits > 1 if trigger is None else trigger
     if not _fits({"kind": kind, "BM": BM, "splits": splits, "min_tokens": min_tokens}, M):
         raise ValueError(f"config {kind} {BM}x{BN} is not for M = {M}")
     Md = T.dyn("M")
@@ -238,7 +245,8 @@ def _inputs(M, N, K, dtype, out_dtype, **config):
 
 def run_split_k(y, splits: int, launch):
     """y [M, N] by `launch(out)`: out is y itself, or with `splits` > 1 a float32 [splits, M,
-    N] workspace of split-K partials that tiled.ops' `splitk_sum` kernel adds up into y."""
+    N] workspace of split-K partials that tiled.ops' `splitk_sum` kernel adds up into y
+    (sum_params)."""
     import torch
 
     import tiled.ops as ops
@@ -249,9 +257,15 @@ def run_split_k(y, splits: int, launch):
     M, N = y.shape
     partials = torch.empty(splits, M, N, device=y.device, dtype=torch.float32)
     launch(partials)
-    ops._kernel("splitk_sum", y, N=N, splits=splits,
-                dtype=str(y.dtype).removeprefix("torch."))(partials, y)
+    ops._kernel("splitk_sum", y, **sum_params(N, splits, str(y.dtype).removeprefix("torch.")))(
+        partials, y)
     return y
+
+
+def sum_params(N: int, splits: int, dtype: str) -> dict:
+    """The `splitk_sum` kernel's parameters run_split_k asks tiled.ops for (what a bundle
+    built elsewhere installs): launched programmatically after the GEMM."""
+    return {"N": N, "splits": splits, "dtype": dtype, "pdl": True}
 
 
 def _run(kernel, config, args):

@@ -45,6 +45,11 @@ CUDA_SPACE = [
       for bw, t, st in ((64, 128, 8), (32, 64, 8), (128, 256, 8)) for s in (1, 2, 4)),
     *({"kind": "gemv", "BM": bx, "BN": bw, "threads": 128, "splits": s}
       for bx in (1, 2, 4) for bw in (4, 8) for s in (1, 2)),
+    # narrow tiles for few tokens: 64 x 32 (wgmma n32) puts 128 blocks on a 4096-row weight
+    # without split-K (a second kernel), 64 x 16 256
+    *({"kind": "tile", "BM": 64, "BN": 32, "threads": 128, "stages": 8, "splits": s}
+      for s in (1, 2, 4)),
+    {"kind": "tile", "BM": 64, "BN": 16, "threads": 128, "stages": 8},
 ]
 # (64-column tiles, 128 x 64 and 64 x 64, never won a bucket on the H200 and are left out:
 # benchmarks/results/autotune_linear_h200_run5.json.) 128 x 192 tiles are for grids that

@@ -38,10 +38,11 @@ class CpuBackend(Backend):
 
         codegen = codegen_of(target.arch)
         # bfloat16 by instruction takes clang (native_bf16.py); without it, integer rounding.
-        native = codegen.native_bf16 and native_bf16.clang() is not None
+        clang = native_bf16.clang() if codegen.native_bf16 else None
         with timed("lower"):
-            mod = lower_cpu(program, codegen.vector_bytes, codegen.vector_ldexp, native)
-        native = native and native_bf16.uses_marker(mod)
+            mod = lower_cpu(program, codegen.vector_bytes, codegen.vector_ldexp,
+                            clang is not None)
+        native = clang is not None and native_bf16.uses_marker(mod)
         llvm = {"kind": "llvm", **codegen.llvm, **({"opt-level": 0} if native else {})}
         with tempfile.TemporaryDirectory(prefix="tiled-cpu-") as tmp:
             obj, so = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
@@ -52,7 +53,7 @@ class CpuBackend(Backend):
             if native:  # TVM's IR unoptimized, optimized and compiled by clang
                 with timed("toolchain"):
                     native_bf16.compile_ir(native_bf16.define_marker(
-                        ex.mod.inspect_source("ll")), obj, codegen.cflags)
+                        ex.mod.inspect_source("ll")), obj, codegen.cflags, clang)
             with timed("toolchain"):
                 link_cpu_library(str(obj), str(so), codegen.cflags)
             data = so.read_bytes()

@@ -19,14 +19,12 @@ level compiles with the integer rounding (the toolchain record says which: diges
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from tvm import tirx
 
-from tiled import config
 from tiled.errors import ToolchainError
 
 MARKER = "tiled_f32_to_bf16"
@@ -50,15 +48,14 @@ _FP_OP = re.compile(r"= (fmul|fadd|fsub) (?!contract)")
 def clang() -> str | None:
     """The clang (TILED_CLANG) that compiles the IR, or None when there is none or it is of
     another LLVM major version than TVM's (it would not read TVM's IR)."""
-    path = shutil.which(config.get("clang"))
-    if path is None:
-        return None
     from tvm.target import codegen
 
-    from tiled.compiler.toolchain.hip import tool_version
+    from tiled.compiler.toolchain.hip import optional_tool_version, tool
 
-    major = re.search(r"version (\d+)\.", tool_version("clang"))
-    return path if major and int(major.group(1)) == codegen.llvm_version_major() else None
+    version = optional_tool_version("clang")
+    major = re.search(r"version (\d+)\.", version or "")
+    return tool("clang") if major and int(major.group(1)) == codegen.llvm_version_major() \
+        else None
 
 
 def to_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -84,11 +81,8 @@ def define_marker(ll: str) -> str:
     return out
 
 
-def compile_ir(ll: str, obj: Path, level_flags: tuple[str, ...]) -> None:
-    """Compiles LLVM IR text `ll` to the object file `obj` with clang at -O3."""
-    exe = clang()
-    if exe is None:
-        raise ToolchainError(f"native bfloat16: {config.get('clang')!r} not found on PATH")
+def compile_ir(ll: str, obj: Path, level_flags: tuple[str, ...], exe: str) -> None:
+    """Compiles LLVM IR text `ll` to the object file `obj` with clang `exe` (clang()) at -O3."""
     with tempfile.TemporaryDirectory(prefix="tiled-cpu-ir-") as tmp:
         src = Path(tmp) / "kernel.ll"
         src.write_text(ll)

@@ -186,3 +186,30 @@ def test_every_config_of_the_cuda_space_defines_a_kernel_for_its_token_counts():
         ms = [m for m in (1, 2, 4, 16, 64, 128, 256, 1024, 4096) if _fits(cfg, m)]
         assert ms, cfg
         linear_kernel(ms[0], 4096, 4096, "bfloat16", "bfloat16", **cfg)
+
+
+@pytest.mark.parametrize("bn,splits", [(32, 1), (32, 2), (16, 1)])
+def test_narrow_tiles_compute_x_at_w_t_and_take_wgmma_on_sm90a(bn, splits):
+    """The CUDA space's narrow tiles (64 tokens x 32 or 16 weight rows, 8 stages, split-K
+    on programmatic launch): right on cpu, and on sm_90a a TMA ring with wgmma of that N."""
+    import shutil
+
+    import tiled
+    from tiled.ops.gemm import _run, linear_kernel
+
+    cfg = {"kind": "tile", "BM": 64, "BN": bn, "threads": 128, "stages": 8, "splits": splits}
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(40, 256, generator=g).bfloat16()
+    w = (torch.randn(96, 256, generator=g) / 16).bfloat16()
+    kernel = tiled.compile(linear_kernel(40, 96, 256, "bfloat16", "bfloat16", **cfg), "cpu")
+    y = torch.full((40, 96), float("nan")).bfloat16()
+    _run(kernel, cfg, [x, w, y])
+    want = x.float() @ w.float().T
+    assert ((y.float() - want).norm() / want.norm()).item() < 1e-2
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    cuda = tiled.compile(linear_kernel(64, 4096, 4096, "bfloat16", "bfloat16", **cfg),
+                         "cuda:sm_90a")
+    assert "tiled::sm90::tma_load(" in cuda.source
+    assert f"wgmma_rows_issue<__nv_bfloat16, 64, 64, {bn}, 64, true>" in cuda.source
+    assert ("tiled::launch_dependents()" in cuda.source) == (splits > 1)

@@ -50,12 +50,14 @@ def clang() -> str | None:
     another LLVM major version than TVM's (it would not read TVM's IR)."""
     from tvm.target import codegen
 
-    from tiled.compiler.toolchain.hip import optional_tool_version, tool
+    from tiled.compiler.toolchain.hip import tool, tool_version
 
-    version = optional_tool_version("clang")
-    major = re.search(r"version (\d+)\.", version or "")
-    return tool("clang") if major and int(major.group(1)) == codegen.llvm_version_major() \
-        else None
+    try:
+        path = tool("clang")
+    except ToolchainError:
+        return None
+    major = re.search(r"version (\d+)\.", tool_version("clang"))
+    return path if major and int(major.group(1)) == codegen.llvm_version_major() else None
 
 
 def to_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:

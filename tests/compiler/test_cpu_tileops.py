@@ -443,3 +443,25 @@ def test_pipelined_prefetches_follow_the_iterations_copies():
     out = np.zeros((64, 64), np.float32)
     tiled.compile(mm, "cpu")(x, y, out)
     np.testing.assert_allclose(out, x @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_a_reduction_rereading_its_rows_prefetches_the_next_blocks_spread_over_its_steps():
+    """softmax on cpu: its max pass streams the block's rows from memory, then the
+    exponentials' sum reads them again from the caches; that pass (only it) prefetches the
+    next block's rows, one cache line at a time in its steps, and the values stay exact."""
+    from tiled.ops import kernels
+
+    k = kernels.softmax(256, "float32", blk_m=2)
+    lines = str(lower_cpu(guard_program(k.ir), vector_bytes=64)).splitlines()
+    prefetch = [i for i, line in enumerate(lines) if "llvm.prefetch" in line]
+    steps = [i for i, line in enumerate(lines) if line.strip() == "for v_2 in range(8):"]
+    # Two 32-element steps' lines (2 x 64 bytes) per step of the sum, rows of block v + 1.
+    assert len(prefetch) == 2 and all("X[(v + 1) * 2 + v_1, v_2 * 32" in lines[i]
+                                      for i in prefetch), lines
+    assert steps and steps[-1] == prefetch[0] - 1  # first in the sum's step, not the max's
+    assert "+ 16]" in lines[prefetch[1]]
+    x = np.random.default_rng(0).standard_normal((7, 256), np.float32) * 3
+    y = np.empty_like(x)
+    tiled.compile(k, "cpu")(x, y)
+    e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(1, keepdims=True), rtol=2e-6)

@@ -9,7 +9,9 @@ its copies read later (prefetch.py); T.gemm calls the shim's microkernel (gemm.c
 and sigmoid are arithmetic that vectorizes (vmath.py), bfloat16 conversions bit operations
 (bf16.py). Copies between a global tensor and a whole tile, and a tile computed only to be
 reduced, are folded into the loops around them where that changes no value (forward.py).
-Atomics go through the shim (blocks run on several threads).
+Reductions and scans are reduce.py's; a reduction that reads a block's rows a second time
+prefetches the next block's as it goes (prefetch.py). Atomics go through the shim (blocks run
+on several threads).
 """
 
 from __future__ import annotations
@@ -26,14 +28,12 @@ from tiled.compiler.targets.cpu import forward, vmath
 from tiled.compiler.targets.cpu.native_bf16 import ATTR as NATIVE_BF16_ATTR
 from tiled.compiler.targets.cpu.native_bf16 import to_bits as native_bf16_bits
 from tiled.compiler.targets.cpu.prefetch import prefetch_ahead, prefetch_plan
+from tiled.compiler.targets.cpu.reduce import ReduceLowering, loop_nest
 from tiled.compiler.tir import (
-    FP8_DTYPES,
     ExprLowering,
     declare_params,
     global_extent,
     loc_of,
-    saturating_abs,
-    scan_acc_dtype,
     source_name,
     static_shape,
     tvm_dtype,
@@ -45,12 +45,6 @@ from tiled.ir.verify_ws import explicit_statement
 from tiled.ir.walk import lanes_independent, stmt_exprs, subexprs
 from tiled.v1 import tile_ir_pb2 as pb
 
-_IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
-             pb.REDUCE_MAX: lambda dt: tirx.min_value(dt),
-             pb.REDUCE_MIN: lambda dt: tirx.max_value(dt),
-             pb.REDUCE_ABSMAX: lambda dt: tirx.const(0, dt)}
-_COMBINE = {pb.REDUCE_SUM: lambda a, b: a + b, pb.REDUCE_MAX: tirx.Max, pb.REDUCE_MIN: tirx.Min,
-            pb.REDUCE_ABSMAX: lambda a, b: tirx.Max(a, saturating_abs(b))}
 # The dtypes the shim's atomics take (cpu_shim.c).
 _ATOMIC_DTYPES = {
     pb.ATOMIC_ADD: ("float32", "float64", "int32", "int64"),
@@ -78,14 +72,7 @@ def _vectorizable(f: pb.For) -> bool:
         and lanes_independent(f)
 
 
-@contextlib.contextmanager
-def loop_nest(extents, kind=T.serial):
-    """Opens nested loops over `extents`; yields their variables."""
-    with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(kind(0, e)) for e in extents]
-
-
-class CpuLowering(ExprLowering):
+class CpuLowering(ReduceLowering, ExprLowering):
     exact_fp8 = True  # TVM's LLVM float8 legalization misreads subnormals and NaN
     exact_bf16 = True  # its bfloat16 legalization misses conversions inside a Let's value
 
@@ -105,6 +92,24 @@ class CpuLowering(ExprLowering):
         # Tiles a reduction computes from the store of the loop that would have written them:
         # tile id -> (that loop's variables, its store, whether the tile is stored too).
         self.computed: dict[int, tuple[list[int], pb.Store, bool]] = {}
+        # Copied-in tiles by how far their reads have got: read by a statement still being
+        # lowered, by an earlier one (its rows are in the caches now), and those whose next
+        # block's rows a pass has prefetched (prefetch.next_block_line).
+        self.touched: set[int] = set()
+        self.streamed: set[int] = set()
+        self.prefetched: set[int] = set()
+        # Block variable -> its value in the block after this one (lower_cpu).
+        self.next_vars: dict[int, tirx.PrimExpr] = {}
+
+    @contextlib.contextmanager
+    def next_block(self):
+        """Expressions built inside read the block variables as the next block's."""
+        saved = {v: self.vars[v] for v in self.next_vars}
+        self.vars.update(self.next_vars)
+        try:
+            yield
+        finally:
+            self.vars.update(saved)
 
     def load(self, bid, indices):
         return self.element(bid, indices)
@@ -126,6 +131,7 @@ class CpuLowering(ExprLowering):
         cp = self.copied_in.get(bid)
         if cp is None:
             return self.tir_buffers[bid][tuple(indices)]
+        self.touched.add(bid)
         coords = forward.tile_coords(self.buffers[bid], indices)
         idx, ok = self.global_index(cp.src, coords)
         src = self.tir_buffers[cp.src.buffer]
@@ -262,6 +268,8 @@ class CpuLowering(ExprLowering):
                 self.computed[tile] = (forward.loop_vars(st), forward.innermost(st).store, keep)
             if pos not in plan.skip:
                 self.stmt(st)
+                self.streamed |= self.touched
+                self.touched.clear()
             self.copied_out.pop(plan.copy_out.get(pos, (None,))[0], None)
             self.computed.pop(plan.into_reduce.get(pos - 1, (None,))[0], None)
             for tile in ends.pop(pos, []):
@@ -374,69 +382,9 @@ class CpuLowering(ExprLowering):
                 self.store(g.c, self.cast(C[i, j], calc, acc) + self.cast(a, calc, a_dt) *
                            self.cast(b, calc, b_dt), [i, j], calc)
 
-    def stmt_reduce(self, r, _s):
-        dst = self.tir_buffers[r.dst]
-        shape = static_shape(self.buffers[r.src])
-        keep = [d for i, d in enumerate(shape) if i != r.dim]
-        src_dt, dst_dt = self.ir_dtype(r.src), self.ir_dtype(r.dst)
-        acc = "float32" if self.bits_float(dst_dt) else dst_dt  # float8, bfloat16: in float32
-        n, combine = shape[r.dim], _COMBINE[r.kind]
-        # Along the contiguous last dim, `lanes` partial results side by side (vector lanes)
-        # instead of one serial chain, which waits out an add's latency per element.
-        lanes = self.reduce_lanes if r.dim == len(shape) - 1 and n >= 2 * self.reduce_lanes \
-            else 1
-        # float8's conversions bind values with Let, which the lane loop would vectorize.
-        emulated = bool(FP8_DTYPES & {src_dt, dst_dt})
-        with loop_nest(keep or [1]) as outer:
-            out_idx = outer if keep else [0]
-
-            def element(k):
-                src_idx = list(outer) if keep else []
-                src_idx.insert(r.dim, k)
-                v = self.cast(self.element(r.src, src_idx), dst_dt, src_dt)
-                return self.cast(v, acc, dst_dt)
-
-            part = T.alloc_buffer((lanes,), acc)
-            # A computed element (forward.py) may bind values with Let (vmath's formulas,
-            # bfloat16 rounding), which this lowering keeps out of TVM's vectorizer (as in
-            # _vectorizable); LLVM vectorizes the serial lane loop itself.
-            lane_loop = T.serial if emulated or lanes == 1 or r.src in self.computed \
-                else T.vectorized
-            with lane_loop(0, lanes) as lane:
-                T.buffer_store(part, _IDENTITY[r.kind](acc), [lane])
-            with T.serial(0, n // lanes) as ko, lane_loop(0, lanes) as lane:
-                T.buffer_store(part, combine(part[lane], element(ko * lanes + lane)), [lane])
-            if n % lanes:
-                with T.serial(0, n % lanes) as k:
-                    T.buffer_store(part, combine(part[0], element(n - n % lanes + k)), [0])
-            if lanes > 1:
-                with T.serial(1, lanes) as lane:
-                    T.buffer_store(part, combine(part[0], part[lane]), [0])
-            init = _IDENTITY[r.kind](acc) if r.clear else \
-                self.cast(dst[tuple(out_idx)], acc, dst_dt)
-            T.buffer_store(dst, self.cast(combine(init, part[0]), dst_dt, acc), out_idx)
-
     def stmt_grid_dependency(self, _g, _s):
         """T.pdl_sync / T.pdl_trigger: a launch returns when its blocks are done; nothing to
         do."""
-
-    def stmt_scan(self, sc, _s):
-        src, dst = self.tir_buffers[sc.src], self.tir_buffers[sc.dst]
-        shape = static_shape(self.buffers[sc.src])
-        keep = [d for i, d in enumerate(shape) if i != sc.dim]
-        n = shape[sc.dim]
-        # 16- and 8-bit floats keep the running sum in float32 and round each output once.
-        dt, acc = self.ir_dtype(sc.src), scan_acc_dtype(self.buffers[sc.src].dtype)
-        with loop_nest(keep or [1]) as outer:
-            run = T.alloc_buffer((1,), acc)
-            T.buffer_store(run, tirx.const(0, acc), [0])
-            # src[k] is read before dst[k] is written, so src and dst may be one buffer.
-            with T.serial(0, n) as k:
-                pos = n - 1 - k if sc.reverse else k
-                idx = list(outer) if keep else []
-                idx.insert(sc.dim, pos)
-                T.buffer_store(run, run[0] + self.cast(src[tuple(idx)], acc, dt), [0])
-                T.buffer_store(dst, self.cast(run[0], dt, acc), idx)
 
 
 def lower_cpu(program: Program, vector_bytes: int = 16, vector_ldexp: bool = False,
@@ -461,11 +409,12 @@ def lower_cpu(program: Program, vector_bytes: int = 16, vector_ldexp: bool = Fal
             for g in grid[1:]:
                 total = total * g
             with T.parallel(0, total) as fused:
-                rest = fused
-                for i, vid in enumerate(p.kernel.block_vars):
-                    last = i == len(grid) - 1
-                    lower.vars[vid] = rest if last else tirx.floormod(rest, grid[i])
-                    rest = tirx.floordiv(rest, grid[i])
+                for into, first in ((lower.vars, fused), (lower.next_vars, fused + 1)):
+                    rest = first
+                    for i, vid in enumerate(p.kernel.block_vars):
+                        last = i == len(grid) - 1
+                        into[vid] = rest if last else tirx.floormod(rest, grid[i])
+                        rest = tirx.floordiv(rest, grid[i])
                 for b in p.buffers:
                     if b.scope != pb.GLOBAL:
                         lower.tir_buffers[b.id] = source_name(b, T.alloc_buffer(

@@ -6,6 +6,15 @@ tiles whose rows lie pages apart are what the hardware's own prefetchers follow 
 Issued before the copies, the burst of prefetches competed with the copies' own loads for the
 core's miss buffers (the copies took 16.5% of a 2048^3 gemm's time that way, 13.9% after).
 
+Row-block kernels (RMSNorm, softmax) have no T.Pipelined loop: a block reads its rows from
+memory in its first pass and then computes on them in the caches while the memory idles. A
+reduction that reads such rows a second time (softmax's exponentials) asks, one prefetch per
+cache line as it goes, for the rows the next block will read (`next_block_line`): the grid
+is split into runs of consecutive blocks per thread (the shim), so the next block is
+usually this thread's next. Spread over the pass, these overlap the next block's loads with
+this one's arithmetic; issued as one burst after the first pass (tried, not kept:
+benchmarks/results/cpu_next_block_prefetch.diff) they measured no gain.
+
 A prefetch never faults and changes no value, so unlike the run-ahead copies of the cuda target
 (tiled.compiler.passes.pipeline) the only requirement is that the copy's offsets can be
 computed up front: built from the loop variable, block indices, dims and scalar parameters.
@@ -25,12 +34,35 @@ from tiled.ir.walk import expr_vars, subexprs
 from tiled.v1 import tile_ir_pb2 as pb
 
 CACHE_LINE = 64
+# Which reductions prefetch the next block's rows (next_block_line): "math", those whose
+# elements take a long math function (reduce.py, rereads); "any" and "off" only to measure
+# the choice (benchmarks/cpu/next_block_prefetch.py).
+NEXT_BLOCK = "math"
 _LOCALITY_L2 = 2  # llvm.prefetch locality 2: x86 prefetcht1, into L2 and the levels below
 
 
 def _pure(offsets, allowed: set[int]) -> bool:
     return not any(x.WhichOneof("kind") == "load" for e in offsets for x in subexprs(e)) and \
         expr_vars(offsets) <= allowed
+
+
+def _prefetch(buf, idx) -> None:
+    # An address past the tensor is fine: a prefetch never faults.
+    T.evaluate(tirx.call_llvm_intrin(
+        "void", "llvm.prefetch.p0", T.address_of(buf[tuple(idx)]),
+        tirx.const(0, "int32"), tirx.const(_LOCALITY_L2, "int32"), tirx.const(1, "int32")))
+
+
+def next_block_line(lower, copy: pb.Copy, coords: list, elements: int) -> None:
+    """Prefetches the cache lines holding `elements` consecutive elements (along the last
+    dim) from tile coordinates `coords` of the global region `copy` reads, as the next
+    block (lower.next_block) will read it."""
+    buf = lower.tir_buffers[copy.src.buffer]
+    per_line = max(1, CACHE_LINE // dtypes.nbytes(lower.buffers[copy.src.buffer].dtype))
+    with lower.next_block():
+        for at in range(0, elements, per_line):
+            idx, _ = lower.region_index(copy.src, [*coords[:-1], coords[-1] + at])
+            _prefetch(buf, idx)
 
 
 def _region(lower, region: pb.Region) -> None:
@@ -43,11 +75,7 @@ def _region(lower, region: pb.Region) -> None:
         rows = [stack.enter_context(T.serial(0, e)) for e in tile[:-1]]
         line = stack.enter_context(T.serial(0, lines))
         idx, _ = lower.region_index(region, [*rows, line * max(1, CACHE_LINE // size)])
-        # An address past the tensor is fine: a prefetch never faults.
-        T.evaluate(tirx.call_llvm_intrin(
-            "void", "llvm.prefetch.p0", T.address_of(buf[tuple(idx)]),
-            tirx.const(0, "int32"), tirx.const(_LOCALITY_L2, "int32"),
-            tirx.const(1, "int32")))
+        _prefetch(buf, idx)
 
 
 def _global(lower, region: pb.Region, allowed: set[int]) -> bool:

@@ -1,0 +1,132 @@
+"""Reductions and scans for the `cpu` lowering (lower.py), a mixin of its CpuLowering: a
+reduction along the contiguous last dim keeps `reduce_lanes` partial results side by side
+(vector lanes), and one that reads a block's rows a second time prefetches the next block's
+as it goes (prefetch.next_block_line); a scan is a serial running sum."""
+
+from __future__ import annotations
+
+import contextlib
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from tiled.compiler.targets.cpu import forward, prefetch
+from tiled.compiler.targets.cpu.prefetch import next_block_line
+from tiled.compiler.tir import FP8_DTYPES, saturating_abs, scan_acc_dtype, static_shape
+from tiled.ir.walk import stmt_exprs, subexprs
+from tiled.v1 import tile_ir_pb2 as pb
+
+_IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
+             pb.REDUCE_MAX: lambda dt: tirx.min_value(dt),
+             pb.REDUCE_MIN: lambda dt: tirx.max_value(dt),
+             pb.REDUCE_ABSMAX: lambda dt: tirx.const(0, dt)}
+_COMBINE = {pb.REDUCE_SUM: lambda a, b: a + b, pb.REDUCE_MAX: tirx.Max, pb.REDUCE_MIN: tirx.Min,
+            pb.REDUCE_ABSMAX: lambda a, b: tirx.Max(a, saturating_abs(b))}
+
+# Math functions that take many instructions an element (vmath's, or libm calls).
+_LONG_MATH = {pb.EXP, pb.EXP2, pb.LOG, pb.LOG2, pb.TANH, pb.SIGMOID, pb.POW, pb.ERF, pb.SIN,
+              pb.COS}
+
+
+@contextlib.contextmanager
+def loop_nest(extents, kind=T.serial):
+    """Opens nested loops over `extents`; yields their variables."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(kind(0, e)) for e in extents]
+
+
+class ReduceLowering:
+    """T.reduce_* and T.cumsum on a CPU (CpuLowering's tile buffers, casts and elements)."""
+
+    def stmt_reduce(self, r, _s):
+        dst = self.tir_buffers[r.dst]
+        shape = static_shape(self.buffers[r.src])
+        keep = [d for i, d in enumerate(shape) if i != r.dim]
+        src_dt, dst_dt = self.ir_dtype(r.src), self.ir_dtype(r.dst)
+        acc = "float32" if self.bits_float(dst_dt) else dst_dt  # float8, bfloat16: in float32
+        n, combine = shape[r.dim], _COMBINE[r.kind]
+        # Along the contiguous last dim, `lanes` partial results side by side (vector lanes)
+        # instead of one serial chain, which waits out an add's latency per element.
+        lanes = self.reduce_lanes if r.dim == len(shape) - 1 and n >= 2 * self.reduce_lanes \
+            else 1
+        # float8's conversions bind values with Let, which the lane loop would vectorize.
+        emulated = bool(FP8_DTYPES & {src_dt, dst_dt})
+        ahead = self.rereads(r, shape) if lanes > 1 and prefetch.NEXT_BLOCK != "off" else None
+        with loop_nest(keep or [1]) as outer:
+            out_idx = outer if keep else [0]
+
+            def element(k):
+                src_idx = list(outer) if keep else []
+                src_idx.insert(r.dim, k)
+                v = self.cast(self.element(r.src, src_idx), dst_dt, src_dt)
+                return self.cast(v, acc, dst_dt)
+
+            part = T.alloc_buffer((lanes,), acc)
+            # A computed element (forward.py) may bind values with Let (vmath's formulas,
+            # bfloat16 rounding), which this lowering keeps out of TVM's vectorizer (as in
+            # _vectorizable); LLVM vectorizes the serial lane loop itself.
+            lane_loop = T.serial if emulated or lanes == 1 or r.src in self.computed \
+                else T.vectorized
+            with lane_loop(0, lanes) as lane:
+                T.buffer_store(part, _IDENTITY[r.kind](acc), [lane])
+            with T.serial(0, n // lanes) as ko:
+                if ahead is not None:  # this step's lines of the next block's rows
+                    tile, cp = ahead
+                    coords = list(outer) if keep else []
+                    coords.insert(r.dim, ko * lanes)
+                    next_block_line(self, cp, forward.tile_coords(self.buffers[tile], coords),
+                                    lanes)
+                with lane_loop(0, lanes) as lane:
+                    T.buffer_store(part, combine(part[lane], element(ko * lanes + lane)),
+                                   [lane])
+            if n % lanes:
+                with T.serial(0, n % lanes) as k:
+                    T.buffer_store(part, combine(part[0], element(n - n % lanes + k)), [0])
+            if lanes > 1:
+                with T.serial(1, lanes) as lane:
+                    T.buffer_store(part, combine(part[0], part[lane]), [0])
+            init = _IDENTITY[r.kind](acc) if r.clear else \
+                self.cast(dst[tuple(out_idx)], acc, dst_dt)
+            T.buffer_store(dst, self.cast(combine(init, part[0]), dst_dt, acc), out_idx)
+
+    def rereads(self, r: pb.Reduce, shape: list[int]) -> tuple[int, pb.Copy] | None:
+        """(tile, its copy in) where reduction `r` computes its elements with a long math
+        function (softmax's exponentials) from a tile copied in from global rows that an earlier
+        statement has read already (so they are in the caches), and no pass prefetches that
+        tile's next block yet: `r` prefetches it (prefetch.next_block_line). Only a region
+        whose last dim is the tile's last. A pass of plain arithmetic is not slow enough for
+        the prefetches to arrive without queueing: LayerNorm's sum of squares measured 0.93x
+        with them in float32 (benchmarks/cpu/next_block_prefetch.py, `any`)."""
+        if r.src not in self.computed:
+            return None
+        exprs = [x for e in stmt_exprs(pb.Stmt(store=self.computed[r.src][1]))
+                 for x in subexprs(e)]
+        if prefetch.NEXT_BLOCK == "math" and not any(
+                x.WhichOneof("kind") == "call" and x.call.op in _LONG_MATH for x in exprs):
+            return None
+        for tile in (x.load.buffer for x in exprs if x.WhichOneof("kind") == "load"):
+            cp = self.copied_in.get(tile)
+            if cp is not None and tile in self.streamed and tile not in self.prefetched and \
+                    static_shape(self.buffers[tile]) == shape and cp.src.extents[-1] != 1 and \
+                    shape[-1] != 1:
+                self.prefetched.add(tile)
+                return tile, cp
+        return None
+
+    def stmt_scan(self, sc, _s):
+        src, dst = self.tir_buffers[sc.src], self.tir_buffers[sc.dst]
+        shape = static_shape(self.buffers[sc.src])
+        keep = [d for i, d in enumerate(shape) if i != sc.dim]
+        n = shape[sc.dim]
+        # 16- and 8-bit floats keep the running sum in float32 and round each output once.
+        dt, acc = self.ir_dtype(sc.src), scan_acc_dtype(self.buffers[sc.src].dtype)
+        with loop_nest(keep or [1]) as outer:
+            run = T.alloc_buffer((1,), acc)
+            T.buffer_store(run, tirx.const(0, acc), [0])
+            # src[k] is read before dst[k] is written, so src and dst may be one buffer.
+            with T.serial(0, n) as k:
+                pos = n - 1 - k if sc.reverse else k
+                idx = list(outer) if keep else []
+                idx.insert(sc.dim, pos)
+                T.buffer_store(run, run[0] + self.cast(src[tuple(idx)], acc, dt), [0])
+                T.buffer_store(dst, self.cast(run[0], dt, acc), idx)

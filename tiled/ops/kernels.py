@@ -80,18 +80,19 @@ def layer_norm(N: int, dtype: str, eps: float, affine: bool, blk_m: int = 1,
             T.reduce_sum(x, mean, dim=1)
             for i in T.Parallel(blk_m):
                 mean[i] = mean[i] / N
+            # The centred values are computed twice rather than stored: on a CPU the squares
+            # are then summed as computed (never stored) and x stays X's copy, read from X.
             for i, j in T.Parallel(blk_m, N):
-                x[i, j] = x[i, j] - mean[i]
-                d2[i, j] = x[i, j] * x[i, j]
+                d2[i, j] = (x[i, j] - mean[i]) * (x[i, j] - mean[i])
             T.reduce_sum(d2, var, dim=1)
             for i in T.Parallel(blk_m):
                 var[i] = T.rsqrt(var[i] / N + eps)
             for i, j in T.Parallel(blk_m, N):
                 if affine:
-                    x[i, j] = x[i, j] * var[i] * T.cast(W[j], "float32") + \
+                    x[i, j] = (x[i, j] - mean[i]) * var[i] * T.cast(W[j], "float32") + \
                         T.cast(B[j], "float32")
                 else:
-                    x[i, j] = x[i, j] * var[i]
+                    x[i, j] = (x[i, j] - mean[i]) * var[i]
             T.copy(x, Y[bx * blk_m, 0])
 
     return layer_norm_kernel

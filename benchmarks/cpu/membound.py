@@ -4,7 +4,8 @@
         [--out benchmarks/results/cpu_membound.json]
 
 tiled.ops' kernels as its CPU path compiles them (tiled/ops/kernels.py, the launch config of
-tiled.ops for `cpu`): RMSNorm and softmax over X [rows, cols] -> Y [rows, cols], SiLU-and-mul
+tiled.ops for `cpu`): RMSNorm, softmax and LayerNorm (with weight and bias) over X [rows, cols]
+-> Y [rows, cols], SiLU-and-mul
 over X [rows, 2 cols] -> Y [rows, cols]; float32 and bfloat16. Bandwidth counts the bytes the
 op must move (X read + Y written; the weight row is not counted). The reference is the faster
 of two plain copies of a [rows, cols] array measured in the same run: numpy's `copyto` and a
@@ -50,11 +51,15 @@ def copy_kernel(cols: int, dtype: str, rows_per_block: int = 4):
     return copy
 
 
-def reference(name: str, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def reference(name: str, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """What op `name` computes, in float64."""
     x64 = x.astype(np.float64)
     if name == "rms_norm":
         return x64 / np.sqrt((x64 ** 2).mean(1, keepdims=True) + 1e-6) * w.astype(np.float64)
+    if name == "layer_norm":
+        c = x64 - x64.mean(1, keepdims=True)
+        return c / np.sqrt((c ** 2).mean(1, keepdims=True) + 1e-5) * w.astype(np.float64) + \
+            b.astype(np.float64)
     if name == "softmax":
         e = np.exp(x64 - x64.max(1, keepdims=True))
         return e / e.sum(1, keepdims=True)
@@ -71,6 +76,7 @@ def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
     x = (rng.standard_normal((rows, cols), dtype=np.float32) * 2).astype(dt)
     x2 = (rng.standard_normal((rows, 2 * cols), dtype=np.float32) * 2).astype(dt)
     w = rng.standard_normal(cols, dtype=np.float32).astype(dt)
+    b = rng.standard_normal(cols, dtype=np.float32).astype(dt)
     y = np.empty((rows, cols), dt)
     nbytes = x.nbytes
 
@@ -88,6 +94,8 @@ def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
                      (x, w, y), 2 * nbytes, x),
         "softmax": (tiled.compile(kernels.softmax(cols, dtype, **cfg), target="cpu"),
                     (x, y), 2 * nbytes, x),
+        "layer_norm": (tiled.compile(kernels.layer_norm(cols, dtype, 1e-5, True, **cfg),
+                                     target="cpu"), (x, w, b, y), 2 * nbytes, x),
         "silu_and_mul": (tiled.compile(kernels.gated_activation(
             cols, dtype, "silu", **_launch_config("gated_activation", "cpu", N=cols)),
             target="cpu"), (x2, y), x2.nbytes + y.nbytes, x2),
@@ -97,7 +105,7 @@ def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
            "reference_gbs": copy_best, "ops": {}}
     for name, (kernel, args, moved, src) in ops.items():
         kernel(*args)
-        want = reference(name, src, w)
+        want = reference(name, src, w, b)
         err = float(np.abs(y.astype(np.float64) - want).max() / np.abs(want).max())
         assert err < tol, (name, dtype, err)
         op_t, copy_t = [], []

@@ -2,7 +2,7 @@
 T.fill, T.reduce and T.cumsum (Scan) are run by the whole block, so never inside a Parallel
 loop; each takes operands of the scopes, dtypes and shapes its lowering handles (a copy's two
 tiles agree up to unit dims, gemm's A @ B is C, a reduction drops one dim, a scan keeps the
-shape and dtype). Regions and indices are checked by the driver (`region`, `index`), TMA copies
+shape and dtype). Regions and indices are checked by tiled.ir.verify_access, TMA copies
 by tiled.ir.verify_ws.
 """
 

@@ -31,11 +31,11 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory holding tile
 SOURCE_SUFFIXES = (".py", ".h", ".c")
 # Besides tiled/compiler: the files that decide what a program means (its digest, and which
 # programs verify). intervals / ops / dtypes are the verifier's own helpers.
-IR_FILES = ("tiled/ir/canonical.py", "tiled/ir/verifier.py", "tiled/ir/verify_arith.py",
-            "tiled/ir/verify_base.py", "tiled/ir/verify_exprs.py", "tiled/ir/verify_guards.py",
-            "tiled/ir/verify_limits.py", "tiled/ir/verify_params.py", "tiled/ir/verify_tiles.py",
-            "tiled/ir/verify_ws.py", "tiled/ir/intervals.py", "tiled/ir/ops.py",
-            "tiled/ir/dtypes.py")
+IR_FILES = ("tiled/ir/canonical.py", "tiled/ir/verifier.py", "tiled/ir/verify_access.py",
+            "tiled/ir/verify_arith.py", "tiled/ir/verify_base.py", "tiled/ir/verify_exprs.py",
+            "tiled/ir/verify_guards.py", "tiled/ir/verify_limits.py",
+            "tiled/ir/verify_params.py", "tiled/ir/verify_tiles.py", "tiled/ir/verify_ws.py",
+            "tiled/ir/intervals.py", "tiled/ir/ops.py", "tiled/ir/dtypes.py")
 CUDA_TOOLKIT_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp",
                         "cuda_fp8.h", "cuda_fp8.hpp")
 

@@ -11,8 +11,9 @@ kernel, then the ops run as a serving process calls them (torch tensors, current
 
 Every call is captured GRAPH_CALLS times in a CUDA graph and the replay timed (do_bench,
 medians of ROUNDS interleaved rounds: op, torch, copy). Bytes counted: what the op must read
-and write (rms_norm 2 M N + N elements, fused_add_rms_norm 4 M N + N, silu_and_mul 3 M N for
-x [M, 2N], rotary the q and k lanes read and written). The bandwidth reference is the faster
+and write (rms_norm 2 M N + N elements, fused_add_rms_norm 4 M N + N, silu_and_mul and
+gelu_and_mul (erf) 3 M N for x [M, 2N], layer_norm 2 M N + 2 N, rotary the q and k lanes read
+and written). The bandwidth reference is the faster
 of a device copy of the same bytes (torch's copy_, a cudaMemcpy) and an in-place elementwise
 kernel streaming 512 MiB (neg_, RW_BYTES: past the L2 whatever the op's size), both timed
 beside the op. A launch-config sweep of the row norms
@@ -54,7 +55,11 @@ def specs():
                 (f"fused_add_rms_norm_{n}", "fused_add_rms_norm",
                  {"N": n, "dtype": DTYPE, "eps": EPS}),
                 (f"silu_and_mul_{n}", "gated_activation", {"N": n, "dtype": DTYPE,
-                                                           "act": "silu"})]
+                                                           "act": "silu"}),
+                (f"gelu_and_mul_{n}", "gated_activation", {"N": n, "dtype": DTYPE,
+                                                           "act": "gelu"}),
+                (f"layer_norm_{n}", "layer_norm", {"N": n, "dtype": DTYPE, "eps": EPS,
+                                                   "affine": True})]
     out.append(("rotary", "rotary_embedding", {**ROPE, "dtype": DTYPE,
                                                 "cache_dtype": DTYPE, "is_neox": True}))
     out += [("softmax_fp32_4096", "softmax", {"N": 4096, "dtype": "float32"}),
@@ -184,6 +189,10 @@ def _cases(torch, n, m):
                                e * (4 * m * n + n)),
         "silu_and_mul": (lambda: ops.silu_and_mul(h),
                          lambda: F.silu(h[:, :n]) * h[:, n:], e * 3 * m * n),
+        "gelu_and_mul": (lambda: ops.gelu_and_mul(h),
+                         lambda: F.gelu(h[:, :n]) * h[:, n:], e * 3 * m * n),
+        "layer_norm": (lambda: ops.layer_norm(x, w, w, EPS),
+                       lambda: F.layer_norm(x, (n,), w, w, EPS), e * (2 * m * n + 2 * n)),
     }
 
 
@@ -328,7 +337,10 @@ def _check(torch, n, m) -> dict:
                             F.rms_norm(x.float(), (n,), w.float(), EPS)),
            "fused_add_rms_norm": max(_rel(r2, want_r), _rel(x2, F.rms_norm(
                want_r.float(), (n,), w.float(), EPS))),
-           "silu_and_mul": _rel(ops.silu_and_mul(h), F.silu(h[:, :n].float()) * h[:, n:].float())}
+           "silu_and_mul": _rel(ops.silu_and_mul(h), F.silu(h[:, :n].float()) * h[:, n:].float()),
+           "gelu_and_mul": _rel(ops.gelu_and_mul(h), F.gelu(h[:, :n].float()) * h[:, n:].float()),
+           "layer_norm": _rel(ops.layer_norm(x, w, w, EPS),
+                              F.layer_norm(x.float(), (n,), w.float(), w.float(), EPS))}
     if n == HIDDEN[0]:
         pos, q, k, cache = _rope_inputs(torch, m)
         q1, k1, q2, k2 = q.clone(), k.clone(), q.clone(), k.clone()

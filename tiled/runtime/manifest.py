@@ -39,290 +39,56 @@ A tensor_map's param is a tensor of 1 to 5 dims with a contiguous last dim; the 
 the descriptor at launch (cuTensorMapEncodeTiled: globalDim = the shape innermost first,
 globalStrides = the byte strides of the outer dims, boxDim `box` in elements, one entry per dim
 innermost first, swizzle `b` in {0, 32, 64, 128} bytes, out-of-bounds elements read as zeros).
-Checked here: one box entry per dim, each in 1..256, box[0] times the element size a multiple
-of 16 bytes and, when swizzled, at most `b` bytes.
+Checked on construction: one box entry per dim, each in 1..256, box[0] times the element size
+a multiple of 16 bytes and, when swizzled, at most `b` bytes.
 
 Validation happens on construction; every problem raises ManifestError naming the field.
+
+This module holds the Manifest class: the rules that span the whole manifest (names and dims
+across params, kernel_args against params, the backend fields, the fallback variant) and its
+JSON form. The parts live beside it and are re-exported here: expressions in
+tiled.runtime.manifest_exprs, Param / KernelArg in tiled.runtime.manifest_args, ManifestError
+and the single-value checks in tiled.runtime.manifest_base.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tiled.errors import LaunchError
 from tiled.ir import dtypes
 from tiled.runtime.code_object import check_code_object
+from tiled.runtime.manifest_args import (
+    KERNEL_ARG_KINDS,
+    TMA_MAX_BOX,
+    TMA_MAX_RANK,
+    TMA_SWIZZLES,
+    KernelArg,
+    Param,
+    _check_tensor_map,
+)
+from tiled.runtime.manifest_base import DTYPES, ManifestError, _fail, _is_int
+from tiled.runtime.manifest_exprs import (
+    OPS,
+    SM_COUNT_DIM,
+    Expr,
+    _expr_json,
+    check_expr,
+    compile_expr,
+    eval_expr,
+    expr_names,
+)
 from tiled.runtime.metal_abi import check_metal
 
 MANIFEST_VERSION = 1
-KERNEL_ARG_KINDS = ("tensor", "scalar", "dim", "tensor_map")
-TMA_SWIZZLES = (0, 32, 64, 128)  # tensor_map swizzle spans in bytes; 0: none
-TMA_MAX_BOX = 256  # elements per box dim (cuTensorMapEncodeTiled)
-TMA_MAX_RANK = 5  # dims of a tensor_map
-DTYPES = tuple(dtypes.NAME_TO_ENUM)
-OPS = ("add", "sub", "mul", "floordiv", "floormod", "ceildiv", "min", "max")
 # backend -> the artifact format its loader takes; other backends are accepted by the manifest
 # and refused by tiled.runtime.load until a loader exists.
 FORMATS = {"cpu": "so", "cuda": "cubin", "rocm": "hsaco", "metal": "msl"}
 
-Expr = int | str | tuple  # an int, a dim name, or (op, a, b); lists in JSON
-
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class ManifestError(LaunchError):
-    """A manifest that does not follow the schema; the message names the field."""
-
-
-def _fail(where: str, problem: str) -> ManifestError:
-    return ManifestError(f"manifest {where}: {problem}")
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _ident(v: object, where: str) -> str:
-    if not isinstance(v, str) or not _IDENT.fullmatch(v):
-        raise _fail(where, f"expected an identifier, got {v!r}")
-    return v
-
-
-def _dtype(v: object, where: str) -> str:
-    if v not in DTYPES:
-        raise _fail(where, f"unknown dtype {v!r}; known: {', '.join(DTYPES)}")
-    return v  # type: ignore[return-value]
-
-
-def expr_names(expr: Expr) -> set[str]:
-    """The dim names an expression reads."""
-    if isinstance(expr, str):
-        return {expr}
-    if isinstance(expr, list | tuple) and len(expr) == 3:
-        return expr_names(expr[1]) | expr_names(expr[2])
-    return set()
-
-
-# A name a manifest expression may use besides the dims: the CUDA runtime binds it to the
-# device's multiprocessor count (a persistent kernel's grid is min(blocks, k x the SM count),
-# k its blocks per SM).
-SM_COUNT_DIM = "tiled_sm_count"
-
-
-def check_expr(expr: object, where: str) -> Expr:
-    """Checks the expression's form (not its names); returns it with nodes as tuples."""
-    if _is_int(expr):
-        return expr  # type: ignore[return-value]
-    if isinstance(expr, str):
-        return _ident(expr, where)
-    if isinstance(expr, list | tuple) and len(expr) == 3:
-        if expr[0] not in OPS:
-            raise _fail(where, f"unknown operator {expr[0]!r}; known: {', '.join(OPS)}")
-        return (expr[0], check_expr(expr[1], where), check_expr(expr[2], where))
-    raise _fail(where, f"expected an int, a dim name or [op, a, b], got {expr!r}")
-
-
-def eval_expr(expr: Expr, dims: dict[str, int]) -> int:
-    """Evaluates a manifest expression with the dims bound by a call. floordiv / floormod round
-    toward negative infinity (Python's // and %), ceildiv up. Raises LaunchError on an unknown
-    operator or name, a malformed node, or a division by zero."""
-    if _is_int(expr):
-        return expr  # type: ignore[return-value]
-    if isinstance(expr, str):
-        if expr not in dims:
-            known = ", ".join(sorted(dims)) or "none"
-            raise LaunchError(f"expression uses dim {expr!r}, which no argument binds "
-                              f"(bound: {known})")
-        return dims[expr]
-    if not (isinstance(expr, list | tuple) and len(expr) == 3):
-        raise LaunchError(f"malformed expression {expr!r}: expected int, name or [op, a, b]")
-    op, a, b = expr[0], eval_expr(expr[1], dims), eval_expr(expr[2], dims)
-    if op == "add":
-        return a + b
-    if op == "sub":
-        return a - b
-    if op == "mul":
-        return a * b
-    if op == "min":
-        return min(a, b)
-    if op == "max":
-        return max(a, b)
-    if op in ("floordiv", "floormod", "ceildiv"):
-        if b == 0:
-            raise LaunchError(f"division by zero evaluating {expr!r} with {dims}")
-        return a // b if op == "floordiv" else a % b if op == "floormod" else -(-a // b)
-    raise LaunchError(f"unknown operator {op!r} in {expr!r}; known: {', '.join(OPS)}")
-
-
-_OP_FUNCS: dict[str, Callable[[int, int], int]] = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "min": min, "max": max, "floordiv": lambda a, b: a // b, "floormod": lambda a, b: a % b,
-    "ceildiv": lambda a, b: -(-a // b),
-}
-
-
-def compile_expr(expr: Expr) -> Callable[[dict[str, int]], int]:
-    """A function of the dims that computes eval_expr(expr, dims), errors included, without
-    walking the expression on every call. `expr` must have passed check_expr."""
-    if _is_int(expr):
-        return lambda dims: expr  # type: ignore[return-value]
-    if isinstance(expr, str):
-        def name(dims: dict[str, int]) -> int:
-            v = dims.get(expr)
-            return v if v is not None else eval_expr(expr, dims)
-        return name
-    f, a, b = _OP_FUNCS[expr[0]], compile_expr(expr[1]), compile_expr(expr[2])
-    if expr[0] in ("floordiv", "floormod", "ceildiv"):
-        def div(dims: dict[str, int]) -> int:
-            y = b(dims)
-            return f(a(dims), y) if y else eval_expr(expr, dims)  # raises: division by zero
-        return div
-    return lambda dims: f(a(dims), b(dims))
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of the kernel's Python-level signature."""
-
-    name: str
-    kind: str  # "tensor" | "scalar"
-    dtype: str
-    shape: tuple[int | str, ...] | None = None  # tensors only
-    align: int | None = None  # tensors only; bytes; None: the element size
-
-    @property
-    def alignment(self) -> int:
-        """Required data pointer alignment in bytes."""
-        return self.align if self.align is not None else dtypes.nbytes(self.dtype)
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "kind": self.kind, "dtype": self.dtype}
-        if self.shape is not None:
-            d["shape"] = list(self.shape)
-        if self.align is not None:
-            d["align"] = self.align
-        return d
-
-    @classmethod
-    def from_dict(cls, d: object, where: str) -> Param:
-        if not isinstance(d, dict):
-            raise _fail(where, f"expected an object, got {type(d).__name__}")
-        kind = d.get("kind")
-        allowed = {"tensor": {"name", "kind", "dtype", "shape", "align"},
-                   "scalar": {"name", "kind", "dtype"}}.get(kind) if isinstance(kind, str) \
-            else None
-        if allowed is None:
-            raise _fail(f"{where}.kind", f"expected 'tensor' or 'scalar', got {kind!r}")
-        extra = set(d) - allowed
-        if extra:
-            raise _fail(where, f"unexpected field(s) {sorted(extra)} for a {kind}")
-        for key in ("name", "dtype"):
-            if key not in d:
-                raise _fail(where, f"missing field {key!r}")
-        name = _ident(d["name"], f"{where}.name")
-        dtype = _dtype(d["dtype"], f"{where}.dtype")
-        if kind == "scalar":
-            return cls(name, kind, dtype)
-        if "shape" not in d:
-            raise _fail(where, "missing field 'shape'")
-        shape = d["shape"]
-        if not isinstance(shape, list | tuple):
-            raise _fail(f"{where}.shape", f"expected a list, got {shape!r}")
-        for i, s in enumerate(shape):
-            if not ((_is_int(s) and s >= 0) or isinstance(s, str)):
-                raise _fail(f"{where}.shape[{i}]", f"expected an int >= 0 or a dim name, got {s!r}")
-            if isinstance(s, str):
-                _ident(s, f"{where}.shape[{i}]")
-        align = d.get("align")
-        if align is not None and not (_is_int(align) and align > 0 and align & (align - 1) == 0):
-            raise _fail(f"{where}.align", f"expected a power of two, got {align!r}")
-        return cls(name, kind, dtype, tuple(shape), align)
-
-
-@dataclass(frozen=True)
-class KernelArg:
-    """One C parameter of a CUDA kernel: a param's device pointer, a param's scalar value, the
-    value of a symbolic dim, or a TMA descriptor of a tensor param (see the module doc)."""
-
-    kind: str  # "tensor" | "scalar" | "dim" | "tensor_map"
-    param: int | None = None  # tensor / scalar / tensor_map: index into params
-    name: str | None = None  # dim: the dim's name
-    dtype: str | None = None  # dim: int32 | int64
-    box: tuple[int, ...] | None = None  # tensor_map: elements per dim, innermost first
-    swizzle: int | None = None  # tensor_map: bytes, one of TMA_SWIZZLES
-
-    def to_dict(self) -> dict[str, Any]:
-        if self.kind == "dim":
-            return {"kind": "dim", "name": self.name, "dtype": self.dtype}
-        if self.kind == "tensor_map":
-            return {"kind": "tensor_map", "param": self.param, "box": list(self.box or ()),
-                    "swizzle": self.swizzle}
-        return {"kind": self.kind, "param": self.param}
-
-    @classmethod
-    def from_dict(cls, d: object, where: str) -> KernelArg:
-        if not isinstance(d, dict):
-            raise _fail(where, f"expected an object, got {type(d).__name__}")
-        kind = d.get("kind")
-        if kind == "dim":
-            if set(d) != {"kind", "name", "dtype"}:
-                raise _fail(where, "a dim entry has exactly the fields kind, name, dtype")
-            if d["dtype"] not in ("int32", "int64", "uint32", "uint64"):
-                raise _fail(f"{where}.dtype", f"expected int32 or int64, got {d['dtype']!r}")
-            return cls("dim", name=_ident(d["name"], f"{where}.name"), dtype=d["dtype"])
-        if kind in ("tensor", "scalar"):
-            if set(d) != {"kind", "param"} or not _is_int(d["param"]):
-                raise _fail(where, f"a {kind} entry has exactly the fields kind, param (an int)")
-            return cls(kind, param=d["param"])
-        if kind == "tensor_map":
-            if set(d) != {"kind", "param", "box", "swizzle"}:
-                raise _fail(where, "a tensor_map entry has exactly the fields kind, param, box, "
-                            f"swizzle; got {sorted(d)}")
-            if not _is_int(d["param"]):
-                raise _fail(f"{where}.param", f"expected an int, got {d['param']!r}")
-            box = d["box"]
-            if not isinstance(box, list | tuple) or not 1 <= len(box) <= TMA_MAX_RANK:
-                raise _fail(f"{where}.box", f"expected [inner, ..., outer] (1 to {TMA_MAX_RANK} "
-                            f"ints, one per dim), got {box!r}")
-            for j, b in enumerate(box):
-                if not (_is_int(b) and 1 <= b <= TMA_MAX_BOX):
-                    raise _fail(f"{where}.box[{j}]", f"expected an int in 1..{TMA_MAX_BOX} "
-                                f"(TMA box limit), got {b!r}")
-            if not _is_int(d["swizzle"]) or d["swizzle"] not in TMA_SWIZZLES:
-                raise _fail(f"{where}.swizzle", f"expected one of "
-                            f"{', '.join(map(str, TMA_SWIZZLES))} (bytes), got {d['swizzle']!r}")
-            return cls("tensor_map", param=d["param"], box=tuple(box), swizzle=d["swizzle"])
-        raise _fail(f"{where}.kind", f"expected one of {', '.join(map(repr, KERNEL_ARG_KINDS))}, "
-                    f"got {kind!r}")
-
-
-def _check_tensor_map(ka: KernelArg, p: Param, k: int, where: str) -> None:
-    """The TMA rules a manifest alone decides: a box for each of the tensor's dims, and one its
-    dtype can encode."""
-    if p.kind != "tensor":
-        raise _fail(f"{where}.param", f"a tensor_map needs a tensor, but params[{k}] ({p.name}) "
-                    f"is a {p.kind}")
-    shape = list(p.shape or ())
-    box = ka.box or ()
-    if len(shape) != len(box):
-        raise _fail(f"{where}.box", f"params[{k}] ({p.name}) has shape {shape} ({len(shape)}-D) "
-                    f"but the box has {len(box)} entries; a tensor_map needs one per dim")
-    size = dtypes.nbytes(p.dtype)
-    inner, swizzle = box[0], ka.swizzle or 0
-    if inner * size % 16:
-        raise _fail(f"{where}.box[0]", f"{inner} {p.dtype} elements are {inner * size} bytes; "
-                    f"TMA needs the box's inner extent to be a multiple of 16 bytes "
-                    f"(a multiple of {max(1, 16 // size)} elements)")
-    if swizzle and inner * size > swizzle:
-        raise _fail(f"{where}.box[0]", f"{inner} {p.dtype} elements are {inner * size} bytes, "
-                    f"more than the {swizzle}-byte swizzle span; use box[0] <= "
-                    f"{swizzle // size} or a wider swizzle")
-
 
 _REQUIRED = ("manifest_version", "name", "program_digest", "target", "backend", "arch",
              "artifact_format", "artifact_sha256", "symbol", "params")
@@ -592,5 +358,7 @@ class Manifest:
                             f"{type(m).__name__}")
 
 
-def _expr_json(e: Expr) -> Expr:
-    return [e[0], _expr_json(e[1]), _expr_json(e[2])] if isinstance(e, list | tuple) else e
+# The names other modules import from here, wherever they are defined.
+__all__ = ["DTYPES", "FORMATS", "KERNEL_ARG_KINDS", "MANIFEST_VERSION", "OPS", "SM_COUNT_DIM",
+           "TMA_MAX_BOX", "TMA_MAX_RANK", "TMA_SWIZZLES", "Expr", "KernelArg", "Manifest",
+           "ManifestError", "Param", "check_expr", "compile_expr", "eval_expr", "expr_names"]

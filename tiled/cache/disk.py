@@ -26,6 +26,7 @@ Invariants:
   to `ac/ab/<key>` (the record is written last, the rename publishes). A reader therefore
   sees a whole entry or none. An existing entry is never replaced: the first complete put
   wins, a lost race is a success, and a corrupt entry is removed by the reader that finds it.
+  (These steps, with the reservation below, are tiled.cache.disk_publish.)
 - Space is reserved in the ledger, evicting least recently used entries under `lock`, before
   any byte is written: a put proceeds only when `used + reserved` stays within `max_bytes`.
   The ledger over-counts after a crash rather than under-counts (see tiled.cache.disk_lru).
@@ -49,11 +50,10 @@ no directory listing, so its cost does not grow with the number of entries.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from tiled import config
@@ -65,13 +65,12 @@ from tiled.cache.disk_layout import (
     Layout,
     Problem,
     decode_record,
-    encode_record,
-    fsync_dir,
     hash_fd,
     read_all,
     write_file,
 )
 from tiled.cache.disk_lru import Ledger, LedgerState, lru_order, writer_token
+from tiled.cache.disk_publish import PublishPath
 from tiled.cache.entry import (
     BlobFile,
     CacheEvents,
@@ -85,8 +84,6 @@ from tiled.errors import CacheWriteError
 
 log = logging.getLogger(__name__)
 
-LOW_WATER = 0.9  # eviction frees down to this fraction of the cap, so it runs rarely
-
 # Test-only: called with a point name ("reserved", "staged", "committing", "linked",
 # "published", "evicting") so a test can kill the writer exactly there.
 _unsafe_fault_hook = None
@@ -97,7 +94,7 @@ def _checkpoint(point: str) -> None:
         _unsafe_fault_hook(point)
 
 
-class DiskTier:
+class DiskTier(PublishPath):
     """The disk tier (name "disk"). Thread-safe and safe across processes and hosts sharing
     `root` (see the module docstring for the layout and invariants).
 
@@ -110,6 +107,13 @@ class DiskTier:
 
     name = "disk"
     verifies_entries = True
+    # PublishPath's seams (tiled.cache.disk_publish), looked up in this module when called, so
+    # a test that patches tiled.cache.disk._unsafe_fault_hook or .write_file reaches them.
+    _checkpoint = staticmethod(_checkpoint)
+
+    @staticmethod
+    def _write_file(path: Path, data: bytes | Iterable[bytes], mode: int) -> str | None:
+        return write_file(path, data, mode)
 
     def __init__(self, root: Path | str | None = None, max_bytes: int | None = None,
                  events: CacheEvents | None = None, stale_after_s: float = 3600.0):
@@ -260,7 +264,7 @@ class DiskTier:
         return [path.rsplit(os.sep, 1)[-1] for _, path in lru_order(self._ac, RECORD)
                 if is_digest(path.rsplit(os.sep, 1)[-1])]
 
-    # -- writes ----------------------------------------------------------------------------
+    # -- writes (the publish steps: tiled.cache.disk_publish) ------------------------------
 
     def put(self, entry: Entry) -> None:
         try:
@@ -285,127 +289,6 @@ class DiskTier:
             raise CacheWriteError(f"disk cache refused entry {key[:12]}: {e}") from None
         self._put(key, manifest, {d: f.size for d, f in blobs.items()},
                   lambda digest: blobs[digest].chunks())
-
-    def _put(self, key: str, manifest: bytes, sizes: dict[str, int],
-             data: Callable[[str], bytes | Iterator[bytes]]) -> None:
-        """Publishes an entry whose blob `digest` has `sizes[digest]` bytes, given by
-        `data(digest)` (verified as it is written). The entry was checked by the caller."""
-        status, _, problem, ident = self._load(key, touch=True, keep=False)
-        if status == "hit":
-            return  # first complete put wins
-        if status == "corrupt":
-            assert isinstance(problem, Corrupt)
-            self._remove_corrupt(key, ident, problem)
-        record = encode_record(key, manifest, sizes)
-        need = len(record) + sum(sizes.values())
-        if need > self.max_bytes:
-            self.events.error(self.name, "write")
-            raise CacheWriteError(
-                f"entry {key[:12]} needs {need} bytes, more than the whole disk cache cap "
-                f"of {self.max_bytes} bytes at {self.root}; raise TILED_CACHE_MAX_BYTES")
-        token = writer_token()
-        stage = self._staging / f"w.{token}"
-        try:
-            self._reserve(token, need)
-            try:
-                self._stage(stage, record, sizes, data)
-                shared = {d: ino for d, n in sizes.items()
-                          if (ino := self._layout.stored_inode(d, n)) is not None}
-                written = self._commit(token, stage, key, sizes, len(record), shared)
-            except BaseException:
-                self._abandon(token, stage)
-                raise
-        except CacheWriteError:
-            self.events.error(self.name, "write")
-            raise
-        except OSError as e:
-            self.events.error(self.name, "write")
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CacheWriteError(f"cache disk full at {self.root}: {e}") from e
-            raise CacheWriteError(f"disk cache write at {self.root} failed: {e}") from e
-        if written:
-            self.events.bytes_written(self.name, written)
-
-    def _reserve(self, token: str, need: int) -> None:
-        with self._ledger.locked() as led:
-            led.prune(self.stale_after_s)
-            if led.used + led.reserved + need > self.max_bytes:
-                self._evict(led, int(self.max_bytes * LOW_WATER) - need)
-            if led.used + led.reserved + need > self.max_bytes:
-                raise CacheWriteError(
-                    f"disk cache at {self.root} is full: {led.used} bytes stored and "
-                    f"{led.reserved} reserved by writes in flight, {need} more needed, cap "
-                    f"{self.max_bytes}; the entries left are being read")
-            led.reserve(token, need)
-        _checkpoint("reserved")
-
-    def _stage(self, stage: Path, record: bytes, sizes: dict[str, int],
-               data: Callable[[str], bytes | Iterator[bytes]]) -> None:
-        os.mkdir(stage)
-        for digest in sizes:
-            try:
-                written = write_file(stage / digest, data(digest), 0o444)
-            except ValueError as e:  # a source file that ends early
-                raise CacheWriteError(f"blob {digest[:12]}: {e}") from None
-            if written is not None and written != digest:
-                raise CacheWriteError(f"blob {digest[:12]} does not hash to its name "
-                                      "(changed while it was copied?)")
-        _checkpoint("staged-blobs")
-        write_file(stage / RECORD, record, 0o644)
-        fsync_dir(stage)
-        _checkpoint("staged")
-
-    def _commit(self, token: str, stage: Path, key: str, sizes: dict[str, int],
-                record_len: int, shared: dict[str, tuple[int, int]]) -> int:
-        """Links blobs into cas/ and publishes `stage`; returns the bytes newly stored (0 when
-        another writer published a complete entry for the key first)."""
-        final = self._layout.entry_dir(key)
-        dirs = {final.parent}
-        with self._ledger.locked() as led:
-            # Count every staged byte, even those dedup is about to drop: counted before
-            # any link, a crash from here on over-counts and never under-counts.
-            planned = record_len + sum(sizes.values())
-            led.release(token)
-            led.used += planned
-            led.save()
-            _checkpoint("committing")
-            try:
-                stored = record_len
-                for digest, size in sizes.items():
-                    dirs.add(self._layout.cas_path(digest).parent)
-                    if not self._layout.link_blob(stage, digest, shared.get(digest)):
-                        stored += size
-                final.parent.mkdir(exist_ok=True)
-                _checkpoint("linked")
-                try:
-                    os.rename(stage, final)
-                except OSError as e:
-                    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                        raise
-                    if self._drop_if_broken(led, key):
-                        os.rename(stage, final)  # a broken winner is no winner: replaced
-                    else:  # lost the race: the winner's complete entry stands, ours goes
-                        stored = max(0, stored - self._layout.free(stage))
-            except BaseException:
-                with contextlib.suppress(OSError):  # what free() could not remove stays counted
-                    led.used -= self._layout.free(stage)
-                raise
-            led.used += stored - planned
-        _checkpoint("published")
-        for d in dirs:
-            with contextlib.suppress(OSError):  # published already; durability is best effort
-                fsync_dir(d)
-        return stored
-
-    def _abandon(self, token: str, stage: Path) -> None:
-        """Undoes a failed put: staged files, cas/ links they made, the reservation."""
-        try:
-            with self._ledger.locked() as led:
-                led.release(token)
-                if os.path.lexists(stage):
-                    self._layout.free(stage)
-        except OSError as e:
-            log.warning("disk cache: cleaning %s failed (%s); gc() sweeps it", stage, e)
 
     # -- removal ---------------------------------------------------------------------------
 

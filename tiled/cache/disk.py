@@ -84,8 +84,8 @@ from tiled.errors import CacheWriteError
 
 log = logging.getLogger(__name__)
 
-# Test-only: called with a point name ("reserved", "staged", "committing", "linked",
-# "published", "evicting") so a test can kill the writer exactly there.
+# Test-only: called with a point name ("reserved", "staged-blobs", "staged", "committing",
+# "linked", "published", "evicting") so a test can kill the writer exactly there.
 _unsafe_fault_hook = None
 
 

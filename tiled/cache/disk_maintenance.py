@@ -31,7 +31,7 @@ from tiled.cache.disk_lru import Ledger, LedgerState, lru_order
 from tiled.cache.entry import Entry, is_digest, load_manifest
 
 # The tier's logger: an operator who filters on tiled.cache.disk sees all of its messages.
-log = logging.getLogger(__name__)
+log = logging.getLogger("tiled.cache.disk")
 
 
 class MaintainedTier(Protocol):

@@ -43,12 +43,14 @@ def test_w4a16_matches_the_dequantized_product(M, zeros):
 @pytest.mark.parametrize("kind,zeros,splits,kg,xs", [
     ("lanes", False, 1, 1, 0), ("tile", False, 1, 1, 0), ("tile", True, 1, 1, 0),
     ("tile", True, 2, 1, 0), ("lanes", True, 2, 1, 0), ("lanes", False, 2, 2, 0),
-    ("lanes", False, 2, 2, 1), ("lanes", True, 1, 1, 1)])
+    ("lanes", False, 2, 2, 1), ("lanes", True, 1, 1, 1), ("swap", False, 1, 1, 0),
+    ("swap", True, 2, 1, 0)])
 def test_each_w4a16_kernel_form(kind, zeros, splits, kg, xs):
-    """The lanes and the tile (dequantized into a shared tile, then T.gemm) forms directly,
-    on 40 tokens (a ragged second token tile) and 80 columns (a ragged column tile); split
-    over K into float32 partials that splitk_sum adds (quant._run, as the op runs them), and
-    over K inside a block (lanes' KG lane groups), with the tokens staged in shared (XS)."""
+    """The lanes, the tile (dequantized into a shared tile, then T.gemm) and the swapped tile
+    (W's tile times X's, transposed) forms directly, on 40 tokens (a ragged second token
+    tile) and 80 columns (a ragged column tile); split over K into float32 partials that
+    splitk_sum adds (quant._run, as the op runs them), and over K inside a block (lanes' KG
+    lane groups), with the tokens staged in shared (XS)."""
     import tiled
 
     g = torch.Generator().manual_seed(11)
@@ -164,3 +166,25 @@ def test_quantized_kernels_compile_for_sm90a():
                                                       threads=128, splits=4),
                             target="cuda:sm_90a")
     assert "tiled::gemm_ss" in tile8.source  # the tensor cores (mma.sync at 16 rows)
+
+
+def test_the_swapped_w4a16_tile_takes_wgmma_with_16_token_columns(tmp_path):
+    """At 16 tokens the tile form's 16-row tile cannot take wgmma (64 rows a warpgroup); the
+    swapped form's weight tile is the MMA's rows and the tokens its 16 columns: HGMMA
+    64x16x16 on sm_90a, no mma.sync, no local memory, each word's values stored 8 bytes at
+    a time (not 2: the tile form's STS.U16)."""
+    import re
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    import tiled
+    from tests.compiler.test_sm90_path import sass
+
+    kernel = quant.quant_linear_kernel(16, 14336, 4096, "float16", "float16", 4, 128, False,
+                                       kind="swap", BM=16, BN=128, threads=128, stages=2,
+                                       splits=8)
+    text = sass(tiled.compile(kernel, target="cuda:sm_90a", cache=False).artifact, tmp_path)
+    assert "HGMMA.64x16x16.F32" in text and not re.search(r"\bHMMA\b", text)
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    assert re.search(r"STS\.64", text) and not re.search(r"STS\.U16", text)

@@ -18,7 +18,10 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   float32 partials that tiled.ops' splitk_sum adds up, as tiled.ops.linear does;
 - `tile` (4-bit from 8 tokens, 8-bit from 1): the weights of each 64-deep K step unpacked
   into a 16-bit shared tile that T.gemm multiplies with the tokens' tile (8-bit: the
-  channel scales applied after the loop); `splits` as the lanes form.
+  channel scales applied after the loop); `splits` as the lanes form;
+- `swap` (4-bit, from 8 tokens): the tile form transposed, Y^T = W X^T, the weights' tile
+  the MMA's rows and the tokens its 16 to 64 columns (wgmma on sm_90a, where a 16-token
+  tile of the tile form takes mma.sync).
 Both unpack a nibble without an int-to-float conversion (`_nibble`).
 """
 
@@ -32,7 +35,8 @@ from tiled.ops.tuned import TunedOp
 # each take 1 / KG of a split's K (threads = KG * BN / 4), XS: the split's tokens staged in
 # shared memory as float32 (4-bit: scaled for _nibble_at, with their 8-sums). tile (w4 only): BM x
 # BN output tiles over 64-deep K steps (split `splits` ways), the weights dequantized into a
-# 16-bit shared tile that T.gemm multiplies (tensor cores).
+# 16-bit shared tile that T.gemm multiplies (tensor cores); swap: the same transposed, BN x BM
+# tiles of Y^T = W X^T (_w4_swap_kernel).
 CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s, "WPI": 2}
                 for bm in (1, 2, 4, 8, 16) for bn, t in ((512, 128), (1024, 256))
                 for s in (1, 2, 4, 8)),
@@ -53,6 +57,11 @@ CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s,
                 for s in (2, 4, 8, 16)),
               *({"kind": "tile", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
                 for bm in (16, 64, 128) for bn, t in ((128, 128), (256, 256))
+                for s in (1, 4, 8)),
+              # swapped tiles: BN weight columns as the MMA's rows (wgmma on sm_90a from 16
+              # tokens), BM tokens as its columns
+              *({"kind": "swap", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
+                for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
                 for s in (1, 4, 8))]
 CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
                for bm in (1, 2, 4, 8, 16)),
@@ -98,6 +107,8 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
     """lanes: BM the power of two covering M (16 past 16 tokens); tile: BM at most twice M's
     bucket, from 8 tokens for 4-bit weights (lanes read them at the memory's speed below
     that) and from 1 for 8-bit ones (lanes walk a row of W [N, K] per lane: uncoalesced)."""
+    if cfg.get("kind", "lanes") == "swap":
+        return M >= 8 and bits == 4 and cfg["BM"] <= max(16, 2 * M)
     if cfg.get("kind", "lanes") == "tile":
         return (M >= 8 or bits == 8) and cfg["BM"] <= max(16, 2 * M)
     m = min(M, 16)
@@ -113,6 +124,9 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
     if kind == "tile" and bits == 8:
         return _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits)
+    if kind == "swap":
+        return _w4_swap_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
+                               threads, stages, splits)
     if kind == "tile":
         return _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
                                threads, stages, splits)
@@ -273,6 +287,64 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
                 T.copy(acc, Y[by * BM, bx * BN])
 
     return linear_w4a16_tile
+
+
+def _w4_swap_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, threads, stages,
+                    splits=1):
+    """The tile form swapped: Y^T = W X^T in BN x BM tiles (BN weight columns by BM tokens),
+    so that the weights fill the MMA's rows and a few tokens its columns (on sm_90a: wgmma
+    with N = BM, 16 or 32, where the unswapped 16-token tile cannot take wgmma, whose rows
+    come 64 a warpgroup). Each word's eight values land side by side in a row of the
+    [BN, 64] tile W[n, k] (K contiguous, as a K-major operand wants them): one 16-byte store
+    a word where the unswapped [64, BN] tile takes eight 2-byte ones. `splits` as the other
+    forms."""
+    if bits != 4:
+        raise ValueError("the swapped tile form takes 4-bit weights")
+    if K % (TILE_BK * splits) or group_size % TILE_BK:
+        raise ValueError(f"K = {K} / group size {group_size} do not hold whole {TILE_BK}-deep "
+                         f"steps in {splits} splits")
+    Md = T.dyn("M")
+    KW, G = K // 8, K // group_size
+    per = K // TILE_BK // splits  # steps per split
+    zt = T.Tensor((G, N), dtype) if zeros else T.Tensor((1,), dtype)
+    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
+    extra = (splits,) if splits > 1 else ()
+
+    @tiled.kernel
+    def linear_w4a16_swap(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((KW, N), "int32"),
+                          S: T.Tensor((G, N), dtype), Z: zt, Y: out):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as grid:
+            bx, by = grid[0], grid[1]
+            bz = grid[2] if splits > 1 else 0
+            xs = T.alloc_shared((BM, TILE_BK), dtype)
+            wq = T.alloc_shared((TILE_BK // 8, BN), "int32")
+            ws = T.alloc_shared((BN, TILE_BK), dtype)
+            word = T.alloc_var("int32")
+            acc = T.alloc_fragment((BN, BM), "float32")
+            T.clear(acc)
+            magic = _magic(Md)
+            for kk in T.Pipelined(per, num_stages=stages):
+                k = bz * per + kk
+                T.copy(X[by * BM, k * TILE_BK], xs)
+                T.copy(Wq[k * (TILE_BK // 8), bx * BN], wq)
+                g = k * TILE_BK // group_size
+                for kw, n in T.Parallel(TILE_BK // 8, BN):
+                    word = wq[kw, n]
+                    col = T.min(bx * BN + n, N - 1)
+                    scale = T.cast(S[g, col], "float32")
+                    zs = scale * (T.cast(Z[g, col], "float32") if zeros else 8.0)
+                    for i in range(8):  # as the tile form's (_nibble_at)
+                        j = i if i < 5 else i - 5
+                        ws[n, kw * 8 + i] = T.cast(
+                            _nibble_at(word, i, magic) * (scale * (1.0 / 16 ** j)) - zs, dtype)
+                T.gemm(ws, xs, acc, transpose_B=True)
+            for n, m in T.Parallel(BN, BM):
+                if splits > 1:
+                    Y[bz, by * BM + m, bx * BN + n] = acc[n, m]
+                else:
+                    Y[by * BM + m, bx * BN + n] = T.cast(acc[n, m], out_dtype)
+
+    return linear_w4a16_swap
 
 
 def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1):

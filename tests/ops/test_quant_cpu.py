@@ -85,11 +85,13 @@ def test_w8a16_matches_the_dequantized_product(M):
     assert _rel(y, x.float() @ (q.float() * s.float()[:, None]).T) < 1e-2
 
 
-@pytest.mark.parametrize("M,splits", [(1, 1), (40, 2)])
-def test_the_w8a16_tile_form(M, splits):
+@pytest.mark.parametrize("M,splits,kind", [(1, 1, "tile"), (40, 2, "tile"), (1, 1, "swap"),
+                                           (40, 2, "swap")])
+def test_the_w8a16_tile_form(M, splits, kind):
     """int8 W [N, K] copied along K into shared memory, cast to a 16-bit tile, T.gemm, the
     channel scales after the loop: one token (decode) and 40 (a ragged token tile), 80
-    columns (a ragged column tile), split over K into float32 partials (quant._run)."""
+    columns (a ragged column tile), split over K into float32 partials (quant._run); the
+    tile form and the swapped one (W's tile times X's, transposed)."""
     import tiled
 
     g = torch.Generator().manual_seed(5)
@@ -99,9 +101,9 @@ def test_the_w8a16_tile_form(M, splits):
     x = torch.randn(M, K, generator=g).to(torch.float16)
     cfg = {"BM": 16, "BN": 32, "threads": 32, "stages": 2, "splits": splits}
     kernel = quant.quant_linear_kernel(M, N, K, "float16", "float16", 8, 0, False,
-                                       kind="tile", **cfg)
+                                       kind=kind, **cfg)
     y = torch.zeros(M, N, dtype=torch.float16)
-    quant._run(tiled.compile(kernel, target="cpu"), {"kind": "tile", **cfg},
+    quant._run(tiled.compile(kernel, target="cpu"), {"kind": kind, **cfg},
                [x, q.view(torch.int32), s, torch.zeros(1, dtype=torch.float16), y])
     assert _rel(y, x.float() @ (q.float() * s.float()[:, None]).T) < 1e-2
 
@@ -168,11 +170,11 @@ def test_quantized_kernels_compile_for_sm90a():
     assert "tiled::gemm_ss" in tile8.source  # the tensor cores (mma.sync at 16 rows)
 
 
-def test_the_swapped_w4a16_tile_takes_wgmma_with_16_token_columns(tmp_path):
+def test_the_swapped_tiles_take_wgmma_with_16_token_columns(tmp_path):
     """At 16 tokens the tile form's 16-row tile cannot take wgmma (64 rows a warpgroup); the
     swapped form's weight tile is the MMA's rows and the tokens its 16 columns: HGMMA
-    64x16x16 on sm_90a, no mma.sync, no local memory, each word's values stored 8 bytes at
-    a time (not 2: the tile form's STS.U16)."""
+    64x16x16 on sm_90a, no mma.sync, no local memory; for 4-bit weights each word's values
+    stored 8 bytes at a time (not 2: the tile form's STS.U16); for int8 ones too."""
     import re
     import shutil
 
@@ -188,3 +190,7 @@ def test_the_swapped_w4a16_tile_takes_wgmma_with_16_token_columns(tmp_path):
     assert "HGMMA.64x16x16.F32" in text and not re.search(r"\bHMMA\b", text)
     assert not re.search(r"\b(LDL|STL)\b", text)
     assert re.search(r"STS\.64", text) and not re.search(r"STS\.U16", text)
+    w8 = quant.quant_linear_kernel(1, 14336, 4096, "float16", "float16", 8, 0, False,
+                                   kind="swap", BM=16, BN=128, threads=128, stages=2, splits=4)
+    text = sass(tiled.compile(w8, target="cuda:sm_90a", cache=False).artifact, tmp_path)
+    assert "HGMMA.64x16x16.F32" in text and not re.search(r"\b(HMMA|LDL|STL)\b", text)

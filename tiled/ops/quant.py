@@ -19,9 +19,9 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
 - `tile` (4-bit from 8 tokens, 8-bit from 1): the weights of each 64-deep K step unpacked
   into a 16-bit shared tile that T.gemm multiplies with the tokens' tile (8-bit: the
   channel scales applied after the loop); `splits` as the lanes form;
-- `swap` (4-bit, from 8 tokens): the tile form transposed, Y^T = W X^T, the weights' tile
-  the MMA's rows and the tokens its 16 to 64 columns (wgmma on sm_90a, where a 16-token
-  tile of the tile form takes mma.sync).
+- `swap` (as `tile`): the tile form transposed, Y^T = W X^T, the weights' tile the MMA's
+  rows and the tokens its 16 to 64 columns (wgmma on sm_90a, where a 16-token tile of the
+  tile form takes mma.sync).
 Both unpack a nibble without an int-to-float conversion (`_nibble`).
 """
 
@@ -104,12 +104,10 @@ def _nibble_at(word, i: int, magic):
 
 
 def _fits(cfg: dict, M: int, bits: int) -> bool:
-    """lanes: BM the power of two covering M (16 past 16 tokens); tile: BM at most twice M's
+    """lanes: BM the power of two covering M (16 past 16 tokens); tile, swap: BM at most twice M's
     bucket, from 8 tokens for 4-bit weights (lanes read them at the memory's speed below
     that) and from 1 for 8-bit ones (lanes walk a row of W [N, K] per lane: uncoalesced)."""
-    if cfg.get("kind", "lanes") == "swap":
-        return M >= 8 and bits == 4 and cfg["BM"] <= max(16, 2 * M)
-    if cfg.get("kind", "lanes") == "tile":
+    if cfg.get("kind", "lanes") in ("tile", "swap"):
         return (M >= 8 or bits == 8) and cfg["BM"] <= max(16, 2 * M)
     m = min(M, 16)
     return m <= cfg["BM"] < 2 * m
@@ -124,6 +122,9 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
     if kind == "tile" and bits == 8:
         return _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits)
+    if kind == "swap" and bits == 8:
+        return _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits,
+                               swap=True)
     if kind == "swap":
         return _w4_swap_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
                                threads, stages, splits)
@@ -347,13 +348,14 @@ def _w4_swap_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
     return linear_w4a16_swap
 
 
-def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1):
+def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1, swap=False):
     """Y = X @ W.T for int8 W [N, K] (as int32 words [N, K / 4]) in BM x BN tiles: per 64-deep
     K step, X's tile and W's 64 bytes per row copied to shared memory (coalesced along K;
     the T.Pipelined loop runs them `stages` ahead), the bytes cast into a 16-bit [BN, 64]
     tile (exact: int8 values are 16-bit floats), T.gemm (tensor cores) with float32
     accumulation, and each column's scale applied once, after the loop (per-channel scales
-    commute with the sum over K); `splits` > 1 as the other forms."""
+    commute with the sum over K); `splits` > 1 as the other forms. `swap`: Y^T = W X^T, the
+    weight tile as the MMA's rows and the BM tokens as its columns (as _w4_swap_kernel)."""
     if K % (TILE_BK * splits):
         raise ValueError(f"K = {K} does not hold whole {TILE_BK}-deep steps in {splits} splits")
     Md = T.dyn("M")
@@ -372,7 +374,7 @@ def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1):
             wq = T.alloc_shared((BN, WB), "int32")
             ws = T.alloc_shared((BN, TILE_BK), dtype)
             word = T.alloc_var("int32")
-            acc = T.alloc_fragment((BM, BN), "float32")
+            acc = T.alloc_fragment((BN, BM) if swap else (BM, BN), "float32")
             T.clear(acc)
             for kk in T.Pipelined(per, num_stages=stages):
                 k = bz * per + kk
@@ -382,13 +384,23 @@ def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1):
                     word = wq[n, kw]  # one shared load for the word's four values
                     for i in range(4):  # sign-extended bytes, lowest first
                         ws[n, kw * 4 + i] = T.cast((word << (24 - 8 * i)) >> 24, dtype)
-                T.gemm(xs, ws, acc, transpose_B=True)
-            for m, n in T.Parallel(BM, BN):
-                v = acc[m, n] * T.cast(S[T.min(bx * BN + n, N - 1)], "float32")
+                if swap:
+                    T.gemm(ws, xs, acc, transpose_B=True)
+                else:
+                    T.gemm(xs, ws, acc, transpose_B=True)
+            def put(m, n, a):
+                v = a * T.cast(S[T.min(bx * BN + n, N - 1)], "float32")
                 if splits > 1:
                     Y[bz, by * BM + m, bx * BN + n] = v
                 else:
                     Y[by * BM + m, bx * BN + n] = T.cast(v, out_dtype)
+
+            if swap:  # over acc's own rows and columns (its layout)
+                for n, m in T.Parallel(BN, BM):
+                    put(m, n, acc[n, m])
+            else:
+                for m, n in T.Parallel(BM, BN):
+                    put(m, n, acc[m, n])
 
     return linear_w8a16_tile
 

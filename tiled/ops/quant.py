@@ -36,7 +36,7 @@ from tiled.ops.tuned import TunedOp
 # shared memory as float32 (4-bit: scaled for _nibble_at, with their 8-sums). tile (w4 only): BM x
 # BN output tiles over 64-deep K steps (split `splits` ways), the weights dequantized into a
 # 16-bit shared tile that T.gemm multiplies (tensor cores); swap: the same transposed, BN x BM
-# tiles of Y^T = W X^T (_w4_swap_kernel).
+# tiles of Y^T = W X^T (_w4_tile_kernel, _w8_tile_kernel).
 CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s, "WPI": 2}
                 for bm in (1, 2, 4, 8, 16) for bn, t in ((512, 128), (1024, 256))
                 for s in (1, 2, 4, 8)),
@@ -120,17 +120,12 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
     scales."""
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
-    if kind == "tile" and bits == 8:
-        return _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits)
-    if kind == "swap" and bits == 8:
+    if kind in ("tile", "swap") and bits == 8:
         return _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits,
-                               swap=True)
-    if kind == "swap":
-        return _w4_swap_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
-                               threads, stages, splits)
-    if kind == "tile":
+                               swap=kind == "swap")
+    if kind in ("tile", "swap"):
         return _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
-                               threads, stages, splits)
+                               threads, stages, splits, swap=kind == "swap")
     per_word = 8 if bits == 4 else 4  # K values per 32-bit word
     if K % (per_word * WPI * splits * KG):
         raise ValueError(f"K = {K} does not split into {splits} x {KG} x {WPI}-word steps")
@@ -234,12 +229,19 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
 
 
 def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, threads, stages,
-                    splits=1):
+                    splits=1, swap=False):
     """Y = X @ W.T in BM x BN tiles: per 64-deep K step, X's tile and W's eight words per
     column copied to shared memory (cp.async: the T.Pipelined loop runs them `stages` ahead),
-    the words unpacked, scaled and cast into a 16-bit [64, BN] shared tile, then T.gemm
-    (tensor cores) accumulates in float32; `splits` > 1 splits K over a grid axis into
-    float32 partials (as the lanes form)."""
+    the words unpacked, scaled and cast into a 16-bit shared tile of W, then T.gemm (tensor
+    cores) accumulates in float32; `splits` > 1 splits K over a grid axis into float32
+    partials (as the lanes form).
+
+    `swap`: Y^T = W X^T in BN x BM tiles, so that the weights fill the MMA's rows and a few
+    tokens its columns (on sm_90a: wgmma with N = BM, 16 or 32, where an unswapped 16-token
+    tile cannot take wgmma, whose rows come 64 a warpgroup). W's tile is then [BN, 64], K
+    contiguous as a K-major operand wants it, so each word's eight values land side by side
+    in one row (8-byte stores in the SASS) where the unswapped [64, BN] tile takes eight
+    2-byte ones."""
     if bits != 4:
         raise ValueError("the tile form takes 4-bit weights")
     if K % (TILE_BK * splits) or group_size % TILE_BK:
@@ -260,9 +262,9 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
             bz = grid[2] if splits > 1 else 0
             xs = T.alloc_shared((BM, TILE_BK), dtype)
             wq = T.alloc_shared((TILE_BK // 8, BN), "int32")
-            ws = T.alloc_shared((TILE_BK, BN), dtype)
+            ws = T.alloc_shared((BN, TILE_BK) if swap else (TILE_BK, BN), dtype)
             word = T.alloc_var("int32")
-            acc = T.alloc_fragment((BM, BN), "float32")
+            acc = T.alloc_fragment((BN, BM) if swap else (BM, BN), "float32")
             T.clear(acc)
             magic = _magic(Md)
             for kk in T.Pipelined(per, num_stages=stages):
@@ -279,73 +281,28 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
                         # (q * 16^j) * (scale * 16^-j) - zero * scale: (q - zero) * scale
                         # (j as in _nibble_at; one rounding for the symmetric zero 8)
                         j = i if i < 5 else i - 5
-                        ws[kw * 8 + i, n] = T.cast(
-                            _nibble_at(word, i, magic) * (scale * (1.0 / 16 ** j)) - zs, dtype)
-                T.gemm(xs, ws, acc)
-            if splits > 1:
+                        w = T.cast(_nibble_at(word, i, magic) * (scale * (1.0 / 16 ** j)) - zs,
+                                   dtype)
+                        if swap:
+                            ws[n, kw * 8 + i] = w
+                        else:
+                            ws[kw * 8 + i, n] = w
+                if swap:
+                    T.gemm(ws, xs, acc, transpose_B=True)
+                else:
+                    T.gemm(xs, ws, acc)
+            if swap:  # over acc's own rows and columns (its layout)
+                for n, m in T.Parallel(BN, BM):
+                    if splits > 1:
+                        Y[bz, by * BM + m, bx * BN + n] = acc[n, m]
+                    else:
+                        Y[by * BM + m, bx * BN + n] = T.cast(acc[n, m], out_dtype)
+            elif splits > 1:
                 T.copy(acc, Y[bz, by * BM, bx * BN])
             else:
                 T.copy(acc, Y[by * BM, bx * BN])
 
     return linear_w4a16_tile
-
-
-def _w4_swap_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, threads, stages,
-                    splits=1):
-    """The tile form swapped: Y^T = W X^T in BN x BM tiles (BN weight columns by BM tokens),
-    so that the weights fill the MMA's rows and a few tokens its columns (on sm_90a: wgmma
-    with N = BM, 16 or 32, where the unswapped 16-token tile cannot take wgmma, whose rows
-    come 64 a warpgroup). Each word's eight values land side by side in a row of the
-    [BN, 64] tile W[n, k] (K contiguous, as a K-major operand wants them): one 16-byte store
-    a word where the unswapped [64, BN] tile takes eight 2-byte ones. `splits` as the other
-    forms."""
-    if bits != 4:
-        raise ValueError("the swapped tile form takes 4-bit weights")
-    if K % (TILE_BK * splits) or group_size % TILE_BK:
-        raise ValueError(f"K = {K} / group size {group_size} do not hold whole {TILE_BK}-deep "
-                         f"steps in {splits} splits")
-    Md = T.dyn("M")
-    KW, G = K // 8, K // group_size
-    per = K // TILE_BK // splits  # steps per split
-    zt = T.Tensor((G, N), dtype) if zeros else T.Tensor((1,), dtype)
-    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
-    extra = (splits,) if splits > 1 else ()
-
-    @tiled.kernel
-    def linear_w4a16_swap(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((KW, N), "int32"),
-                          S: T.Tensor((G, N), dtype), Z: zt, Y: out):
-        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as grid:
-            bx, by = grid[0], grid[1]
-            bz = grid[2] if splits > 1 else 0
-            xs = T.alloc_shared((BM, TILE_BK), dtype)
-            wq = T.alloc_shared((TILE_BK // 8, BN), "int32")
-            ws = T.alloc_shared((BN, TILE_BK), dtype)
-            word = T.alloc_var("int32")
-            acc = T.alloc_fragment((BN, BM), "float32")
-            T.clear(acc)
-            magic = _magic(Md)
-            for kk in T.Pipelined(per, num_stages=stages):
-                k = bz * per + kk
-                T.copy(X[by * BM, k * TILE_BK], xs)
-                T.copy(Wq[k * (TILE_BK // 8), bx * BN], wq)
-                g = k * TILE_BK // group_size
-                for kw, n in T.Parallel(TILE_BK // 8, BN):
-                    word = wq[kw, n]
-                    col = T.min(bx * BN + n, N - 1)
-                    scale = T.cast(S[g, col], "float32")
-                    zs = scale * (T.cast(Z[g, col], "float32") if zeros else 8.0)
-                    for i in range(8):  # as the tile form's (_nibble_at)
-                        j = i if i < 5 else i - 5
-                        ws[n, kw * 8 + i] = T.cast(
-                            _nibble_at(word, i, magic) * (scale * (1.0 / 16 ** j)) - zs, dtype)
-                T.gemm(ws, xs, acc, transpose_B=True)
-            for n, m in T.Parallel(BN, BM):
-                if splits > 1:
-                    Y[bz, by * BM + m, bx * BN + n] = acc[n, m]
-                else:
-                    Y[by * BM + m, bx * BN + n] = T.cast(acc[n, m], out_dtype)
-
-    return linear_w4a16_swap
 
 
 def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1, swap=False):
@@ -355,7 +312,7 @@ def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1, s
     tile (exact: int8 values are 16-bit floats), T.gemm (tensor cores) with float32
     accumulation, and each column's scale applied once, after the loop (per-channel scales
     commute with the sum over K); `splits` > 1 as the other forms. `swap`: Y^T = W X^T, the
-    weight tile as the MMA's rows and the BM tokens as its columns (as _w4_swap_kernel)."""
+    weight tile as the MMA's rows and the BM tokens as its columns (as _w4_tile_kernel's)."""
     if K % (TILE_BK * splits):
         raise ValueError(f"K = {K} does not hold whole {TILE_BK}-deep steps in {splits} splits")
     Md = T.dyn("M")

@@ -149,6 +149,21 @@ def interleaved(fns: dict, repeat: int) -> dict:
     return best
 
 
+def round_times(calls: dict, rounds: int) -> dict[str, list[float]]:
+    """Seconds of each named call in each of `rounds` rounds (the calls one after another in
+    a round, no pause: builds compared in one process meet the same moment's load), after
+    one warm call each."""
+    for fn in calls.values():
+        fn()
+    times = {k: [] for k in calls}
+    for _ in range(rounds):
+        for k, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
 def gflops(best: dict, flop: float) -> dict:
     """ms, GFLOP/s and tiled's ratio to each reference from `interleaved`'s best seconds."""
     rates = {k: round(flop / s / 1e9, 1) for k, s in best.items()}

@@ -13,14 +13,13 @@ loop with two stores does not fold into the reduction after it.
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import blas_threads, start, write_result
+from cpu_common import blas_threads, round_times, start, write_result
 from membound import copy_kernel, np_dtype, reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,14 +80,7 @@ def measure(dtype: str, rounds: int) -> dict:
         assert errs[label] < (1e-5 if dtype == "float32" else 1e-2), (label, errs[label])
     calls = {"copy": lambda: copy(x, y)}
     calls.update({label: (lambda k=k: k(x, w, b, y)) for label, k in forms.items()})
-    times = {c: [] for c in calls}
-    for c in calls.values():
-        c()
-    for _ in range(rounds):
-        for c, fn in calls.items():
-            t0 = time.perf_counter()
-            fn()
-            times[c].append(time.perf_counter() - t0)
+    times = round_times(calls, rounds)
     nbytes = 2 * x.nbytes
     row = {"copy_gbs": round(nbytes / min(times["copy"]) / 1e9, 2), "max_rel_err": errs}
     for label in forms:

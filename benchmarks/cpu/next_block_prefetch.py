@@ -17,14 +17,13 @@ and `off`'s time over each other build's per round.
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import blas_threads, start, write_result
+from cpu_common import blas_threads, round_times, start, write_result
 from membound import copy_kernel, np_dtype
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,14 +59,7 @@ def measure(op: str, dtype: str, copy, x, w, b, y, rounds: int) -> dict:
         if ref is None:
             ref = out
         assert np.array_equal(out, ref), (op, dtype, label)  # the same values
-    times = {c: [] for c in calls}
-    for c in calls.values():  # warm
-        c()
-    for _ in range(rounds):
-        for c, fn in calls.items():
-            t0 = time.perf_counter()
-            fn()
-            times[c].append(time.perf_counter() - t0)
+    times = round_times(calls, rounds)
     nbytes = 2 * x.nbytes
     copy_best = min(times["copy"])
     row = {"copy_gbs": round(nbytes / copy_best / 1e9, 2)}

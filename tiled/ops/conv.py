@@ -18,9 +18,14 @@ import tiled
 import tiled.lang as T
 from tiled.ops.tuned import TunedOp
 
-CUDA_SPACE = [{"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
-              for bm, bn, t in ((128, 128, 256), (64, 128, 128), (128, 64, 128))
-              for bc, st in ((32, 2), (64, 2), (64, 3))]
+CUDA_SPACE = [*({"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
+                for bm, bn, t in ((128, 128, 256), (64, 128, 128), (128, 64, 128))
+                for bc, st in ((32, 2), (64, 2), (64, 3))),
+              # more output per gathered byte (128 x 256, 256 x 128) and deeper rings: each
+              # takes wgmma without local memory on sm_90a (SASS read here); not timed yet
+              *({"BM": bm, "BN": bn, "BC": 64, "threads": 256, "stages": 3}
+                for bm, bn in ((128, 256), (256, 128))),
+              *({"BM": 128, "BN": 128, "BC": bc, "threads": 256, "stages": 4} for bc in (32, 64))]
 # CPU: 128 x 64 and 256 x 64 pixel x filter tiles over 64 channels a step for layers of at
 # least 64 input and output channels (`min_channels`), 16 x 16 x 16 for the rest: bf16 3x3
 # layers over 4 x 56 x 56 on the 2-core Zen 3, the wide tiles read 51-52 GFLOP/s at 64 -> 64

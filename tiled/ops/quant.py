@@ -345,6 +345,7 @@ def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1, s
                     T.gemm(ws, xs, acc, transpose_B=True)
                 else:
                     T.gemm(xs, ws, acc, transpose_B=True)
+
             def put(m, n, a):
                 v = a * T.cast(S[T.min(bx * BN + n, N - 1)], "float32")
                 if splits > 1:

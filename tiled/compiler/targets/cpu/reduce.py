@@ -55,10 +55,14 @@ class ReduceLowering:
         with loop_nest(keep or [1]) as outer:
             out_idx = outer if keep else [0]
 
+            def at(k):
+                """The source tile's indices of element k along the reduced dim."""
+                idx = list(outer) if keep else []
+                idx.insert(r.dim, k)
+                return idx
+
             def element(k):
-                src_idx = list(outer) if keep else []
-                src_idx.insert(r.dim, k)
-                v = self.cast(self.element(r.src, src_idx), dst_dt, src_dt)
+                v = self.cast(self.element(r.src, at(k)), dst_dt, src_dt)
                 return self.cast(v, acc, dst_dt)
 
             part = T.alloc_buffer((lanes,), acc)
@@ -72,9 +76,8 @@ class ReduceLowering:
             with T.serial(0, n // lanes) as ko:
                 if ahead is not None:  # this step's lines of the next block's rows
                     tile, cp = ahead
-                    coords = list(outer) if keep else []
-                    coords.insert(r.dim, ko * lanes)
-                    next_block_line(self, cp, forward.tile_coords(self.buffers[tile], coords),
+                    next_block_line(self, cp,
+                                    forward.tile_coords(self.buffers[tile], at(ko * lanes)),
                                     lanes)
                 with lane_loop(0, lanes) as lane:
                     T.buffer_store(part, combine(part[lane], element(ko * lanes + lane)),
@@ -94,9 +97,10 @@ class ReduceLowering:
         function (softmax's exponentials) from a tile copied in from global rows that an earlier
         statement has read already (so they are in the caches), and no pass prefetches that
         tile's next block yet: `r` prefetches it (prefetch.next_block_line). Only a region
-        whose last dim is the tile's last. A pass of plain arithmetic is not slow enough for
-        the prefetches to arrive without queueing: LayerNorm's sum of squares measured 0.93x
-        with them in float32 (benchmarks/cpu/next_block_prefetch.py, `any`)."""
+        whose last dim is the tile's last (`r` reduces along it: stmt_reduce asks only then).
+        A pass of plain arithmetic is not slow enough for the prefetches to arrive without
+        queueing: LayerNorm's sum of squares measured 0.93x with them in float32
+        (benchmarks/cpu/next_block_prefetch.py, `any`)."""
         if r.src not in self.computed:
             return None
         exprs = [x for e in stmt_exprs(pb.Stmt(store=self.computed[r.src][1]))
@@ -107,8 +111,7 @@ class ReduceLowering:
         for tile in (x.load.buffer for x in exprs if x.WhichOneof("kind") == "load"):
             cp = self.copied_in.get(tile)
             if cp is not None and tile in self.streamed and tile not in self.prefetched and \
-                    static_shape(self.buffers[tile]) == shape and cp.src.extents[-1] != 1 and \
-                    shape[-1] != 1:
+                    static_shape(self.buffers[tile]) == shape and cp.src.extents[-1] != 1:
                 self.prefetched.add(tile)
                 return tile, cp
         return None

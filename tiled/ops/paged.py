@@ -43,14 +43,17 @@ CPU_SPACE = [{"BN": 16, "threads": 32, "splits": 1, "rows": "group"},
 
 
 def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, threads=32,
-                  splits=1, stages=2, rows=None, dv=None):
+                  splits=1, stages=2, rows=None, dv=None, cols=False):
     """The decode kernel of one config (`B` and `MB` only select: batch, cache size and table
     width are symbolic). KVS holds (k_scale, v_scale). splits == 1 writes Out directly;
     otherwise Part [B, H, splits, DV] and LSE [B, H, splits] (base 2) for paged_combine.
     `rows`: query heads per block (ROWS, or more so that a wide group reads the cache once:
     MLA's 128 heads over one latent kv head; "group": the group's head count rounded up to a
     power of two, at most ROWS); `dv`: the value head dim DV, V being the first dv lanes of
-    its cache's rows (MLA: 512 of the 576), D by default."""
+    its cache's rows (MLA: 512 of the 576), D by default. `cols`: both gemms FullCol, the
+    probabilities staged through shared memory (on sm_90a the warpgroups then split the
+    scores' and the output's columns, each holding 64 rows: wgmma for MLA's 64 heads a
+    block, whose 512-wide output one warpgroup cannot hold)."""
     if H % KVH:
         raise ValueError(f"paged attention: {H} query heads do not group over {KVH} kv heads")
     if splits > 1 and splits > -(-MB * block_size // BN):
@@ -69,6 +72,7 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
     convert = kv_dtype != dtype  # float8 caches: copied as such, converted in shared memory
     Bd, NB, MBd = T.dyn("B"), T.dyn("NB"), T.dyn("MB")
     qk = scale * LOG2E
+    policy = T.GemmWarpPolicy.FullCol if cols else T.GemmWarpPolicy.FullRow
     q_t, cache_t = T.Tensor((Bd, H, D), dtype), T.Tensor((NB, block_size, KVH, D), kv_dtype)
     table_t, lens_t = T.Tensor((Bd, MBd), "int32"), T.Tensor((Bd,), "int32")
     scales_t = T.Tensor((2,), "float32")
@@ -87,7 +91,7 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
             k_in = T.alloc_shared((BN, D), kv_dtype)
             v_in = T.alloc_shared((BN, DV), kv_dtype)
         sc = T.alloc_fragment((rows, BN), "float32")
-        p = T.alloc_fragment((rows, BN), dtype)
+        p = T.alloc_shared((rows, BN), dtype) if cols else T.alloc_fragment((rows, BN), dtype)
         o = T.alloc_fragment((rows, DV), "float32")
         m = T.alloc_fragment((rows,), "float32")
         m_prev = T.alloc_fragment((rows,), "float32")
@@ -122,9 +126,9 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
                 T.copy(v_in, v)
             for i, t in T.Parallel(rows, BN):
                 sc[i, t] = T.if_then_else((lo + step) * BN + t < seq, 0, NEG_INF)
-            # Both gemms FullRow: the scores and the output on one warp grid, so the row
+            # Both gemms on one warp grid (FullRow, or FullCol with `cols`), so the row
             # statistics of one are the rows of the other (registers, not replicated).
-            T.gemm(q, k, sc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            T.gemm(q, k, sc, transpose_B=True, policy=policy)
             T.copy(m, m_prev)
             T.reduce_max(sc, m, dim=1, clear=False)
             for i in T.Parallel(rows):
@@ -137,7 +141,7 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
             T.copy(sc, p)
             for i, d in T.Parallel(rows, DV):
                 o[i, d] *= alpha[i]
-            T.gemm(p, v, o, policy=T.GemmWarpPolicy.FullRow)
+            T.gemm(p, v, o, policy=policy)
         return o, total, m, step_scale
 
     # A split with no tokens has total 0 and o 0: it writes zeros and a -inf LSE.

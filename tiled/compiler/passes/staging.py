@@ -33,7 +33,9 @@ shared tile qualifies for becoming a fragment when:
 - it is written only by one whole-tile copy from a fragment of its shape that is the
   accumulator of a gemm (so that layout inference gives it the accumulator's layout, which
   is wgmma's A-operand layout);
-- it is read only as A of gemms (not transposed), and accessed by nothing else.
+- it is read only as A of gemms (not transposed), none of them FullCol (whose warps, or
+  warpgroups on sm_90a, split the output's columns: each needs all of A's rows, not the
+  part of them its own accumulator holds), and accessed by nothing else.
 
 A shared tile every thread sees and a fragment each thread holds its part of then give the
 same values to the same gemm: the copy is the tile's only writer and the gemm its only
@@ -112,7 +114,8 @@ def unstaged_operands(p: pb.Program) -> set[int]:
     for bid, sts in uses.items():
         b = buffers[bid]
         c = _operand_only(bid, sts, touched) if b.scope == pb.SHARED else None
-        if c is None:
+        if c is None or any(s.gemm.policy == pb.POLICY_FULL_COL for s in sts
+                            if s.WhichOneof("kind") == "gemm"):
             continue
         src = buffers[c.src.buffer]
         if src.scope == pb.FRAGMENT and src.id in accumulators and whole_region(c.dst, b) and \

@@ -5,7 +5,9 @@ e5m2 and float32, as tf32, and int8 into an int32 C, with B given N x K, the onl
 has for them) or A a 16-bit fragment (RS), A not transposed, C a float32 fragment (int32 for
 int8) [BM, BN] with BN a multiple of 64 (or 16 or 32 for 16-bit operands with B given N x K:
 one wgmma n16 / n32, the x tiles of tiled.ops.linear's 16-row swaps) and BM a multiple of 64
-per warpgroup (the block's threads are whole warpgroups, which split M), K a whole number of
+per warpgroup (the block's threads are whole warpgroups, which split M; a FullCol gemm with
+too few rows for that has them split N instead, each warpgroup holding all BM rows of its
+BN / warpgroups columns, which must then fit those rules), K a whole number of
 128-byte panel rows, at most 128 accumulator floats per thread; its A and B tiles are
 written by anything but TMA (cp.async copies, element stores) and read by no gemm that does
 not take wgmma; its C is the accumulator of no other kind of gemm. Decided together
@@ -87,8 +89,11 @@ def _shape(b: pb.Buffer) -> list[int]:
     return [d.size for d in b.shape]
 
 
-def _fits(g: pb.Gemm, buffers, threads: int) -> bool:
-    """Whether gemm `g` fits wgmma by dtypes and shapes (SS, or RS with A a fragment)."""
+def _fits(g: pb.Gemm, buffers, threads: int) -> int | None:
+    """Whether gemm `g` fits wgmma by dtypes and shapes (SS, or RS with A a fragment): the
+    warpgroup columns its accumulator splits N into (`WgmmaLayout.wg_n`: 1, the
+    warpgroups splitting M, where each gets whole m64 blocks; else, for a FullCol gemm, the
+    block's warpgroup count, as MLA's 64-row tile over two warpgroups needs), or None."""
     a, b, c = buffers[g.a], buffers[g.b], buffers[g.c]
     dt = {dtypes.canonical_name(a.dtype), dtypes.canonical_name(b.dtype)}
     if a.scope not in (pb.SHARED, pb.FRAGMENT) or b.scope != pb.SHARED or \
@@ -96,9 +101,9 @@ def _fits(g: pb.Gemm, buffers, threads: int) -> bool:
             g.transpose_a or dtypes.canonical_name(c.dtype) != accumulator_dtype(min(dt)) or \
             len(c.shape) != 2 or len(a.shape) < 2 or len(b.shape) < 2 or threads % 128 or \
             (a.scope == pb.FRAGMENT and (len(a.shape) != 2 or g.a_index)):
-        return False
+        return None
     if dtypes.nbytes(a.dtype) != 2 and (a.scope != pb.SHARED or not g.transpose_b):
-        return False  # float8, tf32, int8 wgmma: A and B from shared memory, both K-major
+        return None  # float8, tf32, int8 wgmma: A and B from shared memory, both K-major
     nwg = threads // 128
     BM, BN = _shape(c)
     am, ak = _shape(a)[-2:]
@@ -107,11 +112,22 @@ def _fits(g: pb.Gemm, buffers, threads: int) -> bool:
     # narrow panel of 64-byte rows: the form run on the H200), whole k16 slices otherwise.
     k_unit = panel_elems(a.dtype) if a.scope == pb.SHARED or g.transpose_b else 16
     narrow = dtypes.nbytes(a.dtype) == 2 and ak * 2 == NARROW_BYTES
-    return (am == BM and bn == BN and ak == bk and (ak % k_unit == 0 or narrow) and bk % 8 == 0
-            and BM % (64 * nwg) == 0 and BN <= 256
-            and (BN % 64 == 0 or (BN in (16, 32) and g.transpose_b and
-                                  dtypes.nbytes(a.dtype) == 2))
-            and BM // nwg // 64 * BN // 2 <= MAX_ACC)
+    if not (am == BM and bn == BN and ak == bk and (ak % k_unit == 0 or narrow) and
+            bk % 8 == 0):
+        return None
+
+    def fits(wg_n: int) -> bool:
+        wm, wn = BM // (nwg // wg_n), BN // wg_n
+        return (BM % (64 * (nwg // wg_n)) == 0 and BN % wg_n == 0 and wn <= 256
+                and (wn % 64 == 0 or (wn in (16, 32) and g.transpose_b and
+                                      dtypes.nbytes(a.dtype) == 2))
+                and wm // 64 * wn // 2 <= MAX_ACC)
+
+    # The M split first (the form every other gemm here has run in); a FullCol gemm whose
+    # rows are too few for it splits N. A fragment A (RS) holds whole rows of the
+    # warpgroup's A: only an M split reads it.
+    order = [1, nwg] if g.policy == pb.POLICY_FULL_COL and a.scope == pb.SHARED else [1]
+    return next((wg_n for wg_n in order if fits(wg_n)), None)
 
 
 def plan_wgmma(program: pb.Program, infer) -> tuple[WgmmaOps, dict | None]:
@@ -130,7 +146,8 @@ def plan_wgmma(program: pb.Program, infer) -> tuple[WgmmaOps, dict | None]:
         elif kind == "copy" and st.copy.HasField("tma"):
             tma.add(st.copy.dst.buffer)
     nwg = threads // 128
-    ok = [g for g in gemms if _fits(g, buffers, threads) and not {g.a, g.b} & tma]
+    split = {id(g): _fits(g, buffers, threads) for g in gemms}
+    ok = [g for g in gemms if split[id(g)] and not {g.a, g.b} & tma]
     while True:
         others = {x for g in gemms if g not in ok for x in (g.a, g.b, g.c)}
         keep = [g for g in ok if not {g.a, g.b, g.c} & others]
@@ -139,7 +156,7 @@ def plan_wgmma(program: pb.Program, infer) -> tuple[WgmmaOps, dict | None]:
             continue
         if not ok:
             return WgmmaOps(), None
-        accs = {g.c: WgmmaLayout(*_shape(buffers[g.c]), nwg) for g in ok}
+        accs = {g.c: WgmmaLayout(*_shape(buffers[g.c]), nwg, split[id(g)]) for g in ok}
         try:
             layouts = infer(program, accs)
         except CompileError:  # a wgmma layout clashes with another fragment's: none
@@ -198,7 +215,7 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     lay = low.layouts[g.c]
     BM, BN = _shape(c)
     K = _shape(a)[-1] * low.k_tiles
-    WM = BM // lay.nwg
+    WM, WN = lay.wm_rows, lay.wn_cols  # this warpgroup's part of C
     acc = low.tir[g.c]
     # C = A @ B: 16-bit operands take the first wgmma's zero scale-d (no instruction writes
     # the accumulator registers, which ptxas would have to order against wgmmas in flight);
@@ -210,24 +227,31 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
             T.buffer_store(acc, tirx.const(0, acc.dtype), [idx])
     zero = tirx.const(0, "int32")
     wg = tirx.floordiv(low.tx, 128)  # low.tx counts from a T.ws region's first thread
-    b_idx = [low.expr(i) for i in g.b_index] + [zero, zero]
+    wm, col = wg, zero  # the warpgroup's row of C and first column of B
+    if lay.wg_n > 1:
+        wm, col = tirx.floordiv(wg, lay.wg_n), tirx.floormod(wg, lay.wg_n) * WN
+    b_idx = [low.expr(i) for i in g.b_index] + ([col, zero] if g.transpose_b else [zero, col])
     pb_ = T.address_of(low.tir[g.b][panel_index(low, g.b, b_idx)])
     ct = CTYPE[dtypes.canonical_name(a.dtype)]
     kmajor = str(g.transpose_b).lower()
     # The template's last flags, trailing defaults left out: TURN (issued on its warpgroup's
-    # turn, ws_loop.py), ZERO, KS (the K a stage of two merged K tiles holds, ws_pairs.py).
-    flags = [bool(low.turn), zero_init, 2 * _shape(a)[-1] if g.b in low.panel_shift else None]
+    # turn, ws_loop.py), ZERO, KS (the K a stage of two merged K tiles holds, ws_pairs.py),
+    # BP (a K-major B's panel rows, where this warpgroup reads WN of its BN).
+    ks = 2 * _shape(a)[-1] if g.b in low.panel_shift else None
+    flags = [bool(low.turn), zero_init, ks, BN if WN != BN and g.transpose_b else None]
     while flags and flags[-1] in (False, None):
         flags.pop()
+    if len(flags) == 4 and flags[2] is None:
+        flags[2] = K  # KS's default, spelled out before BP
     turn = "".join(f", {str(f).lower()}" for f in flags)
     issue = "_issue" if low.in_flight else ""  # left in flight, retired by wgmma_waits.py
     if a.scope == pb.FRAGMENT:  # RS: A's words from registers, in the wgmma layout
         pa = T.address_of(low.tir[g.a][0])
-        name = f"tiled::sm90::wgmma_rows_rs{issue}<{ct}, {WM}, {BN}, {K}, {kmajor}{turn}>"
+        name = f"tiled::sm90::wgmma_rows_rs{issue}<{ct}, {WM}, {WN}, {K}, {kmajor}{turn}>"
     else:
-        a_idx = [low.expr(i) for i in g.a_index] + [wg * WM, zero]
+        a_idx = [low.expr(i) for i in g.a_index] + [wm * WM, zero]
         pa = T.address_of(low.tir[g.a][panel_index(low, g.a, a_idx)])
-        name = f"tiled::sm90::wgmma_rows{issue}<{ct}, {WM}, {BM}, {BN}, {K}, {kmajor}{turn}>"
+        name = f"tiled::sm90::wgmma_rows{issue}<{ct}, {WM}, {BM}, {WN}, {K}, {kmajor}{turn}>"
     T.evaluate(T.call_extern("void", name, pa, pb_, T.address_of(acc[0])))
 
 
@@ -277,5 +301,6 @@ def store_wgmma_fragment(low, c: pb.Copy) -> bool:
     if not isinstance(lay, WgmmaLayout) or \
             dtypes.canonical_name(src.dtype) not in ("float32", "float16", "bfloat16"):
         return False
-    return store_acc_tile(low, c, f"tiled::sm90::WgmmaTile<{lay.M}, {lay.N}, {lay.nwg}>",
+    wgn = f", {lay.wg_n}" if lay.wg_n > 1 else ""
+    return store_acc_tile(low, c, f"tiled::sm90::WgmmaTile<{lay.M}, {lay.N}, {lay.nwg}{wgn}>",
                           src.id, lay.M, lay.N, tirx.floordiv(low.tx, 128))

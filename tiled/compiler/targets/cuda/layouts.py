@@ -73,66 +73,97 @@ class MmaLayout:
 
 @dataclass(frozen=True)
 class WgmmaRows:
-    """The rows of `WgmmaLayout(M, *, nwg)`: warpgroup w holds rows [w * M / nwg, ...), in
-    M / nwg / 64 blocks of 64; thread t of a warpgroup holds rows 16 * (t / 32) + (t % 32) / 4
-    and 8 more of each block (slots 2h and 2h + 1), as do the other 3 lanes of its quad."""
+    """The rows of `WgmmaLayout(M, *, nwg, wg_n)`: warpgroup w holds rows [(w / wg_n) * M /
+    wg_m, ...) (wg_m = nwg / wg_n), in M / wg_m / 64 blocks of 64; thread t of a warpgroup
+    holds rows 16 * (t / 32) + (t % 32) / 4 and 8 more of each block (slots 2h and 2h + 1), as
+    do the other 3 lanes of its quad and, with wg_n > 1, the same threads of the other
+    warpgroups of its warpgroup row (each holding its own columns of the rows)."""
 
     M: int
     nwg: int
+    wg_n: int = 1
 
     QUAD_MASKS = (1, 2)  # lane xor masks that reach the other holders of a row
     REPLICAS = 4  # lanes holding each row
 
     @property
+    def split(self) -> int:
+        """Column parts each row's partials come in (reduce.py): its warpgroups."""
+        return self.wg_n
+
+    def column(self, tx):
+        return tirx.floormod(tirx.floordiv(tx, 128), self.wg_n)
+
+    @property
     def local_size(self) -> int:
-        return self.M // self.nwg // 64 * 2
+        return self.M // (self.nwg // self.wg_n) // 64 * 2
 
     def coords(self, tx, slot):
-        wg, t = tirx.floordiv(tx, 128), tirx.floormod(tx, 128)
-        row = (wg * (self.M // self.nwg) + tirx.floordiv(slot, 2) * 64
+        wm, t = tirx.floordiv(tirx.floordiv(tx, 128), self.wg_n), tirx.floormod(tx, 128)
+        row = (wm * (self.M // (self.nwg // self.wg_n)) + tirx.floordiv(slot, 2) * 64
                + 16 * tirx.floordiv(t, 32) + tirx.floordiv(tirx.floormod(t, 32), 4)
                + 8 * tirx.floormod(slot, 2))
         return [row], None
 
     def leader(self, tx):
-        """Whether thread tx is the one holder of its rows that writes them out."""
-        return tirx.floormod(tx, self.REPLICAS) == 0
+        """Whether thread tx is the one holder of its rows that writes them out (lane 0 of
+        its quad, in its warpgroup row's first warpgroup)."""
+        lane0 = tirx.floormod(tx, self.REPLICAS) == 0
+        if self.wg_n == 1:
+            return lane0
+        return tirx.all(self.column(tx) == 0, lane0)
 
 
 @dataclass(frozen=True)
 class WgmmaLayout:
-    """wgmma's accumulator over `nwg` warpgroups: warpgroup w holds rows [w * M / nwg, ...)
-    as M / nwg / 64 blocks of m64 x N, each N / 2 floats per thread in wgmma's order."""
+    """wgmma's accumulator over `nwg` warpgroups in a grid of wg_m = nwg / wg_n rows by wg_n
+    columns: warpgroup w holds rows [(w / wg_n) * M / wg_m, ...) and columns [(w % wg_n) * N /
+    wg_n, ...), as M / wg_m / 64 blocks of m64 x N / wg_n, each N / wg_n / 2 floats per thread
+    in wgmma's order. wg_n is 1 (the warpgroups split M) unless a FullCol gemm splits N."""
 
     M: int
     N: int
     nwg: int
+    wg_n: int = 1
+
+    @property
+    def wm_rows(self) -> int:
+        """Rows per warpgroup."""
+        return self.M // (self.nwg // self.wg_n)
+
+    @property
+    def wn_cols(self) -> int:
+        """Columns per warpgroup."""
+        return self.N // self.wg_n
 
     @property
     def local_size(self) -> int:
-        return self.M // self.nwg // 64 * (self.N // 2)
+        return self.wm_rows // 64 * (self.wn_cols // 2)
 
     def coords(self, tx, idx):
-        half = self.N // 2
+        half = self.wn_cols // 2
         wg, t = tirx.floordiv(tx, 128), tirx.floormod(tx, 128)
+        wm, wn = tirx.floordiv(wg, self.wg_n), tirx.floormod(wg, self.wg_n)
         h, i = tirx.floordiv(idx, half), tirx.floormod(idx, half)
-        row = (wg * (self.M // self.nwg) + h * 64 + 16 * tirx.floordiv(t, 32)
+        row = (wm * self.wm_rows + h * 64 + 16 * tirx.floordiv(t, 32)
                + tirx.floordiv(tirx.floormod(t, 32), 4) + 8 * tirx.floormod(tirx.floordiv(i, 2), 2))
-        col = 8 * tirx.floordiv(i, 4) + 2 * tirx.floormod(t, 4) + tirx.floormod(i, 2)
+        col = (wn * self.wn_cols + 8 * tirx.floordiv(i, 4) + 2 * tirx.floormod(t, 4)
+               + tirx.floormod(i, 2))
         return [row, col], None
 
     def rows(self):
-        return WgmmaRows(self.M, self.nwg)
+        return WgmmaRows(self.M, self.nwg, self.wg_n)
 
     def row_slot(self, idx):
         """The WgmmaRows slot of the row that slot `idx` of this layout lies in."""
-        half = self.N // 2
+        half = self.wn_cols // 2
         return tirx.floordiv(idx, half) * 2 + tirx.floormod(tirx.floordiv(idx, 2), 2)
 
     def row_members(self, slot: int) -> list[int]:
         """This layout's slots (in one thread) whose elements lie in row slot `slot`."""
         h, which = divmod(slot, 2)
-        return [h * (self.N // 2) + i for i in range(self.N // 2) if (i // 2) % 2 == which]
+        half = self.wn_cols // 2
+        return [h * half + i for i in range(half) if (i // 2) % 2 == which]
 
 
 @dataclass(frozen=True)
@@ -148,6 +179,14 @@ class MmaRows:
 
     QUAD_MASKS = (1, 2)
     REPLICAS = 4  # lanes of a warp holding each row
+
+    @property
+    def split(self) -> int:
+        """Column parts each row's partials come in (reduce.py): its warp row's warps."""
+        return self.warp_n
+
+    def column(self, tx):
+        return tirx.floormod(tirx.floordiv(tx, 32), self.warp_n)
 
     @property
     def local_size(self) -> int:
@@ -250,7 +289,8 @@ class CudaAnchors:
         if dtypes.nbytes(a.dtype) != 2:
             return None
         if isinstance(c_layout, WgmmaLayout):
-            if a.scope != pb.FRAGMENT or g.transpose_a or g.a_index or len(a.shape) != 2:
+            if a.scope != pb.FRAGMENT or g.transpose_a or g.a_index or len(a.shape) != 2 or \
+                    c_layout.wg_n != 1:  # each warpgroup's A is whole rows of C's
                 return None
             M, K = (d.size for d in a.shape)
             return WgmmaLayout(M, K, c_layout.nwg) if M == c_layout.M and K % 16 == 0 \

@@ -4,9 +4,10 @@ whose identity is 0) along one dim of a shared or fragment tile into a fragment.
 - Into a rows layout (the lowering's rows_layouts: the row reduction of an accumulator whose
   rows each live in a quad of lanes): each thread combines the elements of its rows (a
   balanced tree), then the quad exchanges partials with two xor shuffles; no shared memory,
-  unless the rows are split over warp_n > 1 warps (an mma accumulator's warp columns): then
-  one lane of each quad leaves its warp's partials in the scratch area and every holder of
-  a row combines the warp_n partials in the same order.
+  unless the rows are split over several warps or warpgroups (an mma accumulator's warp
+  columns, a FullCol wgmma accumulator's warpgroups: the rows layout's `split`): then one
+  lane of each quad leaves its part's partials in the scratch area and every holder of a
+  row combines the parts in the same order.
 - From a replicated fragment (or a local tile): every thread reduces its own copy.
 - Along the last dim of a cyclic fragment whose rows each span whole rounds of the block
   (the last dim a multiple of threads x run length, as a row-per-block norm or softmax has):
@@ -55,7 +56,7 @@ def reduce_scratch_bytes(low, r: pb.Reduce) -> int:
     src, dst = low.buffers[r.src], low.buffers[r.dst]
     if _along_rows(low, r):
         rows = low.layouts[dst.id]
-        split = getattr(rows, "warp_n", 1)
+        split = getattr(rows, "split", 1)
         return 0 if split == 1 else split * rows.M * max(4, dtypes.nbytes(dst.dtype))
     if isinstance(low.layouts.get(src.id), ReplicatedLayout):
         return 0
@@ -155,7 +156,7 @@ def reduce_rows(low, r: pb.Reduce) -> None:
     src, dst = low.tir[r.src], low.tir[r.dst]
     lay, rows = low.layouts[r.src], low.layouts[r.dst]
     combine, dt = COMBINE[r.kind], dst.dtype
-    split = getattr(rows, "warp_n", 1)
+    split = getattr(rows, "split", 1)
     parts = []
     for slot in range(rows.local_size):
         vals = [_element(r.kind, tirx.Cast(dt, src[i]) if src.dtype != dt else src[i])
@@ -167,10 +168,10 @@ def reduce_rows(low, r: pb.Reduce) -> None:
         if split == 1:  # the row's total
             T.buffer_store(dst, part[0] if r.clear else combine(dst[slot], part[0]), [slot])
         parts.append(part[0])
-    if split > 1:  # the warp row's warps meet in the scratch area: [warp column][row]
+    if split > 1:  # the row's parts meet in the scratch area: [column][row]
         low.sync.before(True, True)
         scratch = low.scratch(dt, split * rows.M)
-        column = tirx.floormod(tirx.floordiv(low.tx, low.warp_size), split)
+        column = rows.column(low.tx)
         with T.If(tirx.floormod(low.tx, rows.REPLICAS) == 0), T.Then():
             for slot, part in enumerate(parts):
                 row = rows.coords(low.tx, slot)[0][0]

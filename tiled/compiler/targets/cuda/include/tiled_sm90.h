@@ -606,23 +606,27 @@ __device__ __forceinline__ void store_acc_global(const S (&d)[N / 2], T* C, int6
   }
 }
 
-// A wgmma accumulator fragment of the per-op lowering (gemm_sm90.py: WgmmaLayout(M, N, NWG))
-// to a global tile of half, bfloat16 or float: warpgroup w holds rows [w * M / NWG, ...) as
-// M / NWG / 64 blocks of N / 2 elements per thread (floats, or 16-bit values of a fragment
-// cast from one), each written by store_acc_global. `wg`:
-// the calling thread's warpgroup among the fragment's threads (a T.ws region's threads start
-// past 0); those past the NWG warpgroups hold none of it.
-template <int M, int N, int NWG>
+// A wgmma accumulator fragment of the per-op lowering (gemm_sm90.py: WgmmaLayout(M, N, NWG,
+// WGN)) to a global tile of half, bfloat16 or float: warpgroup w holds rows [w / WGN * M /
+// (NWG / WGN), ...) and columns [w % WGN * N / WGN, ...) as blocks of 64 rows by N / WGN / 2
+// elements per thread (floats, or 16-bit values of a fragment cast from one), each written by
+// store_acc_global. `wg`: the calling thread's warpgroup among the fragment's threads (a T.ws
+// region's threads start past 0); those past the NWG warpgroups hold none of it.
+template <int M, int N, int NWG, int WGN = 1>
 struct WgmmaTile {
-  static_assert(M % (64 * NWG) == 0, "WgmmaTile: M / NWG a multiple of 64");
+  static constexpr int kRows = M / (NWG / WGN), kCols = N / WGN;
+  static_assert(kRows % 64 == 0 && N % WGN == 0, "WgmmaTile: whole m64 blocks per warpgroup");
   template <typename TC, typename S>
   __device__ __forceinline__ static void store(const S* acc, TC* C, int64_t ldc, int row0,
                                                int col0, int m, int n, int wg) {
     if (wg >= NWG) return;
 #pragma unroll
-    for (int h = 0; h < M / NWG / 64; ++h)
-      store_acc_global<TC, N, S>(*reinterpret_cast<const S(*)[N / 2]>(acc + h * (N / 2)), C,
-                                 ldc, row0 + wg * (M / NWG) + 64 * h, col0, m, n);
+    for (int h = 0; h < kRows / 64; ++h) {
+      const S* part = acc + h * (kCols / 2);
+      store_acc_global<TC, kCols, S>(*reinterpret_cast<const S(*)[kCols / 2]>(part), C, ldc,
+                                     row0 + wg / WGN * kRows + 64 * h, col0 + wg % WGN * kCols,
+                                     m, n);
+    }
   }
 };
 

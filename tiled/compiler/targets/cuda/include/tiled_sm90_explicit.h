@@ -126,11 +126,13 @@ __host__ __device__ constexpr bool narrow_panel() {
 }
 
 // NARROW (K-major B of one narrow panel, narrow_panel): rows COL.. at COL * 64 bytes.
-template <int BN, int K, bool B_KMAJOR, int COL, bool NARROW = false>
+// BP: the rows of a K-major B's panels, BN unless the warpgroup reads BN of them (a FullCol
+// accumulator's columns, gemm_sm90.py; `sb` then points at its first row).
+template <int BN, int K, bool B_KMAJOR, int COL, bool NARROW = false, int BP = BN>
 __device__ __forceinline__ uint64_t b_desc(const unsigned char* sb, int kk) {
   if constexpr (B_KMAJOR && NARROW)
     return make_smem_desc(sb + COL * 64 + 32 * kk, 16, 512, Swizzle::k64B);
-  return B_KMAJOR ? desc_kmajor_sw128(sb + (kk / 4) * BN * 128 + COL * 128 + 32 * (kk % 4))
+  return B_KMAJOR ? desc_kmajor_sw128(sb + (kk / 4) * BP * 128 + COL * 128 + 32 * (kk % 4))
                   : make_smem_desc(sb + (COL / 64) * K * 128 + 2048 * kk, K * 128, 1024);
 }
 
@@ -142,15 +144,16 @@ __host__ __device__ constexpr int cols_width() {
 
 // KS: the K elements B's stage holds (2 * K where two K tiles share a ring stage, ws_loop.py:
 // `sb` then points at this tile's half).
-template <typename T, int BN, int K, bool B_KMAJOR, int KS = K, int COL = 0, typename Acc>
+template <typename T, int BN, int K, bool B_KMAJOR, int KS = K, int COL = 0, int BP = BN,
+          typename Acc>
 __device__ __forceinline__ void wgmma_cols_any(Acc* acc, uint64_t da, const unsigned char* sb,
                                                int kk, uint32_t scale_d = 1u) {
   constexpr int kW = cols_width<BN, COL>();
   constexpr bool kNarrow = narrow_panel<T, KS>();
-  wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da, b_desc<BN, KS, B_KMAJOR, COL, kNarrow>(sb, kk),
-                             scale_d);
+  wgmma_any<T, kW, B_KMAJOR>(acc + COL / 2, da,
+                             b_desc<BN, KS, B_KMAJOR, COL, kNarrow, BP>(sb, kk), scale_d);
   if constexpr (COL + kW < BN)
-    wgmma_cols_any<T, BN, K, B_KMAJOR, KS, COL + kW>(acc, da, sb, kk, scale_d);
+    wgmma_cols_any<T, BN, K, B_KMAJOR, KS, COL + kW, BP>(acc, da, sb, kk, scale_d);
 }
 
 // acc[BM x BN] += A[BM x K] @ B for one warpgroup, A and B panel tiles at byte offsets

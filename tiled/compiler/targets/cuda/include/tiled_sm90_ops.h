@@ -45,9 +45,10 @@ __device__ __forceinline__ void turn_last() {
 // wgmma_rows retires it before return (wait_group 0), wgmma_rows_issue leaves it in flight;
 // with TURN, issued on this warpgroup's turn. KS: the K elements A's and B's stages hold (2 *
 // K where two K tiles share a ring stage, ws_loop.py: `a` and `b` then point at this
-// tile's half; two narrow tiles make one panel of 128-byte rows).
+// tile's half; two narrow tiles make one panel of 128-byte rows). BP: the rows of a K-major
+// B's panels where the warpgroup reads BN of them (a FullCol accumulator's columns).
 template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false,
-          bool ZERO = false, int KS = K, typename Acc>
+          bool ZERO = false, int KS = K, int BP = BN, typename Acc>
 __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, Acc* acc) {
   constexpr int kSlice = 32 / sizeof(T);  // K elements of one wgmma
   constexpr bool kNarrow = narrow_panel<T, KS>();
@@ -67,7 +68,7 @@ __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, A
       const uint64_t da =
           kNarrow ? make_smem_desc(sa + h * 4096 + 32 * kk, 16, 512, Swizzle::k64B)
                   : desc_kmajor_sw128(sa + (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
-      wgmma_cols_any<T, BN, K, B_KMAJOR, KS>(acc + h * (BN / 2), da, sb, kk,
+      wgmma_cols_any<T, BN, K, B_KMAJOR, KS, 0, BP>(acc + h * (BN / 2), da, sb, kk,
                                              ZERO && kk == 0 ? 0u : 1u);
     }
   }
@@ -75,9 +76,9 @@ __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, A
   if constexpr (TURN) turn_pass();
 }
 template <typename T, int WM, int BM, int BN, int K, bool B_KMAJOR, bool TURN = false,
-          bool ZERO = false, int KS = K, typename Acc>
+          bool ZERO = false, int KS = K, int BP = BN, typename Acc>
 __device__ __forceinline__ void wgmma_rows(const void* a, const void* b, Acc* acc) {
-  wgmma_rows_issue<T, WM, BM, BN, K, B_KMAJOR, TURN, ZERO, KS>(a, b, acc);
+  wgmma_rows_issue<T, WM, BM, BN, K, B_KMAJOR, TURN, ZERO, KS, BP>(a, b, acc);
   wgmma_wait_group<0>();
 }
 

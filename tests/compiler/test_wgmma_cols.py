@@ -132,13 +132,15 @@ def test_a_full_col_gemm_keeps_its_probabilities_in_shared_memory():
     assert staged(T.GemmWarpPolicy.FullCol) == set()
 
 
-def test_mla_cols_config_runs_both_gemms_on_wgmma(tmp_path):
+@pytest.mark.parametrize("bn,stages,latent", [(32, 2, False), (64, 2, True)])
+def test_mla_cols_configs_run_every_gemm_on_wgmma(tmp_path, bn, stages, latent):
     from tiled.ops.mla import CUDA_SPACE, mla_kernel
 
-    cfg = next(c for c in CUDA_SPACE if c.get("cols") and c["splits"] == 1)
+    cfg = next(c for c in CUDA_SPACE if c.get("cols") and c["splits"] == 1 and
+               c["BN"] == bn and c["stages"] == stages and c.get("latent", False) == latent)
     k = mla_kernel(64, 128, 576, 512, 64, "bfloat16", 128, 576 ** -0.5, **cfg)
     c = tiled.compile(k, target="cuda:sm_90a", cache=False)
     text = sass(c.artifact, tmp_path, c.manifest.symbol)
-    # scores: 64 x 16 per warpgroup; output: 64 x 256 per warpgroup
-    assert _instrs(text) == {"HGMMA.64x16x16", "HGMMA.64x256x16"}
+    # scores: 64 x BN / 2 per warpgroup; output: 64 x 256 per warpgroup
+    assert _instrs(text) == {f"HGMMA.64x{bn // 2}x16", "HGMMA.64x256x16"}
     assert not re.search(r"\b(LDL|STL)\b", text)

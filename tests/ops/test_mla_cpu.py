@@ -66,6 +66,33 @@ def test_every_cpu_config_matches_torch(cfg):
     assert _rel(out, _reference(q, kv, bt, seq, DV, D ** -0.5)[:, 0]) < 1e-5
 
 
+@pytest.mark.parametrize("form", [{"cols": True}, {"latent": True},
+                                  {"cols": True, "latent": True, "splits": 2}])
+def test_cuda_space_forms_compute_the_same_on_cpu(form):
+    """The forms the CUDA space adds (mla.CUDA_SPACE: FullCol gemms with P in shared memory;
+    the cache rows copied once as value and rope lanes, the scores two gemms) give the same
+    attention: the kernel's program is target-independent, so the cpu target checks it."""
+    import tiled
+    from tiled.ops import paged
+
+    g = torch.Generator().manual_seed(11)
+    B, H, D, DV, bs, MB, NB = 2, 20, 72, 64, 16, 4, 10
+    q = torch.randn(B, 1, H, D, generator=g)
+    kv = torch.randn(NB, bs, 1, D, generator=g)
+    bt = torch.randint(0, NB, (B, MB), generator=g, dtype=torch.int32)
+    seq = torch.tensor([29, 64], dtype=torch.int32)
+    cfg = {"BN": 16, "threads": 32, "splits": 1, **form}
+    k = tiled.compile(mla.mla_kernel(B, H, D, DV, bs, "float32", MB, D ** -0.5, **cfg), "cpu")
+    out = torch.zeros(B, H, DV)
+    paged._run(k, cfg, [q.view(B, H, D), kv, kv, bt, seq, torch.ones(2), out])
+    assert _rel(out, _reference(q, kv, bt, seq, DV, D ** -0.5)[:, 0]) < 1e-5
+
+
+def test_a_latent_cache_needs_narrower_values():
+    with pytest.raises(ValueError, match="latent cache needs values narrower"):
+        mla.mla_kernel(1, 16, 64, 64, 16, "bfloat16", 4, 0.125, latent=True)
+
+
 def test_mla_decode_refuses_bad_arguments():
     q = torch.zeros(2, 1, 4, 72)
     kv = torch.zeros(3, 16, 1, 72)

@@ -28,21 +28,26 @@ ROWS_MLA = 64
 CUDA_SPACE = [{"BN": 32, "threads": t, "rows": r, "splits": s, "stages": 2}
               for r, t in ((64, 256), (32, 256), (32, 128), (16, 128))
               for s in (1, 2, 4, 8, 16)]
-# On sm_90a: both gemms FullCol (`cols`), so that the two warpgroups split the 32 scores'
-# and the 512 output columns of 64 heads (16 and 256 each) and take wgmma, the
-# probabilities passing through shared memory; elsewhere they are mma.sync configs.
-CUDA_SPACE += [{"BN": 32, "threads": 256, "rows": 64, "splits": s, "stages": 2, "cols": True}
+# On sm_90a: both gemms FullCol (`cols`), so that the two warpgroups split the scores' and
+# the 512 output columns of 64 heads (BN / 2 and 256 each) and take wgmma, the
+# probabilities passing through shared memory; elsewhere they are mma.sync configs. With
+# `latent` each step copies the cache rows once (512 value lanes read by both gemms, 64 rope
+# lanes), which leaves room for 64-token steps or a third stage.
+CUDA_SPACE += [{"BN": bn, "threads": 256, "rows": 64, "splits": s, "stages": st, "cols": True,
+                **({"latent": True} if latent else {})}
+               for bn, st, latent in ((32, 2, False), (32, 2, True), (32, 3, True),
+                                      (64, 2, True))
                for s in (1, 2, 4, 8, 16)]
 CPU_SPACE = [{"BN": 16, "threads": 32, "splits": 1}, {"BN": 16, "threads": 32, "splits": 2}]
 
 
 def mla_kernel(B, H, D, DV, block_size, dtype, MB, scale, BN=32, threads=128, splits=1,
-               stages=2, rows=ROWS_MLA, cols=False):
+               stages=2, rows=ROWS_MLA, cols=False, latent=False):
     """decode_kernel for MLA: one kv head, up to `rows` query heads a block, DV-wide
     values."""
     return decode_kernel(B, H, 1, D, block_size, dtype, dtype, MB, scale, BN=BN,
                          threads=threads, splits=splits, stages=stages,
-                         rows=min(rows, 16 * -(-H // 16)), dv=DV, cols=cols)
+                         rows=min(rows, 16 * -(-H // 16)), dv=DV, cols=cols, latent=latent)
 
 
 def _bucket(B, H, D, DV, block_size, dtype, MB, scale):

@@ -43,7 +43,7 @@ CPU_SPACE = [{"BN": 16, "threads": 32, "splits": 1, "rows": "group"},
 
 
 def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, threads=32,
-                  splits=1, stages=2, rows=None, dv=None, cols=False):
+                  splits=1, stages=2, rows=None, dv=None, cols=False, latent=False):
     """The decode kernel of one config (`B` and `MB` only select: batch, cache size and table
     width are symbolic). KVS holds (k_scale, v_scale). splits == 1 writes Out directly;
     otherwise Part [B, H, splits, DV] and LSE [B, H, splits] (base 2) for paged_combine.
@@ -53,7 +53,10 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
     its cache's rows (MLA: 512 of the 576), D by default. `cols`: both gemms FullCol, the
     probabilities staged through shared memory (on sm_90a the warpgroups then split the
     scores' and the output's columns, each holding 64 rows: wgmma for MLA's 64 heads a
-    block, whose 512-wide output one warpgroup cannot hold)."""
+    block, whose 512-wide output one warpgroup cannot hold). `latent` (dv < D, Vc the same
+    cache as Kc: MLA's): each step copies the cache rows once, as the DV value lanes and the
+    D - DV rope lanes, and the scores are two gemms (q's lanes split the same way), the
+    values' gemm reading the first tile again (TileLang's MLA example has this form)."""
     if H % KVH:
         raise ValueError(f"paged attention: {H} query heads do not group over {KVH} kv heads")
     if splits > 1 and splits > -(-MB * block_size // BN):
@@ -70,6 +73,9 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
                          "not tile each other")
     copies = BN // CB
     convert = kv_dtype != dtype  # float8 caches: copied as such, converted in shared memory
+    if latent and (convert or not 0 < (dv or D) < D):
+        raise ValueError("paged attention: a latent cache needs values narrower than keys "
+                         "and no float8 conversion")
     Bd, NB, MBd = T.dyn("B"), T.dyn("NB"), T.dyn("MB")
     qk = scale * LOG2E
     policy = T.GemmWarpPolicy.FullCol if cols else T.GemmWarpPolicy.FullRow
@@ -83,9 +89,12 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
         sums, the row maxima, the base-2 score scale)."""
         h, ht = hx // HT, hx % HT
         row0 = h * G + ht * rows
-        q = T.alloc_shared((rows, D), dtype)
-        k = T.alloc_shared((BN, D), dtype)
-        v = T.alloc_shared((BN, DV), dtype)
+        q = T.alloc_shared((rows, DV if latent else D), dtype)
+        k = T.alloc_shared((BN, DV if latent else D), dtype)
+        v = k if latent else T.alloc_shared((BN, DV), dtype)
+        if latent:  # the rope lanes of q and of the cache rows
+            q_r = T.alloc_shared((rows, D - DV), dtype)
+            k_r = T.alloc_shared((BN, D - DV), dtype)
         k_in, v_in = k, v  # the tiles the copies land in: float8 ones of their own
         if convert:
             k_in = T.alloc_shared((BN, D), kv_dtype)
@@ -98,7 +107,11 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
         alpha = T.alloc_fragment((rows,), "float32")
         row_sum = T.alloc_fragment((rows,), "float32")
         total = T.alloc_fragment((rows,), "float32")
-        T.copy(Q[b, row0:row0 + rows, :], q)  # rows past the heads read as zeros
+        if latent:
+            T.copy(Q[b, row0:row0 + rows, 0:DV], q)  # rows past the heads read as zeros
+            T.copy(Q[b, row0:row0 + rows, DV:D], q_r)
+        else:
+            T.copy(Q[b, row0:row0 + rows, :], q)
         T.fill(o, 0)
         T.fill(total, 0)
         T.fill(m, NEG_INF)
@@ -114,9 +127,15 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
             for c in range(copies):
                 j = (lo + step) * BN + c * CB  # the step's c-th run of CB tokens
                 page = T.if_then_else(j < seq, BT[b, T.min(j // block_size, MBd - 1)], 0)
-                T.copy(Kc[page, j % block_size:j % block_size + CB, h, :],
-                       k_in[c * CB:(c + 1) * CB, :])
-            for c in range(copies):
+                if latent:
+                    T.copy(Kc[page, j % block_size:j % block_size + CB, h, 0:DV],
+                           k_in[c * CB:(c + 1) * CB, :])
+                    T.copy(Kc[page, j % block_size:j % block_size + CB, h, DV:D],
+                           k_r[c * CB:(c + 1) * CB, :])
+                else:
+                    T.copy(Kc[page, j % block_size:j % block_size + CB, h, :],
+                           k_in[c * CB:(c + 1) * CB, :])
+            for c in range(copies if not latent else 0):
                 j = (lo + step) * BN + c * CB
                 page = T.if_then_else(j < seq, BT[b, T.min(j // block_size, MBd - 1)], 0)
                 T.copy(Vc[page, j % block_size:j % block_size + CB, h, 0:DV],
@@ -129,6 +148,8 @@ def decode_kernel(B, H, KVH, D, block_size, dtype, kv_dtype, MB, scale, BN=64, t
             # Both gemms on one warp grid (FullRow, or FullCol with `cols`), so the row
             # statistics of one are the rows of the other (registers, not replicated).
             T.gemm(q, k, sc, transpose_B=True, policy=policy)
+            if latent:
+                T.gemm(q_r, k_r, sc, transpose_B=True, policy=policy)
             T.copy(m, m_prev)
             T.reduce_max(sc, m, dim=1, clear=False)
             for i in T.Parallel(rows):

@@ -110,7 +110,10 @@ def _row(torch, B, ctx) -> dict:
     row = {"batch": B, "context": ctx, "config": tuned.config, "us": us, "GB/s": gbs,
            "TFLOP/s": flops / (us["tiled"] * 1e-6) / 1e12, "stream_GB/s": stream,
            "of_bandwidth": gbs / stream, "vs_sdpa_gathered": us["sdpa_gathered"] / us["tiled"],
-           "rel_err_vs_sdpa": err}
+           "rel_err_vs_sdpa": err,
+           # the tuner's timing of every candidate (L2 flushed, as it times them)
+           "candidates": [{"config": c.config, "us": c.us, "skipped": c.skipped}
+                          for c in tuned.candidates]}
     print(f"mla B={B:4d} ctx={ctx:6d}: {gbs:6.0f} GB/s ({row['of_bandwidth']:.0%}), "
           f"{row['TFLOP/s']:.0f} TFLOP/s, {row['vs_sdpa_gathered']:.2f}x SDPA gathered, "
           f"config {tuned.config}, err {err:.1e}", flush=True)

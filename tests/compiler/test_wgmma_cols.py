@@ -144,3 +144,20 @@ def test_mla_cols_configs_run_every_gemm_on_wgmma(tmp_path, bn, stages, latent):
     # scores: 64 x BN / 2 per warpgroup; output: 64 x 256 per warpgroup
     assert _instrs(text) == {f"HGMMA.64x{bn // 2}x16", "HGMMA.64x256x16"}
     assert not re.search(r"\b(LDL|STL)\b", text)
+
+
+def test_ring_tables_feeds_the_mla_loop_by_a_tma_producer(tmp_path):
+    """The compile option ring_tables: a loop whose copies read a block table takes the TMA
+    producer's ring (a third warpgroup, UTMALDG, wgmma left in flight) where by default it
+    stays on the cp.async pipeline."""
+    from tiled.ops.mla import mla_kernel
+
+    k = mla_kernel(64, 128, 576, 512, 64, "bfloat16", 128, 576 ** -0.5, BN=64, threads=256,
+                   rows=64, stages=2, cols=True, latent=True)
+    plain = tiled.compile(k, target="cuda:sm_90a", cache=False)
+    ring = tiled.compile(k, target="cuda:sm_90a", cache=False, ring_tables=True)
+    assert plain.manifest.block[0] == 256 and ring.manifest.block[0] == 384
+    assert "UTMALDG" not in sass(plain.artifact, tmp_path, plain.manifest.symbol)
+    text = sass(ring.artifact, tmp_path, ring.manifest.symbol)
+    assert "UTMALDG" in text and _instrs(text) == {"HGMMA.64x32x16", "HGMMA.64x256x16"}
+    assert "wgmma_rows_issue" in ring.source and not re.search(r"\b(LDL|STL)\b", text)

@@ -186,9 +186,9 @@ def touched_outside(s: pb.Stmt, f: pb.For) -> set[int]:
     return out
 
 
-def run_ahead(p: pb.Program) -> RunAhead | None:
+def run_ahead(p: pb.Program, tables_anywhere: bool = False) -> RunAhead | None:
     """The first T.Pipelined loop of `p` with copies that may run ahead (module docstring),
-    or None."""
+    or None. `tables_anywhere`: table loads in any loop, not only a GEMM loop's."""
     buffers = {b.id: b for b in p.buffers}
     params = {prm.buffer for prm in p.params if prm.WhichOneof("kind") == "buffer"}
     writes_anywhere: dict[int, int] = {}
@@ -206,9 +206,10 @@ def run_ahead(p: pb.Program) -> RunAhead | None:
             continue
         # Table loads in a GEMM loop only (copies and gemms: grouped GEMMs' tile tables),
         # for now: paged and varlen attention's tables are left to the measurements that
-        # would show their loops fed this way are not slower.
-        gemm_loop = all(x.WhichOneof("kind") in ("copy", "gemm")
-                        for x in body_statements(s.for_.body))
+        # would show their loops fed this way are not slower (`tables_anywhere`: the cuda
+        # compile option ring_tables, for those measurements).
+        gemm_loop = tables_anywhere or all(x.WhichOneof("kind") in ("copy", "gemm")
+                                           for x in body_statements(s.for_.body))
         tables = constant if gemm_loop else frozenset()
         scalars = frozenset()
         if outer:

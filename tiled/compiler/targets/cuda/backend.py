@@ -125,6 +125,10 @@ class CudaBackend(Backend):
                              "(on where every block runs the loop alike: "
                              "ws_plan.PERSISTENT_BY_DEFAULT says why), 1 off, 2 on",
                              choices=(0, 1, 2)),
+        "ring_tables": Option(bool, False, "sm_90a: a T.Pipelined loop whose copies read a "
+                              "tile table (paged attention's and MLA's block tables) may be "
+                              "fed by a TMA producer too, as GEMM loops with tables are; off "
+                              "until measured faster (benchmarks/gpu/mla_paths.py)"),
         "cuda_compiler": Option(str, None, "CUDA C++ to cubin: nvcc or nvrtc (default "
                                 "TILED_CUDA_COMPILER)", choices=("nvcc", "nvrtc", "auto")),
     }
@@ -144,7 +148,7 @@ class CudaBackend(Backend):
     def generate_source(self, program: Program, arch: str, warp_specialize: bool = True,
                         pingpong: bool = False,
                         wgmma_in_flight: bool = True, persistent: int = 0,
-                        whole_kernel_paths: bool = True):
+                        whole_kernel_paths: bool = True, ring_tables: bool = False):
         """(CUDA source, dynamic shared memory bytes, the lowering). When the automatic sm_90a
         path's TMA descriptors have launch preconditions (`low.requires`: strides that
         depend on a symbolic dim), the source also holds the program lowered without warp
@@ -159,7 +163,7 @@ class CudaBackend(Backend):
         explicit = explicit_statement(program.proto) is not None
         mod, low = lower_cuda(program, arch, warp_specialize,
                               ExplicitLowering if explicit else None, pingpong,
-                              wgmma_in_flight, persistent, whole_kernel_paths)
+                              wgmma_in_flight, persistent, whole_kernel_paths, ring_tables)
         _check_smem(low, arch)
         low.fallback = None
         if low.requires and not low.explicit:
@@ -199,7 +203,8 @@ class CudaBackend(Backend):
                                                      option(options, "wgmma_in_flight", self),
                                                      option(options, "persistent", self),
                                                      option(options, "whole_kernel_paths",
-                                                            self))
+                                                            self),
+                                                     option(options, "ring_tables", self))
         with timed("toolchain"):
             cubin = compile_cubin(source, target.arch, options.get("cuda_compiler"))
         symbol, args = kernel_args(source, program, low.tensor_maps,

@@ -25,7 +25,7 @@ from tiled.v1 import tile_ir_pb2 as pb
 def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                lowering: type | None = None,
                pingpong: bool = False, wgmma_in_flight: bool = True,
-               persistent: int = 0, whole_kernel: bool = True
+               persistent: int = 0, whole_kernel: bool = True, ring_tables: bool = False
                ) -> tuple[object, CudaLowering]:
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
     launch's thread count and the TMA descriptors the kernel takes (sm_90a path).
@@ -35,7 +35,8 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     `wgmma_in_flight`: whether its wgmma gemms may run past their statement
     (wgmma_waits.py); `persistent`: whether its blocks walk the grid (0 the plan's choice,
     1 off, 2 on; ws_loop.persistent_choice); `whole_kernel`: whether the whole-kernel
-    attention path (sm90_attn) may take the kernel it recognizes."""
+    attention path (sm90_attn) may take the kernel it recognizes; `ring_tables`: whether a
+    loop reading a tile table may be fed by a TMA producer (passes/pipeline.run_ahead)."""
     import tvm
 
     if lowering is None and arch == "sm_90a" and warp_specialize:
@@ -44,7 +45,7 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
             program = unstage_register_operands(program)
     p = program.proto
     low = lowering(program, arch, warp_specialize) if lowering else \
-        CudaLowering(program, arch, warp_specialize, whole_kernel)
+        CudaLowering(program, arch, warp_specialize, whole_kernel, ring_tables)
     if low.wsloop is not None:
         low.wsloop.pingpong &= pingpong
         low.wsloop.in_flight = wgmma_in_flight

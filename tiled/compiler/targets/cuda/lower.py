@@ -107,10 +107,11 @@ class CudaLowering(ExprLowering):
     max_stages = 1 << 30  # the most shared buffers a T.Pipelined copy gets (Metal: 2)
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
-                 whole_kernel: bool = True):
+                 whole_kernel: bool = True, ring_tables: bool = False):
         super().__init__(program)
         p = self.program
         self.arch = arch
+        self.ring_tables = ring_tables  # the compile option (paths.choose_paths)
         self.threads = p.kernel.threads  # the program's threads (consumers on the sm90 path)
         self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe
         self.param_of = {prm.buffer: i for i, prm in enumerate(p.params)  # tensor -> param #

@@ -191,7 +191,7 @@ def plan_ws_loop(low) -> WsLoop | None:
     p = low.program
     if low.threads % 128 or low.threads > 512:
         return None
-    run = run_ahead(p)
+    run = run_ahead(p, tables_anywhere=low.ring_tables)
     if run is None:
         return None
     buffers = low.buffers

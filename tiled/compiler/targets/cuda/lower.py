@@ -30,6 +30,7 @@ from tiled.compiler.passes.layout import (
 )
 from tiled.compiler.passes.resources import SharedTile
 from tiled.compiler.passes.vectorize import vector_lanes_ok
+from tiled.compiler.targets.cuda.atomic import lower_atomic
 from tiled.compiler.targets.cuda.copy import (
     async_vector,
     convert_fp8_tile,
@@ -83,10 +84,6 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 UNROLL_LIMIT = 256
 VECTOR_LIMIT = 16  # a T.vectorized loop that cannot take vector lanes unrolls up to this extent
-_ATOMIC = {pb.ATOMIC_ADD: "atomicAdd", pb.ATOMIC_MAX: "tiled::atomic_max",
-           pb.ATOMIC_MIN: "tiled::atomic_min"}
-# The element types CUDA's atomicAdd takes; other integer adds go to tiled_atomic.h.
-_NATIVE_ADD = {"int32", "uint32", "float32", "float64", "float16", "bfloat16"}
 
 
 class CudaLowering(ExprLowering):
@@ -388,42 +385,7 @@ class CudaLowering(ExprLowering):
             self.sync.sync()
 
     def stmt_atomic_add(self, st, s):
-        self.uniform_stmt(s)
-        dt = dtypes.canonical_name(self.buffers[st.buffer].dtype)
-        if dt == "bool" or dt.startswith("float8"):
-            raise CompileError(f"atomic {('add', 'max', 'min')[st.op]} of {dt} elements is "
-                               "not supported on cuda")
-        name = _ATOMIC[st.op] if st.op != pb.ATOMIC_ADD or dt in _NATIVE_ADD else \
-            "tiled::atomic_add"
-        release = st.order in (pb.ORDER_RELEASE, pb.ORDER_ACQ_REL, pb.ORDER_SEQ_CST)
-        acquire = st.order in (pb.ORDER_ACQUIRE, pb.ORDER_ACQ_REL, pb.ORDER_SEQ_CST)
-        # Outside T.Parallel one thread updates for the block: a release must cover every
-        # thread's earlier accesses (a barrier, then that thread's fence), an acquire every
-        # thread's later ones (its fence, then a barrier); the previous value reaches every
-        # thread through shared memory (atomic_slot).
-        block = not self.nest_vars
-        fence = "__threadfence" if st.order == pb.ORDER_SEQ_CST else "tiled::fence_acq_rel"
-        slot = T.decl_buffer((1,), dt, data=self.pool.data,
-                             elem_offset=self.atomic_slot // dtypes.nbytes(dt)) \
-            if block and st.has_prev else None
-        if block and (release or slot is not None):
-            self.sync.sync()
-        with self.single_thread():  # outside T.Parallel every thread runs it: one may update
-            if release:
-                T.evaluate(T.call_extern("void", fence))
-            addr = self.addr(st.buffer, [self.expr(i) for i in st.indices])
-            value = self.expr(st.value)
-            update = T.call_extern(str(value.ty), name, addr, value)
-            if not st.has_prev:
-                T.evaluate(update)
-            else:
-                T.buffer_store(slot if slot is not None else self.tir[st.prev], update, [0])
-            if acquire:
-                T.evaluate(T.call_extern("void", fence))
-        if block and (acquire or slot is not None):
-            self.sync.sync()
-        if slot is not None:
-            T.buffer_store(self.tir[st.prev], slot[0], [0])
+        lower_atomic(self, st, s)
 
     @contextlib.contextmanager
     def single_thread(self):

@@ -140,7 +140,7 @@ def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
             scratch = max(scratch, need(low, getattr(st, kind)))
     low.pool_bytes = offset + align_up(scratch) if scratch else offset
     # An atomic's previous value, outside T.Parallel, goes from the thread that updated to the
-    # others through a slot of its own (lower.py, stmt_atomic_add).
+    # others through a slot of its own (atomic.py).
     slot = max((dtypes.nbytes(low.buffers[st.atomic_add.buffer].dtype)
                 for st in low.statements()
                 if st.WhichOneof("kind") == "atomic_add" and st.atomic_add.has_prev), default=0)

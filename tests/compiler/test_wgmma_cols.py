@@ -144,6 +144,8 @@ def test_mla_cols_configs_run_every_gemm_on_wgmma(tmp_path, bn, stages, latent):
     # scores: 64 x BN / 2 per warpgroup; output: 64 x 256 per warpgroup
     assert _instrs(text) == {f"HGMMA.64x{bn // 2}x16", "HGMMA.64x256x16"}
     assert not re.search(r"\b(LDL|STL)\b", text)
+    # latent: the scores' two gemms (value lanes, then rope lanes) chain, one wait for both
+    assert c.source.count("wgmma_rows_issue<") == int(latent)
 
 
 def test_ring_tables_feeds_the_mla_loop_by_a_tma_producer(tmp_path):

@@ -255,6 +255,22 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     T.evaluate(T.call_extern("void", name, pa, pb_, T.address_of(acc[0])))
 
 
+def chains_wgmma(low, a: pb.Stmt, b: pb.Stmt) -> bool:
+    """Whether statement `a` is a wgmma gemm that `b`, the next statement, continues: a wgmma
+    gemm accumulating into the same C with the same instruction (S = Q K^T + Q_pe K_pe^T, as
+    MLA writes its scores). `a` may then be left in flight, its group retired by `b`'s wait:
+    the hardware orders wgmmas on one accumulator and needs no fence between them."""
+    if a.WhichOneof("kind") != "gemm" or b.WhichOneof("kind") != "gemm":
+        return False
+    ga, gb = a.gemm, b.gemm
+    accs = low.wgmma_ops.accumulators
+    if ga.c not in accs or gb.c != ga.c or gb.clear_accum or \
+            low.buffers[ga.a].scope != low.buffers[gb.a].scope:
+        return False
+    dt = {dtypes.canonical_name(low.buffers[x].dtype) for x in (ga.a, ga.b, gb.a, gb.b)}
+    return len(dt) == 1 and ga.transpose_b == gb.transpose_b
+
+
 def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: int,
                    *extra) -> bool:
     """The whole wgmma-layout fragment `acc` (rows x cols) to a global tile (fp16, bf16 or

@@ -44,6 +44,7 @@ from tiled.compiler.targets.cuda.gemm import (
     stage_bytes,
 )
 from tiled.compiler.targets.cuda.gemm_sm90 import (
+    chains_wgmma,
     lower_wgmma,
     panel_index,
     store_wgmma_fragment,
@@ -303,8 +304,19 @@ class CudaLowering(ExprLowering):
         return shared_effects(s, self.buffers, self.uses_scratch)
 
     def stmt_seq(self, seq, _s):
-        for st in seq.stmts:
-            self.stmt(st)
+        self.stmt_list(seq.stmts)
+
+    def stmt_list(self, sts) -> None:
+        """Statements in order; a wgmma gemm that the next one continues (chains_wgmma) is
+        left in flight for that one's wait."""
+        for i, st in enumerate(sts):
+            chained = self.wsloop is None and not self.in_flight and i + 1 < len(sts) and \
+                chains_wgmma(self, st, sts[i + 1])
+            self.in_flight = chained  # the next gemm's wait retires this one too
+            try:
+                self.stmt(st)
+            finally:
+                self.in_flight = False
 
     def uniform_stmt(self, s: pb.Stmt) -> None:
         self.sync.before(*self.effects(s))

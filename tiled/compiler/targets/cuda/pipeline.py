@@ -57,8 +57,7 @@ def lower_pipeline(low, f: pb.For, s: pb.Stmt) -> None:
         low.vars[f.var] = k
         for bid in producers:
             low.stage[bid] = tirx.floormod(k, stages)
-        for st_ in rest:
-            low.stmt(st_)
+        low.stmt_list(rest)
         # The next iteration overwrites the stage read here.
         low.sync.sync()
     for bid in producers:

@@ -11,7 +11,10 @@ The forms (tiled.ops.mla configs, splits 1, 64 heads a block on 256 threads):
 - `latent32x3` / `latent64`: FullCol with the cache rows copied once per step (value and rope
   lanes), 32-token steps on 3 stages or 64-token steps on 2;
 - `*_tma`: the same built with the compile option ring_tables (a TMA producer warpgroup
-  feeds the loop; wgmma gemms stay in flight: wgmma_waits.py).
+  feeds the loop; wgmma gemms stay in flight: wgmma_waits.py);
+- `tl_example`: examples/mla_decode.py (TileLang's deepseek_mla form) on the same tokens laid
+  out contiguously per sequence (no block table: its loop takes the TMA ring by default),
+  as a reference for what the paged forms lose to the table.
 
 Here (the CPU machine, with TVM):
     python benchmarks/gpu/mla_paths.py build --out .gpu/mla_paths
@@ -58,11 +61,29 @@ FORMS = {
 }
 
 
+def _example():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mla_example",
+                                                  ROOT / "examples" / "mla_decode.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build(out: Path) -> None:
     from tiled.ops import mla
 
     out.mkdir(parents=True, exist_ok=True)
     index = {}
+    for B, ctx in CASES:  # the example's sizes are static: one kernel per case
+        name = f"tl_example_b{B}_s{ctx}"
+        compiled, seconds = compile_into(out, name, _example().mla_decode(
+            B, H, ctx, DV, D - DV, block_N=32), TARGET)
+        index[name] = {"example": True, "batch": B, "context": ctx,
+                       "cold_compile_s": round(seconds, 3),
+                       "block": list(compiled.manifest.block)}
+        print(name, index[name], flush=True)
     for name, (cfg, options) in FORMS.items():
         config = {**BASE, **cfg}
         compiled, seconds = compile_into(out, name, mla.mla_kernel(
@@ -96,7 +117,19 @@ def _case(torch, bundle: Path, kernels: dict, B: int, ctx: int) -> list[dict]:
     scales = torch.ones(2, device="cuda", dtype=torch.float32)
     rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
     calls, errors = {"rw_kernel": rw.neg_}, {}
-    for name in kernels:
+    example = f"tl_example_b{B}_s{ctx}"
+    if example in kernels:  # the same tokens, contiguous per sequence, lanes split
+        flat = rows[:, 0]
+        args = [q[..., :DV].contiguous(), q[..., DV:].contiguous(),
+                flat[..., :DV].unsqueeze(2).contiguous(), flat[..., DV:].unsqueeze(2).contiguous(),
+                torch.empty(B, H, DV, device="cuda", dtype=torch.bfloat16)]
+        kernel = load_kernel(bundle, example)
+        kernel(*args)
+        torch.cuda.synchronize()
+        errors["tl_example"] = float((args[-1].float() - ref).norm() / ref.norm())
+        calls["tl_example"] = (lambda k, a: lambda: k(*a))(kernel, args)
+    forms = [n for n in kernels if not kernels[n].get("example")]
+    for name in forms:
         kernel = load_kernel(bundle, name)
         out = torch.empty(B, H, DV, device="cuda", dtype=torch.bfloat16)
         args = [q, kv, kv, bt, seq, scales, out]
@@ -108,10 +141,11 @@ def _case(torch, bundle: Path, kernels: dict, B: int, ctx: int) -> list[dict]:
     us = time_graphed(torch, calls, ROUNDS, GRAPH_CALLS)
     stream = 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9
     out_rows = []
-    for name in kernels:
+    for name in forms + (["tl_example"] if "tl_example" in calls else []):
         t = us[name]
-        row = {"batch": B, "context": ctx, "form": name, "config": kernels[name]["config"],
-               "options": kernels[name]["options"], "us": round(t, 2),
+        meta = kernels.get(name, {})
+        row = {"batch": B, "context": ctx, "form": name, "config": meta.get("config"),
+               "options": meta.get("options"), "us": round(t, 2),
                "TFLOP/s": round(2 * B * H * ctx * (D + DV) / (t * 1e-6) / 1e12, 1),
                "GB/s": round(B * ctx * D * 2 / (t * 1e-6) / 1e9, 1),
                "stream_GB/s": round(stream, 1), "vs_mma": round(us["mma"] / t, 3),
@@ -141,7 +175,8 @@ def smoke(bundle: Path) -> None:
     import torch.nn.functional as F
 
     index = json.loads((bundle / "index.json").read_text())
-    for name in smoke_order(list(index["kernels"])):
+    forms = [n for n, v in index["kernels"].items() if not v.get("example")]
+    for name in smoke_order(forms):
         q, kv, bt, seq = _problem(torch, 2, 1024)
         seq[0] = 333
         out = torch.zeros(2, H, DV, device="cuda", dtype=torch.bfloat16)

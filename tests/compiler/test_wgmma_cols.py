@@ -165,91 +165,21 @@ def test_ring_tables_feeds_the_mla_loop_by_a_tma_producer(tmp_path):
     assert "wgmma_rows_issue" in ring.source and not re.search(r"\b(LDL|STL)\b", text)
 
 
-def _tl_mla(batch, heads, seqlen, dim, pe_dim, block_N, block_H=64, threads=256,
-            dtype="bfloat16"):
-    """MLA decode as TileLang's deepseek_mla example writes it (non-paged latent cache: the
-    scores two FullCol gemms, P through S_shared, the output staged through shared memory)."""
-    scale = (1.0 / (dim + pe_dim)) ** 0.5 * 1.44269504  # base 2
-    acc = "float"
-
-    @tiled.kernel
-    def mla_decode(Q: T.Tensor([batch, heads, dim], dtype),
-                   Q_pe: T.Tensor([batch, heads, pe_dim], dtype),
-                   KV: T.Tensor([batch, seqlen, 1, dim], dtype),
-                   K_pe: T.Tensor([batch, seqlen, 1, pe_dim], dtype),
-                   Output: T.Tensor([batch, heads, dim], dtype)):
-        with T.Kernel(batch, heads // block_H, threads=threads) as (bx, by):
-            Q_shared = T.alloc_shared([block_H, dim], dtype)
-            Q_pe_shared = T.alloc_shared([block_H, pe_dim], dtype)
-            KV_shared = T.alloc_shared([block_N, dim], dtype)
-            K_pe_shared = T.alloc_shared([block_N, pe_dim], dtype)
-            S_shared = T.alloc_shared([block_H, block_N], dtype)
-            O_shared = T.alloc_shared([block_H, dim], dtype)
-            acc_s = T.alloc_fragment([block_H, block_N], acc)
-            acc_o = T.alloc_fragment([block_H, dim], acc)
-            scores_max = T.alloc_fragment([block_H], acc)
-            scores_max_prev = T.alloc_fragment([block_H], acc)
-            scores_scale = T.alloc_fragment([block_H], acc)
-            scores_sum = T.alloc_fragment([block_H], acc)
-            logsum = T.alloc_fragment([block_H], acc)
-            T.copy(Q[bx, by * block_H:(by + 1) * block_H, :], Q_shared)
-            T.copy(Q_pe[bx, by * block_H:(by + 1) * block_H, :], Q_pe_shared)
-            T.fill(acc_o, 0)
-            T.fill(logsum, 0)
-            T.fill(scores_max, -T.infinity(acc))
-            for k in T.Pipelined(T.ceildiv(seqlen, block_N), num_stages=2):
-                T.copy(KV[bx, k * block_N:(k + 1) * block_N, 0, :], KV_shared)
-                T.copy(K_pe[bx, k * block_N:(k + 1) * block_N, 0, :], K_pe_shared)
-                T.clear(acc_s)
-                T.gemm(Q_shared, KV_shared, acc_s, transpose_B=True,
-                       policy=T.GemmWarpPolicy.FullCol)
-                T.gemm(Q_pe_shared, K_pe_shared, acc_s, transpose_B=True,
-                       policy=T.GemmWarpPolicy.FullCol)
-                T.copy(scores_max, scores_max_prev)
-                T.fill(scores_max, -T.infinity(acc))
-                T.reduce_max(acc_s, scores_max, dim=1, clear=False)
-                for i in T.Parallel(block_H):
-                    scores_scale[i] = T.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
-                for i, j in T.Parallel(block_H, block_N):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale - scores_max[i] * scale)
-                T.reduce_sum(acc_s, scores_sum, dim=1)
-                T.copy(acc_s, S_shared)
-                for i in T.Parallel(block_H):
-                    logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
-                for i, j in T.Parallel(block_H, dim):
-                    acc_o[i, j] *= scores_scale[i]
-                T.gemm(S_shared, KV_shared, acc_o, policy=T.GemmWarpPolicy.FullCol)
-            for i, j in T.Parallel(block_H, dim):
-                acc_o[i, j] /= logsum[i]
-            T.copy(acc_o, O_shared)
-            T.copy(O_shared, Output[bx, by * block_H:(by + 1) * block_H, :])
-
-    return mla_decode
-
-
 def test_tilelang_style_mla_takes_wgmma_on_sm90a(tmp_path):
-    """TileLang's MLA decode form (64 heads a block on 256 threads, FullCol gemms): every gemm
-    on wgmma, the warpgroups splitting the columns, no local memory."""
-    # block_N 32: its shared tiles are not overlaid, so Q's and O's 64 KiB each leave room
-    # for two 32-row stages
-    c = tiled.compile(_tl_mla(4, 128, 256, 512, 64, 32), target="cuda:sm_90a", cache=False)
+    """examples/mla_decode.py, MLA decode as TileLang's deepseek_mla example writes it (64
+    heads a block on 256 threads, FullCol gemms, P through S_shared): every gemm on wgmma,
+    the warpgroups splitting the columns, the scores' two gemms chained, no local memory."""
+    from tests.emulated_examples import example
+
+    k = example("mla_decode").mla_decode(4, 128, 256, 512, 64, block_N=32)
+    c = tiled.compile(k, target="cuda:sm_90a", cache=False)
     text = sass(c.artifact, tmp_path, c.manifest.symbol)
     assert _instrs(text) == {"HGMMA.64x16x16", "HGMMA.64x256x16"}
     assert not re.search(r"\b(LDL|STL)\b", text)
+    assert c.manifest.block[0] == 384 and "UTMALDG" in text  # fed by a TMA producer
 
 
 def test_tilelang_style_mla_computes_attention_on_cpu():
-    import numpy as np
+    from tests.emulated_examples import example
 
-    torch = pytest.importorskip("torch")
-    B, H, S, D, P = 2, 64, 48, 32, 16
-    g = torch.Generator().manual_seed(3)
-    q, q_pe = torch.randn(B, H, D, generator=g), torch.randn(B, H, P, generator=g)
-    kv, k_pe = torch.randn(B, S, 1, D, generator=g), torch.randn(B, S, 1, P, generator=g)
-    k = tiled.compile(_tl_mla(B, H, S, D, P, 16, dtype="float32"), target="cpu")
-    out = torch.zeros(B, H, D)
-    k(q, q_pe, kv, k_pe, out)
-    logits = (torch.einsum("bhd,bsd->bhs", q, kv[:, :, 0]) +
-              torch.einsum("bhp,bsp->bhs", q_pe, k_pe[:, :, 0])) / (D + P) ** 0.5
-    want = torch.einsum("bhs,bsd->bhd", torch.softmax(logits, -1), kv[:, :, 0])
-    assert np.allclose(out.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+    example("mla_decode").main("cpu")

@@ -97,13 +97,11 @@ def build(out: Path) -> None:
 
 
 def _problem(torch, B, ctx):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    MB = ctx // BLOCK
-    q = torch.randn(B, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
-    kv = torch.randn(B * MB, BLOCK, 1, D, device="cuda", generator=g, dtype=torch.bfloat16)
-    bt = torch.randperm(B * MB, device="cuda", generator=g).to(torch.int32).view(B, MB)
-    seq = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
-    return q, kv, bt, seq
+    """mla.py's problem (the same inputs for the same case), q as [B, H, D]."""
+    from mla import _problem as problem
+
+    q, kv, bt, seq = problem(torch, B, ctx)
+    return q.view(B, H, D), kv, bt, seq
 
 
 def _case(torch, bundle: Path, kernels: dict, B: int, ctx: int) -> list[dict]:

@@ -140,32 +140,44 @@ def run(bundle: Path, out: Path) -> None:
                           tuning_stats=dict(tuning.STATS))
 
 
-def smoke(bundle: Path) -> None:
-    """Each kernel once on 2 sequences of 1024 tokens (one ragged), against float SDPA."""
+def smoke_errors(launch) -> list[float]:
+    """`launch(q, kv, block_tables, seq_lens, out)` on 2 sequences of 1024 tokens (one
+    ragged): each sequence's relative error against float SDPA."""
     import torch
     import torch.nn.functional as F
+
+    q, kv, bt, seq = _problem(torch, 2, 1024)
+    seq[0] = 333
+    out = torch.zeros(2, H, DV, device="cuda", dtype=torch.bfloat16)
+    launch(q, kv, bt, seq, out)
+    torch.cuda.synchronize()
+    errs = []
+    for b in range(2):
+        n = int(seq[b])
+        rows = kv[bt[b].long()].float().reshape(-1, D)[:n]
+        ref = F.scaled_dot_product_attention(q[b].float().view(1, H, 1, D),
+                                             rows.view(1, 1, n, D),
+                                             rows[:, :DV].reshape(1, 1, n, DV),
+                                             enable_gqa=True).view(H, DV)
+        errs.append(((out[b].float() - ref).norm() / ref.norm()).item())
+    return errs
+
+
+def smoke(bundle: Path) -> None:
+    """Each kernel once (smoke_errors)."""
+    import torch
 
     from tiled.ops import paged
 
     index = json.loads((bundle / "index.json").read_text())
     _install_combines(bundle, index)
     for name in smoke_order([n for n, v in index["kernels"].items() if v.get("decode")]):
-        q, kv, bt, seq = _problem(torch, 2, 1024)
-        seq[0] = 333
-        out = torch.zeros(2, H, DV, device="cuda", dtype=torch.bfloat16)
-        paged._run(load_kernel(bundle, name), index["kernels"][name]["config"],
-                   [q.view(2, H, D), kv, kv, bt, seq, torch.ones(2, device="cuda"), out])
-        torch.cuda.synchronize()
-        errs = []
-        for b in range(2):
-            n = int(seq[b])
-            rows = kv[bt[b].long()].float().reshape(-1, D)[:n]
-            ref = F.scaled_dot_product_attention(q[b].float().view(1, H, 1, D),
-                                                 rows.view(1, 1, n, D),
-                                                 rows[:, :DV].reshape(1, 1, n, DV),
-                                                 enable_gqa=True).view(H, DV)
-            errs.append(((out[b].float() - ref).norm() / ref.norm()).item())
-        print(f"smoke {name}: max rel err {max(errs):.1e}", flush=True)
+        kernel, config = load_kernel(bundle, name), index["kernels"][name]["config"]
+
+        def launch(q, kv, bt, seq, out, kernel=kernel, config=config):
+            paged._run(kernel, config, [q.view(2, H, D), kv, kv, bt, seq,
+                                        torch.ones(2, device="cuda"), out])
+        print(f"smoke {name}: max rel err {max(smoke_errors(launch)):.1e}", flush=True)
 
 
 if __name__ == "__main__":

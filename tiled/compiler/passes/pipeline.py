@@ -208,14 +208,14 @@ def run_ahead(p: pb.Program, tables_anywhere: bool = False) -> RunAhead | None:
         # for now: paged and varlen attention's tables are left to the measurements that
         # would show their loops fed this way are not slower (`tables_anywhere`: the cuda
         # compile option ring_tables, for those measurements).
-        gemm_loop = tables_anywhere or all(x.WhichOneof("kind") in ("copy", "gemm")
-                                           for x in body_statements(s.for_.body))
-        tables = constant if gemm_loop else frozenset()
+        tables_allowed = tables_anywhere or all(x.WhichOneof("kind") in ("copy", "gemm")
+                                                for x in body_statements(s.for_.body))
+        tables = constant if tables_allowed else frozenset()
         scalars = frozenset()
         if outer:
-            if gemm_loop not in found_scalars:
-                found_scalars[gemm_loop] = uniform_scalars(p, uniform, tables)
-            scalars = found_scalars[gemm_loop]
+            if tables_allowed not in found_scalars:
+                found_scalars[tables_allowed] = uniform_scalars(p, uniform, tables)
+            scalars = found_scalars[tables_allowed]
         known = scalars | tables
         if outer and not _control_ok(outer, uniform, known):
             continue

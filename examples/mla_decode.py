@@ -25,7 +25,8 @@ LOG2E = 1.4426950408889634
 def mla_decode(batch, heads, seqlen, dim, pe_dim, block_N=32, block_H=64, threads=256,
                num_stages=2, dtype="bfloat16"):
     """The kernel for static sizes; `seqlen` a multiple of block_N, `heads` of block_H. At
-    DeepSeek-V3's dims (512 + 64) block_N 32 with 2 stages fits sm_90a's shared memory."""
+    DeepSeek-V3's dims (512 + 64) with 2 stages: block_N 32, or 64 as TileLang runs it (O_shared
+    then shares the key ring's bytes: it lives after the loop)."""
     if seqlen % block_N or heads % block_H:
         raise ValueError(f"seqlen {seqlen} and heads {heads} must be multiples of block_N "
                          f"{block_N} and block_H {block_H}")

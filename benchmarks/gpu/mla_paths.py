@@ -12,9 +12,9 @@ The forms (tiled.ops.mla configs, splits 1, 64 heads a block on 256 threads):
   lanes), 32-token steps on 3 stages or 64-token steps on 2;
 - `*_tma`: the same built with the compile option ring_tables (a TMA producer warpgroup
   feeds the loop; wgmma gemms stay in flight: wgmma_waits.py);
-- `tl_example`: examples/mla_decode.py (TileLang's deepseek_mla form) on the same tokens laid
-  out contiguously per sequence (no block table: its loop takes the TMA ring by default),
-  as a reference for what the paged forms lose to the table.
+- `tl_example` / `tl_example64`: examples/mla_decode.py (TileLang's deepseek_mla form, block_N
+  32 / 64) on the same tokens laid out contiguously per sequence (no block table: its loop
+  takes the TMA ring by default), as a reference for what the paged forms lose to the table.
 
 Here (the CPU machine, with TVM):
     python benchmarks/gpu/mla_paths.py build --out .gpu/mla_paths
@@ -22,6 +22,7 @@ There (device tool, carry=[".gpu/mla_paths"]):
     python3 benchmarks/gpu/mla_paths.py run --bundle .gpu/mla_paths --out $OUT/mla_paths_h200.json
 """
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -44,6 +45,9 @@ from bundle_cli import (
 TARGET = "cuda:sm_90a"
 H, D, DV, BLOCK, DTYPE = 128, 576, 512, 64, "bfloat16"
 CASES = [(64, 4096), (64, 16384), (128, 4096), (128, 16384)]
+# The example's forms: block_N 64 fits only with the output tile over the ring's bytes
+# (the pool's overlay of tiles whose lifetimes do not meet).
+EXAMPLES = {"tl_example": 32, "tl_example64": 64}
 BUILD_MB = 1024
 ROUNDS = 3
 GRAPH_CALLS = 10
@@ -76,11 +80,11 @@ def build(out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     index = {}
-    for B, ctx in CASES:  # the example's sizes are static: one kernel per case
-        name = f"tl_example_b{B}_s{ctx}"
+    for (B, ctx), (form, block_n) in itertools.product(CASES, EXAMPLES.items()):
+        name = f"{form}_b{B}_s{ctx}"  # the example's sizes are static: one kernel per case
         compiled, seconds = compile_into(out, name, _example().mla_decode(
-            B, H, ctx, DV, D - DV, block_N=32), TARGET)
-        index[name] = {"example": True, "batch": B, "context": ctx,
+            B, H, ctx, DV, D - DV, block_N=block_n), TARGET)
+        index[name] = {"example": form, "block_N": block_n, "batch": B, "context": ctx,
                        "cold_compile_s": round(seconds, 3),
                        "block": list(compiled.manifest.block)}
         print(name, index[name], flush=True)
@@ -115,17 +119,17 @@ def _case(torch, bundle: Path, kernels: dict, B: int, ctx: int) -> list[dict]:
     scales = torch.ones(2, device="cuda", dtype=torch.float32)
     rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
     calls, errors = {"rw_kernel": rw.neg_}, {}
-    example = f"tl_example_b{B}_s{ctx}"
-    if example in kernels:  # the same tokens, contiguous per sequence, lanes split
-        flat = rows[:, 0]
-        args = [q[..., :DV].contiguous(), q[..., DV:].contiguous(),
-                flat[..., :DV].unsqueeze(2).contiguous(), flat[..., DV:].unsqueeze(2).contiguous(),
-                torch.empty(B, H, DV, device="cuda", dtype=torch.bfloat16)]
-        kernel = load_kernel(bundle, example)
+    flat = rows[:, 0]  # the examples' input: the same tokens, contiguous, lanes split
+    lanes = [q[..., :DV].contiguous(), q[..., DV:].contiguous(),
+             flat[..., :DV].unsqueeze(2).contiguous(), flat[..., DV:].unsqueeze(2).contiguous()]
+    examples = [form for form in EXAMPLES if f"{form}_b{B}_s{ctx}" in kernels]
+    for form in examples:
+        args = [*lanes, torch.empty(B, H, DV, device="cuda", dtype=torch.bfloat16)]
+        kernel = load_kernel(bundle, f"{form}_b{B}_s{ctx}")
         kernel(*args)
         torch.cuda.synchronize()
-        errors["tl_example"] = float((args[-1].float() - ref).norm() / ref.norm())
-        calls["tl_example"] = (lambda k, a: lambda: k(*a))(kernel, args)
+        errors[form] = float((args[-1].float() - ref).norm() / ref.norm())
+        calls[form] = (lambda k, a: lambda: k(*a))(kernel, args)
     forms = [n for n in kernels if not kernels[n].get("example")]
     for name in forms:
         kernel = load_kernel(bundle, name)
@@ -139,7 +143,7 @@ def _case(torch, bundle: Path, kernels: dict, B: int, ctx: int) -> list[dict]:
     us = time_graphed(torch, calls, ROUNDS, GRAPH_CALLS)
     stream = 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9
     out_rows = []
-    for name in forms + (["tl_example"] if "tl_example" in calls else []):
+    for name in forms + examples:
         t = us[name]
         meta = kernels.get(name, {})
         row = {"batch": B, "context": ctx, "form": name, "config": meta.get("config"),

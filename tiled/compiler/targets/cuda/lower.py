@@ -56,6 +56,7 @@ from tiled.compiler.targets.cuda.layouts import (
     MmaLayout,
     infer_layouts,
 )
+from tiled.compiler.targets.cuda.limits import MAX_SMEM
 from tiled.compiler.targets.cuda.parallel import lower_fill, lower_parallel
 from tiled.compiler.targets.cuda.paths import choose_paths
 from tiled.compiler.targets.cuda.pipeline import lower_pipeline
@@ -103,6 +104,7 @@ class CudaLowering(ExprLowering):
     max_vector = CudaAnchors.max_vector  # the longest run of a thread in a cyclic layout
     pool_scope = "shared.dyn"  # the TIR scope of the shared pool (Metal's is static: "shared")
     max_stages = 1 << 30  # the most shared buffers a T.Pipelined copy gets (Metal: 2)
+    overlays = True  # tiles of disjoint lifetimes may share bytes where needed (pool.py)
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                  whole_kernel: bool = True, ring_tables: bool = False):
@@ -117,6 +119,7 @@ class CudaLowering(ExprLowering):
         choose_paths(self, arch == "sm_90a" and warp_specialize, whole_kernel)
         self.tir: dict[int, tirx.Buffer] = {}
         self.shared: dict[int, SharedTile] = {}
+        self.reuses: dict[int, set[int]] = {}  # tile -> earlier tiles whose bytes it takes
         self.stage: dict[int, tirx.PrimExpr] = {}  # shared bid -> current stage index
         # ring tile -> (rows, columns) before this iteration's tile in a stage of merged
         # iterations (ws_loop.py)
@@ -295,10 +298,23 @@ class CudaLowering(ExprLowering):
         if self.wsloop is not None:
             declare_ring_maps(self)
 
+    @property
+    def smem_limit(self) -> int:
+        """Bytes of shared memory a block may use."""
+        return MAX_SMEM[self.arch]
+
     def lower_body(self) -> None:
         if self.wsloop is not None:
             return lower_ws_body(self, [self.expr(g) for g in self.program.kernel.grid])
-        return self.stmt(self.program.kernel.body)
+        return self.lower_statements()
+
+    def lower_statements(self) -> None:
+        """The kernel body's statements, a barrier before each where tiles start that take
+        the bytes of tiles used before it (pool.place_tiles, overlaid)."""
+        body = self.program.kernel.body
+        if not self.reuses or body.WhichOneof("kind") != "seq":
+            return self.stmt(body)
+        self.stmt_list(body.seq.stmts, {self.lifetimes[bid][0] for bid in self.reuses})
 
     def effects(self, s: pb.Stmt) -> tuple[bool, bool]:
         return shared_effects(s, self.buffers, self.uses_scratch)
@@ -306,12 +322,14 @@ class CudaLowering(ExprLowering):
     def stmt_seq(self, seq, _s):
         self.stmt_list(seq.stmts)
 
-    def stmt_list(self, sts) -> None:
-        """Statements in order; a wgmma gemm that the next one continues (chains_wgmma) is
-        left in flight for that one's wait."""
+    def stmt_list(self, sts, barrier_before: set[int] = frozenset()) -> None:
+        """Statements in order, a barrier before those at `barrier_before`; a wgmma gemm
+        that the next one continues (chains_wgmma) is left in flight for that one's wait."""
         for i, st in enumerate(sts):
+            if i in barrier_before:
+                self.sync.sync()
             chained = self.wsloop is None and not self.in_flight and i + 1 < len(sts) and \
-                chains_wgmma(self, st, sts[i + 1])
+                i + 1 not in barrier_before and chains_wgmma(self, st, sts[i + 1])
             self.in_flight = chained  # the next gemm's wait retires this one too
             try:
                 self.stmt(st)

@@ -5,7 +5,8 @@ padded against bank conflicts; TMA destinations and wgmma panels aligned), the s
 rings and mbarriers after them, and one scratch area that the ops moving fragments through
 shared memory share (one op at a time). On sm_90a, a T.Pipelined ring (ws_loop.py) whose two
 stages do not fit is dropped for the cp.async pipeline, and one that fits grows its stages
-while the pool stays within the arch's limit.
+while the pool stays within the arch's limit. Where the tiles end to end do not fit, those
+whose lifetimes do not meet share bytes (passes/resources.overlay; may_overlay says where).
 """
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ from __future__ import annotations
 import math
 
 from tiled.compiler.passes.layout import body_statements
-from tiled.compiler.passes.resources import SharedTile, align_up
+from tiled.compiler.passes.resources import (
+    POOL_ALIGN,
+    SharedTile,
+    Slot,
+    align_up,
+    lifetimes,
+    overlay,
+)
 from tiled.compiler.targets.cuda import ws_plan
 from tiled.compiler.targets.cuda.copy import copy_uses_scratch
 from tiled.compiler.targets.cuda.gather import find_gather
 from tiled.compiler.targets.cuda.gemm import converted, staged_operands
 from tiled.compiler.targets.cuda.gemm_sm90 import PANEL_ALIGN
-from tiled.compiler.targets.cuda.limits import MAX_SMEM
 from tiled.compiler.targets.cuda.reduce import reduce_scratch_bytes
 from tiled.compiler.targets.cuda.scan import scan_scratch_bytes, scan_uses_scratch
 from tiled.compiler.targets.cuda.ws_plan import grow_stages
@@ -76,34 +83,58 @@ def plan_pool(low) -> None:
     if low.wsloop is not None:  # walking the grid, the next block's head tiles beside
         low.wsloop.head_slots = ws_plan.HEAD_SLOTS if low.wsloop.persistent and low.wsloop.heads \
             else 1
+    low.lifetimes, low.overlaid = lifetimes(low.program), False
     place_tiles(low, stages, gemm_operands, tma_tiles)
     if low.wsloop is not None and low.wsloop.head_slots > 1 and \
-            low.pool_bytes > MAX_SMEM[low.arch]:  # one slot each, then
+            low.pool_bytes > low.smem_limit:  # one slot each, then
         low.wsloop.head_slots = 1
         place_tiles(low, stages, gemm_operands, tma_tiles)
-    if low.wsloop is not None and low.pool_bytes > MAX_SMEM[low.arch]:
+    if low.pool_bytes > low.smem_limit and may_overlay(low):
+        if low.wsloop is not None and low.wsloop.persistent:  # one block per program block
+            low.wsloop.persistent, low.wsloop.head_slots = False, 1
+        low.overlaid = True
+        place_tiles(low, stages, gemm_operands, tma_tiles, overlaid=True)
+    if low.wsloop is not None and low.pool_bytes > low.smem_limit:
         # Two ring stages do not fit where the program's own stages did: no producer.
         low.wsloop, low.launch_threads = None, low.threads
         low.sync = low.block_sync()
         return plan_pool(low)
     while low.wsloop is not None and \
-            grow_stages(low.wsloop, low.pool_bytes, MAX_SMEM[low.arch]):
-        place_tiles(low, stages, gemm_operands, tma_tiles)
+            grow_stages(low.wsloop, low.pool_bytes, low.smem_limit):
+        place_tiles(low, stages, gemm_operands, tma_tiles, overlaid=low.overlaid)
     if low.wsloop is not None:
         low.wsloop.fit_blocks(low.pool_bytes)
 
 
-def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
+def may_overlay(low) -> bool:
+    """Whether tiles of `low` whose lifetimes do not meet may share bytes (taken only where
+    the pool does not fit otherwise): not on the whole-kernel attention path or the explicit
+    path (T.ws: the author orders the warps), nor where a producer's ring runs on into a
+    loop's next run (it loads while the code after the loop runs). A producer that walks
+    the grid (it loads the next block's tiles during this one's epilogue) walks it no more
+    where tiles share bytes: plan_pool turns the walk off."""
+    return low.overlays and low.attn is None and \
+        not (low.wsloop is not None and low.wsloop.run.nested)
+
+
+def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set,
+                overlaid: bool = False) -> None:
     """Places the shared tiles (`stages`: pipelined tile -> its stage count), the sm90 paths'
-    rings and barriers and the scratch area in the pool."""
+    rings and barriers and the scratch area in the pool; `overlaid`: tiles whose lifetimes
+    do not meet may share bytes (resources.overlay; low.reuses then says which)."""
     p = low.program
     ring = low.wsloop.tiles if low.wsloop else set()
     heads = set(low.wsloop.head_index) if low.wsloop else set()  # TMA destinations too
     if low.wsloop is not None:
         stages = {**stages, **{bid: low.wsloop.stages for bid in ring},
                   **{bid: low.wsloop.head_slots for bid in heads}}
-    offset = 0
     ring_tiles = low.attn.ring_tiles if low.attn else set()
+    # Tiles something may write ahead of their first statement: the producer's and the
+    # pipelines' stages, TMA destinations.
+    early = ring | heads | tma_tiles | {bid for _, producers in low.pipelines.values()
+                                        for bid in producers}
+    low.reuses = {}
+    slots, tiles = [], {}
     for b in p.buffers:
         if b.scope != pb.SHARED or b.id in ring_tiles or b.id in low.placed_elsewhere():
             continue
@@ -116,14 +147,28 @@ def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set) -> None:
         # panel tiles (wgmma's) are swizzled instead, on the swizzle's period.
         pad = 8 if b.id in gemm_operands and dtypes.nbytes(b.dtype) == 2 and \
             len(shape) >= 2 and b.id not in tma_tiles | ring | heads else 0
+        align = POOL_ALIGN
         if b.id in ring | heads:  # a TMA destination (a panel tile is aligned further below)
-            offset = align_up(offset, RING_ALIGN)
+            align = RING_ALIGN
         if b.id in low.wgmma_ops.panels:
-            pad, offset = 0, align_up(offset, PANEL_ALIGN)
-        tile = SharedTile(rows, cols, cols + pad, stages.get(b.id, 1), offset,
+            pad, align = 0, PANEL_ALIGN
+        tile = SharedTile(rows, cols, cols + pad, stages.get(b.id, 1), 0,
                           dtypes.canonical_name(b.dtype))
-        low.shared[b.id] = tile
-        offset = align_up(offset + tile.nbytes)
+        tiles[b.id] = tile
+        slots.append(Slot(b.id, tile.nbytes, align, low.lifetimes.get(b.id, (0, 0)),
+                          b.id in early))
+    offset = 0
+    if overlaid:
+        at, low.reuses = overlay(slots)
+        for s in slots:
+            tiles[s.bid].offset = at[s.bid]
+            offset = max(offset, align_up(at[s.bid] + s.nbytes))
+    for s in slots:
+        if not overlaid:
+            offset = align_up(offset, s.align)
+            tiles[s.bid].offset = offset
+            offset = align_up(offset + s.nbytes)
+        low.shared[s.bid] = tiles[s.bid]
     if low.attn is not None:
         low.ws_offset, offset = offset, align_up(offset + low.attn.ring_bytes)
     if low.wsloop is not None:

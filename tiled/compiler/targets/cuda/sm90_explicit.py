@@ -81,6 +81,7 @@ def _fragments_in(st: pb.Stmt, buffers: dict) -> set[int]:
 
 class ExplicitLowering(CudaLowering):
     explicit = True
+    overlays = False  # the author orders the warps' shared accesses (T.ws, mbarriers)
 
     def __init__(self, program: Program, arch: str = "sm_90a", warp_specialize: bool = True):
         p = program.proto

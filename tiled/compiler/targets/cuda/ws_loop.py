@@ -209,7 +209,7 @@ def _lower_consumers(low) -> None:
     the next block's into them)."""
     w = low.wsloop
     if not (w.heads and w.persistent):
-        return low.stmt(low.program.kernel.body)
+        return low.lower_statements()
     slot, _ = _head_slot(low)
     for rc in w.heads:
         low.stage[rc.tile] = slot

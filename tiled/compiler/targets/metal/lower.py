@@ -22,7 +22,12 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.targets.cuda.lower import CudaLowering
 from tiled.compiler.targets.metal.gemm import gemm_scratch_bytes, lower_metal_gemm
-from tiled.compiler.targets.metal.layouts import MAX_VECTOR, SIMD_WIDTH, infer_layouts
+from tiled.compiler.targets.metal.layouts import (
+    MAX_THREADGROUP_MEMORY,
+    MAX_VECTOR,
+    SIMD_WIDTH,
+    infer_layouts,
+)
 from tiled.compiler.targets.metal.resident import (
     SimdgroupTiles,
     copy_out_bytes,
@@ -98,6 +103,7 @@ class MetalLowering(CudaLowering):
     max_vector = MAX_VECTOR
     pool_scope = "shared"
     max_stages = 2
+    smem_limit = MAX_THREADGROUP_MEMORY
 
     def __init__(self, program: Program, arch: str, warp_specialize: bool = False):
         del warp_specialize  # (kernel.lower_cuda's signature) nothing to specialize

@@ -16,12 +16,12 @@ from __future__ import annotations
 import time
 
 from tiled.compiler.registry import Artifact, Backend, Target, register
+from tiled.compiler.targets.rocm.layouts import MAX_LDS
 from tiled.errors import CompileError, UnsupportedTarget
 from tiled.ir import dtypes
 from tiled.ir.program import Program
 
 ARCHS = ("gfx942", "gfx90a")
-MAX_LDS = 64 * 1024  # bytes of LDS one workgroup may allocate on gfx90a and gfx942
 WAVEFRONT = 64
 
 

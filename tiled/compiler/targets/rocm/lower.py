@@ -22,6 +22,7 @@ from __future__ import annotations
 from tiled.compiler.targets.cuda.lower import CudaLowering
 from tiled.compiler.targets.rocm.gemm import lower_mfma_gemm
 from tiled.compiler.targets.rocm.layouts import (
+    MAX_LDS,
     ROWS_LAYOUTS,
     WAVE,
     MfmaLayout,
@@ -58,6 +59,7 @@ class RocmLowering(CudaLowering):
     rows_layouts = ROWS_LAYOUTS
     mma_layouts = (MfmaLayout,)
     max_vector = RocmAnchors.max_vector
+    smem_limit = MAX_LDS
 
     def __init__(self, program: Program, arch: str, warp_specialize: bool = False):
         del warp_specialize  # (kernel.lower_cuda's signature) nothing to specialize on AMD

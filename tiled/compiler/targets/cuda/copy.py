@@ -208,6 +208,66 @@ def async_vector(low, c: pb.Copy) -> int:
     return 0
 
 
+def _rows_hold_vectors(low, b: pb.Buffer, region: pb.Region, vec: int) -> bool:
+    """Whether every `vec` run of `region`'s last dim that starts at a multiple of `vec` is
+    an aligned vector of `b`: a global tensor's rows (static trailing dims, the last a
+    multiple of vec; tensors are 16-byte aligned) or a shared tile's padded rows (never a
+    swizzled panel, whose shared_stride is 1), the region's last offset a multiple too."""
+    if not multiple_of(region.offsets[-1], vec):
+        return False
+    if b.scope == pb.GLOBAL:
+        return all(d.WhichOneof("kind") == "size" for d in list(b.shape)[1:]) and \
+            b.shape[-1].size % vec == 0
+    return b.scope == pb.SHARED and low.shared_stride(b.id) % vec == 0
+
+
+def sync_vector(low, c: pb.Copy) -> int:
+    """Elements per 16 / 8 / 4-byte vector for a synchronous copy between shared and global
+    memory (or within one) of one dtype, where both sides hold the runs as aligned vectors
+    (at most the target's max_vector lanes: Metal's 4); 1 for an element-wise copy."""
+    src, dst = low.buffers[c.src.buffer], low.buffers[c.dst.buffer]
+    scopes = {pb.SHARED, pb.GLOBAL}
+    if src.scope not in scopes or dst.scope not in scopes or src.dtype != dst.dtype or \
+            c.src.extents[-1] != c.dst.extents[-1]:
+        return 1
+    esize = dtypes.nbytes(src.dtype)
+    for nbytes in (16, 8, 4):
+        vec = nbytes // esize
+        if 2 <= vec <= low.max_vector and c.src.extents[-1] % vec == 0 and \
+                _rows_hold_vectors(low, src, c.src, vec) and \
+                _rows_hold_vectors(low, dst, c.dst, vec):
+            return vec
+    return 1
+
+
+def copy_by_vectors(low, c: pb.Copy) -> bool:
+    """A shared <-> global copy (sync_vector) by whole vectors, each thread taking the next
+    one in turn; False where it is element-wise. A vector lies in one row of each side, so
+    its first element's bounds are all its lanes' (global elements past the tensor's end
+    read as 0 and are not written)."""
+    vec = sync_vector(low, c)
+    if vec < 2:
+        return False
+    shape = [e for e in c.src.extents if e != 1]
+    vshape = [*shape[:-1], shape[-1] // vec]
+    numel = math.prod(vshape)
+    with low.loop(-(-numel // low.threads)) as it:
+        flat = it * low.threads + low.tx
+        tile = unravel(flat, vshape)
+        tile[-1] = tile[-1] * vec
+        with low.maybe_if(None if numel % low.threads == 0 else flat < numel):
+            _, src_conds = low.region_index(c.src, tile)
+            _, dst_conds = low.region_index(c.dst, tile)
+            ok = and_all(src_conds)
+            with low.maybe_if(and_all(dst_conds)), T.vectorized(0, vec) as lane:
+                run = [*tile[:-1], tile[-1] + lane]
+                value = low.load(c.src.buffer, low.region_index(c.src, run)[0])
+                if ok is not None:
+                    value = tirx.if_then_else(ok, value, tirx.const(0, str(value.ty)))
+                low.store(c.dst.buffer, value, low.region_index(c.dst, run)[0])
+    return True
+
+
 def copy_element(low, c: pb.Copy, tile) -> None:
     """One element of copy `c` at squeezed tile coords (0 read past a global tensor's end)."""
     src_idx, src_conds = low.region_index(c.src, tile)

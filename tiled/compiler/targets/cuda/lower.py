@@ -34,6 +34,7 @@ from tiled.compiler.targets.cuda.atomic import lower_atomic
 from tiled.compiler.targets.cuda.copy import (
     async_vector,
     convert_fp8_tile,
+    copy_by_vectors,
     copy_element,
     copy_scratch_bytes,
     issue_async_copy,
@@ -467,7 +468,7 @@ class CudaLowering(ExprLowering):
             return
         if pb.FRAGMENT in (src_b.scope, dst_b.scope):
             return lower_fragment_copy(self, c)
-        if convert_fp8_tile(self, c):
+        if convert_fp8_tile(self, c) or copy_by_vectors(self, c):
             return
         tile_shape = [e for e in c.src.extents if e != 1] or [1]
         numel = math.prod(tile_shape)

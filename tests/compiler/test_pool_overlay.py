@@ -6,6 +6,7 @@ import itertools
 import random
 import re
 
+import numpy as np
 import pytest
 
 import tiled
@@ -122,3 +123,39 @@ def test_the_explicit_path_never_overlays():
     from tiled.compiler.targets.cuda.sm90_explicit import ExplicitLowering
 
     assert ExplicitLowering.overlays is False
+
+
+def _two_phase(rows: int, cols: int):
+    """Y = (X + 1) * X2 through two shared tiles: X's lives in the first two statements, Y's
+    after; side by side they pass the target's limit."""
+    M = T.dyn("M")
+
+    @tiled.kernel
+    def two_phase(X: T.Tensor((M, cols), "float32"), X2: T.Tensor((M, cols), "float32"),
+                  Y: T.Tensor((M, cols), "float32")):
+        with T.Kernel(T.ceildiv(M, rows), threads=128) as bx:
+            a = T.alloc_shared((rows, cols), "float32")
+            f = T.alloc_fragment((rows, cols), "float32")
+            b = T.alloc_shared((rows, cols), "float32")
+            T.copy(X[bx * rows, 0], a)
+            T.copy(a, f)
+            for i, j in T.Parallel(rows, cols):
+                b[i, j] = (f[i, j] + 1) * X2[bx * rows + i, j]
+            T.copy(b, Y[bx * rows, 0])
+
+    return two_phase
+
+
+@pytest.mark.parametrize("target,rows,cols", [("rocm:gfx942", 64, 160), ("metal:apple8", 32, 160)])
+def test_tiles_sharing_bytes_compute_on_emulation(target, rows, cols):
+    """2 x rows x cols x 4 bytes pass ROCm's 64 KiB of LDS (80 KiB) and Metal's 32 KiB of
+    threadgroup memory (40 KiB), so the two tiles share bytes; the emulators' shared arenas
+    start poisoned, so a read of the wrong bytes shows."""
+    from tiled.compiler import compile_program
+
+    k = compile_program(_two_phase(rows, cols), target)
+    rng = np.random.default_rng(rows)
+    x, x2 = rng.standard_normal((2, 3 * rows - 5, cols)).astype(np.float32)
+    y = np.zeros_like(x)
+    k.emulate(x, x2, y)
+    np.testing.assert_allclose(y, (x + 1) * x2, rtol=1e-6)

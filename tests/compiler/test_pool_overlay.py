@@ -114,6 +114,9 @@ def test_tilelang_mla_at_block_n_64_fits_with_its_output_over_the_ring(tmp_path)
     assert c.manifest.block[0] == 384 and "UTMALDG" in text
     assert set(re.findall(r"\bHG?MMA\.\w+", text)) == {"HGMMA.64x32x16", "HGMMA.64x256x16"}
     assert not re.search(r"\b(LDL|STL)\b", text)
+    # O_shared written by 16-byte stores (WgmmaTile::store), read by 16-byte loads
+    assert "WgmmaTile<64, 512, 2, 2>::store" in c.source
+    assert "STS.128" in text and "LDS.128" in text and "STG.E.128" in text
     # the consumers' barrier right after the loop's last normalization, before O_shared
     tail = c.source[c.source.rindex("/ logsum_ptr"):]
     assert re.match(r"[^;]*;\s*tiled::sm90::consumer_sync<256>\(\);", tail)

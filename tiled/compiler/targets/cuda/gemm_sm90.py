@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import ravel
+from tiled.compiler.passes.layout import ravel, whole_region
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout
 from tiled.compiler.tir import global_extent
@@ -308,15 +308,30 @@ def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: in
 
 def store_wgmma_fragment(low, c: pb.Copy) -> bool:
     """A whole fragment in the wgmma layout (WgmmaLayout: a float32 accumulator, or a 16-bit
-    fragment cast from one, TileLang's C_local -> C_cast) to a global tile: each
-    warpgroup's rows by quad-transposed 16-byte stores for 16-bit outputs, by pairs (8
-    bytes) for float32 (tiled_sm90.h, WgmmaTile::store), instead of one element per slot.
-    False when the copy is not that."""
+    fragment cast from one, TileLang's C_local -> C_cast) to a global tile, or to a whole
+    shared tile of its shape with plain rows (an epilogue staged through shared memory,
+    `T.copy(acc_o, O_shared)`): each warpgroup's rows by quad-transposed 16-byte stores for
+    16-bit outputs, by pairs (8 bytes) for float32 (tiled_sm90.h, WgmmaTile::store), instead
+    of one element per slot. False when the copy is not that."""
     src = low.buffers[c.src.buffer]
     lay = low.layouts.get(src.id) if src.scope == pb.FRAGMENT else None
     if not isinstance(lay, WgmmaLayout) or \
             dtypes.canonical_name(src.dtype) not in ("float32", "float16", "bfloat16"):
         return False
     wgn = f", {lay.wg_n}" if lay.wg_n > 1 else ""
-    return store_acc_tile(low, c, f"tiled::sm90::WgmmaTile<{lay.M}, {lay.N}, {lay.nwg}{wgn}>",
-                          src.id, lay.M, lay.N, tirx.floordiv(low.tx, 128))
+    template = f"tiled::sm90::WgmmaTile<{lay.M}, {lay.N}, {lay.nwg}{wgn}>"
+    wg = tirx.floordiv(low.tx, 128)
+    dst = low.buffers[c.dst.buffer]
+    dt = dtypes.canonical_name(dst.dtype)
+    if dst.scope == pb.SHARED:
+        if dst.id in low.wgmma_ops.panels or dt not in ("float16", "bfloat16", "float32") or \
+                _shape(dst) != [lay.M, lay.N] or len(dst.shape) != 2 or \
+                not whole_region(c.dst, dst) or not whole_region(c.src, src):
+            return False
+        zero = tirx.const(0, "int32")
+        T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>",
+                                 T.address_of(low.tir[src.id][0]), low.addr(dst.id, [zero, zero]),
+                                 tirx.const(low.shared_stride(dst.id), "int64"), zero, zero,
+                                 lay.M, lay.N, wg))
+        return True
+    return store_acc_tile(low, c, template, src.id, lay.M, lay.N, wg)

@@ -102,6 +102,10 @@ def plan_pool(low) -> None:
     while low.wsloop is not None and \
             grow_stages(low.wsloop, low.pool_bytes, low.smem_limit):
         place_tiles(low, stages, gemm_operands, tma_tiles, overlaid=low.overlaid)
+        if low.pool_bytes > low.smem_limit:  # tiles sharing bytes packed otherwise: back
+            low.wsloop.stages -= 1
+            place_tiles(low, stages, gemm_operands, tma_tiles, overlaid=low.overlaid)
+            break
     if low.wsloop is not None:
         low.wsloop.fit_blocks(low.pool_bytes)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from tiled.compiler.registry import Artifact, Backend, Target, register
-from tiled.compiler.targets.rocm.layouts import MAX_LDS
+from tiled.compiler.targets.rocm.limits import MAX_LDS
 from tiled.errors import CompileError, UnsupportedTarget
 from tiled.ir import dtypes
 from tiled.ir.program import Program

@@ -25,7 +25,6 @@ from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
 WAVE = 64  # lanes of a wavefront on CDNA (gfx90a, gfx942)
-MAX_LDS = 64 * 1024  # bytes of LDS one workgroup may allocate on gfx90a and gfx942
 TILE = 16  # the MFMA output tile: 16 x 16
 
 

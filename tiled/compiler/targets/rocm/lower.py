@@ -22,13 +22,13 @@ from __future__ import annotations
 from tiled.compiler.targets.cuda.lower import CudaLowering
 from tiled.compiler.targets.rocm.gemm import lower_mfma_gemm
 from tiled.compiler.targets.rocm.layouts import (
-    MAX_LDS,
     ROWS_LAYOUTS,
     WAVE,
     MfmaLayout,
     RocmAnchors,
     infer_layouts,
 )
+from tiled.compiler.targets.rocm.limits import MAX_LDS
 from tiled.compiler.tir import loc_of
 from tiled.errors import CompileError
 from tiled.ir import dtypes

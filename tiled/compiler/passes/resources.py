@@ -72,6 +72,16 @@ def _apart(a: Slot, b: Slot) -> bool:
     return False
 
 
+def end_to_end(slots: list[Slot]) -> dict[int, int]:
+    """Offsets for `slots` (bid -> bytes from 0) one after another in their order, each on
+    its alignment."""
+    offsets, at = {}, 0
+    for s in slots:
+        offsets[s.bid] = at = align_up(at, s.align)
+        at = align_up(at + s.nbytes)
+    return offsets
+
+
 def overlay(slots: list[Slot]) -> tuple[dict[int, int], dict[int, set[int]]]:
     """Offsets for `slots` (bid -> bytes from 0) where tiles whose lifetimes do not meet may
     take the same bytes (largest first, each at the lowest offset clear of the tiles it must

@@ -194,16 +194,13 @@ def async_vector(low, c: pb.Copy) -> int:
         return 0
     if c.src.extents[-1] == 1 or c.dst.extents[-1] == 1:
         return 0
-    if any(d.WhichOneof("kind") == "var" for d in list(src.shape)[1:]):
-        return 0
     esize = dtypes.nbytes(src.dtype)
     for nbytes in (16, 8, 4):
         vec = nbytes // esize
         if vec < 1 or nbytes % esize:
             continue
-        if (c.src.extents[-1] % vec == 0 and src.shape[-1].size % vec == 0
-                and multiple_of(c.src.offsets[-1], vec)
-                and multiple_of(c.dst.offsets[-1], vec)):
+        if c.src.extents[-1] % vec == 0 and _rows_hold_vectors(low, src, c.src, vec) \
+                and multiple_of(c.dst.offsets[-1], vec):
             return vec
     return 0
 

@@ -19,6 +19,7 @@ from tiled.compiler.passes.resources import (
     SharedTile,
     Slot,
     align_up,
+    end_to_end,
     lifetimes,
     overlay,
 )
@@ -137,7 +138,6 @@ def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set,
     # pipelines' stages, TMA destinations.
     early = ring | heads | tma_tiles | {bid for _, producers in low.pipelines.values()
                                         for bid in producers}
-    low.reuses = {}
     slots, tiles = [], {}
     for b in p.buffers:
         if b.scope != pb.SHARED or b.id in ring_tiles or b.id in low.placed_elsewhere():
@@ -161,18 +161,12 @@ def place_tiles(low, stages: dict, gemm_operands: set, tma_tiles: set,
         tiles[b.id] = tile
         slots.append(Slot(b.id, tile.nbytes, align, low.lifetimes.get(b.id, (0, 0)),
                           b.id in early))
+    at, low.reuses = overlay(slots) if overlaid else (end_to_end(slots), {})
     offset = 0
-    if overlaid:
-        at, low.reuses = overlay(slots)
-        for s in slots:
-            tiles[s.bid].offset = at[s.bid]
-            offset = max(offset, align_up(at[s.bid] + s.nbytes))
     for s in slots:
-        if not overlaid:
-            offset = align_up(offset, s.align)
-            tiles[s.bid].offset = offset
-            offset = align_up(offset + s.nbytes)
+        tiles[s.bid].offset = at[s.bid]
         low.shared[s.bid] = tiles[s.bid]
+        offset = max(offset, align_up(at[s.bid] + s.nbytes))
     if low.attn is not None:
         low.ws_offset, offset = offset, align_up(offset + low.attn.ring_bytes)
     if low.wsloop is not None:

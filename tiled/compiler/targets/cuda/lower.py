@@ -106,6 +106,7 @@ class CudaLowering(ExprLowering):
     pool_scope = "shared.dyn"  # the TIR scope of the shared pool (Metal's is static: "shared")
     max_stages = 1 << 30  # the most shared buffers a T.Pipelined copy gets (Metal: 2)
     overlays = True  # tiles of disjoint lifetimes may share bytes where needed (pool.py)
+    shuffle_dtypes = frozenset({"float32", "float64", "int32", "uint32", "int64", "uint64"})
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                  whole_kernel: bool = True, ring_tables: bool = False):
@@ -181,6 +182,11 @@ class CudaLowering(ExprLowering):
         """`value` of lane (lane ^ mask) of the calling thread's warp (every lane calls)."""
         return T.call_extern(dtype, "__shfl_xor_sync", tirx.const(0xFFFFFFFF, "uint32"), value,
                              mask)
+
+    def shfl_idx(self, dtype: str, value, lane):
+        """`value` of lane `lane` of the calling thread's warp (every lane calls)."""
+        return T.call_extern(dtype, "__shfl_sync", tirx.const(0xFFFFFFFF, "uint32"), value,
+                             lane)
 
     def warp_allreduce(self, kind: int, part, combine) -> None:
         """Combines local buffer `part` (one element) over the lanes of each warp with

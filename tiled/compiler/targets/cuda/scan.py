@@ -1,11 +1,18 @@
 """T.cumsum (Stmt.scan) on the CUDA lowering: an inclusive prefix sum along one dim of a
 shared or fragment tile (from the far end when `reverse`); the destination may be the source.
 
-One thread walks each line along the dim, in a running sum (float32 for 16- and 8-bit floats,
-else the source's dtype); lines are shared out over the block's threads. A shared tile is
-scanned where it lies; a fragment spread over threads goes out to the shared scratch area by
-its layout first (and the result comes back by the destination's layout), so any layout
+The running sum is float32 for 16- and 8-bit floats, else the source's dtype. A shared tile
+is scanned where it lies; a fragment spread over threads goes out to the shared scratch area
+by its layout first (and the result comes back by the destination's layout), so any layout
 works. Replicated fragments are scanned by every thread on its own copy, without barriers.
+
+Where the block has at least two threads a line (a few long rows: TileLang's cumsum over a
+4 x 1024 tile on 128 threads), each line is scanned by a team of lanes of one warp (a power
+of two, at most the warp): the team takes its line a chunk of `team` consecutive elements at
+a time (conflict-free for the last dim), scans the chunk by lane shuffles (Hillis-Steele:
+log2(team) steps) and adds the carry, the running total, which its last lane hands on.
+Otherwise (as many lines as threads, or a running-sum dtype the target cannot shuffle) one
+thread walks each line.
 """
 
 from __future__ import annotations
@@ -87,10 +94,14 @@ def lower_scan(low, sc: pb.Scan) -> None:
         write = lambda ix, v: T.buffer_store(scratch, v, [ravel(ix, shape)])  # noqa: E731
     else:
         write = lambda ix, v: low.store(sc.dst, v, ix)  # noqa: E731
-    with low.loop(-(-lines // low.threads)) as it:
-        o = it * low.threads + low.tx
-        with low.maybe_if(None if lines % low.threads == 0 else o < lines):
-            scan_line(o, read, write)
+    team = team_width(low, acc_dt, lines, depth)
+    if team > 1:
+        _scan_by_teams(low, sc, team, lines, depth, index, read, write)
+    else:
+        with low.loop(-(-lines // low.threads)) as it:
+            o = it * low.threads + low.tx
+            with low.maybe_if(None if lines % low.threads == 0 else o < lines):
+                scan_line(o, read, write)
     low.sync.sync()
     if dst.scope == pb.FRAGMENT:
         lay, d_buf = low.layouts[sc.dst], low.tir[sc.dst]
@@ -102,6 +113,57 @@ def lower_scan(low, sc: pb.Scan) -> None:
         low.sync.pending_read = True
     else:
         low.sync.pending_read = low.sync.pending_write = True
+
+
+def team_width(low, acc_dt: str, lines: int, depth: int) -> int:
+    """Lanes that scan each line together: the largest power of two with every line a team
+    (at most the warp, at most the line's length rounded up to a power of two); 1 where the
+    block is not whole warps (a partial warp cannot shuffle) or `acc_dt` cannot be
+    shuffled."""
+    if acc_dt not in low.shuffle_dtypes or low.threads % low.warp_size:
+        return 1
+    team = 1
+    while team * 2 <= min(low.threads // lines, low.warp_size) and team < depth:
+        team *= 2
+    return team
+
+
+def _scan_by_teams(low, sc: pb.Scan, team: int, lines: int, depth: int, index, read,
+                   write) -> None:
+    """Each line scanned by `team` lanes (module docstring). Every lane runs every shuffle:
+    lanes past the line's end, or of a team without a line in the last round, scan zeros
+    and store nothing."""
+    acc_dt = _acc_dtype(low, sc)
+    teams = low.threads // team
+    zero = tirx.const(0, acc_dt)
+    lane = tirx.floormod(low.tx, low.warp_size)
+    member = tirx.floormod(low.tx, team)
+    last = lane - member + (team - 1)
+    with low.loop(-(-lines // teams)) as it:
+        o = it * teams + tirx.floordiv(low.tx, team)
+        carry = T.alloc_buffer((1,), acc_dt, scope="local")
+        T.buffer_store(carry, zero, [0])
+        with T.serial(0, -(-depth // team)) as c:
+            k = c * team + member
+            kk = depth - 1 - k if sc.reverse else k
+            ok = [cond for cond, exact in ((k < depth, depth % team == 0),
+                                           (o < lines, lines % teams == 0)) if not exact]
+            ok = tirx.all(*ok) if ok else None
+            v = T.alloc_buffer((1,), acc_dt, scope="local")
+            T.buffer_store(v, zero, [0])
+            with low.maybe_if(ok):
+                T.buffer_store(v, read(index(o, kk)), [0])
+            got = T.alloc_buffer((1,), acc_dt, scope="local")
+            step = 1
+            while step < team:  # the shuffle stands alone: inside a ?: some lanes skip it
+                T.buffer_store(got, low.shfl_idx(acc_dt, v[0], tirx.Select(
+                    member >= step, lane - step, lane)), [0])
+                T.buffer_store(v, v[0] + tirx.Select(member >= step, got[0], zero), [0])
+                step *= 2
+            T.buffer_store(v, v[0] + carry[0], [0])
+            with low.maybe_if(ok):
+                write(index(o, kk), v[0])
+            T.buffer_store(carry, low.shfl_idx(acc_dt, v[0], last), [0])
 
 
 def _spill(low, bid: int, scratch, shape: list[int]) -> None:

@@ -98,6 +98,7 @@ def _exprs(st: pb.Stmt):
 
 class MetalLowering(CudaLowering):
     warp_size = SIMD_WIDTH
+    shuffle_dtypes = frozenset({"float32", "int32", "uint32"})
     rows_layouts: tuple[type, ...] = ()
     mma_layouts: tuple[type, ...] = ()
     max_vector = MAX_VECTOR
@@ -154,6 +155,10 @@ class MetalLowering(CudaLowering):
     def shfl_xor(self, dtype: str, value, mask: int):
         self._simd_type(dtype, "a lane exchange")
         return T.call_extern(dtype, "simd_shuffle_xor", value, tirx.const(mask, "uint16"))
+
+    def shfl_idx(self, dtype: str, value, lane):
+        self._simd_type(dtype, "a lane exchange")
+        return T.call_extern(dtype, "simd_shuffle", value, lane)  # an int: MSL converts it
 
     def warp_allreduce(self, kind: int, part, combine) -> None:
         self._simd_type(part.dtype, "a simdgroup reduction")

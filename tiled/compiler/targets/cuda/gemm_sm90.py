@@ -34,16 +34,14 @@ statement, except in a loop fed by a TMA producer, where wgmma_waits.py lets it 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import ravel, whole_region
+from tiled.compiler.passes.layout import ravel
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout
-from tiled.compiler.tir import global_extent
 from tiled.errors import CompileError
 from tiled.ir import dtypes
 from tiled.ir.walk import walk
@@ -269,69 +267,3 @@ def chains_wgmma(low, a: pb.Stmt, b: pb.Stmt) -> bool:
         return False
     dt = {dtypes.canonical_name(low.buffers[x].dtype) for x in (ga.a, ga.b, gb.a, gb.b)}
     return len(dt) == 1 and ga.transpose_b == gb.transpose_b
-
-
-def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: int,
-                   *extra) -> bool:
-    """The whole wgmma-layout fragment `acc` (rows x cols) to a global tile (fp16, bf16 or
-    float32) of one row dim and the last dim, every other dim of extent 1 (Out[b, h, rows,
-    :]; or Out[b, rows, h, :], the dims between static), with `template`::store's vector
-    stores (store_acc_global); False when the copy is not that (it is then lowered
-    generically)."""
-    dst = low.buffers[c.dst.buffer]
-    dt = dtypes.canonical_name(dst.dtype)
-    ext = list(c.dst.extents)
-    rank = len(dst.shape)
-    if dst.scope != pb.GLOBAL or rank < 2 or dt not in ("float16", "bfloat16", "float32") or \
-            ext[-1] != cols or \
-            any(o.WhichOneof("kind") != "int_value" or o.int_value for o in c.src.offsets):
-        return False
-    wide = [d for d, e in enumerate(ext[:-1]) if e != 1]  # the row dim (none: one row)
-    r = wide[0] if wide else rank - 2
-    if len(wide) > 1 or ext[r] != rows:
-        return False
-    between = list(dst.shape)[r + 1:]
-    if r < rank - 2 and any(d.WhichOneof("kind") != "size" for d in between):
-        return False
-    offsets = [low.expr(o) for o in c.dst.offsets]
-    m, n = global_extent(low, dst, r), global_extent(low, dst, rank - 1)
-    ld = tirx.Cast("int64", n) if r == rank - 2 else \
-        tirx.const(math.prod(d.size for d in between), "int64")
-    zero = tirx.const(0, "int32")
-    base = T.address_of(low.tir[dst.id][tuple(zero if d in (r, rank - 1) else o
-                                              for d, o in enumerate(offsets))])
-    T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>",
-                             T.address_of(low.tir[acc][0]), base, ld, offsets[r],
-                             offsets[-1], m, n, *extra))
-    return True
-
-
-def store_wgmma_fragment(low, c: pb.Copy) -> bool:
-    """A whole fragment in the wgmma layout (WgmmaLayout: a float32 accumulator, or a 16-bit
-    fragment cast from one, TileLang's C_local -> C_cast) to a global tile, or to a whole
-    shared tile of its shape with plain rows (an epilogue staged through shared memory,
-    `T.copy(acc_o, O_shared)`): each warpgroup's rows by quad-transposed 16-byte stores for
-    16-bit outputs, by pairs (8 bytes) for float32 (tiled_sm90.h, WgmmaTile::store), instead
-    of one element per slot. False when the copy is not that."""
-    src = low.buffers[c.src.buffer]
-    lay = low.layouts.get(src.id) if src.scope == pb.FRAGMENT else None
-    if not isinstance(lay, WgmmaLayout) or \
-            dtypes.canonical_name(src.dtype) not in ("float32", "float16", "bfloat16"):
-        return False
-    wgn = f", {lay.wg_n}" if lay.wg_n > 1 else ""
-    template = f"tiled::sm90::WgmmaTile<{lay.M}, {lay.N}, {lay.nwg}{wgn}>"
-    wg = tirx.floordiv(low.tx, 128)
-    dst = low.buffers[c.dst.buffer]
-    dt = dtypes.canonical_name(dst.dtype)
-    if dst.scope == pb.SHARED:
-        if dst.id in low.wgmma_ops.panels or dt not in ("float16", "bfloat16", "float32") or \
-                _shape(dst) != [lay.M, lay.N] or len(dst.shape) != 2 or \
-                not whole_region(c.dst, dst) or not whole_region(c.src, src):
-            return False
-        zero = tirx.const(0, "int32")
-        T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>",
-                                 T.address_of(low.tir[src.id][0]), low.addr(dst.id, [zero, zero]),
-                                 tirx.const(low.shared_stride(dst.id), "int64"), zero, zero,
-                                 lay.M, lay.N, wg))
-        return True
-    return store_acc_tile(low, c, template, src.id, lay.M, lay.N, wg)

@@ -40,6 +40,7 @@ from tiled.compiler.targets.cuda.copy import (
     issue_async_copy,
     lower_fragment_copy,
 )
+from tiled.compiler.targets.cuda.epilogue import store_accumulator
 from tiled.compiler.targets.cuda.gemm import (
     lower_gemm,
     stage_bytes,
@@ -48,7 +49,6 @@ from tiled.compiler.targets.cuda.gemm_sm90 import (
     chains_wgmma,
     lower_wgmma,
     panel_index,
-    store_wgmma_fragment,
 )
 from tiled.compiler.targets.cuda.grid_walk import grid_dependency
 from tiled.compiler.targets.cuda.layouts import (
@@ -109,11 +109,11 @@ class CudaLowering(ExprLowering):
     shuffle_dtypes = frozenset({"float32", "float64", "int32", "uint32", "int64", "uint64"})
 
     def __init__(self, program: Program, arch: str = "sm_80", warp_specialize: bool = True,
-                 whole_kernel: bool = True, ring_tables: bool = False):
+                 whole_kernel: bool = True, ring_tables: int = 0):
         super().__init__(program)
         p = self.program
         self.arch = arch
-        self.ring_tables = ring_tables  # the compile option (paths.choose_paths)
+        self.ring_tables = ring_tables  # the compile option (ws_plan.plan_ws_loop)
         self.threads = p.kernel.threads  # the program's threads (consumers on the sm90 path)
         self.tensor_maps: dict[str, dict] = {}  # kernel parameter -> tensor_map recipe
         self.param_of = {prm.buffer: i for i, prm in enumerate(p.params)  # tensor -> param #
@@ -464,7 +464,7 @@ class CudaLowering(ExprLowering):
             return stmt_q_copy(self)
         if self.attn is not None and c.src.buffer == self.attn.o and store_attn_tile(self, c):
             return
-        if store_wgmma_fragment(self, c):
+        if store_accumulator(self, c):
             return
         vec = self.copy_vector(c)
         if vec:

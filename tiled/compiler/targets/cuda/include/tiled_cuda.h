@@ -636,6 +636,164 @@ __device__ __forceinline__ T warp_reduce_min(T v, int width = 32) {
   return v;
 }
 
+// -- accumulator fragments (the mma.m16n8 C layout) to memory ---------------------------
+
+namespace detail {
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ half from_f32<half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
+template <typename T>
+struct pair_of;
+template <>
+struct pair_of<float> {
+  using type = float2;
+  __device__ __forceinline__ static float2 make(float a, float b) { return make_float2(a, b); }
+};
+template <>
+struct pair_of<half> {
+  using type = half2;
+  __device__ __forceinline__ static half2 make(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <>
+struct pair_of<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  __device__ __forceinline__ static __nv_bfloat162 make(float a, float b) {
+    return __floats2bfloat162_rn(a, b);
+  }
+};
+
+// Reinterpret two packed 16-bit values as one 32-bit word (shuffles move words).
+template <typename P>
+__device__ __forceinline__ uint32_t as_u32(P v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 4 x 4 transpose of 32-bit words across the 4 lanes of a quad (lane % 4 = q):
+// on entry v[c] is the word of column c, on exit v[p] is lane p's former v[q].
+// Two butterfly steps; step b swaps index bit b between lane and slot for the
+// words whose bit b differs, so no register is indexed at run time.
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // bit 0: slots (2k, 2k + 1)
+    const bool odd = q & 1;
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? v[2 * k] : v[2 * k + 1], 1);
+    if (odd) v[2 * k] = got; else v[2 * k + 1] = got;
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // bit 1: slots (k, k + 2)
+    const bool hi = q & 2;
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? v[k] : v[k + 2], 2);
+    if (hi) v[k] = got; else v[k + 2] = got;
+  }
+}
+}  // namespace detail
+
+
+// A warp's 16 x N slab of an accumulator fragment in the mma.m16n8 C layout (the layout of
+// one m16 row of gemm_ss's tiles, and of each warp's 16 rows of a wgmma m64nN accumulator):
+// lane l holds d[i], i in [0, N/2), at row (l / 4) + 8 * ((i / 2) % 2), column 8 * (i / 4) +
+// 2 * (l % 4) + i % 2. Writes it, converted to T, to C[row0 + r, col0 + c] (row-major,
+// leading dimension ldc, in elements), skipping rows >= m and columns >= n. Every lane of the
+// warp must call it (it shuffles within quads).
+//
+// T: half, bfloat16 or float. For 16-bit T with C, ldc and col0 16-byte aligned (multiples of
+// 8 elements) and N a multiple of 32, a quad transposes its 4 x 4 words so that each lane
+// owns 8 consecutive columns and writes them with one 16-byte store (a warp's store covers 8
+// rows x 64 contiguous bytes instead of 8 rows x 16 bytes). Otherwise pairs of columns go out
+// as one store (4 bytes, or 8 for float) where so aligned, else element by element. S: the
+// fragment's element type, float (an accumulator) or a 16-bit type (a fragment cast from one
+// in the same layout), converted through float.
+template <typename T, int N, typename S = float>
+__device__ __forceinline__ void store_acc_warp(const S* d, T* C, int64_t ldc, int row0,
+                                               int col0, int m, int n) {
+  using P = detail::pair_of<T>;
+  const int lane = threadIdx.x & 31;
+  const int q = lane & 3;
+  const int row_base = row0 + (lane >> 2);
+  const bool vec16 = sizeof(T) == 2 && N % 32 == 0 && ((ldc | col0) & 7) == 0 &&
+                     (reinterpret_cast<uint64_t>(C) & 15) == 0;  // whole groups of 32 columns
+  if constexpr (sizeof(T) == 2) if (vec16) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int gr = row_base + 8 * half;
+      T* crow = C + static_cast<int64_t>(gr) * ldc;
+#pragma unroll
+      for (int g = 0; g < N / 32; ++g) {  // 4 blocks of 8 columns per group
+        uint32_t v[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = 4 * (4 * g + c) + 2 * half;
+          v[c] = detail::as_u32(
+              P::make(static_cast<float>(d[i]), static_cast<float>(d[i + 1])));
+        }
+        detail::quad_transpose(v, q);
+        const int gc = col0 + 8 * (4 * g + q);
+        if (gr >= m) continue;
+        if (gc + 8 <= n) {
+          *reinterpret_cast<uint4*>(crow + gc) = make_uint4(v[0], v[1], v[2], v[3]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            if (gc + e < n) {
+              const uint32_t w = v[e >> 1];
+              const unsigned short bits = static_cast<unsigned short>(e & 1 ? w >> 16 : w);
+              crow[gc + e] = *reinterpret_cast<const T*>(&bits);
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+  const bool paired = ((ldc | col0) & 1) == 0 &&
+                      (reinterpret_cast<uint64_t>(C) & (2 * sizeof(T) - 1)) == 0;
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 2) {
+    const int gr = row_base + 8 * ((i >> 1) & 1), gc = col0 + 8 * (i >> 2) + 2 * q;
+    if (gr >= m) continue;
+    T* p = C + static_cast<int64_t>(gr) * ldc + gc;
+    if (paired && gc + 1 < n) {
+      *reinterpret_cast<typename P::type*>(p) =
+          P::make(static_cast<float>(d[i]), static_cast<float>(d[i + 1]));
+    } else {
+      if (gc < n) p[0] = detail::from_f32<T>(static_cast<float>(d[i]));
+      if (gc + 1 < n) p[1] = detail::from_f32<T>(static_cast<float>(d[i + 1]));
+    }
+  }
+}
+
+// gemm_ss's accumulator (acc_coord's layout: WARP_M x WARP_N warps, each WM x WN in m16n8
+// tiles; MmaLayout in targets/cuda/layouts.py), or a 16-bit fragment cast from one in that
+// layout, to C[row0 + r, col0 + c], rows < m, columns < n: each warp's tiles, 16 rows at a
+// time, by store_acc_warp. `warp`: the calling thread's warp among the fragment's threads;
+// those past WARP_M * WARP_N warps hold none of it.
+template <int M, int N, int WARP_M, int WARP_N>
+struct MmaTile {
+  static constexpr int WM = M / WARP_M, WN = N / WARP_N;
+  static_assert(WM % 16 == 0 && WN % 8 == 0, "MmaTile: whole m16n8 tiles per warp");
+  template <typename TC, typename S>
+  __device__ __forceinline__ static void store(const S* acc, TC* C, int64_t ldc, int row0,
+                                               int col0, int m, int n, int warp) {
+    if (warp >= WARP_M * WARP_N) return;
+    const int wm = warp / WARP_N, wn = warp % WARP_N;
+#pragma unroll
+    for (int mt = 0; mt < WM / 16; ++mt)
+      store_acc_warp<TC, WN, S>(acc + mt * (WN / 2), C, ldc, row0 + wm * WM + 16 * mt,
+                                col0 + wn * WN, m, n);
+  }
+};
+
 // T.exp2 of a float32 on CUDA: the MUFU's 2^x (ex2.approx.ftz: about 2 ulp, results
 // below 2^-126 flushed to zero), without exp2f's rescaling for subnormal results, which
 // costs a compare and two multiplies per element in softmax-heavy kernels.

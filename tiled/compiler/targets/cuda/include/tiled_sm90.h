@@ -10,6 +10,7 @@
 //      with both operands in shared memory
 //   4. setmaxnreg inc / dec (warp specialisation)
 //   5. epilogue: m64nN f32 accumulator fragment -> f16/bf16 global, bounds-checked
+//      (each warp's 16 rows by tiled_cuda.h's store_acc_warp)
 //
 // The whole body is compiled only for sm_90a device passes (the `a` features:
 // wgmma and setmaxnreg do not exist on plain sm_90), so including this header
@@ -27,18 +28,9 @@
 #ifndef TILED_SM90_H_
 #define TILED_SM90_H_
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
-#ifdef __CUDACC_RTC__
-#include <cuda/std/cstdint>
-using cuda::std::int32_t;
-using cuda::std::int64_t;
-using cuda::std::uint32_t;
-using cuda::std::uint64_t;
-#else
-#include <stdint.h>
-#endif
+// The sm_80 header: its types and its accumulator stores (store_acc_warp), which the
+// epilogue below writes each warp's rows with.
+#include "tiled_cuda.h"
 
 // nvcc defines __CUDA_ARCH_FEAT_SM90_ALL only for compute_90a device passes.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -469,141 +461,16 @@ __device__ __forceinline__ void acc_coord(int t, int i, int& row, int& col) {
   col = 8 * (i >> 2) + 2 * (t & 3) + (i & 1);
 }
 
-namespace detail {
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ half from_f32<half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) {
-  return x;
-}
-template <typename T>
-struct pair_of;
-template <>
-struct pair_of<float> {
-  using type = float2;
-  __device__ __forceinline__ static float2 make(float a, float b) { return make_float2(a, b); }
-};
-template <>
-struct pair_of<half> {
-  using type = half2;
-  __device__ __forceinline__ static half2 make(float a, float b) { return __floats2half2_rn(a, b); }
-};
-template <>
-struct pair_of<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  __device__ __forceinline__ static __nv_bfloat162 make(float a, float b) {
-    return __floats2bfloat162_rn(a, b);
-  }
-};
-}  // namespace detail
-
-namespace detail {
-// Reinterpret two packed 16-bit values as one 32-bit word (shuffles move words).
-template <typename P>
-__device__ __forceinline__ uint32_t as_u32(P v) {
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// 4 x 4 transpose of 32-bit words across the 4 lanes of a quad (lane % 4 = q):
-// on entry v[c] is the word of column c, on exit v[p] is lane p's former v[q].
-// Two butterfly steps; step b swaps index bit b between lane and slot for the
-// words whose bit b differs, so no register is indexed at run time.
-__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {  // bit 0: slots (2k, 2k + 1)
-    const bool odd = q & 1;
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? v[2 * k] : v[2 * k + 1], 1);
-    if (odd) v[2 * k] = got; else v[2 * k + 1] = got;
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {  // bit 1: slots (k, k + 2)
-    const bool hi = q & 2;
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? v[k] : v[k + 2], 2);
-    if (hi) v[k] = got; else v[k + 2] = got;
-  }
-}
-}  // namespace detail
-
-// Write the warpgroup's 64 x N accumulator tile, converted to T, to
-// C[row0 + r, col0 + c] (row-major, leading dimension ldc, in elements).
-// Elements with row >= m or col >= n are skipped.  All 128 threads must call
-// it (it shuffles within quads).
-//
-// T: half, bfloat16 or float. Fast path for 16-bit T (C, ldc and col0 16-byte
-// aligned, i.e. multiples of 8 elements): a quad transposes its 4 x 4 words so
-// each lane owns 8 consecutive columns and writes them with one 16-byte store;
-// a warp's store then covers 8 rows x 64 contiguous bytes instead of 8 rows x
-// 16 bytes (4x fewer store instructions, whole 32-byte sectors).  Otherwise,
-// pairs of columns go out as one store (4 bytes, or 8 for float) where so
-// aligned, else element by element. S: the fragment's element type, float (an accumulator)
-// or a 16-bit type (a fragment cast from one in the same layout), converted through float.
+// Write the warpgroup's 64 x N accumulator tile (acc_coord's layout), converted to T, to
+// C[row0 + r, col0 + c] (row-major, leading dimension ldc, in elements); elements with row
+// >= m or col >= n are skipped. All 128 threads must call it. Each warp writes its 16 rows
+// with tiled_cuda.h's store_acc_warp (quad-transposed 16-byte stores for 16-bit T where
+// aligned). S: float (an accumulator) or a 16-bit type (a fragment cast from one).
 template <typename T, int N, typename S = float>
 __device__ __forceinline__ void store_acc_global(const S (&d)[N / 2], T* C, int64_t ldc,
                                                  int row0, int col0, int m, int n) {
-  using P = detail::pair_of<T>;
-  const int t = threadIdx.x & 127;
-  const int q = t & 3;
-  const int row_base = row0 + 16 * (t >> 5) + ((t & 31) >> 2);
-  const bool vec16 = sizeof(T) == 2 && N % 32 == 0 && ((ldc | col0) & 7) == 0 &&
-                     (reinterpret_cast<uint64_t>(C) & 15) == 0;  // whole groups of 32 columns
-  if constexpr (sizeof(T) == 2) if (vec16) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int gr = row_base + 8 * half;
-      T* crow = C + static_cast<int64_t>(gr) * ldc;
-#pragma unroll
-      for (int g = 0; g < N / 32; ++g) {  // 4 blocks of 8 columns per group
-        uint32_t v[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int i = 4 * (4 * g + c) + 2 * half;
-          v[c] = detail::as_u32(
-              P::make(static_cast<float>(d[i]), static_cast<float>(d[i + 1])));
-        }
-        detail::quad_transpose(v, q);
-        const int gc = col0 + 8 * (4 * g + q);
-        if (gr >= m) continue;
-        if (gc + 8 <= n) {
-          *reinterpret_cast<uint4*>(crow + gc) = make_uint4(v[0], v[1], v[2], v[3]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            if (gc + e < n) {
-              const uint32_t w = v[e >> 1];
-              const unsigned short bits = static_cast<unsigned short>(e & 1 ? w >> 16 : w);
-              crow[gc + e] = *reinterpret_cast<const T*>(&bits);
-            }
-          }
-        }
-      }
-    }
-    return;
-  }
-  const bool paired = ((ldc | col0) & 1) == 0 &&
-                      (reinterpret_cast<uint64_t>(C) & (2 * sizeof(T) - 1)) == 0;
-#pragma unroll
-  for (int i = 0; i < N / 2; i += 2) {
-    int r, c;
-    acc_coord(t, i, r, c);
-    const int gr = row0 + r, gc = col0 + c;
-    if (gr >= m) continue;
-    T* p = C + static_cast<int64_t>(gr) * ldc + gc;
-    if (paired && gc + 1 < n) {
-      *reinterpret_cast<typename P::type*>(p) =
-          P::make(static_cast<float>(d[i]), static_cast<float>(d[i + 1]));
-    } else {
-      if (gc < n) p[0] = detail::from_f32<T>(static_cast<float>(d[i]));
-      if (gc + 1 < n) p[1] = detail::from_f32<T>(static_cast<float>(d[i + 1]));
-    }
-  }
+  ::tiled::store_acc_warp<T, N, S>(d, C, ldc, row0 + 16 * ((threadIdx.x & 127) >> 5), col0, m,
+                                   n);
 }
 
 // A wgmma accumulator fragment of the per-op lowering (gemm_sm90.py: WgmmaLayout(M, N, NWG,

@@ -156,9 +156,9 @@ struct WsAttn {
   // The probabilities (S's layout, float) as 16-bit A-operand words: word i / 2 packs
   // elements i and i + 1, which is A's register layout for each 16-column slice.
   __device__ __forceinline__ static void to_a_regs(const float* s, uint32_t* a) {
-    using P = detail::pair_of<T>;
+    using P = ::tiled::detail::pair_of<T>;
 #pragma unroll
-    for (int i = 0; i < BN / 2; i += 2) a[i / 2] = detail::as_u32(P::make(s[i], s[i + 1]));
+    for (int i = 0; i < BN / 2; i += 2) a[i / 2] = ::tiled::detail::as_u32(P::make(s[i], s[i + 1]));
   }
   // Issues O += P V(k) as one wgmma group. `a` and `o` must stay untouched until pv_wait.
   __device__ __forceinline__ static void pv_issue(unsigned char* pool, int k, const uint32_t* a,

@@ -63,7 +63,9 @@ def reduce_scratch_bytes(low, r: pb.Reduce) -> int:
     if _whole_rounds(low, r):
         return low.threads // low.warp_size * math.prod(d.size for d in dst.shape) * \
             max(4, dtypes.nbytes(dst.dtype))
-    n = math.prod(d.size for d in src.shape) + math.prod(d.size for d in dst.shape)
+    n = math.prod(d.size for d in dst.shape)
+    if src.scope == pb.FRAGMENT:  # the spread fragment goes out to the area first
+        n += math.prod(d.size for d in src.shape)
     return n * max(4, dtypes.nbytes(dst.dtype))
 
 
@@ -108,7 +110,8 @@ def lower_reduce(low, r: pb.Reduce) -> None:
     if (src_b.scope == pb.FRAGMENT and not isinstance(src_lay, ReplicatedLayout)) or \
             src_b.scope == pb.SHARED:
         low.sync.before(True, True)
-        scratch = low.scratch(acc_dt, n_out * depth + n_out)
+        spilled = n_out * depth if src_b.scope == pb.FRAGMENT else 0  # the source's elements
+        scratch = low.scratch(acc_dt, spilled + n_out)
         if src_b.scope == pb.FRAGMENT:
             with low.loop(src_lay.local_size) as idx:
                 coords, valid = src_lay.coords(low.tx, idx)
@@ -126,16 +129,16 @@ def lower_reduce(low, r: pb.Reduce) -> None:
                 T.buffer_store(tmp, IDENTITY[r.kind](acc_dt), [0])
                 with T.serial(0, depth) as k:
                     T.buffer_store(tmp, combine(tmp[0], _element(r.kind, read(o, k))), [0])
-                T.buffer_store(scratch, tmp[0], [n_out * depth + o])
+                T.buffer_store(scratch, tmp[0], [spilled + o])
         low.sync.sync()
         dst_lay = low.layouts.get(r.dst)
         if isinstance(dst_lay, low.rows_layouts):  # each thread takes the rows it holds
             for slot in range(dst_lay.local_size):
-                v = scratch[n_out * depth + dst_lay.coords(low.tx, slot)[0][0]]
+                v = scratch[spilled + dst_lay.coords(low.tx, slot)[0][0]]
                 T.buffer_store(dst, v if r.clear else combine(dst[slot], v), [slot])
         else:
             with low.loop(n_out) as o:
-                v = scratch[n_out * depth + o]
+                v = scratch[spilled + o]
                 T.buffer_store(dst, v if r.clear else combine(dst[o], v), [o])
         low.sync.pending_read = True
         return

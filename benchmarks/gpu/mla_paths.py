@@ -7,11 +7,12 @@ rounds interleaved: bundle_cli.time_graphed), with the in-place 512 MiB stream b
 The forms (tiled.ops.mla configs, splits 1, 64 heads a block on 256 threads):
 - `mma`: the FullRow form on mma.sync (what mla_h200.json's tuner chose every time);
 - `cols`: both gemms FullCol, so the two warpgroups split the columns and take wgmma, K and V
-  copied as two tiles by a cp.async pipeline;
+  copied as two tiles by a cp.async pipeline (compile option ring_tables=1);
 - `latent32x3` / `latent64`: FullCol with the cache rows copied once per step (value and rope
-  lanes), 32-token steps on 3 stages or 64-token steps on 2;
-- `*_tma`: the same built with the compile option ring_tables (a TMA producer warpgroup
-  feeds the loop; wgmma gemms stay in flight: wgmma_waits.py);
+  lanes), 32-token steps on 3 stages or 64-token steps on 2 (ring_tables=1);
+- `*_tma`: the same as built by default since 2026-12-05 (ring_tables=0: a TMA producer
+  warpgroup feeds a loop whose gemms all take wgmma; the gemms stay in flight:
+  wgmma_waits.py; before, the option ring_tables=True asked for it);
 - `tl_example` / `tl_example64`: examples/mla_decode.py (TileLang's deepseek_mla form, block_N
   32 / 64) on the same tokens laid out contiguously per sequence (no block table: its loop
   takes the TMA ring by default), as a reference for what the paged forms lose to the table.
@@ -55,13 +56,11 @@ RW_FLOATS = 128 << 20
 BASE = {"threads": 256, "rows": 64, "splits": 1}
 FORMS = {
     "mma": ({"BN": 32, "stages": 2}, {}),
-    "cols": ({"BN": 32, "stages": 2, "cols": True}, {}),
-    "latent32x3": ({"BN": 32, "stages": 3, "cols": True, "latent": True}, {}),
-    "latent64": ({"BN": 64, "stages": 2, "cols": True, "latent": True}, {}),
-    "latent32x3_tma": ({"BN": 32, "stages": 3, "cols": True, "latent": True},
-                       {"ring_tables": True}),
-    "latent64_tma": ({"BN": 64, "stages": 2, "cols": True, "latent": True},
-                     {"ring_tables": True}),
+    "cols": ({"BN": 32, "stages": 2, "cols": True}, {"ring_tables": 1}),
+    "latent32x3": ({"BN": 32, "stages": 3, "cols": True, "latent": True}, {"ring_tables": 1}),
+    "latent64": ({"BN": 64, "stages": 2, "cols": True, "latent": True}, {"ring_tables": 1}),
+    "latent32x3_tma": ({"BN": 32, "stages": 3, "cols": True, "latent": True}, {}),
+    "latent64_tma": ({"BN": 64, "stages": 2, "cols": True, "latent": True}, {}),
 }
 
 

@@ -139,7 +139,8 @@ def test_mla_cols_configs_run_every_gemm_on_wgmma(tmp_path, bn, stages, latent):
     cfg = next(c for c in CUDA_SPACE if c.get("cols") and c["splits"] == 1 and
                c["BN"] == bn and c["stages"] == stages and c.get("latent", False) == latent)
     k = mla_kernel(64, 128, 576, 512, 64, "bfloat16", 128, 576 ** -0.5, **cfg)
-    c = tiled.compile(k, target="cuda:sm_90a", cache=False)
+    # on the cp.async pipeline (the TMA-fed default: the next test)
+    c = tiled.compile(k, target="cuda:sm_90a", cache=False, ring_tables=1)
     text = sass(c.artifact, tmp_path, c.manifest.symbol)
     # scores: 64 x BN / 2 per warpgroup; output: 64 x 256 per warpgroup
     assert _instrs(text) == {f"HGMMA.64x{bn // 2}x16", "HGMMA.64x256x16"}
@@ -148,21 +149,29 @@ def test_mla_cols_configs_run_every_gemm_on_wgmma(tmp_path, bn, stages, latent):
     assert c.source.count("wgmma_rows_issue<") == int(latent)
 
 
-def test_ring_tables_feeds_the_mla_loop_by_a_tma_producer(tmp_path):
-    """The compile option ring_tables: a loop whose copies read a block table takes the TMA
-    producer's ring (a third warpgroup, UTMALDG, wgmma left in flight) where by default it
-    stays on the cp.async pipeline."""
+def test_table_loops_of_wgmma_gemms_take_the_tma_producer(tmp_path):
+    """A loop whose copies read a block table takes the TMA producer's ring (a third
+    warpgroup, UTMALDG, wgmma left in flight) when its gemms all take wgmma (MLA's latent
+    form), by default; MLA's mma.sync form stays on the cp.async pipeline even with the
+    compile option ring_tables=2 (mma.sync reads padded tiles, which TMA does not write), and
+    ring_tables=1 keeps the latent form there too."""
     from tiled.ops.mla import mla_kernel
 
-    k = mla_kernel(64, 128, 576, 512, 64, "bfloat16", 128, 576 ** -0.5, BN=64, threads=256,
-                   rows=64, stages=2, cols=True, latent=True)
-    plain = tiled.compile(k, target="cuda:sm_90a", cache=False)
-    ring = tiled.compile(k, target="cuda:sm_90a", cache=False, ring_tables=True)
-    assert plain.manifest.block[0] == 256 and ring.manifest.block[0] == 384
-    assert "UTMALDG" not in sass(plain.artifact, tmp_path, plain.manifest.symbol)
+    args = (64, 128, 576, 512, 64, "bfloat16", 128, 576 ** -0.5)
+    k = mla_kernel(*args, BN=64, threads=256, rows=64, stages=2, cols=True, latent=True)
+    ring = tiled.compile(k, target="cuda:sm_90a", cache=False)
+    assert ring.manifest.block[0] == 384
     text = sass(ring.artifact, tmp_path, ring.manifest.symbol)
     assert "UTMALDG" in text and _instrs(text) == {"HGMMA.64x32x16", "HGMMA.64x256x16"}
     assert "wgmma_rows_issue" in ring.source and not re.search(r"\b(LDL|STL)\b", text)
+    off = tiled.compile(k, target="cuda:sm_90a", cache=False, ring_tables=1)
+    assert off.manifest.block[0] == 256
+    assert "UTMALDG" not in sass(off.artifact, tmp_path, off.manifest.symbol)
+    mma = mla_kernel(*args, BN=32, threads=256, rows=64, stages=2)
+    for options in ({}, {"ring_tables": 2}):
+        c = tiled.compile(mma, target="cuda:sm_90a", cache=False, **options)
+        assert c.manifest.block[0] == 256
+        assert "UTMALDG" not in sass(c.artifact, tmp_path, c.manifest.symbol)
 
 
 def test_tilelang_style_mla_takes_wgmma_on_sm90a(tmp_path):

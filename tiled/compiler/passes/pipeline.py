@@ -186,9 +186,10 @@ def touched_outside(s: pb.Stmt, f: pb.For) -> set[int]:
     return out
 
 
-def run_ahead(p: pb.Program, tables_anywhere: bool = False) -> RunAhead | None:
+def run_ahead(p: pb.Program, tables_anywhere=False) -> RunAhead | None:
     """The first T.Pipelined loop of `p` with copies that may run ahead (module docstring),
-    or None. `tables_anywhere`: table loads in any loop, not only a GEMM loop's."""
+    or None. `tables_anywhere`: table loads in any loop, not only a GEMM loop's; a bool, or a
+    predicate of the loop statement (the target's choice per loop)."""
     buffers = {b.id: b for b in p.buffers}
     params = {prm.buffer for prm in p.params if prm.WhichOneof("kind") == "buffer"}
     writes_anywhere: dict[int, int] = {}
@@ -204,12 +205,13 @@ def run_ahead(p: pb.Program, tables_anywhere: bool = False) -> RunAhead | None:
     for s, outer in _skeleton_stmts(p.kernel.body):
         if s.WhichOneof("kind") != "for_" or s.for_.kind != pb.PIPELINED:
             continue
-        # Table loads in a GEMM loop only (copies and gemms: grouped GEMMs' tile tables),
-        # for now: paged and varlen attention's tables are left to the measurements that
-        # would show their loops fed this way are not slower (`tables_anywhere`: the cuda
-        # compile option ring_tables, for those measurements).
-        tables_allowed = tables_anywhere or all(x.WhichOneof("kind") in ("copy", "gemm")
-                                                for x in body_statements(s.for_.body))
+        # Table loads in a GEMM loop (copies and gemms: grouped GEMMs' tile tables), and in
+        # the loops the target's `tables_anywhere` admits (cuda: loops whose gemms all take
+        # wgmma, as MLA decode's, measured faster so; the compile option ring_tables, every
+        # loop).
+        anywhere = tables_anywhere(s) if callable(tables_anywhere) else tables_anywhere
+        tables_allowed = anywhere or all(x.WhichOneof("kind") in ("copy", "gemm")
+                                         for x in body_statements(s.for_.body))
         tables = constant if tables_allowed else frozenset()
         scalars = frozenset()
         if outer:

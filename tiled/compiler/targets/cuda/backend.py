@@ -125,10 +125,12 @@ class CudaBackend(Backend):
                              "(on where every block runs the loop alike: "
                              "ws_plan.PERSISTENT_BY_DEFAULT says why), 1 off, 2 on",
                              choices=(0, 1, 2)),
-        "ring_tables": Option(bool, False, "sm_90a: a T.Pipelined loop whose copies read a "
-                              "tile table (paged attention's and MLA's block tables) may be "
-                              "fed by a TMA producer too, as GEMM loops with tables are; off "
-                              "until measured faster (benchmarks/gpu/mla_paths.py)"),
+        "ring_tables": Option(int, 0, "sm_90a: whether a T.Pipelined loop whose copies read "
+                              "a tile table (paged attention's and MLA's block tables) may be "
+                              "fed by a TMA producer, as GEMM loops with tables are: 0 where "
+                              "the loop's gemms all take wgmma (measured faster for MLA "
+                              "decode: ws_plan._wgmma_loop), 1 never, 2 every loop",
+                              choices=(0, 1, 2)),
         "cuda_compiler": Option(str, None, "CUDA C++ to cubin: nvcc or nvrtc (default "
                                 "TILED_CUDA_COMPILER)", choices=("nvcc", "nvrtc", "auto")),
     }
@@ -148,7 +150,7 @@ class CudaBackend(Backend):
     def generate_source(self, program: Program, arch: str, warp_specialize: bool = True,
                         pingpong: bool = False,
                         wgmma_in_flight: bool = True, persistent: int = 0,
-                        whole_kernel_paths: bool = True, ring_tables: bool = False):
+                        whole_kernel_paths: bool = True, ring_tables: int = 0):
         """(CUDA source, dynamic shared memory bytes, the lowering). When the automatic sm_90a
         path's TMA descriptors have launch preconditions (`low.requires`: strides that
         depend on a symbolic dim), the source also holds the program lowered without warp

@@ -25,7 +25,7 @@ from tiled.v1 import tile_ir_pb2 as pb
 def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                lowering: type | None = None,
                pingpong: bool = False, wgmma_in_flight: bool = True,
-               persistent: int = 0, whole_kernel: bool = True, ring_tables: bool = False
+               persistent: int = 0, whole_kernel: bool = True, ring_tables: int = 0
                ) -> tuple[object, CudaLowering]:
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
     launch's thread count and the TMA descriptors the kernel takes (sm_90a path).
@@ -35,8 +35,9 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     `wgmma_in_flight`: whether its wgmma gemms may run past their statement
     (wgmma_waits.py); `persistent`: whether its blocks walk the grid (0 the plan's choice,
     1 off, 2 on; ws_loop.persistent_choice); `whole_kernel`: whether the whole-kernel
-    attention path (sm90_attn) may take the kernel it recognizes; `ring_tables`: whether a
-    loop reading a tile table may be fed by a TMA producer (passes/pipeline.run_ahead)."""
+    attention path (sm90_attn) may take the kernel it recognizes; `ring_tables`: which
+    loops reading a tile table may be fed by a TMA producer (0 those whose gemms all take
+    wgmma, 1 none, 2 all; ws_plan.plan_ws_loop, passes/pipeline.run_ahead)."""
     import tvm
 
     if lowering is None and arch == "sm_90a" and warp_specialize:

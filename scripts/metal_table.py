@@ -42,7 +42,9 @@ def facts(compiled) -> dict:
     gemm = "simdgroup matrices, resident" if "tiled::gemm_simdgroup_acc<" in kernel else \
         "simdgroup matrices" if "tiled::gemm_simdgroup<" in kernel else \
         "SIMT" if "tiled::gemm_simt<" in kernel else "no gemm"
-    return {"gemm": gemm, "threadgroup_bytes": compiled.manifest.metal["threadgroup_bytes"]}
+    manifests = getattr(compiled, "manifests", [compiled.manifest])  # one per launch
+    return {"gemm": gemm,
+            "threadgroup_bytes": max(m.metal["threadgroup_bytes"] for m in manifests)}
 
 
 def main() -> None:

@@ -32,11 +32,13 @@ ARCHS = ("gfx942", "gfx90a")
 
 
 def facts(compiled, arch: str) -> dict:
-    co = compiled.manifest.code_object
-    asm = hip.disassemble(compiled.artifact, arch)
-    mfma = sorted(set(re.findall(r"\bv_mfma_\w+", asm)))
-    return {"vgpr": co["vgpr_count"], "lds": co["lds_bytes"], "mfma": mfma,
-            "scratch": co["private_segment_bytes"]}
+    """A kernel's row; of several launches (a CompiledSequence), the largest of each."""
+    kernels = getattr(compiled, "kernels", [compiled])
+    cos = [k.manifest.code_object for k in kernels]
+    mfma = sorted({m for k in kernels
+                   for m in re.findall(r"\bv_mfma_\w+", hip.disassemble(k.artifact, arch))})
+    return {"vgpr": max(co["vgpr_count"] for co in cos), "lds": max(co["lds_bytes"] for co in cos),
+            "mfma": mfma, "scratch": max(co["private_segment_bytes"] for co in cos)}
 
 
 def main() -> None:

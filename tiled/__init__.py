@@ -23,8 +23,15 @@ def compile(kernel_or_program, target: str = "cpu", *, cache: bool = True, **opt
     "cuda:sm_90a") and returns a callable `CompiledKernel` with `.artifact` and `.manifest`.
     With TILED_SERVER set, the daemon compiles (and caches) it; otherwise it compiles in this
     process (needs the compiler extra), through the local kernel cache when `cache` is set
-    (TILED_CACHE_DIR, plus Redis when TILED_REDIS_URL is set)."""
+    (TILED_CACHE_DIR, plus Redis when TILED_REDIS_URL is set). A kernel function of several
+    `with T.Kernel` blocks compiles to a `CompiledSequence` that launches them in order."""
     from tiled import config
+    from tiled.sequence import CompiledSequence, launches_of
+
+    launches = launches_of(kernel_or_program)
+    if launches is not None:
+        return CompiledSequence(kernel_or_program.name, [
+            compile(p, target, cache=cache, **options) for p in launches])
 
     if config.get("server"):  # a daemon is configured: it compiles and caches
         from tiled.client import compile_via_server

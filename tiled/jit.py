@@ -34,11 +34,14 @@ class JitKernel:
 
     def __init__(self, kernel, out_idx: Sequence[int] | int | None = None,
                  target: str = "auto", **options):
-        if not hasattr(kernel, "ir"):
+        if not _is_kernel(kernel):
             raise TypeError(f"tiled.jit needs a @tiled.kernel / @T.prim_func, got "
                             f"{type(kernel).__name__}")
         self.kernel, self.target, self.options = kernel, target, options
-        n = len(kernel.ir.proto.params)
+        # the parameters (every launch of a several-block kernel takes them all)
+        launches = getattr(kernel, "launches", None) or [kernel.ir]
+        self.params = launches[0].proto.params
+        n = len(self.params)
         idx = [out_idx] if isinstance(out_idx, int) else list(out_idx or [])
         for i in idx:
             if not -n <= i < n:
@@ -46,9 +49,9 @@ class JitKernel:
                                  "parameters")
         self.out_idx = sorted({i % n for i in idx})
         for i in self.out_idx:
-            if kernel.ir.proto.params[i].WhichOneof("kind") != "buffer":
+            if self.params[i].WhichOneof("kind") != "buffer":
                 raise ValueError(f"out_idx {i}: parameter "
-                                 f"{kernel.ir.proto.params[i].name} is a scalar, not a tensor")
+                                 f"{self.params[i].name} is a scalar, not a tensor")
         self._compiled: dict[str, object] = {}
         self._lock = threading.Lock()
 
@@ -70,7 +73,9 @@ class JitKernel:
     def use(self, target: str, compiled) -> JitKernel:
         """Calls for `target` launch `compiled` (a kernel loaded by tiled.runtime.load from a
         bundle, say, on a host without the compiler); returns self."""
-        if compiled.manifest.program_digest != self.kernel.ir.digest:
+        launches = list(getattr(self.kernel, "launches", None) or [self.kernel.ir])
+        got = [k.manifest.program_digest for k in getattr(compiled, "kernels", [compiled])]
+        if got != [p.digest for p in launches]:
             raise LaunchError(f"{self.kernel.name}: the compiled kernel is of another program "
                               f"({compiled.manifest.name})")
         with self._lock:
@@ -82,7 +87,7 @@ class JitKernel:
         return getattr(self.compiled(target), "source", None)
 
     def __call__(self, *inputs):
-        params = self.kernel.ir.proto.params
+        params = self.params
         n_in = len(params) - len(self.out_idx)
         if len(inputs) != n_in:
             names = [p.name for i, p in enumerate(params) if i not in self.out_idx]
@@ -123,6 +128,12 @@ class JitKernel:
             if getattr(getattr(a, "device", None), "type", None) == "mps":
                 return _local_metal_target()
         return "cpu"
+
+
+def _is_kernel(obj) -> bool:
+    """Whether `obj` is a traced kernel (it has `.ir`), without reading `.ir`: that traces,
+    and raises for a kernel of several launches."""
+    return any("ir" in vars(c) for c in type(obj).__mro__) or "ir" in getattr(obj, "__dict__", {})
 
 
 def _is_tensor(a) -> bool:
@@ -217,7 +228,7 @@ def jit(fn=None, *, out_idx: Sequence[int] | int | None = None, target: str = "a
     >>> c = add(1000)(a, b)
     """
     def wrap(f):
-        if hasattr(f, "ir"):
+        if _is_kernel(f):
             return JitKernel(f, out_idx, target, **options)
         if not callable(f):
             raise TypeError("tiled.jit decorates a kernel or a function returning one")

@@ -15,14 +15,21 @@ from pathlib import Path
 
 def compile_into(out: Path, name: str, kernel, target: str = "cuda:sm_90a", **options):
     """Compiles `kernel` cold (no cache, compile `options`) into out/NAME.cubin +
-    NAME.manifest.json; returns (the compiled kernel, seconds the compile took)."""
+    NAME.manifest.json; returns (the compiled kernel, seconds the compile took). A kernel of
+    several launches (tiled.sequence) writes NAME.1.*, NAME.2.* for the later ones and
+    NAME.launches with their count."""
     import tiled
 
     t0 = time.perf_counter()
     compiled = tiled.compile(kernel, target=target, cache=False, **options)
     seconds = time.perf_counter() - t0
-    (out / f"{name}.cubin").write_bytes(compiled.artifact)
-    (out / f"{name}.manifest.json").write_text(compiled.manifest.to_json())
+    kernels = getattr(compiled, "kernels", [compiled])
+    for i, k in enumerate(kernels):
+        stem = name if i == 0 else f"{name}.{i}"
+        (out / f"{stem}.cubin").write_bytes(k.artifact)
+        (out / f"{stem}.manifest.json").write_text(k.manifest.to_json())
+    if len(kernels) > 1:
+        (out / f"{name}.launches").write_text(f"{len(kernels)}\n")
     return compiled, seconds
 
 
@@ -35,11 +42,16 @@ def build_command(script: str, out: Path, env: tuple[str, ...] = ()) -> str:
 
 def load_kernel(bundle: Path, name: str):
     """The kernel compile_into wrote as NAME into `bundle`, loaded by the thin runtime (no GPU
-    call until its first launch)."""
+    call until its first launch); a tiled.sequence.CompiledSequence for several launches."""
     from tiled.runtime import load
+    from tiled.sequence import CompiledSequence
 
-    return load((bundle / f"{name}.cubin").read_bytes(),
-                (bundle / f"{name}.manifest.json").read_text())
+    count = bundle / f"{name}.launches"
+    n = int(count.read_text()) if count.exists() else 1
+    kernels = [load((bundle / f"{stem}.cubin").read_bytes(),
+                    (bundle / f"{stem}.manifest.json").read_text())
+               for stem in [name] + [f"{name}.{i}" for i in range(1, n)]]
+    return kernels[0] if n == 1 else CompiledSequence(name, kernels)
 
 
 def load_bundle(bundle: Path) -> tuple[dict, dict]:

@@ -48,6 +48,7 @@ IDIOMS = {
     "parallel": "T.Parallel nests",
     "if": "a Python `if` on traced values",
     "symbolic": "T.dyn symbolic dims",
+    "launches": "several `with T.Kernel` blocks in one `@T.prim_func`, launched in order",
 }
 
 

@@ -13,6 +13,7 @@ class Emulated:
 
     def __init__(self, compiled):
         self.compiled, self.manifest = compiled, compiled.manifest
+        self.kernels = getattr(compiled, "kernels", [compiled])  # a CompiledSequence's launches
 
     def __call__(self, *args):
         self.compiled.emulate(*args)

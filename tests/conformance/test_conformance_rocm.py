@@ -27,12 +27,13 @@ def run_emulated(case, arch: str):
 def test_compiles_and_emulates_for_rocm(name, arch):
     case = CASES[name]
     compiled, results = run_emulated(case, arch)
-    co = compiled.manifest.code_object
-    assert (compiled.manifest.target, co["arch"], co["code_object_version"]) == \
-        (f"rocm:{arch}", arch, 5)
-    assert co["private_segment_bytes"] == co["vgpr_spill_count"] == 0, "scratch in use"
-    if "tiled::gemm_mfma<" in compiled.source:  # a T.gemm the lowering put on MFMA
-        assert re.search(r"\bv_mfma_", disassemble(compiled.artifact, arch)), "no MFMA"
+    for k in getattr(compiled, "kernels", [compiled]):  # a code object per launch
+        co = k.manifest.code_object
+        assert (k.manifest.target, co["arch"], co["code_object_version"]) == \
+            (f"rocm:{arch}", arch, 5)
+        assert co["private_segment_bytes"] == co["vgpr_spill_count"] == 0, "scratch in use"
+        if "tiled::gemm_mfma<" in k.source:  # a T.gemm the lowering put on MFMA
+            assert re.search(r"\bv_mfma_", disassemble(k.artifact, arch)), "no MFMA"
     for i, (out, ref) in enumerate(results):
         assert out.shape == ref.shape, (i, out.shape, ref.shape)
         assert np.isfinite(out).all(), f"output {i} has non-finite values"

@@ -62,7 +62,17 @@ def compile_program(kernel_or_program, target: str | Target = "cpu", *, action: 
     """Compiles in this process. `action` is the action record the caller keyed this compile
     under (tiled.cache.keys); the manifest carries it (computed here when None). Raises
     VerifyError for an invalid program, UnsupportedTarget, ValueError for an option the
-    backend does not take, CompileError / ToolchainError when lowering or the toolchain fails."""
+    backend does not take, CompileError / ToolchainError when lowering or the toolchain fails.
+    A kernel function of several `with T.Kernel` blocks gives a tiled.sequence.CompiledSequence
+    (one compile each, `action` not taken)."""
+    from tiled.sequence import CompiledSequence, launches_of
+
+    launches = launches_of(kernel_or_program)
+    if launches is not None:
+        if action is not None:
+            raise ValueError("an action record names one program, not a sequence of launches")
+        return CompiledSequence(kernel_or_program.name,
+                                [compile_program(p, target, **options) for p in launches])
     t0 = time.perf_counter()
     program = as_program(kernel_or_program)
     verify(program)

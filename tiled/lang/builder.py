@@ -79,10 +79,23 @@ class Builder:
         self.dims: dict[str, int] = {}  # symbolic dim name -> var id
         self.kernel_open = False
         self.kernel_done = False
+        self.launch = 0  # which `with T.Kernel` block of the function this trace records
+        self.kernels_seen = 0  # the blocks opened so far (scratch() traces the others)
         self.last_if: list[pb.IfThenElse | None] = []
         self.buffer_names: set[str] = set()
         self.broken_loop: pb.Location | None = None
         self.named_buffers: set[int] = set()  # ids whose name the author chose
+
+    def scratch(self) -> Builder:
+        """A builder for a `with T.Kernel` block this trace does not record: the tables so far
+        (parameters, dims), so that the block's references resolve; dropped after it."""
+        other = Builder(self.program.name)
+        other.program.CopyFrom(self.program)
+        other.program.ClearField("kernel")
+        other.dims = dict(self.dims)
+        other.buffer_names = set(self.buffer_names)
+        other.named_buffers = set(self.named_buffers)
+        return other
 
     # -- tables ------------------------------------------------------------------------------
     def new_var(self, name: str, dtype: str = "int32") -> int:

@@ -69,16 +69,35 @@ class KernelFunction:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = fn.__name__
-        self._ir: Program | None = None
+        self._launches: list[Program] | None = None
 
     def __repr__(self):
         return f"<tiled.kernel {self.name}>"
 
     @property
+    def launches(self) -> list[Program]:
+        """The traced, verified Program of each `with T.Kernel` block, in launch order (one
+        for most kernels). Every launch takes all of the function's parameters."""
+        if self._launches is None:
+            first, count = self._trace(0)
+            self._launches = [first] + [self._trace(i)[0] for i in range(1, count)]
+        return self._launches
+
+    @property
     def ir(self) -> Program:
-        if self._ir is None:
-            self._ir = self._trace()
-        return self._ir
+        """The traced, verified Program. A function of several `with T.Kernel` blocks has one
+        per block (`launches`): tiled.compile and tiled.jit run them in order, and `.ir`
+        says so instead of answering with one of them."""
+        launches = self.launches
+        if len(launches) > 1:
+            line = self.fn.__code__.co_firstlineno
+            raise KernelDefinitionError(
+                f"kernel {self.name} launches {len(launches)} kernels (one per `with "
+                "T.Kernel` block): tiled.compile and tiled.jit run them in order; its "
+                "`.launches` holds their programs. This use takes one kernel",
+                self.fn.__code__.co_filename, line, None,
+                linecache.getline(self.fn.__code__.co_filename, line))
+        return launches[0]
 
     def _params(self, b: Builder):
         sig = inspect.signature(self.fn)
@@ -114,9 +133,12 @@ class KernelFunction:
                     None, linecache.getline(self.fn.__code__.co_filename, line))
         return args
 
-    def _trace(self) -> Program:
+    def _trace(self, launch: int) -> tuple[Program, int]:
+        """The Program of `with T.Kernel` block `launch` (the function traced once more for
+        each), and how many such blocks the function has."""
         fn = rewrite_function(self.fn)
-        b = Builder(self.name)
+        b = Builder(self.name if launch == 0 else f"{self.name}_{launch}")
+        b.launch = launch
         with tracing(b):
             args = self._params(b)
             fn(*args)
@@ -138,7 +160,7 @@ class KernelFunction:
                 raise KernelDefinitionError(e.message, f, int(ln), None,
                                             linecache.getline(f, int(ln))) from None
             raise KernelDefinitionError(f"{e.message} ({e.path})", file, line) from None
-        return program
+        return program, b.kernels_seen
 
 
 def kernel(fn) -> KernelFunction:

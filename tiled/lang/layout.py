@@ -134,8 +134,8 @@ def _same_shape(a: tuple, b: tuple) -> bool:
 
 def annotate_layout(layout_map: dict) -> None:
     """Layout hints, {buffer: T.Layout | T.Fragment | function of the indices}, checked and
-    dropped (module docstring): a fragment takes a T.Fragment, any other buffer a T.Layout,
-    each of the buffer's shape.
+    dropped (module docstring): a fragment takes a T.Fragment, a T.alloc_local buffer either,
+    any other buffer a T.Layout, each of the buffer's shape.
 
     >>> T.annotate_layout({A_shared: T.make_swizzled_layout(A_shared)})
     """
@@ -157,7 +157,8 @@ def annotate_layout(layout_map: dict) -> None:
         if buf.scope == pb.FRAGMENT and not isinstance(layout, Fragment):
             raise definition_error(f"T.annotate_layout: {buf.name} is a fragment; its layout "
                                    "must be a T.Fragment (which thread holds each element)")
-        if buf.scope != pb.FRAGMENT and isinstance(layout, Fragment):
+        if buf.scope not in (pb.FRAGMENT, pb.LOCAL) and isinstance(layout, Fragment):
+            # (TileLang's examples give per-thread T.alloc_local buffers a T.Fragment too)
             raise definition_error(f"T.annotate_layout: {buf.name} is not a fragment; a "
                                    "T.Fragment spreads a fragment over threads, use T.Layout")
         source = getattr(layout, "buffer", None)

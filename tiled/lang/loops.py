@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from tiled.lang.builder import current, definition_error
+from tiled.lang.builder import current, definition_error, tracing
 from tiled.lang.expr import Expr, as_expr, index_expr
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -23,10 +23,21 @@ def Kernel(*grid, threads: int = 128):
     ...     pass
 
     A 1-D grid binds one variable (`as bx`). On `cpu` the grid becomes parallel loops.
+    Several `with T.Kernel` blocks one after another (TileLang's split-KV decode and its
+    combine step) are launches run in that order: each traces into a program of its own
+    (tiled.lang.kernel, `launches`); a trace records one of them, the others trace into a
+    scratch builder that is dropped.
     """
     b = current()
-    if b.kernel_open or b.kernel_done:
-        raise definition_error("a kernel has exactly one `with T.Kernel(...)` block")
+    if b.kernel_open:
+        raise definition_error("`with T.Kernel(...)` blocks do not nest")
+    launch = b.kernels_seen
+    b.kernels_seen += 1
+    if launch != b.launch:
+        with tracing(b.scratch()):
+            with Kernel(*grid, threads=threads) as block_vars:
+                yield block_vars
+        return
     if not 1 <= len(grid) <= 3:
         raise definition_error(f"T.Kernel takes 1 to 3 grid extents, got {len(grid)}")
     if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 1024:

@@ -235,7 +235,9 @@ class _NamedWith:
     def __enter__(self):
         first_new = len(self.b.program.vars)
         value = self.manager.__enter__()
-        _name_vars(self.b, self.names, value, first_new)
+        # a `with T.Kernel` block that this trace does not record binds its vars in a
+        # scratch builder (loops.Kernel), which starts from a copy of these tables
+        _name_vars(active() or self.b, self.names, value, first_new)
         return value
 
     def __exit__(self, et, ev, tb):

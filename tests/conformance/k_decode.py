@@ -186,3 +186,168 @@ register(Case(
          "num_split": 4},
     gpu={"batch": 64, "heads": 32, "groups": 8, "seqlen_kv": 8192, "dim": 128, "num_split": 8},
     work=_decode_work, torch_op=_sdpa_masked))
+
+
+@tiled.jit(out_idx=[5])
+def mha_split_kv(batch, heads, seqlen_q, seqlen_kv, dim, block_M=64, block_N=64, num_split=4,
+                 dtype="float16"):
+    """Attention for a short query block over a long cache, the keys split over blocks
+    (TileLang's flash_decoding mha_inference form): the splits write rows of log-sum-exps and
+    partial outputs, the combine pass reads them back as tiles (`lse[b, h, :, rows]` to a
+    fragment, a fragment row per split, partial tiles through shared memory); `disable_tma`
+    and swizzle hints as TileLang's example gives them."""
+    acc = "float"
+    log2_scale = 1.44269504 / math.sqrt(dim)
+    span = seqlen_kv // num_split
+    q_shape, kv_shape = [batch, seqlen_q, heads, dim], [batch, seqlen_kv, heads, dim]
+    lse_shape = [batch, heads, num_split, seqlen_q]
+    part_shape = [batch, seqlen_q, heads, num_split, dim]
+
+    @T.macro
+    def scores(K: T.Tensor(kv_shape, dtype), q_s: T.SharedBuffer([block_M, dim], dtype),
+               k_s: T.SharedBuffer([block_N, dim], dtype),
+               s: T.FragmentBuffer([block_M, block_N], acc), t: T.int32, h: T.int32,
+               b: T.int32, sp: T.int32):
+        T.copy(K[b, span * sp + t * block_N:span * sp + (t + 1) * block_N, h, :], k_s)
+        T.clear(s)
+        T.gemm(q_s, k_s, s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+
+    @T.macro
+    def splits(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype),
+               V: T.Tensor(kv_shape, dtype), lse: T.Tensor(lse_shape, dtype),
+               partial: T.Tensor(part_shape, dtype)):
+        with T.Kernel(T.ceildiv(seqlen_q, block_M), heads * batch, num_split,
+                      threads=128) as (bx, by, sp):
+            q_s = T.alloc_shared([block_M, dim], dtype)
+            k_s = T.alloc_shared([block_N, dim], dtype)
+            v_s = T.alloc_shared([block_N, dim], dtype)
+            o_s = T.alloc_shared([block_M, dim], dtype)
+            s = T.alloc_fragment([block_M, block_N], acc)
+            p = T.alloc_fragment([block_M, block_N], dtype)
+            o = T.alloc_fragment([block_M, dim], acc)
+            m = T.alloc_fragment([block_M], acc)
+            m_prev = T.alloc_fragment([block_M], acc)
+            alpha = T.alloc_fragment([block_M], acc)
+            row_sum = T.alloc_fragment([block_M], acc)
+            denom = T.alloc_fragment([block_M], acc)
+            h, b = by % heads, by // heads
+            T.copy(Q[b, bx * block_M:(bx + 1) * block_M, h, :], q_s, disable_tma=True)
+            T.fill(o, 0)
+            T.fill(denom, 0)
+            T.fill(m, -T.infinity(acc))
+            for t in T.Pipelined(T.ceildiv(span, block_N), num_stages=2):
+                scores(K, q_s, k_s, s, t, h, b, sp)
+                T.copy(m, m_prev)
+                T.fill(m, -T.infinity(acc))
+                T.reduce_max(s, m, dim=1, clear=False)
+                for i in T.Parallel(block_M):
+                    alpha[i] = T.exp2(m_prev[i] * log2_scale - m[i] * log2_scale)
+                for i, j in T.Parallel(block_M, block_N):
+                    s[i, j] = T.exp2(s[i, j] * log2_scale - m[i] * log2_scale)
+                T.reduce_sum(s, row_sum, dim=1)
+                for i in T.Parallel(block_M):
+                    denom[i] = denom[i] * alpha[i] + row_sum[i]
+                T.copy(s, p)
+                for i, j in T.Parallel(block_M, dim):
+                    o[i, j] *= alpha[i]
+                T.copy(V[b, span * sp + t * block_N:span * sp + (t + 1) * block_N, h, :], v_s)
+                T.gemm(p, v_s, o, policy=T.GemmWarpPolicy.FullRow)
+            for i, j in T.Parallel(block_M, dim):
+                o[i, j] /= denom[i]
+            for i in T.Parallel(block_M):
+                denom[i] = T.log2(denom[i]) + m[i] * log2_scale
+            T.copy(denom, lse[b, h, sp, bx * block_M:(bx + 1) * block_M])
+            T.copy(o, o_s)
+            T.copy(o_s, partial[b, bx * block_M:(bx + 1) * block_M, h, sp, :], disable_tma=True)
+
+    @T.macro
+    def combine(lse: T.Tensor(lse_shape, dtype), partial: T.Tensor(part_shape, dtype),
+                Out: T.Tensor(q_shape, dtype)):
+        with T.Kernel(T.ceildiv(seqlen_q, block_M), heads, batch, threads=128) as (bx, h, b):
+            part = T.alloc_fragment([block_M, dim], dtype)
+            part_s = T.alloc_shared([block_M, dim], dtype)
+            out = T.alloc_fragment([block_M, dim], acc)
+            out_s = T.alloc_shared([block_M, dim], dtype)
+            lse_all = T.alloc_fragment([num_split, block_M], dtype)
+            lse_k = T.alloc_fragment([block_M], acc)
+            lse_total = T.alloc_fragment([block_M], acc)
+            lse_max = T.alloc_fragment([block_M], acc)
+            weight = T.alloc_fragment([block_M], acc)
+            T.annotate_layout({
+                out: T.Fragment(out.shape, forward_thread_fn=lambda i, j: i),
+                out_s: T.make_swizzled_layout(out_s),
+                part_s: T.make_swizzled_layout(part_s),
+            })
+            T.clear(lse_total)
+            T.clear(out)
+            T.copy(lse[b, h, :, bx * block_M:(bx + 1) * block_M], lse_all)
+            T.reduce_max(lse_all, lse_max, dim=0, clear=False)
+            for k in T.Pipelined(num_split):
+                T.copy(lse_all[k, :], lse_k)
+                for i in T.Parallel(block_M):
+                    lse_total[i] += T.exp2(lse_k[i] - lse_max[i])
+            for i in T.Parallel(block_M):
+                lse_total[i] = T.log2(lse_total[i]) + lse_max[i]
+            for k in T.Pipelined(num_split, num_stages=2):
+                T.copy(partial[b, bx * block_M:(bx + 1) * block_M, h, k, :], part_s,
+                       disable_tma=True)
+                T.copy(part_s, part)
+                for i in T.Parallel(block_M):
+                    lse_k[i] = lse_all[k, i]
+                for i in T.Parallel(block_M):
+                    weight[i] = T.exp2(lse_k[i] - lse_total[i])
+                for i, j in T.Parallel(block_M, dim):
+                    out[i, j] += part[i, j] * weight[i]
+            T.copy(out, out_s)
+            T.copy(out_s, Out[b, bx * block_M:(bx + 1) * block_M, h, :], disable_tma=True)
+
+    @T.prim_func
+    def attend(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype),
+               V: T.Tensor(kv_shape, dtype), lse: T.Tensor(lse_shape, dtype),
+               partial: T.Tensor(part_shape, dtype), Out: T.Tensor(q_shape, dtype)):
+        splits(Q, K, V, lse, partial)
+        combine(lse, partial, Out)
+
+    return attend
+
+
+def _split_kv_inputs(rng, s):
+    b, h, sq, sk, d, ns = (s[k] for k in ("batch", "heads", "seqlen_q", "seqlen_kv", "dim",
+                                          "num_split"))
+    return [(rng.standard_normal((b, sq, h, d)), "float16"),
+            (rng.standard_normal((b, sk, h, d)), "float16"),
+            (rng.standard_normal((b, sk, h, d)), "float16"),
+            (np.zeros((b, h, ns, sq)), "float16"),  # the splits' lse and outputs
+            (np.zeros((b, sq, h, ns, d)), "float16")]
+
+
+def _split_kv_ref(x, s):
+    q, k, v = x[:3]
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v)
+
+
+def _split_kv_work(s):
+    return "flop", 4 * s["batch"] * s["heads"] * s["seqlen_q"] * s["seqlen_kv"] * s["dim"]
+
+
+def _sdpa_bshd(torch, x, s):
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    q, k, v = (t.transpose(1, 2) for t in x[:3])  # [b, h, n, d] views, as a BSHD user passes
+    return lambda: sdpa(q, k, v).transpose(1, 2)
+
+
+register(Case(
+    "mha_split_kv", "flash_decoding",
+    ("launches", "macro", "annotations", "slice", "full_slice", "copy_g2s", "copy_g2f",
+     "copy_s2f", "copy_f2f_cast", "copy_f2g", "copy_s2g", "gemm_ss", "gemm_rs", "gemm_policy",
+     "transpose", "reduce", "inplace", "infinity", "pipelined", "parallel", "annotate_layout",
+     "prim_func", "jit"),
+    factory=mha_split_kv, inputs=_split_kv_inputs, reference=_split_kv_ref, tol=2e-3,
+    cpu={"batch": 1, "heads": 2, "seqlen_q": 64, "seqlen_kv": 256, "dim": 64, "block_M": 32,
+         "block_N": 32, "num_split": 4},
+    gpu={"batch": 1, "heads": 32, "seqlen_q": 128, "seqlen_kv": 8192, "dim": 128,
+         "block_M": 128, "block_N": 64, "num_split": 4},
+    work=_split_kv_work, torch_op=_sdpa_bshd))

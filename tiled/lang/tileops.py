@@ -100,13 +100,29 @@ def _squeeze(shape) -> tuple:
     return tuple(d for d in shape if d != 1)
 
 
-def copy(src, dst) -> None:
+EVICTION_POLICIES = ("evict_normal", "evict_first", "evict_last")
+
+
+def copy(src, dst, coalesced_width: int | None = None, disable_tma: bool = False,
+         eviction_policy: str | None = None) -> None:
     """Copies a tile between global, shared and fragment memory. Parts of a global tile past the
-    tensor's end read as zero and are not written (ragged tails).
+    tensor's end read as zero and are not written (ragged tails). TileLang's hints
+    `coalesced_width`, `disable_tma` and `eviction_policy` are checked and dropped: tiled
+    picks the vector width and whether TMA moves the tile (docs/tilelang.md).
 
     >>> T.copy(A[by * 128, k * 32], A_shared)   # global -> shared
     >>> T.copy(C_local, C[by * 128, bx * 128])  # fragment -> global
     """
+    if coalesced_width is not None and (isinstance(coalesced_width, bool) or
+                                        not isinstance(coalesced_width, int) or
+                                        coalesced_width < 1):
+        raise definition_error(f"T.copy: coalesced_width must be a positive int, got "
+                               f"{coalesced_width!r}")
+    if not isinstance(disable_tma, bool):
+        raise definition_error(f"T.copy: disable_tma must be True or False, got {disable_tma!r}")
+    if eviction_policy is not None and eviction_policy not in EVICTION_POLICIES:
+        raise definition_error(f"T.copy: eviction_policy must be one of "
+                               f"{', '.join(EVICTION_POLICIES)}, got {eviction_policy!r}")
     current().emit(copy_stmt(src, dst))
 
 

@@ -70,3 +70,26 @@ def test_bad_calls_name_the_problem():
         vadd(10)(np.zeros(10, "float32"))
     with pytest.raises(ValueError, match=r"out_idx 5 is out of range"):
         tiled.jit(fill, out_idx=[5])
+
+
+def test_tilelang_pass_configs_are_checked_and_dropped():
+    configs = {tiled.PassConfigKey.TL_ENABLE_FAST_MATH: True,
+               "tl.disable_tma_lower": True, tiled.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True}
+
+    @tiled.jit(out_idx=[-1], pass_configs=configs)
+    def add(n):
+        @T.prim_func
+        def add(A: T.Tensor((n,), "float32"), C: T.Tensor((n,), "float32")):
+            with T.Kernel(T.ceildiv(n, 128), threads=128) as bx:
+                for i in T.Parallel(128):
+                    C[bx * 128 + i] = A[bx * 128 + i] + 1.0
+        return add
+
+    a = np.arange(300, dtype="float32")
+    np.testing.assert_array_equal(add(300)(a), a + 1)
+    k = tiled.compile(add(300).kernel, "cpu", cache=False, pass_configs=configs)
+    assert k.manifest.target.startswith("cpu")
+    with pytest.raises(ValueError, match="not a TileLang pass-config key"):
+        tiled.jit(add(300).kernel, out_idx=[-1], pass_configs={"fast_math": True})
+    with pytest.raises(TypeError, match="pass_configs must be a dict"):
+        tiled.compile(add(300).kernel, "cpu", pass_configs=["tl.enable_fast_math"])

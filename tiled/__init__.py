@@ -13,19 +13,25 @@ from tiled.errors import (
 )
 from tiled.jit import jit
 from tiled.lang.kernel import kernel
+from tiled.pass_configs import PassConfigKey
 from tiled.tuning import autotune
 
 __version__ = "0.1.0"
 
 
-def compile(kernel_or_program, target: str = "cpu", *, cache: bool = True, **options):
+def compile(kernel_or_program, target: str = "cpu", *, cache: bool = True, pass_configs=None,
+            **options):
     """Compiles a `@tiled.kernel` (or a tiled.ir.Program) for `target` ("cpu", "cuda:sm_80",
     "cuda:sm_90a") and returns a callable `CompiledKernel` with `.artifact` and `.manifest`.
     With TILED_SERVER set, the daemon compiles (and caches) it; otherwise it compiles in this
     process (needs the compiler extra), through the local kernel cache when `cache` is set
     (TILED_CACHE_DIR, plus Redis when TILED_REDIS_URL is set). A kernel function of several
-    `with T.Kernel` blocks compiles to a `CompiledSequence` that launches them in order."""
+    `with T.Kernel` blocks compiles to a `CompiledSequence` that launches them in order.
+    TileLang's `pass_configs` are checked and dropped (tiled.pass_configs)."""
     from tiled import config
+    from tiled.pass_configs import check_pass_configs
+
+    check_pass_configs(pass_configs)
     from tiled.sequence import CompiledSequence, launches_of
 
     launches = launches_of(kernel_or_program)
@@ -46,5 +52,5 @@ def compile(kernel_or_program, target: str = "cpu", *, cache: bool = True, **opt
     return compile_program(kernel_or_program, target, **options)
 
 
-__all__ = ["CompileError", "KernelDefinitionError", "LaunchError", "TiledError", "VerifyError",
-           "__version__", "autotune", "compile", "jit", "kernel"]
+__all__ = ["CompileError", "KernelDefinitionError", "LaunchError", "PassConfigKey", "TiledError",
+           "VerifyError", "__version__", "autotune", "compile", "jit", "kernel"]

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Sequence
 
 from tiled.errors import LaunchError
+from tiled.pass_configs import check_pass_configs
 from tiled.runtime.cpu_levels import is_cpu_target
 
 
@@ -33,10 +34,11 @@ class JitKernel:
     compiles once per JitKernel."""
 
     def __init__(self, kernel, out_idx: Sequence[int] | int | None = None,
-                 target: str = "auto", **options):
+                 target: str = "auto", pass_configs=None, **options):
         if not _is_kernel(kernel):
             raise TypeError(f"tiled.jit needs a @tiled.kernel / @T.prim_func, got "
                             f"{type(kernel).__name__}")
+        check_pass_configs(pass_configs)  # TileLang's pass switches: checked, dropped
         self.kernel, self.target, self.options = kernel, target, options
         # the parameters (every launch of a several-block kernel takes them all)
         launches = getattr(kernel, "launches", None) or [kernel.ir]
@@ -212,9 +214,10 @@ def _local_cuda_target(tensor) -> str:
 
 
 def jit(fn=None, *, out_idx: Sequence[int] | int | None = None, target: str = "auto",
-        **options):
+        pass_configs=None, **options):
     """Wraps a kernel (or a factory returning one) for TileLang-style calls that allocate and
-    return the outputs named by `out_idx`. `options` are compile options.
+    return the outputs named by `out_idx`. `options` are compile options; TileLang's
+    `pass_configs` are checked and dropped (tiled.pass_configs).
 
     >>> @tiled.jit(out_idx=[-1])
     ... def add(n):
@@ -229,13 +232,13 @@ def jit(fn=None, *, out_idx: Sequence[int] | int | None = None, target: str = "a
     """
     def wrap(f):
         if _is_kernel(f):
-            return JitKernel(f, out_idx, target, **options)
+            return JitKernel(f, out_idx, target, pass_configs, **options)
         if not callable(f):
             raise TypeError("tiled.jit decorates a kernel or a function returning one")
 
         @functools.cache
         def build(*args, **kwargs):
-            return JitKernel(f(*args, **kwargs), out_idx, target, **options)
+            return JitKernel(f(*args, **kwargs), out_idx, target, pass_configs, **options)
 
         @functools.wraps(f)
         def factory(*args, **kwargs):
@@ -244,7 +247,7 @@ def jit(fn=None, *, out_idx: Sequence[int] | int | None = None, target: str = "a
             except TypeError as e:  # unhashable arguments: not cached
                 if "unhashable" not in str(e):
                     raise
-                return JitKernel(f(*args, **kwargs), out_idx, target, **options)
+                return JitKernel(f(*args, **kwargs), out_idx, target, pass_configs, **options)
         return factory
 
     return wrap(fn) if fn is not None else wrap

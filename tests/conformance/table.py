@@ -27,7 +27,7 @@ REFERENCE = {
     "gemm_nt": "torch.matmul", "gemm_nt_tf32": "torch.matmul (tf32)", "gemm_rs": "torch.matmul",
     "gemm_splitk": "torch.matmul",
     "gemm_streamk": "torch.matmul", "gemv_scalar": "torch.mv", "gemv_tile": "torch.mv",
-    "gqa_decode_split": "SDPA, masked, GQA", "mha_split_kv": "SDPA",
+    "gqa_decode_split": "SDPA, masked, GQA", "mha_split_kv": "SDPA", "nsa_sparse_fwd": "",
     "gqa_fwd_bshd": "SDPA (cuDNN)", "layer_norm": "F.layer_norm", "mha_fwd_bhsd": "SDPA (cuDNN)",
     "mha_fwd_bhsd_wgmma_pipelined": "SDPA (cuDNN)", "mha_fwd_bshd": "SDPA (cuDNN)",
     "mha_fwd_bshd_causal": "SDPA (cuDNN)", "rms_norm": "F.rms_norm",

@@ -177,3 +177,27 @@ def test_run_is_how_candidates_are_checked_and_timed():
     tuned = _scale_factory([{"bm": 16}, {"bm": 32}], run=run)(128, 64)
     assert tuned.config in ({"bm": 16}, {"bm": 32})
     assert calls.count(16) > 5 and calls.count(32) > 5  # the check, then every timed run
+
+
+def test_tilelang_form_keys_on_the_arguments_no_config_sets(tmp_path, monkeypatch):
+    """`@tiled.autotune(configs=...)` over `@tiled.jit(...)`, as TileLang's examples stack
+    them (no key; TileLang's warmup= / rep=): the key is every argument no config sets, and
+    the tuned call allocates and returns the jit kernel's outputs."""
+    monkeypatch.setenv("TILED_CACHE_DIR", str(tmp_path))
+
+    @tiled.autotune(configs=[{"bm": 8}, {"bm": 32, "threads": 64}], warmup=2, rep=10)
+    @tiled.jit(out_idx=[-1])
+    def double(M, N, bm=16, threads=128):
+        @T.prim_func
+        def k(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M, N), "float32")):
+            with T.Kernel(T.ceildiv(M, bm), threads=threads) as bx:
+                for i, j in T.Parallel(bm, N):
+                    Y[bx * bm + i, j] = X[bx * bm + i, j] * 2.0
+        return k
+
+    assert double.key == ["M", "N"]
+    x = np.random.default_rng(0).standard_normal((40, 24)).astype(np.float32)
+    tuned = double(M=40, N=24)
+    assert tuned.config in ({"bm": 8}, {"bm": 32, "threads": 64})
+    np.testing.assert_array_equal(tuned(x), 2 * x)
+    assert (double.warmup_ms, double.rep_ms) == (2, 10)

@@ -158,14 +158,20 @@ class Tuned:
         return self.compiled.manifest
 
 
-def autotune(configs: Sequence[Mapping[str, Any]] | Callable[[], Any], key: Sequence[str], *,
+def autotune(configs: Sequence[Mapping[str, Any]] | Callable[[], Any],
+             key: Sequence[str] | None = None, *,
              bucket: Callable[..., Sequence[Any]] | None = None, target: str = "auto",
              inputs: Callable[..., Sequence[Any]] | None = None, warmup_ms: float = 25.0,
              rep_ms: float = 100.0, tolerance: float | None = None,
-             run: Callable[..., Any] | None = None, **options):
+             run: Callable[..., Any] | None = None, warmup: float | None = None,
+             rep: float | None = None, **options):
     """The decorator (module docstring). `configs`: a list of keyword dicts for the factory,
     or a callable returning an iterable of them (the space). `key`: names of the factory's
-    arguments that select a tuning. `options`: compile options for every candidate."""
+    arguments that select a tuning; by default (TileLang's `@autotune(configs=...)`) every
+    argument no config sets. `warmup` / `rep`: TileLang's names of warmup_ms / rep_ms.
+    `options`: compile options for every candidate."""
+    warmup_ms = warmup if warmup is not None else warmup_ms
+    rep_ms = rep if rep is not None else rep_ms
     space = list(configs() if callable(configs) else configs)
     if not space:
         raise ValueError("tiled.autotune needs at least one config")
@@ -174,9 +180,17 @@ def autotune(configs: Sequence[Mapping[str, Any]] | Callable[[], Any], key: Sequ
             raise TypeError(f"tiled.autotune: config #{i} is a {type(c).__name__}, not a dict")
 
     def wrap(factory):
-        return Autotuner(factory, [dict(c) for c in space], list(key), bucket, target, inputs,
+        names = list(key) if key is not None else _untuned_arguments(factory, space)
+        return Autotuner(factory, [dict(c) for c in space], names, bucket, target, inputs,
                          warmup_ms, rep_ms, tolerance, options, run)
     return wrap
+
+
+def _untuned_arguments(factory, space) -> list[str]:
+    """The factory's arguments that no config sets: the default key."""
+    tuned = {name for c in space for name in c}
+    return [p.name for p in inspect.signature(factory).parameters.values()
+            if p.name not in tuned and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 class Autotuner:

@@ -28,6 +28,7 @@ REFERENCE = {
     "gemm_splitk": "torch.matmul",
     "gemm_streamk": "torch.matmul", "gemv_scalar": "torch.mv", "gemv_tile": "torch.mv",
     "gqa_decode_split": "SDPA, masked, GQA", "mha_split_kv": "SDPA", "nsa_sparse_fwd": "",
+    "topk_gating": "torch.topk",
     "gqa_fwd_bshd": "SDPA (cuDNN)", "layer_norm": "F.layer_norm", "mha_fwd_bhsd": "SDPA (cuDNN)",
     "mha_fwd_bhsd_wgmma_pipelined": "SDPA (cuDNN)", "mha_fwd_bshd": "SDPA (cuDNN)",
     "mha_fwd_bshd_causal": "SDPA (cuDNN)", "rms_norm": "F.rms_norm",

@@ -1,8 +1,8 @@
 """Every conformance kernel compiles for `rocm:gfx942` and `rocm:gfx90a` (HSACO code object
-v5, no scratch but where SCRATCH_KNOWN says why) and, run on the CPU under the emulation (CompiledKernel.emulate), matches its
-numpy reference at its small shapes within the case's tolerance (the table of
-tiled/compiler/targets/rocm/README.md, which lists every kernel). No AMD GPU has run them
-(none is reachable from this project)."""
+v5, no scratch but where SCRATCH_KNOWN says why) and, run on the CPU under the emulation
+(CompiledKernel.emulate), matches its numpy reference at its small shapes within the case's
+tolerance (the table of tiled/compiler/targets/rocm/README.md, which lists every kernel). No
+AMD GPU has run them (none is reachable from this project)."""
 
 import re
 from pathlib import Path

@@ -281,7 +281,9 @@ def mha_split_kv(batch, heads, seqlen_q, seqlen_kv, dim, block_M=64, block_N=64,
             T.clear(lse_total)
             T.clear(out)
             T.copy(lse[b, h, :, bx * block_M:(bx + 1) * block_M], lse_all)
-            T.reduce_max(lse_all, lse_max, dim=0, clear=False)
+            # (TileLang's example passes clear=False over a fragment it never fills: a max
+            # with whatever the registers held, NaN at times on the cpu target)
+            T.reduce_max(lse_all, lse_max, dim=0, clear=True)
             for k in T.Pipelined(num_split):
                 T.copy(lse_all[k, :], lse_k)
                 for i in T.Parallel(block_M):

@@ -24,6 +24,13 @@ or scalar-accessed fragments become replicated, and so does every fragment of a 
 writes a replicated one (each thread must then run the whole nest) and a fragment placed by
 nothing else that is moved to or from a replicated one; a gemm A operand left without a
 layout takes the target's A-operand layout where it has one; the rest are cyclic.
+
+Cyclic tiles have rows too where a row takes a group of at most 32 consecutive lanes
+(`CyclicRows`, on targets that take them: CUDA, ROCm): a 2-D tile placed by nothing else
+whose rows a reduction or a row vector reads is made cyclic before the row vectors are
+placed, so that they take its rows. If that leaves a nest over such rows that also indexes a
+replicated fragment by its variables, or a reduction into them from something else, the
+layouts are inferred again without cyclic rows (`infer_layouts`).
 """
 
 from __future__ import annotations
@@ -97,6 +104,67 @@ class CyclicLayout:
         valid = None if self.numel % (self.threads * self.vec) == 0 else e < self.numel
         return unravel(e, list(self.shape)), valid
 
+    def rows(self):
+        """The rows layout (CyclicRows) of a 2-D tile whose rows each take a group of at most
+        ROW_GROUP_MAX consecutive lanes (a power of two: each round deals whole rows), else
+        None (a long row spans warps: its vectors stay replicated)."""
+        if len(self.shape) != 2 or self.shape[1] % self.vec:
+            return None
+        group = self.shape[1] // self.vec
+        if group > ROW_GROUP_MAX or group & (group - 1) or self.threads % group:
+            return None
+        return CyclicRows(self.shape[0], self.threads, group)
+
+    def row_slot(self, idx):
+        """The CyclicRows slot of the row that slot `idx` lies in: its round."""
+        return tirx.floordiv(idx, self.vec)
+
+    def row_members(self, slot: int) -> list[int]:
+        """This layout's slots (in one thread) in row slot `slot`: one run."""
+        return [slot * self.vec + c for c in range(self.vec)]
+
+
+ROW_GROUP_MAX = 32  # lanes a row of a cyclic tile may span and keep a rows layout (a warp)
+
+
+@dataclass(frozen=True)
+class CyclicRows:
+    """The rows of `CyclicLayout((M, N), threads, vec)` whose rows take `group` = N / vec
+    consecutive lanes each (within a warp): in round k thread t holds row k * R + t / group
+    (R = threads / group rows a round), as do the other lanes of its group. A row reduction
+    is a per-thread combine and log2(group) xor shuffles; a row vector read over the tile is
+    the thread's own slot."""
+
+    M: int
+    threads: int
+    group: int
+    split = 1  # (a row's partials come in one part: reduce.py)
+
+    @property
+    def QUAD_MASKS(self) -> tuple[int, ...]:  # (named as the other rows layouts)
+        return tuple(1 << k for k in range(self.group.bit_length() - 1))
+
+    @property
+    def REPLICAS(self) -> int:
+        return self.group
+
+    @property
+    def per_round(self) -> int:
+        return self.threads // self.group
+
+    @property
+    def local_size(self) -> int:
+        return -(-self.M // self.per_round)
+
+    def coords(self, tx, slot):
+        row = slot * self.per_round + tirx.floordiv(tx, self.group)
+        return [row], None if self.M % self.per_round == 0 else row < self.M
+
+    def leader(self, tx):
+        """Whether thread tx is the holder of its rows that writes them out (its group's
+        first lane)."""
+        return tirx.floormod(tx, self.group) == 0
+
 
 def cyclic_vector(shape: tuple[int, ...], threads: int, max_vec: int) -> int:
     """The run length of a cyclic layout: the longest (up to `max_vec`) that divides the
@@ -120,11 +188,13 @@ class ReplicatedLayout:
         return unravel(idx, list(self.shape)), None
 
 
-def rows_of(layout):
+def rows_of(layout, allowed: tuple[type, ...] | None = None):
     """The rows layout of a 2-D fragment layout, or None when its rows are spread wider than a
-    quad of lanes (then row vectors over it stay replicated)."""
+    few lanes (then row vectors over it stay replicated) or, with `allowed` (a target's
+    rows_layouts), when the target does not take that rows layout."""
     rows = getattr(layout, "rows", None)
-    return rows() if rows is not None else None
+    rows = rows() if rows is not None else None
+    return rows if rows is None or allowed is None or isinstance(rows, allowed) else None
 
 
 def body_statements(s: pb.Stmt) -> list[pb.Stmt]:
@@ -198,19 +268,54 @@ def infer_layouts(program: pb.Program, anchors: Anchors,
     """Every fragment's layout. `anchors`: the target's instruction layouts; `accumulators`
     fixes the layouts of some gemm accumulators (a path that issues other instructions);
     others are chosen here."""
+    if CyclicRows in anchors.rows_layouts:
+        try:
+            layouts = _infer_all(program, anchors, accumulators, True, cyclic_rows=True)
+            if _cyclic_rows_hold(program, layouts):
+                return layouts
+        except CompileError:
+            pass  # as without cyclic rows
     try:
         return _infer_all(program, anchors, accumulators, row_vectors=True)
     except CompileError:  # row vectors placed by their readers clash: place them as before
         return _infer_all(program, anchors, accumulators, row_vectors=False)
 
 
-def _infer_all(program, anchors, accumulators, row_vectors: bool) -> dict[int, object]:
+def _infer_all(program, anchors, accumulators, row_vectors: bool,
+               cyclic_rows: bool = False) -> dict[int, object]:
     forced: set[int] = set()
     while True:  # a row vector read over a tile with other rows falls back to replicated
-        layouts, misfits = _infer(program, anchors, accumulators or {}, forced, row_vectors)
+        layouts, misfits = _infer(program, anchors, accumulators or {}, forced, row_vectors,
+                                  cyclic_rows)
         if not misfits:
             return layouts
         forced |= misfits
+
+
+def _cyclic_rows_hold(program: pb.Program, layouts: dict[int, object]) -> bool:
+    """Whether the CyclicRows that inference gave (if any) serve as meant: each one a
+    reduction writes comes from the rows of its source tile, and no T.Parallel nest over one
+    also indexes a replicated fragment by its loop variables (each thread would then index
+    its replicated copy by its rows: local memory). Otherwise the layouts are inferred again
+    without cyclic rows, as they were before them."""
+    rows = {b for b, lay in layouts.items() if isinstance(lay, CyclicRows)}
+    if not rows:
+        return True
+    for st in walk(program.kernel.body):
+        kind = st.WhichOneof("kind")
+        if kind == "reduce" and st.reduce.dst in rows and \
+                rows_of(layouts.get(st.reduce.src)) != layouts[st.reduce.dst]:
+            return False
+        if kind == "for_" and st.for_.kind == pb.PARALLEL:
+            nest, body = parallel_nest(st)
+            loop_vars = {f.var for f in nest}
+            accessed = element_accesses(body)
+            if any(b in rows for b, _ in accessed) and any(
+                    isinstance(layouts.get(b), ReplicatedLayout) and
+                    any(i.WhichOneof("kind") == "var" and i.var in loop_vars for i in idx)
+                    for b, idx in accessed):
+                return False
+    return True
 
 
 def whole_region(r: pb.Region, buf: pb.Buffer) -> bool:
@@ -243,10 +348,13 @@ def fragment_pair(st: pb.Stmt, buffers) -> tuple[int, int] | None:
 
 
 def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object],
-           forced: set[int], row_vectors: bool) -> tuple[dict[int, object], set[int]]:
+           forced: set[int], row_vectors: bool, cyclic_rows: bool = False
+           ) -> tuple[dict[int, object], set[int]]:
     threads = program.kernel.threads
     buffers = {b.id: b for b in program.buffers}
     frags = {b.id for b in program.buffers if b.scope == pb.FRAGMENT}
+    # the rows layouts row vectors may take (cyclic tiles' only when asked: infer_layouts)
+    allowed = tuple(t for t in anchors.rows_layouts if cyclic_rows or t is not CyclicRows)
     layouts: dict[int, object] = {}
     replicated: set[int] = set(forced)
     reduces: list[pb.Reduce] = []
@@ -326,7 +434,7 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
     def propagate() -> None:
         changed = True
         while changed:
-            changed = _spread(nests, moves, reduces, layouts, replicated, buffers,
+            changed = _spread(nests, moves, reduces, layouts, replicated, buffers, allowed,
                               row_reads if row_vectors else [])
 
     propagate()
@@ -339,13 +447,30 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
             placed = True
     if placed:
         propagate()
+    # A 2-D tile placed by nothing else whose rows a reduction or a row vector reads becomes
+    # cyclic now, where the target takes CyclicRows and its rows fit in a warp: its row
+    # vectors then take those rows instead of a replicated copy in every thread.
+    if cyclic_rows:
+        wanted = {r.src for r in reduces if r.dim in (1, -1)} | \
+            {b for _, n in row_reads for b in nests[n]}
+        free = {b for b in wanted if b in frags and b not in layouts and b not in replicated
+                and len(buffers[b].shape) == 2}
+        runs = _run_lengths(free, touches, buffers, anchors.max_vector) if free else {}
+        for bid in sorted(free):
+            shape = tuple(d.size for d in buffers[bid].shape)
+            lay = CyclicLayout(shape, threads, cyclic_vector(shape, threads, runs[bid]))
+            if lay.rows() is not None:
+                layouts[bid] = lay
+                placed = True
+        if placed:
+            propagate()
 
     misfits = set()
     for bid, nest in row_reads:
         held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
         lay = layouts.get(bid)
         if bid not in replicated and not (lay is not None and len(held) == 1 and
-                                          rows_of(held.pop()) == lay):
+                                          rows_of(held.pop(), allowed) == lay):
             misfits.add(bid)
     if misfits:
         return layouts, misfits
@@ -411,7 +536,7 @@ def _run_lengths(free: set[int], touches: list[set[int]], buffers, max_vector: i
     return {b: widest[root(b)] for b in free}
 
 
-def _spread(nests, moves, reduces, layouts, replicated, buffers, row_reads) -> bool:
+def _spread(nests, moves, reduces, layouts, replicated, buffers, allowed, row_reads) -> bool:
     """One round of layout propagation through the nests, the fragment moves, the row
     reductions and the row vectors read over a tile (m[i] in an (i, j) nest: it takes the
     tile's rows layout, so a vector filled element by element in its own nest, such as a
@@ -434,7 +559,7 @@ def _spread(nests, moves, reduces, layouts, replicated, buffers, row_reads) -> b
                     changed = True
     for r in reduces:  # row reductions of a tile with rows take its rows layout
         src = layouts.get(r.src)
-        rows = rows_of(src) if r.src not in replicated else None
+        rows = rows_of(src, allowed) if r.src not in replicated else None
         if rows is None or r.dst in layouts or r.dst in replicated or \
                 len(buffers[r.src].shape) != 2 or r.dim not in (1, -1) or \
                 [d.size for d in buffers[r.dst].shape] != [buffers[r.src].shape[0].size]:
@@ -445,7 +570,7 @@ def _spread(nests, moves, reduces, layouts, replicated, buffers, row_reads) -> b
         if bid in layouts or bid in replicated:
             continue
         held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
-        rows = rows_of(next(iter(held))) if len(held) == 1 else None
+        rows = rows_of(next(iter(held)), allowed) if len(held) == 1 else None
         if rows is not None:  # (a row read's shape is its tile's first dim: see _infer)
             layouts[bid] = rows
             changed = True

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from tvm import tirx
 
 from tiled.compiler.passes import layout as generic
-from tiled.compiler.passes.layout import CyclicLayout
+from tiled.compiler.passes.layout import CyclicLayout, CyclicRows
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -208,7 +208,7 @@ class MmaRows:
         return tirx.all(tirx.floormod(tirx.floordiv(tx, 32), self.warp_n) == 0, lane0)
 
 
-ROWS_LAYOUTS = (WgmmaRows, MmaRows)  # layouts replicated over the lanes of a quad
+ROWS_LAYOUTS = (WgmmaRows, MmaRows, CyclicRows)  # layouts replicated over a few lanes
 
 
 def choose_warps(M: int, N: int, threads: int, policy: int = pb.POLICY_SQUARE

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from tvm import tirx
 
 from tiled.compiler.passes import layout as generic
-from tiled.compiler.passes.layout import CyclicLayout
+from tiled.compiler.passes.layout import CyclicLayout, CyclicRows
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -99,7 +99,7 @@ class MfmaLayout:
         return [(mt * nt_count + nt) * 4 + r for nt in range(nt_count)]
 
 
-ROWS_LAYOUTS = (MfmaRows,)
+ROWS_LAYOUTS = (MfmaRows, CyclicRows)
 
 
 def mfma_k_step(a: str, b: str, c: str, arch: str) -> int | None:

@@ -30,10 +30,9 @@ def compile(kernel_or_program, target: str = "cpu", *, cache: bool = True, pass_
     TileLang's `pass_configs` are checked and dropped (tiled.pass_configs)."""
     from tiled import config
     from tiled.pass_configs import check_pass_configs
-
-    check_pass_configs(pass_configs)
     from tiled.sequence import CompiledSequence, launches_of
 
+    check_pass_configs(pass_configs)
     launches = launches_of(kernel_or_program)
     if launches is not None:
         return CompiledSequence(kernel_or_program.name, [

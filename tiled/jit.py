@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from tiled.errors import LaunchError
 from tiled.pass_configs import check_pass_configs
 from tiled.runtime.cpu_levels import is_cpu_target
+from tiled.sequence import programs_of
 
 
 class JitKernel:
@@ -40,9 +41,8 @@ class JitKernel:
                             f"{type(kernel).__name__}")
         check_pass_configs(pass_configs)  # TileLang's pass switches: checked, dropped
         self.kernel, self.target, self.options = kernel, target, options
-        # the parameters (every launch of a several-block kernel takes them all)
-        launches = getattr(kernel, "launches", None) or [kernel.ir]
-        self.params = launches[0].proto.params
+        self.programs = programs_of(kernel)
+        self.params = self.programs[0].proto.params  # every launch takes them all
         n = len(self.params)
         idx = [out_idx] if isinstance(out_idx, int) else list(out_idx or [])
         for i in idx:
@@ -75,9 +75,8 @@ class JitKernel:
     def use(self, target: str, compiled) -> JitKernel:
         """Calls for `target` launch `compiled` (a kernel loaded by tiled.runtime.load from a
         bundle, say, on a host without the compiler); returns self."""
-        launches = list(getattr(self.kernel, "launches", None) or [self.kernel.ir])
         got = [k.manifest.program_digest for k in getattr(compiled, "kernels", [compiled])]
-        if got != [p.digest for p in launches]:
+        if got != [p.digest for p in self.programs]:
             raise LaunchError(f"{self.kernel.name}: the compiled kernel is of another program "
                               f"({compiled.manifest.name})")
         with self._lock:
@@ -135,7 +134,7 @@ class JitKernel:
 def _is_kernel(obj) -> bool:
     """Whether `obj` is a traced kernel (it has `.ir`), without reading `.ir`: that traces,
     and raises for a kernel of several launches."""
-    return any("ir" in vars(c) for c in type(obj).__mro__) or "ir" in getattr(obj, "__dict__", {})
+    return hasattr(type(obj), "ir") or "ir" in getattr(obj, "__dict__", {})
 
 
 def _is_tensor(a) -> bool:

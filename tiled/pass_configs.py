@@ -51,11 +51,11 @@ def check_pass_configs(pass_configs) -> None:
     if not isinstance(pass_configs, Mapping):
         raise TypeError(f"pass_configs must be a dict {{key: value}}, got "
                         f"{type(pass_configs).__name__}")
-    for key in pass_configs:
-        name = key.value if isinstance(key, Enum) else key
+    names = [key.value if isinstance(key, Enum) else key for key in pass_configs]
+    for key, name in zip(pass_configs, names, strict=True):
         if not isinstance(name, str) or not name.startswith(NAMESPACES):
             raise ValueError(f"pass_configs: {key!r} is not a TileLang pass-config key (they "
                              f"start with {', '.join(NAMESPACES)})")
-    if pass_configs:
+    if names:
         log.debug("pass_configs %s: TileLang pass switches, not used by tiled's compiler",
-                  sorted(k.value if isinstance(k, Enum) else k for k in pass_configs))
+                  sorted(names))

@@ -42,6 +42,12 @@ class CompiledSequence:
         return f"<CompiledSequence {self.name}: {len(self.kernels)} launches>"
 
 
+def programs_of(kernel) -> list:
+    """Every Program a kernel launches: a kernel function's `launches`, or its one `.ir`."""
+    launches = getattr(kernel, "launches", None)
+    return list(launches) if launches is not None else [kernel.ir]
+
+
 def launches_of(kernel_or_program) -> list | None:
     """The Programs of a kernel function of several `with T.Kernel` blocks, or None for one
     of a single block (or a Program)."""

@@ -456,13 +456,13 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
         free = {b for b in wanted if b in frags and b not in layouts and b not in replicated
                 and len(buffers[b].shape) == 2}
         runs = _run_lengths(free, touches, buffers, anchors.max_vector) if free else {}
+        rowed = False
         for bid in sorted(free):
-            shape = tuple(d.size for d in buffers[bid].shape)
-            lay = CyclicLayout(shape, threads, cyclic_vector(shape, threads, runs[bid]))
+            lay = _cyclic(buffers[bid], threads, runs[bid])
             if lay.rows() is not None:
                 layouts[bid] = lay
-                placed = True
-        if placed:
+                rowed = True
+        if rowed:
             propagate()
 
     misfits = set()
@@ -502,10 +502,14 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
                     f"{b.loc.file}:{b.loc.line}" if b.HasField("loc") and b.loc.file else "")
             layouts[bid] = ReplicatedLayout(tuple(d.size for d in buffers[bid].shape))
         elif bid not in layouts:
-            shape = tuple(d.size for d in buffers[bid].shape)
-            layouts[bid] = CyclicLayout(shape, threads,
-                                        cyclic_vector(shape, threads, runs[bid]))
+            layouts[bid] = _cyclic(buffers[bid], threads, runs[bid])
     return layouts, set()
+
+
+def _cyclic(buf: pb.Buffer, threads: int, run: int) -> CyclicLayout:
+    """The cyclic layout of fragment `buf` with runs of at most `run` elements."""
+    shape = tuple(d.size for d in buf.shape)
+    return CyclicLayout(shape, threads, cyclic_vector(shape, threads, run))
 
 
 def _run_lengths(free: set[int], touches: list[set[int]], buffers, max_vector: int

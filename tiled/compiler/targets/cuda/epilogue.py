@@ -55,10 +55,14 @@ def store_acc_tile(low, c: pb.Copy, template: str, acc: int, rows: int, cols: in
     zero = tirx.const(0, "int32")
     base = T.address_of(low.tir[dst.id][tuple(zero if d in (r, rank - 1) else o
                                               for d, o in enumerate(offsets))])
-    T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>",
-                             T.address_of(low.tir[acc][0]), base, ld, offsets[r],
-                             offsets[-1], m, n, *extra))
+    _call_store(template, dt, T.address_of(low.tir[acc][0]), base, ld, offsets[r], offsets[-1],
+                m, n, *extra)
     return True
+
+
+def _call_store(template: str, dt: str, *args) -> None:
+    """`template`::store<dt>(fragment, C, ldc, row0, col0, m, n, ...) (the headers' tiles)."""
+    T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>", *args))
 
 
 def _tile_of(lay) -> tuple[str, tirx.PrimExpr] | None:
@@ -90,9 +94,8 @@ def store_accumulator(low, c: pb.Copy) -> bool:
                 not whole_region(c.dst, dst) or not whole_region(c.src, src):
             return False
         zero = tirx.const(0, "int32")
-        T.evaluate(T.call_extern("void", f"{template}::store<{CTYPE[dt]}>",
-                                 T.address_of(low.tir[src.id][0]), low.addr(dst.id, [zero, zero]),
-                                 tirx.const(low.shared_stride(dst.id), "int64"), zero, zero,
-                                 lay.M, lay.N, part))
+        _call_store(template, dt, T.address_of(low.tir[src.id][0]),
+                    low.addr(dst.id, [zero, zero]), tirx.const(low.shared_stride(dst.id), "int64"),
+                    zero, zero, lay.M, lay.N, part)
         return True
     return store_acc_tile(low, c, template, src.id, lay.M, lay.N, part)

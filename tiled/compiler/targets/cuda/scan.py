@@ -96,7 +96,7 @@ def lower_scan(low, sc: pb.Scan) -> None:
         write = lambda ix, v: low.store(sc.dst, v, ix)  # noqa: E731
     team = team_width(low, acc_dt, lines, depth)
     if team > 1:
-        _scan_by_teams(low, sc, team, lines, depth, index, read, write)
+        _scan_by_teams(low, sc, acc_dt, team, lines, depth, index, read, write)
     else:
         with low.loop(-(-lines // low.threads)) as it:
             o = it * low.threads + low.tx
@@ -128,12 +128,11 @@ def team_width(low, acc_dt: str, lines: int, depth: int) -> int:
     return team
 
 
-def _scan_by_teams(low, sc: pb.Scan, team: int, lines: int, depth: int, index, read,
-                   write) -> None:
-    """Each line scanned by `team` lanes (module docstring). Every lane runs every shuffle:
-    lanes past the line's end, or of a team without a line in the last round, scan zeros
-    and store nothing."""
-    acc_dt = _acc_dtype(low, sc)
+def _scan_by_teams(low, sc: pb.Scan, acc_dt: str, team: int, lines: int, depth: int, index,
+                   read, write) -> None:
+    """Each line scanned by `team` lanes in running sums of `acc_dt` (module docstring).
+    Every lane runs every shuffle: lanes past the line's end, or of a team without a line in
+    the last round, scan zeros and store nothing."""
     teams = low.threads // team
     zero = tirx.const(0, acc_dt)
     lane = tirx.floormod(low.tx, low.warp_size)

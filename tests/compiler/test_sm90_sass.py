@@ -113,6 +113,22 @@ def test_row_kernels_vectorize_and_shuffle(tmp_path, name, shape):
     _no_local(text)
 
 
+@pytest.mark.parametrize("act", ["gelu", "silu", "gelu_tanh"])
+def test_gated_activations_move_vectors(tmp_path, act):
+    """Exact GELU calls T.erf, which TVM did not mark vectorizable: its whole nest ran one
+    2-byte element at a time (LDG.E.U16) where SiLU's moved 8 bytes (tiled.compiler.tir)."""
+    import tiled
+    import tiled.ops as ops
+    from tests.compiler.test_sm90_path import sass
+
+    k = ops.kernel_factory("gated_activation", "cuda:sm_90a", N=4096, dtype="bfloat16",
+                           act=act)
+    text = sass(tiled.compile(k, target="cuda:sm_90a", cache=False).artifact, tmp_path)
+    assert re.search(r"\bLDG\.E\.(64|128)", text) and re.search(r"\bSTG\.E\.(64|128)", text)
+    assert not re.search(r"\b(LDG|STG)\.E\.U16", text)
+    _no_local(text)
+
+
 def test_int8_gemm_takes_integer_wgmma(tmp_path):
     """int8 x int8 -> int32 (B given N x K, as wgmma reads int8): IGMMA from TMA-fed panel
     tiles. Compiled and read here; not yet run on the H200 (no conformance case)."""

@@ -54,6 +54,13 @@ _CALL: dict[int, Callable] = {
     pb.SIGMOID: tirx.sigmoid, pb.FLOOR: tirx.floor, pb.CEIL: tirx.ceil, pb.POW: tirx.power,
     pb.ERF: tirx.erf, pb.SIN: tirx.sin, pb.COS: tirx.cos,
 }
+# TVM marks every math op above vectorizable except erf, and its VectorizeLoop scalarizes a
+# whole loop over one call it may not widen: a nest calling T.erf (exact GELU) moved its
+# bfloat16 values 2 bytes at a time on CUDA where SiLU's moved 8. Each backend's codegen
+# takes a vector erf as it takes a vector exp (one call per lane on CUDA / ROCm / Metal,
+# TVM's LLVM erf expansion on cpu).
+if tvm.ir.Op.get("tirx.erf").get_attr("TVectorizable") is None:
+    tvm.ir.register_op_attr("tirx.erf", "TVectorizable", True)
 
 
 _UNSIGNED = frozenset({pb.UINT8, pb.UINT16, pb.UINT32, pb.UINT64})

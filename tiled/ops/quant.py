@@ -21,7 +21,10 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   channel scales applied after the loop); `splits` as the lanes form;
 - `swap` (as `tile`): the tile form transposed, Y^T = W X^T, the weights' tile the MMA's
   rows and the tokens its 16 to 64 columns (wgmma on sm_90a, where a 16-token tile of the
-  tile form takes mma.sync).
+  tile form takes mma.sync);
+- `regs` (4-bit, as `swap`): the weights unpacked straight into the MMA's register operand
+  (a fragment: wgmma's RS form on sm_90a), no 16-bit shared tile, no barrier between the
+  unpacking and the MMA.
 Both unpack a nibble without an int-to-float conversion (`_nibble`).
 """
 
@@ -61,6 +64,10 @@ CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s,
               # swapped tiles: BN weight columns as the MMA's rows (wgmma on sm_90a from 16
               # tokens), BM tokens as its columns
               *({"kind": "swap", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
+                for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
+                for s in (1, 4, 8)),
+              # swapped, the weights unpacked into the MMA's register operand
+              *({"kind": "regs", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
                 for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
                 for s in (1, 4, 8))]
 CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
@@ -107,7 +114,7 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
     """lanes: BM the power of two covering M (16 past 16 tokens); tile, swap: BM at most twice M's
     bucket, from 8 tokens for 4-bit weights (lanes read them at the memory's speed below
     that) and from 1 for 8-bit ones (lanes walk a row of W [N, K] per lane: uncoalesced)."""
-    if cfg.get("kind", "lanes") in ("tile", "swap"):
+    if cfg.get("kind", "lanes") in ("tile", "swap", "regs"):
         return (M >= 8 or bits == 8) and cfg["BM"] <= max(16, 2 * M)
     m = min(M, 16)
     return m <= cfg["BM"] < 2 * m
@@ -120,12 +127,15 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
     scales."""
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
+    if kind == "regs" and bits != 4:
+        raise ValueError("the regs form takes 4-bit weights")
     if kind in ("tile", "swap") and bits == 8:
         return _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits,
                                swap=kind == "swap")
-    if kind in ("tile", "swap"):
+    if kind in ("tile", "swap", "regs"):
         return _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
-                               threads, stages, splits, swap=kind == "swap")
+                               threads, stages, splits, swap=kind != "tile",
+                               regs=kind == "regs")
     per_word = 8 if bits == 4 else 4  # K values per 32-bit word
     if K % (per_word * WPI * splits * KG):
         raise ValueError(f"K = {K} does not split into {splits} x {KG} x {WPI}-word steps")
@@ -229,7 +239,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
 
 
 def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, threads, stages,
-                    splits=1, swap=False):
+                    splits=1, swap=False, regs=False):
     """Y = X @ W.T in BM x BN tiles: per 64-deep K step, X's tile and W's eight words per
     column copied to shared memory (cp.async: the T.Pipelined loop runs them `stages` ahead),
     the words unpacked, scaled and cast into a 16-bit shared tile of W, then T.gemm (tensor
@@ -241,7 +251,12 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
     tile cannot take wgmma, whose rows come 64 a warpgroup). W's tile is then [BN, 64], K
     contiguous as a K-major operand wants it, so each word's eight values land side by side
     in one row (8-byte stores in the SASS) where the unswapped [64, BN] tile takes eight
-    2-byte ones."""
+    2-byte ones.
+
+    `regs` (with `swap`): W's tile a fragment instead, each value unpacked from its word
+    where T.gemm's register operand wants it (wgmma's RS form on sm_90a): no shared tile of
+    W, no barrier between unpacking and MMA; a thread reads each word for the two values of
+    it it holds."""
     if bits != 4:
         raise ValueError("the tile form takes 4-bit weights")
     if K % (TILE_BK * splits) or group_size % TILE_BK:
@@ -262,7 +277,10 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
             bz = grid[2] if splits > 1 else 0
             xs = T.alloc_shared((BM, TILE_BK), dtype)
             wq = T.alloc_shared((TILE_BK // 8, BN), "int32")
-            ws = T.alloc_shared((BN, TILE_BK) if swap else (TILE_BK, BN), dtype)
+            if regs:
+                ws = T.alloc_fragment((BN, TILE_BK), dtype)
+            else:
+                ws = T.alloc_shared((BN, TILE_BK) if swap else (TILE_BK, BN), dtype)
             word = T.alloc_var("int32")
             acc = T.alloc_fragment((BN, BM) if swap else (BM, BN), "float32")
             T.clear(acc)
@@ -272,21 +290,29 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
                 T.copy(X[by * BM, k * TILE_BK], xs)
                 T.copy(Wq[k * (TILE_BK // 8), bx * BN], wq)
                 g = k * TILE_BK // group_size
-                for kw, n in T.Parallel(TILE_BK // 8, BN):
-                    word = wq[kw, n]  # one shared load for the word's eight values
-                    col = T.min(bx * BN + n, N - 1)
-                    scale = T.cast(S[g, col], "float32")
-                    zs = scale * (T.cast(Z[g, col], "float32") if zeros else 8.0)
-                    for i in range(8):
-                        # (q * 16^j) * (scale * 16^-j) - zero * scale: (q - zero) * scale
-                        # (j as in _nibble_at; one rounding for the symmetric zero 8)
-                        j = i if i < 5 else i - 5
-                        w = T.cast(_nibble_at(word, i, magic) * (scale * (1.0 / 16 ** j)) - zs,
-                                   dtype)
-                        if swap:
-                            ws[n, kw * 8 + i] = w
-                        else:
-                            ws[kw * 8 + i, n] = w
+                if regs:  # value by value, over the fragment's own elements
+                    for n, kq in T.Parallel(BN, TILE_BK):
+                        col = T.min(bx * BN + n, N - 1)
+                        q = (wq[kq // 8, n] >> (kq % 8 * 4)) & 15
+                        f = T.reinterpret("float32", q | magic) - 8388608.0  # q, exactly
+                        zero = T.cast(Z[g, col], "float32") if zeros else 8.0
+                        ws[n, kq] = T.cast((f - zero) * T.cast(S[g, col], "float32"), dtype)
+                else:
+                    for kw, n in T.Parallel(TILE_BK // 8, BN):
+                        word = wq[kw, n]  # one shared load for the word's eight values
+                        col = T.min(bx * BN + n, N - 1)
+                        scale = T.cast(S[g, col], "float32")
+                        zs = scale * (T.cast(Z[g, col], "float32") if zeros else 8.0)
+                        for i in range(8):
+                            # (q * 16^j) * (scale * 16^-j) - zero * scale: (q - zero) * scale
+                            # (j as in _nibble_at; one rounding for the symmetric zero 8)
+                            j = i if i < 5 else i - 5
+                            w = T.cast(_nibble_at(word, i, magic) * (scale * (1.0 / 16 ** j)) - zs,
+                                       dtype)
+                            if swap:
+                                ws[n, kw * 8 + i] = w
+                            else:
+                                ws[kw * 8 + i, n] = w
                 if swap:
                     T.gemm(ws, xs, acc, transpose_B=True)
                 else:

@@ -103,7 +103,9 @@ __device__ __forceinline__ void wgmma_cols_rs(float* acc, const uint32_t* a,
 template <typename T, int WM, int BN, int K, bool B_KMAJOR, bool TURN = false,
           bool ZERO = false, int KS = K>
 __device__ __forceinline__ void wgmma_rows_rs_issue(const void* a, const void* b, float* acc) {
-  static_assert(WM % 64 == 0 && BN % 64 == 0 && K % 16 == 0, "wgmma_rows_rs shape");
+  static_assert(WM % 64 == 0 && (BN % 64 == 0 || (B_KMAJOR && (BN == 16 || BN == 32))) &&
+                    K % 16 == 0,
+                "wgmma_rows_rs shape");
   const uint32_t* wa = static_cast<const uint32_t*>(a);
   const unsigned char* sb = static_cast<const unsigned char*>(b);
   if constexpr (TURN) turn_wait();

@@ -1,0 +1,136 @@
+"""Probe (issue 14, w4a16 at 16 tokens: 1.47-1.80x F.linear where the goal is 3x): the swapped
+tile form (weights unpacked into a 16-bit shared tile, then wgmma SS) against the regs form
+(the same values unpacked straight into wgmma's register operand, RS), config for config:
+BN x threads in (64, 128), (128, 128), (128, 256), splits 1 / 4 / 8, 16 tokens (BM 16) and
+64 (BM 64), GPTQ 4-bit symmetric fp16 weights, group 128, at issue 14's three shapes; F.linear
+on the dequantized fp16 weights and an in-place stream in the same rounds (graph-replayed,
+rotated, medians). Each kernel is checked against the dequantized product first.
+
+Here:  python benchmarks/gpu/probes/w4_regs_probe.py build --out .gpu/w4_regs
+There: python3 benchmarks/gpu/probes/w4_regs_probe.py run --bundle .gpu/w4_regs \\
+           --out $OUT/w4_regs_probe.json
+"""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+sys.path.insert(0, str(ROOT))
+
+from bundle_cli import build_command, compile_into, load_kernel, machine, main, write_results
+
+TARGET = "cuda:sm_90a"
+SHAPES = [(4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
+TOKENS = {16: 16, 64: 64}  # M -> BM
+TILES = [(64, 128), (128, 128), (128, 256)]  # BN, threads
+SPLITS = (1, 4, 8)
+DTYPE, GROUP = "float16", 128
+ROUNDS, GRAPH_CALLS = 5, 20
+RW_FLOATS = 128 << 20
+
+
+def configs():
+    for kind in ("swap", "regs"):
+        for bm in sorted(set(TOKENS.values())):
+            for bn, t in TILES:
+                for s in SPLITS:
+                    yield {"kind": kind, "BM": bm, "BN": bn, "threads": t, "stages": 2,
+                           "splits": s}
+
+
+def _name(K, N, c):
+    return f"{K}x{N}_{c['kind']}_m{c['BM']}_n{c['BN']}_t{c['threads']}_s{c['splits']}"
+
+
+def build(out: Path) -> None:
+    import tiled.ops as ops
+    from tiled.ops.gemm import sum_params
+    from tiled.ops.quant import quant_linear_kernel
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for K, N in SHAPES:
+        for c in configs():
+            name = _name(K, N, c)
+            kernel = quant_linear_kernel(c["BM"], N, K, DTYPE, DTYPE, 4, GROUP, False, **c)
+            _, seconds = compile_into(out, name, kernel, TARGET)
+            index[name] = {"K": K, "N": N, "config": c, "cold_compile_s": round(seconds, 3)}
+            print(name, round(seconds, 1), flush=True)
+        for s in SPLITS[1:]:
+            params = sum_params(N, s, DTYPE)
+            name = f"splitk_sum__{N}x{s}"
+            compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params), TARGET)
+            index[name] = {"op": "splitk_sum", "params": params}
+    (out / "index.json").write_text(json.dumps({
+        "command": build_command("probes/w4_regs_probe.py", out), "machine": machine(),
+        "target": TARGET, "kernels": index}, indent=1))
+
+
+def run(bundle: Path, out: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+    from bundle_cli import time_graphed
+    from quant import _gptq
+
+    import tiled.ops as ops
+    from tiled.ops import quant
+
+    index = json.loads((bundle / "index.json").read_text())
+    for name, v in index["kernels"].items():
+        if v.get("op") == "splitk_sum":
+            ops.install("splitk_sum", TARGET, load_kernel(bundle, name), **v["params"])
+    rows = []
+    for K, N in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randint(0, 16, (K, N), device="cuda", generator=g)
+        scales = (torch.rand(K // GROUP, N, device="cuda", generator=g) / K ** 0.5 + 1e-3).half()
+        qweight = _gptq(torch, q)
+        w = ((q.float() - 8) * scales.float().repeat_interleave(GROUP, 0)).t().contiguous().half()
+        wbytes = K * N // 2 + scales.numel() * 2
+        z = scales.new_empty(1)
+        for M, bm in TOKENS.items():
+            x = torch.randn(M, K, device="cuda", generator=g).half()
+            ref = x.float() @ w.float().T
+            calls, errs = {"F.linear_fp16": lambda x=x, w=w: F.linear(x, w)}, {}
+            for name, v in index["kernels"].items():
+                c = v.get("config")
+                if not c or v["K"] != K or v["N"] != N or c["BM"] != bm:
+                    continue
+                kern = load_kernel(bundle, name)
+                y = torch.zeros(M, N, device="cuda", dtype=torch.float16)
+
+                def call(kern=kern, c=c, args=(x, qweight, scales, z, y)):
+                    return quant._run(kern, c, list(args))
+                call()
+                torch.cuda.synchronize()
+                errs[name] = ((y.float() - ref).norm() / ref.norm()).item()
+                calls[name] = call
+            rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
+            calls["rw_kernel"] = rw.neg_
+            us = time_graphed(torch, calls, ROUNDS, GRAPH_CALLS)
+            best = {kind: min((n for n in us if f"_{kind}_" in n), key=us.get)
+                    for kind in ("swap", "regs")}
+            row = {"K": K, "N": N, "M": M, "us": us, "rel_err": errs,
+                   "stream_GB/s": 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9,
+                   "best": {k: {"kernel": n, "us": us[n],
+                                "vs_F_linear_fp16": us["F.linear_fp16"] / us[n],
+                                "weight_GB/s": wbytes / (us[n] * 1e-6) / 1e9}
+                            for k, n in best.items()}}
+            rows.append(row)
+            print(f"K={K} N={N} M={M}: F.linear {us['F.linear_fp16']:.1f} us; " + "; ".join(
+                f"{k} {b['us']:.1f} us {b['vs_F_linear_fp16']:.2f}x ({b['kernel']})"
+                for k, b in row["best"].items()), flush=True)
+            del rw
+            torch.cuda.empty_cache()
+    write_results(out, "probes/w4_regs_probe.py", bundle, index, rounds=ROUNDS,
+                  graph_calls=GRAPH_CALLS, rows=rows)
+
+
+def smoke(bundle: Path) -> None:
+    print(len(json.loads((bundle / "index.json").read_text())["kernels"]), "kernels")
+
+
+if __name__ == "__main__":
+    main(build, run, smoke, str(ROOT / ".gpu" / "w4_regs"))

@@ -44,10 +44,12 @@ def test_w4a16_matches_the_dequantized_product(M, zeros):
     ("lanes", False, 1, 1, 0), ("tile", False, 1, 1, 0), ("tile", True, 1, 1, 0),
     ("tile", True, 2, 1, 0), ("lanes", True, 2, 1, 0), ("lanes", False, 2, 2, 0),
     ("lanes", False, 2, 2, 1), ("lanes", True, 1, 1, 1), ("swap", False, 1, 1, 0),
-    ("swap", True, 2, 1, 0), ("regs", False, 1, 1, 0), ("regs", True, 2, 1, 0)])
+    ("swap", True, 2, 1, 0), ("regs", False, 1, 1, 0), ("regs", True, 2, 1, 0),
+    ("regs_g", False, 1, 1, 0), ("regs_g", True, 2, 1, 0)])
 def test_each_w4a16_kernel_form(kind, zeros, splits, kg, xs):
     """The lanes, the tile (dequantized into a shared tile, then T.gemm), the swapped tile
-    (W's tile times X's, transposed) and the regs (swapped, W's tile a fragment) forms directly, on 40 tokens (a ragged second token
+    (W's tile times X's, transposed), the regs (swapped, W's tile a fragment) and regs_g (regs,
+    scaled per group after the MMA) forms directly, on 40 tokens (a ragged second token
     tile) and 80 columns (a ragged column tile); split over K into float32 partials that
     splitk_sum adds (quant._run, as the op runs them), and over K inside a block (lanes' KG
     lane groups), with the tokens staged in shared (XS)."""
@@ -196,11 +198,13 @@ def test_the_swapped_tiles_take_wgmma_with_16_token_columns(tmp_path):
     assert "HGMMA.64x16x16.F32" in text and not re.search(r"\b(HMMA|LDL|STL)\b", text)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, dtype):
+@pytest.mark.parametrize("kind,dtype", [("regs", "float16"), ("regs", "bfloat16"),
+                                        ("regs_g", "float16"), ("regs_g", "bfloat16")])
+def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, kind, dtype):
     """The regs form's weight tile is a fragment, T.gemm's A: wgmma's RS form with the 16
     tokens as its columns (HGMMA 64x16x16 from registers), no 16-bit shared tile of W (no
-    shared stores in the loop but the copies'), no mma.sync, no local memory."""
+    shared stores in the loop but the copies'), no mma.sync, no local memory; regs_g's
+    16-bit subtractions two at a time (HADD2 / HFMA2)."""
     import re
     import shutil
 
@@ -210,8 +214,10 @@ def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, dtype):
     from tests.compiler.test_sm90_path import sass
 
     kernel = quant.quant_linear_kernel(16, 14336, 4096, dtype, dtype, 4, 128, False,
-                                       kind="regs", BM=16, BN=128, threads=128, stages=2,
+                                       kind=kind, BM=16, BN=128, threads=128, stages=2,
                                        splits=4)
     text = sass(tiled.compile(kernel, target="cuda:sm_90a", cache=False).artifact, tmp_path)
     assert re.search(r"HGMMA\.64x16x16\.F32(\.BF16)? R\d+, R\d+, gdesc", text)
     assert not re.search(r"\b(HMMA|LDL|STL|STS(\.\w+)*)\b", text)
+    if kind == "regs_g":
+        assert re.search(r"\bH(ADD|FMA)2\b", text)

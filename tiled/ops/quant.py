@@ -24,7 +24,10 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   tile form takes mma.sync);
 - `regs` (4-bit, as `swap`): the weights unpacked straight into the MMA's register operand
   (a fragment: wgmma's RS form on sm_90a), no 16-bit shared tile, no barrier between the
-  unpacking and the MMA.
+  unpacking and the MMA;
+- `regs_g` (4-bit, as `regs`): one group of K per step, its values unpacked as q - zero in
+  16-bit arithmetic, exactly, with no float32 work per weight; the group's product is scaled
+  once per output element after the MMA (_w4_group_kernel).
 Both unpack a nibble without an int-to-float conversion (`_nibble`).
 """
 
@@ -66,8 +69,10 @@ CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s,
               *({"kind": "swap", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
                 for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
                 for s in (1, 4, 8)),
-              # swapped, the weights unpacked into the MMA's register operand
-              *({"kind": "regs", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
+              # swapped, the weights unpacked into the MMA's register operand and scaled per
+              # group after it (the plain regs form, never the fastest of the three forms on
+              # the H100: results/w4_regs_g_probe_h100.json, is not in the space)
+              *({"kind": "regs_g", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
                 for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
                 for s in (1, 4, 8))]
 CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
@@ -114,7 +119,7 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
     """lanes: BM the power of two covering M (16 past 16 tokens); tile, swap: BM at most twice M's
     bucket, from 8 tokens for 4-bit weights (lanes read them at the memory's speed below
     that) and from 1 for 8-bit ones (lanes walk a row of W [N, K] per lane: uncoalesced)."""
-    if cfg.get("kind", "lanes") in ("tile", "swap", "regs"):
+    if cfg.get("kind", "lanes") in ("tile", "swap", "regs", "regs_g"):
         return (M >= 8 or bits == 8) and cfg["BM"] <= max(16, 2 * M)
     m = min(M, 16)
     return m <= cfg["BM"] < 2 * m
@@ -127,8 +132,11 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
     scales."""
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
-    if kind == "regs" and bits != 4:
-        raise ValueError("the regs form takes 4-bit weights")
+    if kind in ("regs", "regs_g") and bits != 4:
+        raise ValueError(f"the {kind} form takes 4-bit weights")
+    if kind == "regs_g":
+        return _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
+                                stages, splits)
     if kind in ("tile", "swap") and bits == 8:
         return _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits,
                                swap=kind == "swap")
@@ -329,6 +337,67 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
                 T.copy(acc, Y[by * BM, bx * BN])
 
     return linear_w4a16_tile
+
+
+# 16-bit floats whose bits or-ed with a nibble q read as BASE + q, exactly (float16: 1024 + q,
+# 0x6400; bfloat16: 128 + q, 0x4300: both have the mantissa bits for it).
+_MAGIC16 = {"float16": (0x6400, 1024.0), "bfloat16": (0x4300, 128.0)}
+
+
+def _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads, stages,
+                     splits=1):
+    """Y^T = W X^T as the regs form (BN x BM tiles, W's tile T.gemm's register operand),
+    one quantization group per K step: each value is the nibble or-ed into a 16-bit float's
+    bits (_MAGIC16: BASE + q) minus BASE + zero, q - zero exactly in 16-bit arithmetic, with
+    no float32 work per weight; the group's product (float32, cleared each step) is then
+    scaled by its column's scale once per output element. group_size 64 or 128 (the K
+    step)."""
+    if group_size not in (64, 128) or K % (group_size * splits):
+        raise ValueError(f"regs_g steps over whole groups of 64 or 128; group size "
+                         f"{group_size}, K = {K}, {splits} splits")
+    if dtype not in _MAGIC16:
+        raise ValueError(f"regs_g unpacks into float16 or bfloat16, not {dtype}")
+    magic, base = _MAGIC16[dtype]
+    Md = T.dyn("M")
+    KW, G = K // 8, K // group_size
+    per = G // splits  # groups (steps) per split
+    zt = T.Tensor((G, N), dtype) if zeros else T.Tensor((1,), dtype)
+    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
+    extra = (splits,) if splits > 1 else ()
+
+    @tiled.kernel
+    def linear_w4a16_group(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((KW, N), "int32"),
+                           S: T.Tensor((G, N), dtype), Z: zt, Y: out):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as grid:
+            bx, by = grid[0], grid[1]
+            bz = grid[2] if splits > 1 else 0
+            xs = T.alloc_shared((BM, group_size), dtype)
+            wq = T.alloc_shared((group_size // 8, BN), "int32")
+            ws = T.alloc_fragment((BN, group_size), dtype)
+            part = T.alloc_fragment((BN, BM), "float32")
+            acc = T.alloc_fragment((BN, BM), "float32")
+            T.clear(acc)
+            for kk in T.Pipelined(per, num_stages=stages):
+                g = bz * per + kk
+                T.copy(X[by * BM, g * group_size], xs)
+                T.copy(Wq[g * (group_size // 8), bx * BN], wq)
+                for n, kq in T.Parallel(BN, group_size):
+                    q = (wq[kq // 8, n] >> (kq % 8 * 4)) & 15
+                    col = T.min(bx * BN + n, N - 1)
+                    zero = Z[g, col] + T.cast(base, dtype) if zeros else \
+                        T.cast(base + 8.0, dtype)
+                    ws[n, kq] = T.reinterpret(dtype, T.cast(q | magic, "int16")) - zero
+                T.gemm(ws, xs, part, transpose_B=True, clear_accum=True)
+                for n, m in T.Parallel(BN, BM):
+                    acc[n, m] += part[n, m] * T.cast(S[g, T.min(bx * BN + n, N - 1)],
+                                                     "float32")
+            for n, m in T.Parallel(BN, BM):
+                if splits > 1:
+                    Y[bz, by * BM + m, bx * BN + n] = acc[n, m]
+                else:
+                    Y[by * BM + m, bx * BN + n] = T.cast(acc[n, m], out_dtype)
+
+    return linear_w4a16_group
 
 
 def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1, swap=False):

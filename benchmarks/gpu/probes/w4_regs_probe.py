@@ -1,6 +1,7 @@
 """Probe (issue 14, w4a16 at 16 tokens: 1.47-1.80x F.linear where the goal is 3x): the swapped
 tile form (weights unpacked into a 16-bit shared tile, then wgmma SS) against the regs form
-(the same values unpacked straight into wgmma's register operand, RS), config for config:
+(the same values unpacked straight into wgmma's register operand, RS) and the regs_g form
+(regs over whole groups, q - zero in 16-bit arithmetic, scaled after the MMA), config for config:
 BN x threads in (64, 128), (128, 128), (128, 256), splits 1 / 4 / 8, 16 tokens (BM 16) and
 64 (BM 64), GPTQ 4-bit symmetric fp16 weights, group 128, at issue 14's three shapes; F.linear
 on the dequantized fp16 weights and an in-place stream in the same rounds (graph-replayed,
@@ -26,13 +27,14 @@ SHAPES = [(4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 TOKENS = {16: 16, 64: 64}  # M -> BM
 TILES = [(64, 128), (128, 128), (128, 256)]  # BN, threads
 SPLITS = (1, 4, 8)
+KINDS = ("swap", "regs", "regs_g")
 DTYPE, GROUP = "float16", 128
 ROUNDS, GRAPH_CALLS = 5, 20
 RW_FLOATS = 128 << 20
 
 
 def configs():
-    for kind in ("swap", "regs"):
+    for kind in KINDS:
         for bm in sorted(set(TOKENS.values())):
             for bn, t in TILES:
                 for s in SPLITS:
@@ -110,8 +112,8 @@ def run(bundle: Path, out: Path) -> None:
             rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
             calls["rw_kernel"] = rw.neg_
             us = time_graphed(torch, calls, ROUNDS, GRAPH_CALLS)
-            best = {kind: min((n for n in us if f"_{kind}_" in n), key=us.get)
-                    for kind in ("swap", "regs")}
+            best = {kind: min((n for n in us if f"_{kind}_m" in n), key=us.get)
+                    for kind in KINDS}
             row = {"K": K, "N": N, "M": M, "us": us, "rel_err": errs,
                    "stream_GB/s": 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9,
                    "best": {k: {"kernel": n, "us": us[n],

@@ -198,13 +198,14 @@ def test_the_swapped_tiles_take_wgmma_with_16_token_columns(tmp_path):
     assert "HGMMA.64x16x16.F32" in text and not re.search(r"\b(HMMA|LDL|STL)\b", text)
 
 
-@pytest.mark.parametrize("kind,dtype", [("regs", "float16"), ("regs", "bfloat16"),
-                                        ("regs_g", "float16"), ("regs_g", "bfloat16")])
-def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, kind, dtype):
-    """The regs form's weight tile is a fragment, T.gemm's A: wgmma's RS form with the 16
-    tokens as its columns (HGMMA 64x16x16 from registers), no 16-bit shared tile of W (no
-    shared stores in the loop but the copies'), no mma.sync, no local memory; regs_g's
-    16-bit subtractions two at a time (HADD2 / HFMA2)."""
+@pytest.mark.parametrize("kind,dtype,tokens", [("regs", "float16", 16), ("regs", "bfloat16", 32),
+                                               ("regs_g", "float16", 32),
+                                               ("regs_g", "bfloat16", 16)])
+def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, kind, dtype, tokens):
+    """The regs forms' weight tile is a fragment, T.gemm's A: wgmma's RS form with the 16 or
+    32 tokens as its columns (HGMMA 64x16x16 / 64x32x16 from registers), no 16-bit shared
+    tile of W (no shared stores in the loop but the copies'), no mma.sync, no local memory;
+    regs_g's 16-bit subtractions two at a time (HADD2 / HFMA2)."""
     import re
     import shutil
 
@@ -213,11 +214,11 @@ def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, kind, d
     import tiled
     from tests.compiler.test_sm90_path import sass
 
-    kernel = quant.quant_linear_kernel(16, 14336, 4096, dtype, dtype, 4, 128, False,
-                                       kind=kind, BM=16, BN=128, threads=128, stages=2,
+    kernel = quant.quant_linear_kernel(tokens, 14336, 4096, dtype, dtype, 4, 128, False,
+                                       kind=kind, BM=tokens, BN=128, threads=128, stages=2,
                                        splits=4)
     text = sass(tiled.compile(kernel, target="cuda:sm_90a", cache=False).artifact, tmp_path)
-    assert re.search(r"HGMMA\.64x16x16\.F32(\.BF16)? R\d+, R\d+, gdesc", text)
+    assert re.search(rf"HGMMA\.64x{tokens}x16\.F32(\.BF16)? R\d+, R\d+, gdesc", text)
     assert not re.search(r"\b(HMMA|LDL|STL|STS(\.\w+)*)\b", text)
     if kind == "regs_g":
         assert re.search(r"\bH(ADD|FMA)2\b", text)

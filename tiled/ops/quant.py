@@ -125,6 +125,14 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
     return m <= cfg["BM"] < 2 * m
 
 
+def _output(Md, N: int, out_dtype: str, splits: int):
+    """(Y's tensor type, the grid's extra axis): Y [M, N] in out_dtype, or with `splits` > 1
+    float32 partials [splits, M, N] over a third grid axis."""
+    if splits == 1:
+        return T.Tensor((Md, N), out_dtype), ()
+    return T.Tensor((splits, Md, N), "float32"), (splits,)
+
+
 def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind="lanes",
                         BM=1, BN=512, threads=128, splits=1, WPI=2, stages=2, KG=1, XS=0):
     """The kernel of one config (M only selects: the kernel's M is symbolic). bits 4: GPTQ
@@ -157,8 +165,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
     if XS and (bits != 4 or BM * KS * 4 * 9 // 8 > 96 << 10):
         raise ValueError(f"XS stages 4-bit tokens' {BM} x {KS} split in shared memory: "
                          "too large" if bits == 4 else "XS is for 4-bit weights")
-    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
-    extra = (splits,) if splits > 1 else ()
+    out, extra = _output(Md, N, out_dtype, splits)
     if bits == 4:
         G = K // group_size
         wt, st = T.Tensor((KW, N), "int32"), T.Tensor((G, N), dtype)
@@ -274,8 +281,7 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
     KW, G = K // 8, K // group_size
     per = K // TILE_BK // splits  # steps per split
     zt = T.Tensor((G, N), dtype) if zeros else T.Tensor((1,), dtype)
-    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
-    extra = (splits,) if splits > 1 else ()
+    out, extra = _output(Md, N, out_dtype, splits)
 
     @tiled.kernel
     def linear_w4a16_tile(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((KW, N), "int32"),
@@ -362,8 +368,7 @@ def _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     KW, G = K // 8, K // group_size
     per = G // splits  # groups (steps) per split
     zt = T.Tensor((G, N), dtype) if zeros else T.Tensor((1,), dtype)
-    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
-    extra = (splits,) if splits > 1 else ()
+    out, extra = _output(Md, N, out_dtype, splits)
 
     @tiled.kernel
     def linear_w4a16_group(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((KW, N), "int32"),
@@ -413,8 +418,7 @@ def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1, s
     Md = T.dyn("M")
     KW, WB = K // 4, TILE_BK // 4  # words per row of W, per step
     per = K // TILE_BK // splits  # steps per split
-    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
-    extra = (splits,) if splits > 1 else ()
+    out, extra = _output(Md, N, out_dtype, splits)
 
     @tiled.kernel
     def linear_w8a16_tile(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((N, KW), "int32"),

@@ -94,11 +94,15 @@ GATED_SWEEP = ((4, 1024, 128), (2, 2048, 256), (8, 1024, 256), (1, 4096, 512), (
 
 
 def sweep_specs():
-    """(name, op, params, launch) of the launch-config sweep's kernels: the row norms at both
-    hidden sizes, softmax fp32 and silu_and_mul at 4096 columns."""
+    """(name, op, params, launch) of the launch-config sweep's kernels: the row norms (RMSNorm,
+    fused add + RMSNorm, LayerNorm with weight and bias) at both hidden sizes, softmax fp32 and
+    silu_and_mul at 4096 columns."""
     out = [(f"sweep_{op}_{n}_b{b}t{t}", op, {"N": n, "dtype": DTYPE, "eps": EPS},
             {"blk_m": b, "threads": t})
            for op in ("rms_norm", "fused_add_rms_norm") for n in HIDDEN for b, t in SWEEP]
+    out += [(f"sweep_layer_norm_{n}_b{b}t{t}", "layer_norm",
+             {"N": n, "dtype": DTYPE, "eps": EPS, "affine": True}, {"blk_m": b, "threads": t})
+            for n in HIDDEN for b, t in SWEEP]
     out += [(f"sweep_softmax_4096_b{b}t{t}", "softmax", {"N": 4096, "dtype": "float32"},
              {"blk_m": b, "threads": t}) for b, t in SWEEP]
     out += [(f"sweep_gated_activation_4096_m{bm}n{bn}t{t}", "gated_activation",
@@ -116,6 +120,8 @@ def _sweep_case(torch, op, n, m):
         h = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
         return (h, h.new_empty(m, n)), 2 * 3 * m * n
     x, r, w, _ = _norm_inputs(torch, n, m)
+    if op == "layer_norm":  # X, weight, bias -> Y
+        return (x, w, r[0].contiguous(), torch.empty_like(x)), 2 * (2 * m * n + 2 * n)
     if op == "rms_norm":
         return (x, w, torch.empty_like(x)), 2 * (2 * m * n + n)
     return (x, r, w), 2 * (4 * m * n + n)

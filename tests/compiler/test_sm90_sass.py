@@ -129,6 +129,30 @@ def test_gated_activations_move_vectors(tmp_path, act):
     _no_local(text)
 
 
+@pytest.mark.parametrize("op,n", [("rms_norm", 4096), ("layer_norm", 4096),
+                                  ("layer_norm", 8192), ("softmax", 4096)])
+def test_ops_row_kernels_at_their_launch(tmp_path, op, n):
+    """tiled.ops' row kernels as the op launches them on CUDA (its launch config: 256 / 512
+    threads a row at these widths) move vectors, reduce by shuffles, use no local memory."""
+    import tiled
+    import tiled.ops as ops
+    from tests.compiler.test_sm90_path import sass
+
+    dtype = "float32" if op == "softmax" else "bfloat16"
+    params = {"N": n, "dtype": dtype}
+    if op != "softmax":
+        params["eps"] = 1e-6
+    if op == "layer_norm":
+        params["affine"] = True
+    k = ops.kernel_factory(op, "cuda:sm_90a", **params)
+    c = tiled.compile(k, target="cuda:sm_90a", cache=False)
+    assert c.manifest.block[0] >= 256
+    text = sass(c.artifact, tmp_path)
+    assert re.search(r"\bLDG\.E\.(64|128)", text) and re.search(r"\bSTG\.E\.(64|128)", text)
+    assert "SHFL.BFLY" in text
+    _no_local(text)
+
+
 def test_int8_gemm_takes_integer_wgmma(tmp_path):
     """int8 x int8 -> int32 (B given N x K, as wgmma reads int8): IGMMA from TMA-fed panel
     tiles. Compiled and read here; not yet run on the H200 (no conformance case)."""

@@ -108,8 +108,11 @@ def _launch_config(op: str, target: str, N: int | None = None, dtype: str | None
     4096 columns (multiples of 2048) takes 512 threads, 80% / 86% at M = 4096 / 32768 against
     69% / 77% with 128 (its normalization a multiply by the row's reciprocal:
     benchmarks/results/ops_sweep_h200.json; a division per element read 71% / 75% at 512).
-    Each row stays whole rounds of the block (N a multiple of threads x the 16-byte run), so
-    its sums are shuffles. gated_activation on CPU: 4096 columns per block, where 1024 (the
+    layer_norm takes 256 threads at N = 4096 and 8192 (multiples of 2048): on an H100,
+    bf16, 88% / 92% of the copy at M = 4096 where 128 threads read 86% / 91%, and as much at
+    32768 (benchmarks/results/ops_sweep_ln_h100.json; 512 threads read 83% / 88%). Each row
+    stays whole rounds of the block (N a multiple of threads x the 16-byte run), so its sums
+    are shuffles. gated_activation on CPU: 4096 columns per block, where 1024 (the
     default) made a thread's consecutive blocks 4 KB runs pages apart, which the hardware
     prefetchers follow worst (float32 SiLU-and-mul over 4096 x 4096 on the 2-core Zen 4: 0.82
     of a copy's bandwidth against 0.56, per-round medians, benchmarks/cpu/membound.py's
@@ -126,6 +129,8 @@ def _launch_config(op: str, target: str, N: int | None = None, dtype: str | None
             threads = 512
         elif N >= 4096 and N % 2048 == 0:
             threads = 256
+    if op == "layer_norm" and N is not None and N >= 4096 and N % 2048 == 0:
+        threads = 256
     if op == "softmax" and dtype == "float32" and N is not None and N >= 4096 and \
             N % 2048 == 0:
         threads = 512

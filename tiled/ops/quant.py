@@ -25,10 +25,11 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
 - `regs` (4-bit, as `swap`): the weights unpacked straight into the MMA's register operand
   (a fragment: wgmma's RS form on sm_90a), no 16-bit shared tile, no barrier between the
   unpacking and the MMA;
-- `regs_g` (4-bit, as `regs`): one group of K per step, its values unpacked as q - zero in
-  16-bit arithmetic, exactly, with no float32 work per weight; the group's product is scaled
-  once per output element after the MMA (_w4_group_kernel).
-Both unpack a nibble without an int-to-float conversion (`_nibble`).
+- `regs_g` (4-bit symmetric, as `regs`): one group of K per step, its values unpacked as
+  q - 8 in 16-bit arithmetic, exactly, with no float32 work per weight; the group's product
+  is scaled once per output element after the MMA (_w4_group_kernel).
+All unpack a nibble without an int-to-float conversion (`_nibble`, the 16-bit magic of
+_MAGIC16).
 """
 
 import tiled
@@ -357,22 +358,24 @@ def _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     bits (_MAGIC16: BASE + q) minus BASE + zero, q - zero exactly in 16-bit arithmetic, with
     no float32 work per weight; the group's product (float32, cleared each step) is then
     scaled by its column's scale once per output element. group_size 64 or 128 (the K
-    step)."""
+    step); symmetric weights only (zero 8: BASE + 8 is exact, a fractional zero point next
+    to BASE would not be)."""
     if group_size not in (64, 128) or K % (group_size * splits):
         raise ValueError(f"regs_g steps over whole groups of 64 or 128; group size "
                          f"{group_size}, K = {K}, {splits} splits")
     if dtype not in _MAGIC16:
         raise ValueError(f"regs_g unpacks into float16 or bfloat16, not {dtype}")
+    if zeros:  # BASE + zero would round a fractional zero point to an integer
+        raise ValueError("regs_g takes symmetric weights (zeros=None) only")
     magic, base = _MAGIC16[dtype]
     Md = T.dyn("M")
     KW, G = K // 8, K // group_size
     per = G // splits  # groups (steps) per split
-    zt = T.Tensor((G, N), dtype) if zeros else T.Tensor((1,), dtype)
     out, extra = _output(Md, N, out_dtype, splits)
 
     @tiled.kernel
     def linear_w4a16_group(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((KW, N), "int32"),
-                           S: T.Tensor((G, N), dtype), Z: zt, Y: out):
+                           S: T.Tensor((G, N), dtype), Z: T.Tensor((1,), dtype), Y: out):
         with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as grid:
             bx, by = grid[0], grid[1]
             bz = grid[2] if splits > 1 else 0
@@ -388,10 +391,8 @@ def _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
                 T.copy(Wq[g * (group_size // 8), bx * BN], wq)
                 for n, kq in T.Parallel(BN, group_size):
                     q = (wq[kq // 8, n] >> (kq % 8 * 4)) & 15
-                    col = T.min(bx * BN + n, N - 1)
-                    zero = Z[g, col] + T.cast(base, dtype) if zeros else \
+                    ws[n, kq] = T.reinterpret(dtype, T.cast(q | magic, "int16")) - \
                         T.cast(base + 8.0, dtype)
-                    ws[n, kq] = T.reinterpret(dtype, T.cast(q | magic, "int16")) - zero
                 T.gemm(ws, xs, part, transpose_B=True, clear_accum=True)
                 for n, m in T.Parallel(BN, BM):
                     acc[n, m] += part[n, m] * T.cast(S[g, T.min(bx * BN + n, N - 1)],

@@ -32,7 +32,7 @@ from tvm import tirx
 
 from tests.compiler import test_cuda_tileops_gpu as cases
 from tests.compiler.test_cuda_header_emulation import LANES, ldmatrix, mma_m16n8k16
-from tiled.compiler.passes.layout import CyclicLayout, ReplicatedLayout
+from tiled.compiler.passes.layout_kinds import CyclicLayout, ReplicatedLayout
 from tiled.compiler.targets.cuda.backend import CudaBackend
 from tiled.compiler.targets.cuda.layouts import MmaLayout, MmaRows, choose_warps, infer_layouts
 from tiled.ir.program import as_program

@@ -10,7 +10,7 @@ import tiled.lang as T
 from tests.conformance.k_elementwise import silu_and_mul
 from tests.conformance.k_norm import rms_norm, softmax
 from tiled.compiler.passes.guards import guard_program
-from tiled.compiler.passes.layout import CyclicLayout
+from tiled.compiler.passes.layout_kinds import CyclicLayout
 from tiled.compiler.targets.cuda.backend import CudaBackend
 from tiled.compiler.targets.cuda.layouts import infer_layouts
 from tiled.ir.program import as_program

@@ -1,4 +1,4 @@
-"""Row vectors of cyclic tiles (passes/layout.py, CyclicRows): a [M, N] fragment dealt in runs
+"""Row vectors of cyclic tiles (passes/layout_kinds.py, CyclicRows): a [M, N] fragment dealt in runs
 whose rows each take a group of at most 32 lanes gives its row reductions and the row vectors
 read over it a rows layout (each group's lanes hold their rows, a reduction is a per-thread
 combine and xor shuffles) instead of a copy of every row in every thread, indexed by thread
@@ -16,7 +16,7 @@ import tiled
 import tiled.lang as T
 from tests.compiler.test_sm90_path import sass
 from tiled.compiler import compile_program
-from tiled.compiler.passes.layout import CyclicRows, ReplicatedLayout
+from tiled.compiler.passes.layout_kinds import CyclicRows, ReplicatedLayout
 from tiled.compiler.targets.cuda.layouts import infer_layouts as cuda_layouts
 
 

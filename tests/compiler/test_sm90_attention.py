@@ -12,7 +12,7 @@ import pytest
 import tiled
 import tiled.lang as T
 from tests.compiler.test_sm90_path import sass
-from tiled.compiler.passes.layout import ReplicatedLayout
+from tiled.compiler.passes.layout_kinds import ReplicatedLayout
 from tiled.compiler.targets.cuda.layouts import (
     MmaRows,
     WgmmaLayout,

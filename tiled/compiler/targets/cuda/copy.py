@@ -24,13 +24,8 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import (
-    CyclicLayout,
-    ReplicatedLayout,
-    ravel,
-    unravel,
-    whole_region,
-)
+from tiled.compiler.passes.layout import whole_region
+from tiled.compiler.passes.layout_kinds import CyclicLayout, ReplicatedLayout, ravel, unravel
 from tiled.compiler.passes.vectorize import lane_cap, multiple_of, rows_keep_runs
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.parallel import slot_runs

@@ -20,7 +20,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import ReplicatedLayout, unravel
+from tiled.compiler.passes.layout_kinds import ReplicatedLayout, unravel
 from tiled.compiler.passes.resources import align_up
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import MmaLayout, a_operand_layout

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from tvm import tirx
 
 from tiled.compiler.passes import layout as generic
-from tiled.compiler.passes.layout import CyclicLayout, CyclicRows
+from tiled.compiler.passes.layout_kinds import CyclicLayout, CyclicRows
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 

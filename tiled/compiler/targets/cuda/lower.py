@@ -22,12 +22,8 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.barriers import SyncTracker, shared_effects
-from tiled.compiler.passes.layout import (
-    ReplicatedLayout,
-    is_identity,
-    ravel,
-    unravel,
-)
+from tiled.compiler.passes.layout import is_identity
+from tiled.compiler.passes.layout_kinds import ReplicatedLayout, ravel, unravel
 from tiled.compiler.passes.resources import SharedTile
 from tiled.compiler.passes.vectorize import vector_lanes_ok
 from tiled.compiler.targets.cuda.atomic import lower_atomic

@@ -2,7 +2,7 @@
 layout of the fragment it indexes by its loop variables (its anchor); without one, flat over
 the threads (or whole in every thread when it writes a replicated tile).
 
-Over a cyclic layout with runs (passes/layout.CyclicLayout.vec), each thread's slots come in
+Over a cyclic layout with runs (passes/layout_kinds.CyclicLayout.vec), each thread's slots come in
 runs of consecutive elements of the last dim; the run is one vectorized TIR loop where every
 access that moves with it is contiguous and aligned (passes/vectorize.run_lanes), so loads and
 stores of global and shared tiles are up to 16 bytes wide.
@@ -16,12 +16,11 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import (
+from tiled.compiler.passes.layout import is_identity, parallel_nest
+from tiled.compiler.passes.layout_kinds import (
     CyclicLayout,
     ReplicatedLayout,
     cyclic_vector,
-    is_identity,
-    parallel_nest,
     unravel,
 )
 from tiled.compiler.passes.vectorize import run_lanes

@@ -27,7 +27,7 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import (
+from tiled.compiler.passes.layout_kinds import (
     CyclicLayout,
     ReplicatedLayout,
     ravel,

@@ -22,7 +22,7 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import ReplicatedLayout, ravel, unravel
+from tiled.compiler.passes.layout_kinds import ReplicatedLayout, ravel, unravel
 from tiled.compiler.tir import scan_acc_dtype
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb

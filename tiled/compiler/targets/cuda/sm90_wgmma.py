@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import ravel
+from tiled.compiler.passes.layout_kinds import ravel
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import WgmmaLayout, infer_layouts
 from tiled.errors import CompileError

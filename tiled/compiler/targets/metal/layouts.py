@@ -12,7 +12,7 @@ cyclic path of the reduction (simd_sum / simd_max, threadgroup staging).
 from __future__ import annotations
 
 from tiled.compiler.passes import layout as generic
-from tiled.compiler.passes.layout import CyclicLayout, cyclic_vector
+from tiled.compiler.passes.layout_kinds import CyclicLayout, cyclic_vector
 from tiled.compiler.passes.resources import align_up
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import unravel
+from tiled.compiler.passes.layout_kinds import unravel
 from tiled.compiler.targets.metal.layouts import (
     MSL_ELEMENT,
     SIMD_WIDTH,

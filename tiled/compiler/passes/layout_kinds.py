@@ -1,0 +1,154 @@
+"""The target-independent fragment layouts (which thread holds which element of a FRAGMENT
+tile), used by layout inference (passes/layout.py) and by every target's lowering:
+
+- `CyclicLayout`: runs of consecutive elements (16 bytes, up to the target's longest) dealt
+  round-robin over the threads.
+- `CyclicRows`: the rows of a 2-D cyclic tile whose rows each take a group of at most 32
+  consecutive lanes (a row vector held by its row's lanes), on targets that take it.
+- `ReplicatedLayout`: every thread holds the whole tile.
+
+Targets add their instruction layouts (targets/<target>/layouts.py) beside these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import tirx
+
+
+def unravel(flat, shape: list[int]) -> list:
+    out = []
+    for d in reversed(shape):
+        out.append(tirx.floormod(flat, d) if d != 1 else tirx.const(0, "int32"))
+        flat = tirx.floordiv(flat, d) if d != 1 else flat
+    return list(reversed(out))
+
+
+def ravel(indices, shape: list[int]):
+    flat = tirx.const(0, "int32")
+    for i, d in zip(indices, shape, strict=True):
+        flat = flat * d + i
+    return flat
+
+
+@dataclass(frozen=True)
+class CyclicLayout:
+    """Runs of `vec` consecutive elements dealt round-robin over the threads: element e
+    (row-major) lives in thread (e / vec) % threads, slot (e / (vec * threads)) * vec + e % vec.
+    With `vec` dividing the last dim, a thread's run is contiguous in memory wherever the tile
+    is (the run of a global row, a shared row), so its accesses can be vectors."""
+
+    shape: tuple[int, ...]
+    threads: int
+    vec: int = 1
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def local_size(self) -> int:
+        return -(-self.numel // (self.threads * self.vec)) * self.vec
+
+    def coords(self, tx, idx):
+        if self.vec == 1:
+            e = idx * self.threads + tx
+        else:
+            e = (tirx.floordiv(idx, self.vec) * (self.threads * self.vec) + tx * self.vec
+                 + tirx.floormod(idx, self.vec))
+        valid = None if self.numel % (self.threads * self.vec) == 0 else e < self.numel
+        return unravel(e, list(self.shape)), valid
+
+    def rows(self):
+        """The rows layout (CyclicRows) of a 2-D tile whose rows each take a group of at most
+        ROW_GROUP_MAX consecutive lanes (a power of two: each round deals whole rows), else
+        None (a long row spans warps: its vectors stay replicated)."""
+        if len(self.shape) != 2 or self.shape[1] % self.vec:
+            return None
+        group = self.shape[1] // self.vec
+        if group > ROW_GROUP_MAX or group & (group - 1) or self.threads % group:
+            return None
+        return CyclicRows(self.shape[0], self.threads, group)
+
+    def row_slot(self, idx):
+        """The CyclicRows slot of the row that slot `idx` lies in: its round."""
+        return tirx.floordiv(idx, self.vec)
+
+    def row_members(self, slot: int) -> list[int]:
+        """This layout's slots (in one thread) in row slot `slot`: one run."""
+        return [slot * self.vec + c for c in range(self.vec)]
+
+
+ROW_GROUP_MAX = 32  # lanes a row of a cyclic tile may span and keep a rows layout (a warp)
+
+
+@dataclass(frozen=True)
+class CyclicRows:
+    """The rows of `CyclicLayout((M, N), threads, vec)` whose rows take `group` = N / vec
+    consecutive lanes each (within a warp): in round k thread t holds row k * R + t / group
+    (R = threads / group rows a round), as do the other lanes of its group. A row reduction
+    is a per-thread combine and log2(group) xor shuffles; a row vector read over the tile is
+    the thread's own slot."""
+
+    M: int
+    threads: int
+    group: int
+    split = 1  # (a row's partials come in one part: reduce.py)
+
+    @property
+    def QUAD_MASKS(self) -> tuple[int, ...]:  # (named as the other rows layouts)
+        return tuple(1 << k for k in range(self.group.bit_length() - 1))
+
+    @property
+    def REPLICAS(self) -> int:
+        return self.group
+
+    @property
+    def per_round(self) -> int:
+        return self.threads // self.group
+
+    @property
+    def local_size(self) -> int:
+        return -(-self.M // self.per_round)
+
+    def coords(self, tx, slot):
+        row = slot * self.per_round + tirx.floordiv(tx, self.group)
+        return [row], None if self.M % self.per_round == 0 else row < self.M
+
+    def leader(self, tx):
+        """Whether thread tx is the holder of its rows that writes them out (its group's
+        first lane)."""
+        return tirx.floormod(tx, self.group) == 0
+
+
+def cyclic_vector(shape: tuple[int, ...], threads: int, max_vec: int) -> int:
+    """The run length of a cyclic layout: the longest (up to `max_vec`) that divides the
+    last dim and deals whole runs to every thread."""
+    numel = math.prod(shape)
+    vec = max_vec
+    while vec > 1 and (shape[-1] % vec or numel % (threads * vec)):
+        vec //= 2
+    return vec
+
+
+@dataclass(frozen=True)
+class ReplicatedLayout:
+    shape: tuple[int, ...]
+
+    @property
+    def local_size(self) -> int:
+        return math.prod(self.shape)
+
+    def coords(self, tx, idx):
+        return unravel(idx, list(self.shape)), None
+
+
+def rows_of(layout, allowed: tuple[type, ...] | None = None):
+    """The rows layout of a 2-D fragment layout, or None when its rows are spread wider than a
+    few lanes (then row vectors over it stay replicated) or, with `allowed` (a target's
+    rows_layouts), when the target does not take that rows layout."""
+    rows = getattr(layout, "rows", None)
+    rows = rows() if rows is not None else None
+    return rows if rows is None or allowed is None or isinstance(rows, allowed) else None

@@ -18,7 +18,7 @@ path's speed on TileLang's gemm_rs.
 
 from __future__ import annotations
 
-from tiled.compiler.passes.layout import tile_op_uses, whole_region
+from tiled.compiler.passes.stmts import tile_op_uses, whole_region
 from tiled.ir.program import Program
 from tiled.ir.walk import walk
 from tiled.v1 import tile_ir_pb2 as pb

@@ -25,6 +25,13 @@ writes a replicated one (each thread must then run the whole nest) and a fragmen
 nothing else that is moved to or from a replicated one; a gemm A operand left without a
 layout takes the target's A-operand layout where it has one; the rest are cyclic.
 
+A 2-D tile related row by row to vectors of its columns (reduced over dim 0 into one, a
+row copied to or from one, X[k, i] read in a 1-D nest over them: a flash-decoding combine's
+log-sum-exps [splits, rows]) is stacked on their layout (`StackedLayout`): each thread holds
+its columns of every row, so none of these leaves the thread. The vectors take the layout
+their other uses give (a tile's rows, say) or, placed by nothing else, a cyclic one; a tile
+read as X[k, i] over vectors it is not stacked on is replicated.
+
 Cyclic tiles have rows too where a row takes a group of at most 32 consecutive lanes
 (`CyclicRows`, on targets that take them: CUDA, ROCm): a 2-D tile placed by nothing else
 whose rows a reduction or a row vector reads is made cyclic before the row vectors are
@@ -41,8 +48,18 @@ from tiled.compiler.passes.layout_kinds import (
     CyclicLayout,
     CyclicRows,
     ReplicatedLayout,
+    StackedLayout,
+    columns_of,
     cyclic_vector,
     rows_of,
+    stacked_on,
+)
+from tiled.compiler.passes.stmts import (
+    column_link,
+    column_read,
+    fragment_pair,
+    is_identity,
+    parallel_nest,
 )
 from tiled.compiler.passes.vectorize import VECTOR_BYTES
 from tiled.errors import CompileError
@@ -62,72 +79,6 @@ class Anchors(Protocol):
 
     def a_operand(self, g: pb.Gemm, buffers, c_layout):
         """The layout in which fragment A of `g` is read from registers, or None."""
-
-
-def body_statements(s: pb.Stmt) -> list[pb.Stmt]:
-    """The statements of a body: a Seq's, or `s` alone."""
-    return list(s.seq.stmts) if s.WhichOneof("kind") == "seq" else [s]
-
-
-def tile_op_buffers(st: pb.Stmt) -> set[int]:
-    """The buffers a tile op (copy, gemm, reduce, fill) statement reads or writes; empty for
-    any other statement (nested statements not included)."""
-    kind = st.WhichOneof("kind")
-    node = getattr(st, kind)
-    if kind == "copy":
-        return {node.src.buffer, node.dst.buffer}
-    if kind == "gemm":
-        return {node.a, node.b, node.c}
-    if kind == "reduce":
-        return {node.src, node.dst}
-    if kind == "fill":
-        return {node.dst.buffer}
-    if kind == "scan":
-        return {node.src, node.dst}
-    return set()
-
-
-def tile_op_uses(body: pb.Stmt) -> tuple[dict[int, list[pb.Stmt]], set[int]]:
-    """(buffer -> the tile op statements under `body` that touch it, in program order; the
-    buffers some statement under `body` reads or writes element by element)."""
-    uses: dict[int, list[pb.Stmt]] = {}
-    for st in walk(body):
-        for bid in tile_op_buffers(st):
-            uses.setdefault(bid, []).append(st)
-    return uses, {bid for bid, _ in element_accesses(body)}
-
-
-_FOLD = {pb.ADD: lambda a, b: a + b, pb.SUB: lambda a, b: a - b, pb.MUL: lambda a, b: a * b,
-         pb.FLOOR_DIV: lambda a, b: a // b if b else None,
-         pb.FLOOR_MOD: lambda a, b: a % b if b else None, pb.MIN: min, pb.MAX: max}
-
-
-def const_int(e: pb.Expr) -> int | None:
-    """The value of an integer expression built from constants alone, else None."""
-    kind = e.WhichOneof("kind")
-    if kind == "int_value":
-        return e.int_value
-    if kind == "cast":
-        return const_int(e.cast.value)
-    if kind == "binary" and e.binary.op in _FOLD:
-        a, b = const_int(e.binary.a), const_int(e.binary.b)
-        return None if a is None or b is None else _FOLD[e.binary.op](a, b)
-    return None
-
-
-def parallel_nest(s: pb.Stmt) -> tuple[list[pb.For], pb.Stmt]:
-    """The maximal perfect nest of PARALLEL loops starting at `s`, and its innermost body."""
-    nest = []
-    while s.WhichOneof("kind") == "for_" and s.for_.kind == pb.PARALLEL:
-        nest.append(s.for_)
-        s = s.for_.body
-    return nest, s
-
-
-def is_identity(indices, loop_vars: list[int]) -> bool:
-    return len(indices) == len(loop_vars) and all(
-        i.WhichOneof("kind") == "var" and i.var == v for i, v in zip(indices, loop_vars,
-                                                                      strict=True))
 
 
 def infer_layouts(program: pb.Program, anchors: Anchors,
@@ -171,7 +122,8 @@ def _cyclic_rows_hold(program: pb.Program, layouts: dict[int, object]) -> bool:
     for st in walk(program.kernel.body):
         kind = st.WhichOneof("kind")
         if kind == "reduce" and st.reduce.dst in rows and \
-                rows_of(layouts.get(st.reduce.src)) != layouts[st.reduce.dst]:
+                rows_of(layouts.get(st.reduce.src)) != layouts[st.reduce.dst] and \
+                not stacked_on(layouts.get(st.reduce.src), layouts[st.reduce.dst]):
             return False
         if kind == "for_" and st.for_.kind == pb.PARALLEL:
             nest, body = parallel_nest(st)
@@ -183,35 +135,6 @@ def _cyclic_rows_hold(program: pb.Program, layouts: dict[int, object]) -> bool:
                     for b, idx in accessed):
                 return False
     return True
-
-
-def whole_region(r: pb.Region, buf: pb.Buffer) -> bool:
-    """Whether region `r` is all of `buf` (offsets 0, full extents)."""
-    return list(r.extents) == [d.size for d in buf.shape] and all(
-        o.WhichOneof("kind") == "int_value" and o.int_value == 0 for o in r.offsets)
-
-
-def fragment_pair(st: pb.Stmt, buffers) -> tuple[int, int] | None:
-    """(src, dst) of a statement that moves a whole fragment into another of the same shape,
-    element for element (T.copy between fragments, T.cumsum), else None: such fragments
-    share a layout, so the move is per thread."""
-    kind = st.WhichOneof("kind")
-    if kind == "copy" and not st.copy.HasField("tma"):
-        c = st.copy
-        src, dst = buffers[c.src.buffer], buffers[c.dst.buffer]
-        if whole_region(c.src, src) and whole_region(c.dst, dst):
-            pair = (src, dst)
-        else:
-            return None
-    elif kind == "scan":
-        pair = (buffers[st.scan.src], buffers[st.scan.dst])
-    else:
-        return None
-    a, b = pair
-    if a.scope != pb.FRAGMENT or b.scope != pb.FRAGMENT or \
-            [d.size for d in a.shape] != [d.size for d in b.shape]:
-        return None
-    return a.id, b.id
 
 
 def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object],
@@ -249,6 +172,11 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
     nest_writes: list[set[int]] = []  # the fragments each nest stores to
     moves: list[set[int]] = []  # fragments moved whole into one another (fragment_pair)
     row_reads: list[tuple[int, int]] = []  # (row vector, index of its nest in `nests`)
+    col_reads: list[tuple[int, int]] = []  # (2-D tile read X[k, i] in a 1-D nest, the nest)
+    # (2-D tile, vector of its columns): T.copy of one of the tile's rows from or to the
+    # vector, a reduction over the tile's dim 0 into it
+    col_links: list[tuple[int, int]] = [column_link(st, buffers) for st in all_stmts]
+    col_links = [x for x in col_links if x is not None and {*x} <= frags]
     touches: list[set[int]] = []  # what each copy and nest moves: the fragments' run lengths
 
     def visit(st: pb.Stmt) -> None:
@@ -274,6 +202,8 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
                 elif len(loop_vars) > 1 and is_identity(idx, loop_vars[:1]) and \
                         full == shape[:1] and bid not in written:
                     row_reads.append((bid, len(nests)))
+                elif column_read(idx, loop_vars, full, shape) and bid not in written:
+                    col_reads.append((bid, len(nests)))
                 else:
                     replicated.add(bid)
             nests.append(ident)
@@ -303,6 +233,8 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
         while changed:
             changed = _spread(nests, moves, reduces, layouts, replicated, buffers, allowed,
                               row_reads if row_vectors else [])
+            changed |= _stack(col_links, col_reads, nests, layouts, replicated, buffers,
+                              anchors.rows_layouts)
 
     propagate()
     # An A operand nothing else placed takes the layout its gemm reads from registers.
@@ -332,7 +264,22 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
         if rowed:
             propagate()
 
+    # A vector of a 2-D tile's columns placed by nothing else (the splits' log-sum-exps of a
+    # flash-decoding combine, reduced over the splits) becomes cyclic, the tile stacked on it.
+    vectors = {v for _, v in col_links} | {b for _, n in col_reads for b in nests[n]}
+    free = {v for v in vectors if v not in layouts and v not in replicated}
+    if free:
+        runs = _run_lengths(free, touches, buffers, anchors.max_vector)
+        for v in sorted(free):
+            layouts[v] = _cyclic(buffers[v], threads, runs[v])
+        propagate()
+
     misfits = set()
+    for bid, nest in col_reads:  # X[k, i] over a vector of X's own columns, or replicated
+        held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
+        lay = layouts.get(bid)
+        if bid not in replicated and not (len(held) == 1 and stacked_on(lay, next(iter(held)))):
+            misfits.add(bid)
     for bid, nest in row_reads:
         held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
         lay = layouts.get(bid)
@@ -371,6 +318,34 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
         elif bid not in layouts:
             layouts[bid] = _cyclic(buffers[bid], threads, runs[bid])
     return layouts, set()
+
+
+
+
+
+
+
+
+def _stack(col_links, col_reads, nests, layouts, replicated, buffers, rows_layouts) -> bool:
+    """One round of placing 2-D tiles on the vectors of their columns (StackedLayout) and
+    such vectors from their tiles; True when a layout was assigned."""
+    changed = False
+    pairs = list(col_links)
+    for bid, nest in col_reads:
+        pairs += [(bid, b) for b in nests[nest]]
+    for x, v in pairs:
+        if x in replicated or v in replicated:
+            continue
+        lay = layouts.get(x)
+        if isinstance(lay, StackedLayout) and v not in layouts:
+            layouts[v] = lay.inner
+            changed = True
+        elif x not in layouts and v in layouts:
+            inner = columns_of(layouts[v], rows_layouts)
+            if inner is not None:
+                layouts[x] = StackedLayout(inner, buffers[x].shape[0].size)
+                changed = True
+    return changed
 
 
 def _cyclic(buf: pb.Buffer, threads: int, run: int) -> CyclicLayout:

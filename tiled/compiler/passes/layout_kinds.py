@@ -5,6 +5,10 @@ tile), used by layout inference (passes/layout.py) and by every target's lowerin
   round-robin over the threads.
 - `CyclicRows`: the rows of a 2-D cyclic tile whose rows each take a group of at most 32
   consecutive lanes (a row vector held by its row's lanes), on targets that take it.
+- `StackedLayout`: a 2-D tile each of whose rows is laid out as one 1-D fragment layout (the
+  columns' layout): element (r, c) sits in the thread(s) holding element c of that layout, so
+  a reduction over dim 0 is a per-thread combine and X[k, i] read over a vector of the
+  columns' layout is a register of the same thread.
 - `ReplicatedLayout`: every thread holds the whole tile.
 
 Targets add their instruction layouts (targets/<target>/layouts.py) beside these.
@@ -131,6 +135,68 @@ def cyclic_vector(shape: tuple[int, ...], threads: int, max_vec: int) -> int:
     while vec > 1 and (shape[-1] % vec or numel % (threads * vec)):
         vec //= 2
     return vec
+
+
+SELECT_ROWS_MAX = 16  # rows of a stacked tile read by a choice of registers (StackedLayout.read)
+
+
+@dataclass(frozen=True)
+class StackedLayout:
+    """`count` rows, each laid out as the 1-D layout `inner` (a vector of the columns): row
+    r's slots follow row r - 1's in every thread, element (r, c) at slot r * L + s where s is
+    c's slot in `inner` (L its local size), held by the thread(s) that hold c. A flash-
+    decoding combine's log-sum-exps [splits, rows] take it from the rows they are read with,
+    so the reduction over the splits is a per-thread combine and `lse[k, i]` a register."""
+
+    inner: object
+    count: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.count, self.columns)
+
+    @property
+    def columns(self) -> int:
+        return self.inner.shape[0] if isinstance(self.inner, CyclicLayout) else self.inner.M
+
+    @property
+    def local_size(self) -> int:
+        return self.count * self.inner.local_size
+
+    def coords(self, tx, idx):
+        n = self.inner.local_size
+        (c,), valid = self.inner.coords(tx, tirx.floormod(idx, n))
+        return [tirx.floordiv(idx, n), c], valid
+
+    def slot(self, row, inner_slot):
+        """The slot of element (row, c) where `inner_slot` is c's slot in `inner`."""
+        return row * self.inner.local_size + inner_slot
+
+    def read(self, buf, row, inner_slot):
+        """Element (row, c) of a thread's register array `buf` (`inner_slot` c's slot): with a
+        row not known at compile time, a choice among the rows' registers (a register array
+        indexed by a value the compiler cannot fold goes to local memory)."""
+        if isinstance(row, (int, tirx.IntImm)) or self.count > SELECT_ROWS_MAX:
+            return buf[self.slot(row, inner_slot)]
+        value = buf[self.slot(self.count - 1, inner_slot)]
+        for r in reversed(range(self.count - 1)):
+            value = tirx.Select(row == r, buf[self.slot(r, inner_slot)], value)
+        return value
+
+
+
+def columns_of(layout, rows_layouts: tuple[type, ...]):
+    """`layout` when a 2-D fragment can be stacked over it (StackedLayout): a 1-D layout that
+    splits its elements over the threads, a cyclic vector or one of the target's rows
+    layouts (`rows_layouts`); else None."""
+    if isinstance(layout, CyclicLayout) and len(layout.shape) == 1:
+        return layout
+    return layout if isinstance(layout, rows_layouts) else None
+
+
+def stacked_on(tile_layout, vector_layout) -> bool:
+    """Whether a 2-D tile of `tile_layout` is stacked on vectors of `vector_layout`."""
+    return isinstance(tile_layout, StackedLayout) and tile_layout.inner == vector_layout
 
 
 @dataclass(frozen=True)

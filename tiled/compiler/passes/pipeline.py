@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from tiled.compiler.passes.layout import body_statements, tile_op_buffers
+from tiled.compiler.passes.stmts import body_statements, tile_op_buffers
 from tiled.ir.walk import element_accesses, expr_vars, stmt_exprs, subexprs, walk, written
 from tiled.v1 import tile_ir_pb2 as pb
 

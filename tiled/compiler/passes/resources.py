@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import touched
+from tiled.compiler.passes.stmts import body_statements
 from tiled.ir import dtypes
 from tiled.v1 import tile_ir_pb2 as pb
 

@@ -44,7 +44,7 @@ reader.
 
 from __future__ import annotations
 
-from tiled.compiler.passes.layout import body_statements, tile_op_uses, whole_region
+from tiled.compiler.passes.stmts import body_statements, tile_op_uses, whole_region
 from tiled.ir import dtypes
 from tiled.ir.program import Program
 from tiled.ir.walk import walk

@@ -23,7 +23,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import body_statements
+from tiled.compiler.passes.stmts import body_statements
 from tiled.compiler.targets.cpu import forward, vmath
 from tiled.compiler.targets.cpu.native_bf16 import ATTR as NATIVE_BF16_ATTR
 from tiled.compiler.targets.cpu.native_bf16 import to_bits as native_bf16_bits

@@ -27,8 +27,8 @@ import contextlib
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import uniform_vars
+from tiled.compiler.passes.stmts import body_statements
 from tiled.ir import dtypes
 from tiled.ir.walk import expr_vars, subexprs
 from tiled.v1 import tile_ir_pb2 as pb

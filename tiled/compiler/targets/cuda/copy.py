@@ -24,8 +24,15 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import whole_region
-from tiled.compiler.passes.layout_kinds import CyclicLayout, ReplicatedLayout, ravel, unravel
+from tiled.compiler.passes.layout_kinds import (
+    SELECT_ROWS_MAX,
+    CyclicLayout,
+    ReplicatedLayout,
+    ravel,
+    stacked_on,
+    unravel,
+)
+from tiled.compiler.passes.stmts import column_link, whole_region
 from tiled.compiler.passes.vectorize import lane_cap, multiple_of, rows_keep_runs
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.parallel import slot_runs
@@ -49,7 +56,7 @@ def copy_uses_scratch(low, c: pb.Copy) -> bool:
     src, dst = low.buffers[c.src.buffer], low.buffers[c.dst.buffer]
     if src.scope != pb.FRAGMENT or dst.scope != pb.FRAGMENT or not _spread(low, src.id):
         return False
-    return not same_slots(low, c)
+    return not same_slots(low, c) and stacked_row(low, c) is None
 
 
 def copy_scratch_bytes(low, c: pb.Copy) -> int:
@@ -66,6 +73,24 @@ def same_slots(low, c: pb.Copy) -> bool:
     return src.scope == dst.scope == pb.FRAGMENT and \
         low.layouts[src.id] == low.layouts[dst.id] and \
         whole_region(c.src, src) and whole_region(c.dst, dst)
+
+
+def stacked_row(low, c: pb.Copy):
+    """(the stacked tile's region, whether it is the source) of a copy between one row of a
+    tile stacked on a vector's layout (passes/layout.column_link) and such a vector, else
+    None: slot s of the vector is the row's slot s in every thread."""
+    for tile, vec, from_tile in ((c.src, c.dst, True), (c.dst, c.src, False)):
+        if low.buffers[tile.buffer].scope == low.buffers[vec.buffer].scope == pb.FRAGMENT and \
+                column_link(_as_stmt(c), low.buffers) == (tile.buffer, vec.buffer) and \
+                stacked_on(low.layouts[tile.buffer], low.layouts[vec.buffer]):
+            return tile, from_tile
+    return None
+
+
+def _as_stmt(c: pb.Copy) -> pb.Stmt:
+    st = pb.Stmt()
+    st.copy.CopyFrom(c)
+    return st
 
 
 def for_fragment_slots(low, bid: int, region: pb.Region, body, other: pb.Region | None = None
@@ -115,6 +140,21 @@ def lower_fragment_copy(low, c: pb.Copy) -> None:
         if same_slots(low, c):
             with low.loop(low.layouts[dst.id].local_size) as idx:
                 _store_slot(low, dst.id, idx, low.tir[src.id][idx])
+            return
+        row = stacked_row(low, c)
+        if row is not None:  # one row of a stacked tile from or to a vector of its columns
+            tile, from_tile = row
+            lay = low.layouts[tile.buffer]
+            k = low.expr(tile.offsets[0])
+            with low.loop(lay.inner.local_size) as s:
+                if from_tile:
+                    _store_slot(low, dst.id, s, lay.read(low.tir[src.id], k, s))
+                elif isinstance(k, tirx.IntImm) or lay.count > SELECT_ROWS_MAX:
+                    _store_slot(low, dst.id, lay.slot(k, s), low.tir[src.id][s])
+                else:  # the row's registers chosen by k (StackedLayout.read)
+                    for r in range(lay.count):
+                        with T.If(k == r), T.Then():
+                            _store_slot(low, dst.id, lay.slot(r, s), low.tir[src.id][s])
             return
         if src.scope == pb.FRAGMENT and _spread(low, src.id):
             return _through_scratch(low, c)

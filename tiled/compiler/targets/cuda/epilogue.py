@@ -18,7 +18,7 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import whole_region
+from tiled.compiler.passes.stmts import whole_region
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.layouts import MmaLayout, WgmmaLayout
 from tiled.compiler.tir import global_extent

@@ -22,9 +22,9 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.barriers import SyncTracker, shared_effects
-from tiled.compiler.passes.layout import is_identity
-from tiled.compiler.passes.layout_kinds import ReplicatedLayout, ravel, unravel
+from tiled.compiler.passes.layout_kinds import ReplicatedLayout, StackedLayout, ravel, unravel
 from tiled.compiler.passes.resources import SharedTile
+from tiled.compiler.passes.stmts import column_read, is_identity
 from tiled.compiler.passes.vectorize import vector_lanes_ok
 from tiled.compiler.targets.cuda.atomic import lower_atomic
 from tiled.compiler.targets.cuda.copy import (
@@ -124,6 +124,7 @@ class CudaLowering(ExprLowering):
         self.panel_shift: dict[int, tuple] = {}
         self.frag_bind: dict[int, tirx.PrimExpr] = {}  # fragment bid -> local slot in a nest
         self.frag_row = None  # (anchor layout, its slot) of the T.Parallel nest being lowered
+        self.nest_slot = None  # the same for any anchor (X[k, i] over a stacked X: frag_slot)
         self.replica = None  # in a nest over a rows layout: true in one lane of each quad
         self.nest_vars: list[int] = []
         self.sync = self.block_sync()
@@ -229,8 +230,22 @@ class CudaLowering(ExprLowering):
             anchor, idx = self.frag_row  # m[i] over the anchor's row i: same thread
             if anchor.rows() == lay:
                 return anchor.row_slot(idx)
+        column = self.stacked_column(bid, indices, ir_indices)
+        if column is not None:
+            return lay.slot(*column)
         raise CompileError(f"fragment {self.buffers[bid].name} is spread over threads here; "
                            "it can only be indexed by the variables of its T.Parallel loop")
+
+    def stacked_column(self, bid: int, indices: list, ir_indices):
+        """(row k, the nest's slot) of X[k, i] read over a vector of the columns a stacked X
+        is laid out on (the anchor of the T.Parallel nest over i), else None."""
+        lay = self.layouts[bid]
+        if not isinstance(lay, StackedLayout) or self.nest_slot is None or \
+                ir_indices is None or len(self.nest_vars) != 1 or \
+                not column_read(ir_indices, self.nest_vars, lay.shape, lay.shape[1:]):
+            return None
+        anchor, idx = self.nest_slot
+        return (indices[0], idx) if anchor == lay.inner else None
 
     def access(self, bid: int, indices: list, ir_indices=None):
         """(TIR buffer, TIR indices) of a logical element access."""
@@ -244,6 +259,10 @@ class CudaLowering(ExprLowering):
         return self.tir[bid], indices
 
     def load(self, bid, indices, ir_indices=None):
+        if self.buffers[bid].scope == pb.FRAGMENT:
+            column = self.stacked_column(bid, indices, ir_indices)
+            if column is not None:
+                return self.layouts[bid].read(self.tir[bid], *column)
         buf, idx = self.access(bid, indices, ir_indices)
         return buf[tuple(idx)]
 

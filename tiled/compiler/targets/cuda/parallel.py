@@ -16,13 +16,13 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import is_identity, parallel_nest
 from tiled.compiler.passes.layout_kinds import (
     CyclicLayout,
     ReplicatedLayout,
     cyclic_vector,
     unravel,
 )
+from tiled.compiler.passes.stmts import is_identity, parallel_nest
 from tiled.compiler.passes.vectorize import run_lanes
 from tiled.compiler.tir import and_all, steps_along, unravel_dyn
 from tiled.ir.walk import element_accesses, set_before_read, stores
@@ -57,12 +57,13 @@ def lower_parallel(low, s: pb.Stmt) -> None:
             low.frag_bind = {b: idx for b in ident}
             low.nest_vars = loop_vars
             low.frag_row = (anchor, idx) if hasattr(anchor, "row_slot") else None
+            low.nest_slot = (anchor, idx)
             low.replica = anchor.leader(low.tx) if isinstance(anchor, low.rows_layouts) \
                 else None
             with low.maybe_if(valid):
                 low.stmt(body)
             low.frag_bind, low.nest_vars, low.frag_row = {}, outer_vars, None
-            low.replica = None
+            low.replica, low.nest_slot = None, None
         return
     # A local the body sets before it reads it (a scalar it names) is each iteration's own:
     # every thread keeps its own copy, so it does not make the nest run whole in each.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import body_statements
+from tiled.compiler.passes.stmts import body_statements
 from tiled.compiler.targets.cuda.copy import async_vector, issue_async_copy
 from tiled.compiler.targets.cuda.gather import issue_async_gather
 from tiled.v1 import tile_ir_pb2 as pb

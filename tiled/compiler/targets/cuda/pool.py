@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.resources import (
     POOL_ALIGN,
     SharedTile,
@@ -23,6 +22,7 @@ from tiled.compiler.passes.resources import (
     lifetimes,
     overlay,
 )
+from tiled.compiler.passes.stmts import body_statements
 from tiled.compiler.targets.cuda import ws_plan
 from tiled.compiler.targets.cuda.copy import copy_uses_scratch
 from tiled.compiler.targets.cuda.gather import find_gather

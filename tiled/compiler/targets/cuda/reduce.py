@@ -9,6 +9,9 @@ whose identity is 0) along one dim of a shared or fragment tile into a fragment.
   lane of each quad leaves its part's partials in the scratch area and every holder of a
   row combines the parts in the same order.
 - From a replicated fragment (or a local tile): every thread reduces its own copy.
+- Over dim 0 of a tile stacked on the destination's layout (StackedLayout: each of its rows
+  laid out as the destination): every thread combines its slots of each column, in order,
+  with no exchange at all.
 - Along the last dim of a cyclic fragment whose rows each span whole rounds of the block
   (the last dim a multiple of threads x run length, as a row-per-block norm or softmax has):
   which slots hold which row is the same in every thread, so each thread combines its slots
@@ -30,6 +33,7 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.passes.layout_kinds import (
     CyclicLayout,
     ReplicatedLayout,
+    StackedLayout,
     ravel,
     rows_of,
     unravel,
@@ -58,7 +62,7 @@ def reduce_scratch_bytes(low, r: pb.Reduce) -> int:
         rows = low.layouts[dst.id]
         split = getattr(rows, "split", 1)
         return 0 if split == 1 else split * rows.M * max(4, dtypes.nbytes(dst.dtype))
-    if isinstance(low.layouts.get(src.id), ReplicatedLayout):
+    if isinstance(low.layouts.get(src.id), ReplicatedLayout) or _down_columns(low, r):
         return 0
     if _whole_rounds(low, r):
         return low.threads // low.warp_size * math.prod(d.size for d in dst.shape) * \
@@ -74,6 +78,25 @@ def _along_rows(low, r: pb.Reduce) -> bool:
     may hold another tile's rows layout, one it is read with: then the general path.)"""
     dst = low.layouts.get(r.dst)
     return isinstance(dst, low.rows_layouts) and rows_of(low.layouts.get(r.src)) == dst
+
+
+def _down_columns(low, r: pb.Reduce) -> bool:
+    """Whether `r` reduces dim 0 of a tile stacked on the destination's layout."""
+    lay = low.layouts.get(r.src)
+    return r.dim == 0 and isinstance(lay, StackedLayout) and lay.inner == low.layouts.get(r.dst)
+
+
+def reduce_columns(low, r: pb.Reduce) -> None:
+    """Dim 0 of a stacked tile into the vector it is stacked on: per thread, per slot of the
+    vector, its column's slots combined in row order (the rows are few: unrolled)."""
+    src, dst = low.tir[r.src], low.tir[r.dst]
+    lay = low.layouts[r.src]
+    combine, dt = COMBINE[r.kind], dst.dtype
+    with low.loop(lay.inner.local_size) as s:
+        vals = [_element(r.kind, tirx.Cast(dt, src[lay.slot(k, s)]) if src.dtype != dt
+                         else src[lay.slot(k, s)]) for k in range(lay.count)]
+        v = _tree(combine, vals)
+        T.buffer_store(dst, v if r.clear else combine(dst[s], v), [s])
 
 
 def _whole_rounds(low, r: pb.Reduce) -> bool:
@@ -99,6 +122,8 @@ def lower_reduce(low, r: pb.Reduce) -> None:
 
     if _along_rows(low, r):
         return reduce_rows(low, r)
+    if _down_columns(low, r):
+        return reduce_columns(low, r)
     if _whole_rounds(low, r):
         return reduce_rounds(low, r)
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import body_statements, const_int, tile_op_buffers
+from tiled.compiler.passes.stmts import body_statements, const_int, tile_op_buffers
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.epilogue import store_acc_tile
 from tiled.compiler.targets.cuda.grid_walk import persistent_walk, producer_waits_for_grid

@@ -25,8 +25,8 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.barriers import SyncTracker, shared_effects
-from tiled.compiler.passes.layout import tile_op_buffers
 from tiled.compiler.passes.resources import align_up
+from tiled.compiler.passes.stmts import tile_op_buffers
 from tiled.compiler.targets.cuda.layouts import infer_layouts
 from tiled.compiler.targets.cuda.lower import CudaLowering
 from tiled.compiler.targets.cuda.sm90_wgmma import find_wgmma, tma_panels, wgmma_gemm

@@ -65,8 +65,8 @@ import contextlib
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import holds_loop, is_loop
+from tiled.compiler.passes.stmts import body_statements
 from tiled.compiler.targets.cuda.grid_walk import (
     bind_block,
     persistent_walk,

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from tvm import tirx
 
-from tiled.compiler.passes.layout import body_statements
 from tiled.compiler.passes.pipeline import RunAhead, gathers, run_ahead
+from tiled.compiler.passes.stmts import body_statements
 from tiled.compiler.targets.cuda.gemm_sm90 import PANEL_BYTES, panel_row_bytes
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.targets.cuda.wgmma_waits import wgmma_gemm

@@ -250,6 +250,46 @@ def _policy_case(policy) -> Case:
                 lambda args: {2: _product(args)}, options={"warp_specialize": False})
 
 
+def column_vectors(policy, M=128, N=128, K=64, block_M=64, block_N=64, block_K=32, **options):
+    """A gemm's epilogue with vectors over its columns (a per-channel scale and a bias, as
+    TileLang users write them): each loaded whole into a fragment, read as v[j] over the
+    accumulator (the accumulator's columns layout), and written back out from a nest of its
+    own (one holder of each column writes)."""
+
+    @tiled.kernel
+    def gemm_cols(A: T.Tensor((M, K), "float16"), B: T.Tensor((K, N), "float16"),
+                  Scale: T.Tensor((N,), "float32"), Bias: T.Tensor((N,), "float32"),
+                  C: T.Tensor((M, N), "float32"), Cols: T.Tensor((N,), "float32")):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
+            A_s = T.alloc_shared((block_M, block_K), "float16")
+            B_s = T.alloc_shared((block_K, block_N), "float16")
+            C_l = T.alloc_fragment((block_M, block_N), "float32")
+            scale = T.alloc_fragment((block_N,), "float32")
+            bias = T.alloc_fragment((block_N,), "float32")
+            T.copy(Scale[bx * block_N], scale)
+            T.copy(Bias[bx * block_N], bias)
+            T.clear(C_l)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=2):
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[k * block_K, bx * block_N], B_s)
+                gemm(A_s, B_s, C_l, policy)
+            for i, j in T.Parallel(block_M, block_N):
+                C_l[i, j] = C_l[i, j] * scale[j] + bias[j]
+            T.copy(C_l, C[by * block_M, bx * block_N])
+            for j in T.Parallel(block_N):  # (every row of blocks writes the same values)
+                Cols[bx * block_N + j] = bias[j] * 2.0 + scale[j]
+
+    def inputs(rng):
+        return [*_gemm_inputs(M, N, K)(rng)[:2], rng.standard_normal(N).astype(np.float32),
+                rng.standard_normal(N).astype(np.float32), np.full((M, N), np.nan, np.float32),
+                np.full(N, np.nan, np.float32)]
+
+    def reference(args):
+        return {4: _product(args) * args[2] + args[3], 5: 2.0 * args[3] + args[2]}
+
+    return Case(gemm_cols, inputs, reference, options=options or None)
+
+
 def gemm_fragment_operands(policy, M=64, N=64, K=64, a_dtype="float16"):
     """A in a fragment (loaded from shared, then scaled in a T.Parallel nest) and, in a second
     gemm, B in a fragment. A float32 A fragment takes the SIMT gemm (staged)."""
@@ -558,6 +598,9 @@ CASES: dict[str, Callable[[], Case]] = {
     "gemm_fullrow": lambda: _policy_case(ROW),
     "gemm_fullcol": lambda: _policy_case(COL),
     "gemm_ws_rowmax": lambda: matmul_row_max(256, 256, 128, ROW),
+    "cols_fullrow": lambda: column_vectors(ROW, warp_specialize=False),
+    "cols_square": lambda: column_vectors(SQUARE, warp_specialize=False),
+    "cols_wgmma": lambda: column_vectors(SQUARE),
     "gemm_frag_fullrow": lambda: gemm_fragment_operands(ROW),
     "gemm_frag_square": lambda: gemm_fragment_operands(SQUARE),
     "gemm_frag_f32": lambda: gemm_fragment_operands(SQUARE, a_dtype="float32"),

@@ -25,6 +25,10 @@ writes a replicated one (each thread must then run the whole nest) and a fragmen
 nothing else that is moved to or from a replicated one; a gemm A operand left without a
 layout takes the target's A-operand layout where it has one; the rest are cyclic.
 
+A vector read as v[j] in an (i, j) nest over a tile whose layout has a columns layout (a
+target's accumulator: `cols()`) takes it, so each thread holds the columns it holds in the
+tile; otherwise it is replicated.
+
 A 2-D tile related row by row to vectors of its columns (reduced over dim 0 into one, a
 row copied to or from one, X[k, i] read in a 1-D nest over them: a flash-decoding combine's
 log-sum-exps [splits, rows]) is stacked on their layout (`StackedLayout`): each thread holds
@@ -49,6 +53,7 @@ from tiled.compiler.passes.layout_kinds import (
     CyclicRows,
     ReplicatedLayout,
     StackedLayout,
+    cols_of,
     columns_of,
     cyclic_vector,
     rows_of,
@@ -173,6 +178,7 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
     moves: list[set[int]] = []  # fragments moved whole into one another (fragment_pair)
     row_reads: list[tuple[int, int]] = []  # (row vector, index of its nest in `nests`)
     col_reads: list[tuple[int, int]] = []  # (2-D tile read X[k, i] in a 1-D nest, the nest)
+    col_vectors: list[tuple[int, int]] = []  # (column vector read v[j] in an (i, j) nest, nest)
     # (2-D tile, vector of its columns): T.copy of one of the tile's rows from or to the
     # vector, a reduction over the tile's dim 0 into it
     col_links: list[tuple[int, int]] = [column_link(st, buffers) for st in all_stmts]
@@ -204,6 +210,9 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
                     row_reads.append((bid, len(nests)))
                 elif column_read(idx, loop_vars, full, shape) and bid not in written:
                     col_reads.append((bid, len(nests)))
+                elif len(loop_vars) == 2 and is_identity(idx, loop_vars[1:]) and \
+                        full == shape[1:] and bid not in written:
+                    col_vectors.append((bid, len(nests)))
                 else:
                     replicated.add(bid)
             nests.append(ident)
@@ -235,6 +244,7 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
                               row_reads if row_vectors else [])
             changed |= _stack(col_links, col_reads, nests, layouts, replicated, buffers,
                               anchors.rows_layouts)
+            changed |= _columns(col_vectors, nests, layouts, replicated)
 
     propagate()
     # An A operand nothing else placed takes the layout its gemm reads from registers.
@@ -285,6 +295,12 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
         lay = layouts.get(bid)
         if bid not in replicated and not (lay is not None and len(held) == 1 and
                                           rows_of(held.pop(), allowed) == lay):
+            misfits.add(bid)
+    for bid, nest in col_vectors:
+        held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
+        lay = layouts.get(bid)
+        if bid not in replicated and not (lay is not None and len(held) == 1 and
+                                          cols_of(held.pop()) == lay):
             misfits.add(bid)
     if misfits:
         return layouts, misfits
@@ -345,6 +361,21 @@ def _stack(col_links, col_reads, nests, layouts, replicated, buffers, rows_layou
             if inner is not None:
                 layouts[x] = StackedLayout(inner, buffers[x].shape[0].size)
                 changed = True
+    return changed
+
+
+def _columns(col_vectors, nests, layouts, replicated) -> bool:
+    """One round of placing column vectors read as v[j] over a tile whose layout has a
+    columns layout (a target's accumulator: cols()) in it; True when one was placed."""
+    changed = False
+    for bid, nest in col_vectors:
+        if bid in layouts or bid in replicated:
+            continue
+        held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
+        cols = cols_of(next(iter(held))) if len(held) == 1 else None
+        if cols is not None:
+            layouts[bid] = cols
+            changed = True
     return changed
 
 

@@ -211,6 +211,14 @@ class ReplicatedLayout:
         return unravel(idx, list(self.shape)), None
 
 
+def cols_of(layout):
+    """The columns layout of a 2-D fragment layout (a vector over its columns, each thread
+    holding the columns it holds in the tile: a target's accumulator layouts give one), or
+    None."""
+    cols = getattr(layout, "cols", None)
+    return cols() if cols is not None else None
+
+
 def rows_of(layout, allowed: tuple[type, ...] | None = None):
     """The rows layout of a 2-D fragment layout, or None when its rows are spread wider than a
     few lanes (then row vectors over it stay replicated) or, with `allowed` (a target's

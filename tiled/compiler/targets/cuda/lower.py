@@ -22,7 +22,13 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.barriers import SyncTracker, shared_effects
-from tiled.compiler.passes.layout_kinds import ReplicatedLayout, StackedLayout, ravel, unravel
+from tiled.compiler.passes.layout_kinds import (
+    ReplicatedLayout,
+    StackedLayout,
+    cols_of,
+    ravel,
+    unravel,
+)
 from tiled.compiler.passes.resources import SharedTile
 from tiled.compiler.passes.stmts import column_read, is_identity
 from tiled.compiler.passes.vectorize import vector_lanes_ok
@@ -233,6 +239,11 @@ class CudaLowering(ExprLowering):
         column = self.stacked_column(bid, indices, ir_indices)
         if column is not None:
             return lay.slot(*column)
+        if self.nest_slot is not None and ir_indices is not None and \
+                len(self.nest_vars) == 2 and is_identity(ir_indices, self.nest_vars[1:]):
+            anchor, idx = self.nest_slot  # v[j] over the anchor's column j: same thread
+            if cols_of(anchor) == lay:
+                return anchor.col_slot(idx)
         raise CompileError(f"fragment {self.buffers[bid].name} is spread over threads here; "
                            "it can only be indexed by the variables of its T.Parallel loop")
 

@@ -58,8 +58,7 @@ def lower_parallel(low, s: pb.Stmt) -> None:
             low.nest_vars = loop_vars
             low.frag_row = (anchor, idx) if hasattr(anchor, "row_slot") else None
             low.nest_slot = (anchor, idx)
-            low.replica = anchor.leader(low.tx) if isinstance(anchor, low.rows_layouts) \
-                else None
+            low.replica = anchor.leader(low.tx) if hasattr(anchor, "leader") else None
             with low.maybe_if(valid):
                 low.stmt(body)
             low.frag_bind, low.nest_vars, low.frag_row = {}, outer_vars, None

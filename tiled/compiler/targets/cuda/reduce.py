@@ -157,10 +157,12 @@ def lower_reduce(low, r: pb.Reduce) -> None:
                 T.buffer_store(scratch, tmp[0], [spilled + o])
         low.sync.sync()
         dst_lay = low.layouts.get(r.dst)
-        if isinstance(dst_lay, low.rows_layouts):  # each thread takes the rows it holds
-            for slot in range(dst_lay.local_size):
-                v = scratch[spilled + dst_lay.coords(low.tx, slot)[0][0]]
-                T.buffer_store(dst, v if r.clear else combine(dst[slot], v), [slot])
+        if dst_lay is not None and not isinstance(dst_lay, ReplicatedLayout):
+            for slot in range(dst_lay.local_size):  # each thread takes the elements it holds
+                coords, valid = dst_lay.coords(low.tx, slot)
+                with low.maybe_if(valid):
+                    v = scratch[spilled + ravel(coords, keep)]
+                    T.buffer_store(dst, v if r.clear else combine(dst[slot], v), [slot])
         else:
             with low.loop(n_out) as o:
                 v = scratch[spilled + o]

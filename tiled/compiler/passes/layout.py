@@ -275,8 +275,11 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
             propagate()
 
     # A vector of a 2-D tile's columns placed by nothing else (the splits' log-sum-exps of a
-    # flash-decoding combine, reduced over the splits) becomes cyclic, the tile stacked on it.
-    vectors = {v for _, v in col_links} | {b for _, n in col_reads for b in nests[n]}
+    # flash-decoding combine, reduced over the splits) becomes cyclic, the tile stacked on it;
+    # so does a tile placed by nothing else that a column vector is read over (v[j] in its
+    # (i, j) nest), which the vector then takes the columns of.
+    vectors = {v for _, v in col_links} | {b for _, n in col_reads for b in nests[n]} | \
+        {b for _, n in col_vectors for b in nests[n]}
     free = {v for v in vectors if v not in layouts and v not in replicated}
     if free:
         runs = _run_lengths(free, touches, buffers, anchors.max_vector)

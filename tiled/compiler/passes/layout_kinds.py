@@ -76,6 +76,20 @@ class CyclicLayout:
             return None
         return CyclicRows(self.shape[0], self.threads, group)
 
+    def cols(self):
+        """The columns layout of a 2-D tile whose rows each span whole rounds (the last dim a
+        multiple of threads x vec: every thread holds the same columns in each row): the
+        cyclic layout of one row; else None."""
+        if len(self.shape) != 2 or self.shape[1] % (self.threads * self.vec):
+            return None
+        return CyclicLayout((self.shape[1],), self.threads, self.vec)
+
+    def col_slot(self, idx):
+        """The slot (in `cols()`) of the column that slot `idx` lies in."""
+        rounds = self.shape[1] // (self.threads * self.vec)  # a row's runs per thread
+        return tirx.floormod(tirx.floordiv(idx, self.vec), rounds) * self.vec + \
+            tirx.floormod(idx, self.vec)
+
     def row_slot(self, idx):
         """The CyclicRows slot of the row that slot `idx` lies in: its round."""
         return tirx.floordiv(idx, self.vec)

@@ -5,7 +5,7 @@
   warp grid its GemmWarpPolicy asks for (`choose_warps`). With one warp column (warp_n 1) the
   layout of two adjacent n8 tiles is the m16k16 A-operand layout of mma.sync, so a 16-bit
   fragment in it (`T.copy(acc_s, acc_s_cast)`) is the A operand of a gemm from registers.
-- A columns layout (`WgmmaCols`, `MmaCols`): a vector over the columns of such a tile, each
+- A columns layout (`AccumulatorCols`): a vector over the columns of such a tile, each
   thread holding the columns it holds in it (replicated over the lanes and warps that share
   them): chosen for a vector read as v[j] inside a loop over (i, j) over that tile.
 - A rows layout (`WgmmaRows`, `MmaRows`): a vector over the rows of a 2-D layout whose rows
@@ -67,12 +67,11 @@ class MmaLayout:
             tirx.floordiv(tirx.floormod(idx, 4), 2)
 
     def cols(self):
-        """The columns layout (MmaCols): a column lives in 8 lanes of each warp of its warp
-        column."""
-        return MmaCols(self.N, self.warp_m, self.warp_n)
+        """The columns layout: a column lives in 8 lanes of each warp of its warp column."""
+        return AccumulatorCols(self.N, self.warp_n, 32)
 
     def col_slot(self, idx):
-        """The MmaCols slot of the column that slot `idx` of this layout lies in."""
+        """The cols() slot of the column that slot `idx` of this layout lies in."""
         nt_count = self.N // self.warp_n // 8
         return tirx.floormod(tirx.floordiv(idx, 4), nt_count) * 2 + tirx.floormod(idx, 2)
 
@@ -168,10 +167,11 @@ class WgmmaLayout:
         return WgmmaRows(self.M, self.nwg, self.wg_n)
 
     def cols(self):
-        return WgmmaCols(self.N, self.nwg, self.wg_n)
+        """The columns layout: a column lives in 32 lanes of each warpgroup of its column."""
+        return AccumulatorCols(self.N, self.wg_n, 128)
 
     def col_slot(self, idx):
-        """The WgmmaCols slot of the column that slot `idx` of this layout lies in."""
+        """The cols() slot of the column that slot `idx` of this layout lies in."""
         i = tirx.floormod(idx, self.wn_cols // 2)
         return tirx.floordiv(i, 4) * 2 + tirx.floormod(i, 2)
 
@@ -230,60 +230,33 @@ class MmaRows:
 
 
 @dataclass(frozen=True)
-class WgmmaCols:
-    """The columns of `WgmmaLayout(*, N, nwg, wg_n)`: thread t of warpgroup w holds columns
-    (w % wg_n) * N / wg_n + 8 c + 2 (t % 4) + {0, 1} for c < N / wg_n / 8 (slots 2c and
-    2c + 1), as do the lanes of its warpgroup with the same t % 4 and the same threads of the
-    other warpgroups of its warpgroup column. A vector read as v[j] over the accumulator is
-    then the thread's own registers (a bias, a key mask)."""
+class AccumulatorCols:
+    """The columns of a wgmma (`unit` 128: a warpgroup) or mma.sync (`unit` 32: a warp)
+    accumulator whose units split its N columns `split` ways (wg_n, warp_n): thread t of unit
+    u holds columns (u % split) * N / split + 8 c + 2 (t % 4) + {0, 1} for c < N / split / 8
+    (slots 2c and 2c + 1), as do the lanes of its unit with the same t % 4 and the same
+    threads of the units of its unit column. A vector read as v[j] over the accumulator is
+    then the thread's own registers (a bias, a per-channel scale, a key mask)."""
 
     N: int
-    nwg: int
-    wg_n: int = 1
+    split: int
+    unit: int
 
     @property
     def local_size(self) -> int:
-        return self.N // self.wg_n // 4
+        return self.N // self.split // 4
 
     def coords(self, tx, slot):
-        wn = tirx.floormod(tirx.floordiv(tx, 128), self.wg_n)
-        col = (wn * (self.N // self.wg_n) + 8 * tirx.floordiv(slot, 2)
+        part = tirx.floormod(tirx.floordiv(tx, self.unit), self.split)
+        col = (part * (self.N // self.split) + 8 * tirx.floordiv(slot, 2)
                + 2 * tirx.floormod(tx, 4) + tirx.floormod(slot, 2))
         return [col], None
 
     def leader(self, tx):
         """Whether thread tx is the one holder of its columns that writes them out (the
-        first quad of its warpgroup, in the first warpgroup row)."""
-        return tirx.all(tirx.floordiv(tx, 128 * self.wg_n) == 0,
-                        tirx.floordiv(tirx.floormod(tx, 128), 4) == 0)
-
-
-@dataclass(frozen=True)
-class MmaCols:
-    """The columns of `MmaLayout(*, N, warp_m, warp_n)`: lane l of warp w holds columns
-    (w % warp_n) * N / warp_n + 8 c + 2 (l % 4) + {0, 1} for c < N / warp_n / 8 (slots 2c
-    and 2c + 1), as do the lanes of its warp with the same l % 4 and the warps of its warp
-    column."""
-
-    N: int
-    warp_m: int
-    warp_n: int = 1
-
-    @property
-    def local_size(self) -> int:
-        return self.N // self.warp_n // 4
-
-    def coords(self, tx, slot):
-        wn = tirx.floormod(tirx.floordiv(tx, 32), self.warp_n)
-        col = (wn * (self.N // self.warp_n) + 8 * tirx.floordiv(slot, 2)
-               + 2 * tirx.floormod(tx, 4) + tirx.floormod(slot, 2))
-        return [col], None
-
-    def leader(self, tx):
-        """Whether thread tx is the one holder of its columns that writes them out (the
-        first quad of its warp, in the first warp row)."""
-        return tirx.all(tirx.floordiv(tx, 32 * self.warp_n) == 0,
-                        tirx.floordiv(tirx.floormod(tx, 32), 4) == 0)
+        first quad of its unit, in the first unit row)."""
+        return tirx.all(tirx.floordiv(tx, self.unit * self.split) == 0,
+                        tirx.floordiv(tirx.floormod(tx, self.unit), 4) == 0)
 
 
 ROWS_LAYOUTS = (WgmmaRows, MmaRows, CyclicRows)  # layouts replicated over a few lanes

@@ -287,24 +287,12 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
             layouts[v] = _cyclic(buffers[v], threads, runs[v])
         propagate()
 
-    misfits = set()
-    for bid, nest in col_reads:  # X[k, i] over a vector of X's own columns, or replicated
-        held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
-        lay = layouts.get(bid)
-        if bid not in replicated and not (len(held) == 1 and stacked_on(lay, next(iter(held)))):
-            misfits.add(bid)
-    for bid, nest in row_reads:
-        held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
-        lay = layouts.get(bid)
-        if bid not in replicated and not (lay is not None and len(held) == 1 and
-                                          rows_of(held.pop(), allowed) == lay):
-            misfits.add(bid)
-    for bid, nest in col_vectors:
-        held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
-        lay = layouts.get(bid)
-        if bid not in replicated and not (lay is not None and len(held) == 1 and
-                                          cols_of(held.pop()) == lay):
-            misfits.add(bid)
+    # Each read over a nest's tiles must find the layout it needs there, or be replicated:
+    # X[k, i] a tile stacked on the nest's vectors, m[i] their rows, v[j] their columns.
+    misfits = _misfits(col_reads, nests, layouts, replicated, stacked_on) | \
+        _misfits(row_reads, nests, layouts, replicated,
+                 lambda lay, held: rows_of(held, allowed) == lay) | \
+        _misfits(col_vectors, nests, layouts, replicated, lambda lay, held: cols_of(held) == lay)
     if misfits:
         return layouts, misfits
     for r in reduces:
@@ -339,10 +327,17 @@ def _infer(program: pb.Program, anchors: Anchors, accumulators: dict[int, object
     return layouts, set()
 
 
-
-
-
-
+def _misfits(reads, nests, layouts, replicated, fits) -> set[int]:
+    """The fragments of `reads` ((fragment, its nest) pairs) not replicated whose layout does
+    not fit (`fits(layout, held)`) the one layout the nest's tiles hold."""
+    out = set()
+    for bid, nest in reads:
+        held = {layouts[b] for b in nests[nest] if b in layouts and b not in replicated}
+        lay = layouts.get(bid)
+        if bid not in replicated and not (lay is not None and len(held) == 1 and
+                                          fits(lay, next(iter(held)))):
+            out.add(bid)
+    return out
 
 
 def _stack(col_links, col_reads, nests, layouts, replicated, buffers, rows_layouts) -> bool:

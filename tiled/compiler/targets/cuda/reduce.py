@@ -10,8 +10,8 @@ whose identity is 0) along one dim of a shared or fragment tile into a fragment.
   row combines the parts in the same order.
 - From a replicated fragment (or a local tile): every thread reduces its own copy.
 - Over dim 0 of a tile stacked on the destination's layout (StackedLayout: each of its rows
-  laid out as the destination): every thread combines its slots of each column, in order,
-  with no exchange at all.
+  laid out as the destination): every thread combines its slots of each column, with no
+  exchange at all.
 - Along the last dim of a cyclic fragment whose rows each span whole rounds of the block
   (the last dim a multiple of threads x run length, as a row-per-block norm or softmax has):
   which slots hold which row is the same in every thread, so each thread combines its slots
@@ -33,9 +33,9 @@ from tvm.script.ir_builder import tirx as T
 from tiled.compiler.passes.layout_kinds import (
     CyclicLayout,
     ReplicatedLayout,
-    StackedLayout,
     ravel,
     rows_of,
+    stacked_on,
     unravel,
 )
 from tiled.compiler.tir import saturating_abs
@@ -82,13 +82,12 @@ def _along_rows(low, r: pb.Reduce) -> bool:
 
 def _down_columns(low, r: pb.Reduce) -> bool:
     """Whether `r` reduces dim 0 of a tile stacked on the destination's layout."""
-    lay = low.layouts.get(r.src)
-    return r.dim == 0 and isinstance(lay, StackedLayout) and lay.inner == low.layouts.get(r.dst)
+    return r.dim == 0 and stacked_on(low.layouts.get(r.src), low.layouts.get(r.dst))
 
 
 def reduce_columns(low, r: pb.Reduce) -> None:
     """Dim 0 of a stacked tile into the vector it is stacked on: per thread, per slot of the
-    vector, its column's slots combined in row order (the rows are few: unrolled)."""
+    vector, its column's slots combined as a balanced tree (the rows are few: unrolled)."""
     src, dst = low.tir[r.src], low.tir[r.dst]
     lay = low.layouts[r.src]
     combine, dt = COMBINE[r.kind], dst.dtype

@@ -6,8 +6,8 @@ thread (local memory); so does a vector read over a cyclic tile whose rows span 
 (a weight row over a norm's rows: the row's cyclic layout). Checked: each columns layout
 names the columns its tile puts in each thread, slot for slot; inference gives it; no local
 memory on sm_90a (wgmma, with and without warp specialization) and sm_80; numerics under the
-ROCm and Metal emulations for cyclic tiles. Numerics of the accumulators' columns on the GPU:
-the cols_* cases of test_cuda_tileops_gpu.py."""
+ROCm and Metal emulations for cyclic tiles, and under ROCm's for its MFMA accumulator's columns
+(the same lowering). CUDA's on the GPU: the cols_* cases of test_cuda_tileops_gpu.py."""
 
 import re
 
@@ -16,13 +16,14 @@ import pytest
 
 import tiled
 import tiled.lang as T
-from tests.compiler.test_cuda_tileops_gpu import CASES, ROW, SQUARE, column_vectors
+from tests.compiler.test_cuda_tileops_gpu import CASES, COL, ROW, SQUARE, column_vectors
 from tests.compiler.test_sm90_path import sass
 from tests.conformance.cases import load_all
 from tiled.compiler import compile_program
 from tiled.compiler.passes.layout_kinds import CyclicLayout, ReplicatedLayout
 from tiled.compiler.targets.cuda.layouts import AccumulatorCols, MmaLayout, WgmmaLayout
 from tiled.compiler.targets.cuda.layouts import infer_layouts as cuda_layouts
+from tiled.compiler.targets.rocm.layouts import MfmaLayout
 
 
 def _int(e) -> int:
@@ -32,10 +33,12 @@ def _int(e) -> int:
 @pytest.mark.parametrize("acc", [WgmmaLayout(64, 64, 1), WgmmaLayout(128, 256, 2),
                                  WgmmaLayout(64, 512, 2, 2), WgmmaLayout(128, 64, 4, 2),
                                  MmaLayout(64, 64, 4, 1), MmaLayout(64, 64, 2, 2),
-                                 MmaLayout(128, 128, 1, 4)])
+                                 MmaLayout(128, 128, 1, 4), MfmaLayout(64, 64, 2, 2),
+                                 MfmaLayout(64, 128, 1, 4)])
 def test_columns_layout_holds_the_columns_of_each_threads_slots(acc):
     cols = acc.cols()
-    threads = 128 * acc.nwg if isinstance(acc, WgmmaLayout) else 32 * acc.warp_m * acc.warp_n
+    threads = 128 * acc.nwg if isinstance(acc, WgmmaLayout) else \
+        (64 if isinstance(acc, MfmaLayout) else 32) * acc.warp_m * acc.warp_n
     holders = {}
     for tx in range(threads):
         held = {_int(cols.coords(tx, s)[0][0]) for s in range(cols.local_size)}
@@ -77,6 +80,18 @@ def test_column_vectors_stay_in_registers(tmp_path, name, arch):
     assert not re.search(r"\b(LDL|STL)\b", text), "local memory"
     if arch == "sm_90a" and name == "cols_wgmma":
         assert "HGMMA" in text
+
+
+@pytest.mark.parametrize("policy", [ROW, COL])
+def test_column_vectors_over_mfma_match_numpy_under_emulation(policy):
+    """The same lowering (frag_slot's column reads, the copy in, one writer per column) over
+    ROCm's MFMA accumulator, run by its emulation."""
+    case = column_vectors(policy)
+    k = compile_program(case.kernel, "rocm:gfx942")
+    args = case.inputs(np.random.default_rng(1))
+    k.emulate(*args)
+    for idx, want in case.reference(args).items():
+        np.testing.assert_allclose(args[idx], want, rtol=2e-3, atol=2e-3)
 
 
 def test_a_decoding_key_mask_stays_in_registers(tmp_path):

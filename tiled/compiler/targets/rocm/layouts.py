@@ -55,6 +55,31 @@ class MfmaRows:
 
 
 @dataclass(frozen=True)
+class MfmaCols:
+    """The columns of `MfmaLayout(*, N, *, warp_n)`: lane l of wave w holds column
+    (w % warp_n) * N / warp_n + 16 t + l % 16 of each tile column t of its wave (slot t), as
+    do the lanes of its wave with the same l % 16 and the waves of its wave column."""
+
+    N: int
+    warp_n: int
+
+    @property
+    def local_size(self) -> int:
+        return self.N // self.warp_n // TILE
+
+    def coords(self, tx, slot):
+        wn = tirx.floormod(tirx.floordiv(tx, WAVE), self.warp_n)
+        col = wn * (self.N // self.warp_n) + slot * TILE + tirx.floormod(tx, TILE)
+        return [col], None
+
+    def leader(self, tx):
+        """Whether thread tx is the one holder of its columns that writes them out (the
+        first 16 lanes of its wave, in the first wave row)."""
+        return tirx.all(tirx.floordiv(tx, WAVE * self.warp_n) == 0,
+                        tirx.floordiv(tirx.floormod(tx, WAVE), TILE) == 0)
+
+
+@dataclass(frozen=True)
 class MfmaLayout:
     """The 16x16 MFMA accumulator over warp_m x warp_n wavefronts (module docstring): slot
     idx of a thread is register idx % 4 of tile idx / 4, tiles row-major over its wave's
@@ -86,6 +111,15 @@ class MfmaLayout:
     def rows(self):
         """The rows layout (MfmaRows), or None when a row is spread over several waves."""
         return MfmaRows(self.M, self.warp_m) if self.warp_n == 1 else None
+
+    def cols(self):
+        """The columns layout (MfmaCols): a column lives in 4 lanes of each wave of its wave
+        column."""
+        return MfmaCols(self.N, self.warp_n)
+
+    def col_slot(self, idx):
+        """The MfmaCols slot of the column that slot `idx` of this layout lies in."""
+        return tirx.floormod(tirx.floordiv(idx, 4), self.N // self.warp_n // TILE)
 
     def row_slot(self, idx):
         """The MfmaRows slot of the row that slot `idx` of this layout lies in."""

@@ -215,14 +215,12 @@ def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     K = _shape(a)[-1] * low.k_tiles
     WM, WN = lay.wm_rows, lay.wn_cols  # this warpgroup's part of C
     acc = low.tir[g.c]
-    # C = A @ B: 16-bit operands take the first wgmma's zero scale-d (no instruction writes
-    # the accumulator registers, which ptxas would have to order against wgmmas in flight);
-    # other dtypes store zeros first. `low.zero_init`: a gemm whose C the caller folded an
-    # initialization of into it (ws_rotate.py).
-    zero_init = (g.clear_accum or low.zero_init) and dtypes.nbytes(a.dtype) == 2
-    if (g.clear_accum or low.zero_init) and not zero_init:
-        with low.loop(lay.local_size) as idx:
-            T.buffer_store(acc, tirx.const(0, acc.dtype), [idx])
+    # C = A @ B takes the first wgmma's zero scale-d, every operand type: no instruction
+    # writes the accumulator registers (a float8 block-scaled GEMM clears its 64 a thread
+    # every K step), which ptxas would also have to order against wgmmas in flight.
+    # `low.zero_init`: a gemm whose C the caller folded an initialization of into it
+    # (ws_rotate.py).
+    zero_init = g.clear_accum or low.zero_init
     zero = tirx.const(0, "int32")
     wg = tirx.floordiv(low.tx, 128)  # low.tx counts from a T.ws region's first thread
     wm, col = wg, zero  # the warpgroup's row of C and first column of B

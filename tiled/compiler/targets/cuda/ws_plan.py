@@ -231,8 +231,13 @@ def plan_ws_loop(low) -> WsLoop | None:
             heads.append(found[0])
             requires += [r for r in found[1] if r not in requires]
     gemms = [st for st in body if wgmma_gemm(st, low.wgmma_ops.accumulators)]
+    # Turns pay where a warpgroup has work besides its gemms in each step for the other's
+    # gemm to meet: two gemms (attention's softmax between them), or one that builds its
+    # accumulator afresh every step (clear_accum), which the step then reads (a float8
+    # block-scaled GEMM's rescale into the running sum).
+    rebuilt = len(gemms) == 1 and gemms[0].gemm.clear_accum
     w = WsLoop(run, copies, tuple(requires), low.threads, stages=max(2, run.loop.num_stages),
-               pingpong=low.threads == 256 and len(gemms) >= 2, gemms=len(gemms),
+               pingpong=low.threads == 256 and (len(gemms) >= 2 or rebuilt), gemms=len(gemms),
                heads=heads)
     axes = merged_axes(p, buffers, w, gemms)
     if axes:

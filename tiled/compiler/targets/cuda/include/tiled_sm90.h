@@ -369,31 +369,33 @@ TILED_WGMMA_SS(__nv_bfloat16, "bf16", 256, 128, "%130", "%128, %129, p, %131, %1
 #undef TILED_WGMMA_SS
 
 
-// float8 (e4m3, e5m2) and tf32 wgmma: both operands K-major (the only form PTX has for them).
+// float8 (e4m3, e5m2) and tf32 wgmma: both operands K-major (the only form PTX has for them);
+// scale_d as WgmmaSS's.
 template <typename T, int N>
 struct WgmmaSSK;
 
-#define TILED_WGMMA_SSK(T, TY, N, K, NREG, TAIL)                                                \
+#define TILED_WGMMA_SSK(T, TY, N, K, NREG, PRED, TAIL)                                          \
 template <>                                                                                     \
 struct WgmmaSSK<T, N> {                                                                         \
   __device__ __forceinline__ static void run(float (&d)[NREG], uint64_t desc_a,                 \
-                                             uint64_t desc_b) {                                 \
+                                             uint64_t desc_b, uint32_t scale_d) {               \
     asm volatile(                                                                               \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                       \
         "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." TY "." TY " {"                    \
-        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n"                                                \
+        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n}\n"                                             \
         : TILED_WGMMA_D_##NREG(d)                                                               \
-        : "l"(desc_a), "l"(desc_b));                                                            \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                              \
   }                                                                                             \
 };
-TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 64, 32, 32, "%32, %33, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 128, 32, 64, "%64, %65, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 256, 32, 128, "%128, %129, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 64, 32, 32, "%32, %33, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 128, 32, 64, "%64, %65, 1, 1, 1")
-TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 256, 32, 128, "%128, %129, 1, 1, 1")
-TILED_WGMMA_SSK(float, "tf32", 64, 8, 32, "%32, %33, 1, 1, 1")
-TILED_WGMMA_SSK(float, "tf32", 128, 8, 64, "%64, %65, 1, 1, 1")
-TILED_WGMMA_SSK(float, "tf32", 256, 8, 128, "%128, %129, 1, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 64, 32, 32, "%34", "%32, %33, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 128, 32, 64, "%66", "%64, %65, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 256, 32, 128, "%130", "%128, %129, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 64, 32, 32, "%34", "%32, %33, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 128, 32, 64, "%66", "%64, %65, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 256, 32, 128, "%130", "%128, %129, p, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 64, 8, 32, "%34", "%32, %33, p, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 128, 8, 64, "%66", "%64, %65, p, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 256, 8, 128, "%130", "%128, %129, p, 1, 1")
 #undef TILED_WGMMA_SSK
 
 // D[64 x N] (+)= A[64 x 16] * B[16 x N] for one warpgroup, A from registers: a[0..3]

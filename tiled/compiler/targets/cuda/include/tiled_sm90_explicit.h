@@ -79,37 +79,38 @@ struct IsS8<int8_t> {
 };
 template <int N>
 struct WgmmaS8;
-#define TILED_WGMMA_S8(N, NREG, TAIL)                                                           \
+#define TILED_WGMMA_S8(N, NREG, PRED, TAIL)                                                     \
 template <>                                                                                     \
 struct WgmmaS8<N> {                                                                             \
   __device__ __forceinline__ static void run(int32_t (&d)[NREG], uint64_t desc_a,               \
-                                             uint64_t desc_b) {                                 \
+                                             uint64_t desc_b, uint32_t scale_d) {               \
     asm volatile(                                                                               \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                       \
         "wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 {"                                \
-        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n"                                                \
+        TILED_WGMMA_REGS_##NREG "}, " TAIL ";\n}\n"                                             \
         : TILED_WGMMA_I_##NREG(d)                                                               \
-        : "l"(desc_a), "l"(desc_b));                                                            \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                              \
   }                                                                                             \
 };
-TILED_WGMMA_S8(64, 32, "%32, %33, 1")
-TILED_WGMMA_S8(128, 64, "%64, %65, 1")
-TILED_WGMMA_S8(256, 128, "%128, %129, 1")
+TILED_WGMMA_S8(64, 32, "%34", "%32, %33, p")
+TILED_WGMMA_S8(128, 64, "%66", "%64, %65, p")
+TILED_WGMMA_S8(256, 128, "%130", "%128, %129, p")
 #undef TILED_WGMMA_S8
 
 // One m64nNk(32 bytes) wgmma from shared memory, accumulating (float, or int32 for int8).
-// scale_d 0 (16-bit operands only): D = A * B, the accumulator's old values ignored.
+// scale_d 0: D = A * B, the accumulator's old values ignored.
 template <typename T, int N, bool B_KMAJOR, typename Acc>
 __device__ __forceinline__ void wgmma_any(Acc* acc, uint64_t da, uint64_t db,
                                           uint32_t scale_d = 1u) {
   Acc(&d)[N / 2] = *reinterpret_cast<Acc(*)[N / 2]>(acc);
   if constexpr (IsS8<T>::value) {
     static_assert(B_KMAJOR, "int8 wgmma reads B K-major only");
-    WgmmaS8<N>::run(d, da, db);
+    WgmmaS8<N>::run(d, da, db, scale_d);
   } else if constexpr (sizeof(T) == 2) {
     wgmma_ss<T, N, 0, B_KMAJOR ? 0 : 1>(d, da, db, scale_d);
   } else {
     static_assert(B_KMAJOR, "float8 and tf32 wgmma read B K-major only");
-    WgmmaSSK<T, N>::run(d, da, db);
+    WgmmaSSK<T, N>::run(d, da, db, scale_d);
   }
 }
 

@@ -56,7 +56,6 @@ __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, A
                     (BN % 64 == 0 || (sizeof(T) == 2 && B_KMAJOR && (BN == 16 || BN == 32))) &&
                     (K % (4 * kSlice) == 0 || narrow_panel<T, K>()),
                 "wgmma_rows shape");
-  static_assert(!ZERO || sizeof(T) == 2, "wgmma_rows: ZERO takes 16-bit operands");
   const unsigned char* sa = static_cast<const unsigned char*>(a);
   const unsigned char* sb = static_cast<const unsigned char*>(b);
   if constexpr (TURN) turn_wait();

@@ -79,10 +79,11 @@ def stacked_row(low, c: pb.Copy):
     """(the stacked tile's region, whether it is the source) of a copy between one row of a
     tile stacked on a vector's layout (passes/layout.column_link) and such a vector, else
     None: slot s of the vector is the row's slot s in every thread."""
+    link = column_link(_as_stmt(c), low.buffers)
     for tile, vec, from_tile in ((c.src, c.dst, True), (c.dst, c.src, False)):
-        if low.buffers[tile.buffer].scope == low.buffers[vec.buffer].scope == pb.FRAGMENT and \
-                column_link(_as_stmt(c), low.buffers) == (tile.buffer, vec.buffer) and \
-                stacked_on(low.layouts[tile.buffer], low.layouts[vec.buffer]):
+        if link == (tile.buffer, vec.buffer) and \
+                low.buffers[tile.buffer].scope == low.buffers[vec.buffer].scope == pb.FRAGMENT \
+                and stacked_on(low.layouts[tile.buffer], low.layouts[vec.buffer]):
             return tile, from_tile
     return None
 

@@ -9,13 +9,16 @@ into its running sum. The labels measure two changes to that loop:
   register stores a thread (`a_before` at the commit before, `b_zero` after);
 - turns: the two consumer warpgroups take turns issuing their wgmmas (`c_turns`, compile
   option pingpong=True), so that one's rescale meets the other's MMA instead of both
-  rescaling while the tensor cores idle.
+  rescaling while the tensor cores idle;
+- blocks that do not walk the grid (`d_blocks`, persistent=1): the one-warpgroup config
+  (c2) then keeps two blocks on an SM, whose rescales and MMAs can meet the same way.
 
 Here, once per label (PROBE_ROOT: that commit's checkout; PINGPONG=1 for the turns):
     LABEL=a_before PROBE_ROOT=/tmp/oldtree python benchmarks/gpu/probes/fp8_turns_probe.py \
         build .gpu/fp8turns
     LABEL=b_zero python benchmarks/gpu/probes/fp8_turns_probe.py build .gpu/fp8turns
     LABEL=c_turns PINGPONG=1 python benchmarks/gpu/probes/fp8_turns_probe.py build .gpu/fp8turns
+    LABEL=d_blocks PERSISTENT=1 python benchmarks/gpu/probes/fp8_turns_probe.py build .gpu/fp8turns
 There: python3 benchmarks/gpu/probes/fp8_turns_probe.py run .gpu/fp8turns $OUT/fp8turns.json
 """
 
@@ -42,6 +45,8 @@ def build(out: Path) -> None:
 
     label, where, commit = labelled_dir(out, "LABEL", os.environ["LABEL"])  # LABEL required
     options = {"pingpong": True} if os.environ.get("PINGPONG") == "1" else {}
+    if os.environ.get("PERSISTENT"):
+        options["persistent"] = int(os.environ["PERSISTENT"])
     index = {}
     for N, K in NK:
         for c, cfg in CONFIGS.items():

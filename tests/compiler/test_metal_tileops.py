@@ -155,6 +155,39 @@ def test_gemm_with_a_fragment_operand_and_a_traced_clear():
     np.testing.assert_allclose(c, ref, rtol=1e-4, atol=1e-4)
 
 
+def test_resident_accumulator_staged_through_threadgroup_memory():
+    """T.copy(acc, C_shared); T.copy(C_shared, C) (TileLang's epilogue): the copy out of the
+    simdgroup matrices writes C_shared after its own barriers, and the copy that reads it
+    waits for those writes (it once read the scratch-cleared, uninitialized tile: NaNs)."""
+    M, N, K, bm, bn, bk = 96, 64, 48, 64, 64, 16  # the second row block is ragged
+
+    @T.prim_func
+    def k(A: T.Tensor((M, K), "float16"), B: T.Tensor((K, N), "float16"),
+          C: T.Tensor((M, N), "float16")):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=128) as (bx, by):
+            a_s = T.alloc_shared((bm, bk), "float16")
+            b_s = T.alloc_shared((bk, bn), "float16")
+            acc = T.alloc_fragment((bm, bn), "float32")
+            c_s = T.alloc_shared((bm, bn), "float16")
+            T.clear(acc)
+            for ko in T.Pipelined(K // bk, num_stages=2):
+                T.copy(A[by * bm, ko * bk], a_s)
+                T.copy(B[ko * bk, bx * bn], b_s)
+                T.gemm(a_s, b_s, acc)
+            T.copy(acc, c_s)
+            T.copy(c_s, C[by * bm, bx * bn])
+
+    kk = compile_program(k, "metal")
+    assert "tiled::gemm_simdgroup_acc<" in kk.source
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    c = np.zeros((M, N), np.float16)
+    kk.emulate(a, b, c)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(c.astype(np.float64), ref, rtol=2e-3, atol=2e-2)
+
+
 def test_float_atomic_add_in_threadgroup_and_device_memory():
     @T.prim_func
     def k(X: T.Tensor((256,), "float32"), Y: T.Tensor((1,), "float32")):

@@ -49,6 +49,7 @@ IDIOMS = {
     "if": "a Python `if` on traced values",
     "symbolic": "T.dyn symbolic dims",
     "launches": "several `with T.Kernel` blocks in one `@T.prim_func`, launched in order",
+    "im2col": "T.c2d_im2col / T.im2col: a convolution's operand tile from an NHWC image",
 }
 
 

@@ -22,6 +22,7 @@ BEGIN, END = "<!-- table: begin -->", "<!-- table: end -->"
 REFERENCE = {
     "absmax_quant_fp8": "torch amax / div / cast", "absmax_quant_int8": "torch amax / div / round",
     "column_extrema": "torch.aminmax", "conv2d_nhwc": "F.conv2d (cuDNN)",
+    "conv2d_im2col": "F.conv2d (cuDNN)",
     "cumsum_rows": "torch.cumsum", "dequant_gemm_int4": "torch unpack + matmul",
     "elementwise_add": "torch.add", "gemm": "torch.matmul", "gemm_fp8_e4m3": "torch._scaled_mm",
     "gemm_nt": "torch.matmul", "gemm_nt_tf32": "torch.matmul (tf32)", "gemm_rs": "torch.matmul",

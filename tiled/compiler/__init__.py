@@ -8,6 +8,7 @@ import time
 
 from tiled.compiler.action import action_of
 from tiled.compiler.manifest import build_manifest
+from tiled.compiler.passes.divmod import split_aligned_divmod
 from tiled.compiler.passes.guards import guard_program
 from tiled.compiler.registry import (
     Artifact,
@@ -88,8 +89,10 @@ def compile_program(kernel_or_program, target: str | Target = "cpu", *, action: 
     kernel_loc = f"{k.loc.file}:{k.loc.line}" if k.loc.file else ""
     try:
         with recording() as backend_stages:
-            with timed("lower"):  # the memory-safety guards are the first lowering pass
-                lowered = guard_program(program) if option(options, "safe_access") else program
+            with timed("lower"):  # then the memory-safety guards, over the simpler indices
+                lowered = split_aligned_divmod(program)
+                if option(options, "safe_access"):
+                    lowered = guard_program(lowered)
             art: Artifact = backend.compile(lowered, tgt, options)
     except CompileError as e:
         if e.loc:

@@ -35,6 +35,7 @@ from tiled.lang.hopper import (
     tma_copy,
     ws,
 )
+from tiled.lang.im2col import c2d_im2col, im2col
 from tiled.lang.kernel import KernelFunction, Scalar, Tensor, dyn, kernel
 from tiled.lang.layout import Fragment, Layout, annotate_layout, make_swizzled_layout, use_swizzle
 from tiled.lang.localvar import alloc_var
@@ -116,6 +117,8 @@ __all__ = [
     "symbolic", "uint8", "uint16", "uint32", "uint64",
     # programmatic dependent launch
     "pdl_sync", "pdl_trigger",
+    # a convolution's implicit-GEMM operand tile
+    "c2d_im2col", "im2col",
 ]
 
 

@@ -92,9 +92,6 @@ UNSUPPORTED: dict[str, str] = {
     "PersistentTileScheduler": "persistent scheduling has no Tile IR form; launch one block "
                                "per tile",
     "loop_break": "tiled loops always run to their extent; guard the rest of the body with an if",
-    "im2col": "gather the patch with a T.Parallel loop that loads the input tensor (a "
-              "T.if_then_else for the padding) into the shared tile",
-    "c2d_im2col": "gather the patch with a T.Parallel loop that loads the input tensor",
     "gemm_sp": "structured-sparse gemm has no Tile IR form; use T.gemm on dense tiles",
     "dp4a": "multiply int8 elements in a T.Parallel loop, or T.gemm on int8 tiles",
     "rng_init": "random numbers have no Tile IR form; pass them in as a tensor",

@@ -145,3 +145,6 @@ def lower_copy_out(low, c: pb.Copy, s: pb.Stmt) -> None:
                 with low.maybe_if(and_all(conds)):
                     low.store(c.dst.buffer, tile[r, col], dst_idx)
         low.sync.pending_read = True
+    # The chunks' syncs cleared what the statement's own accounting recorded: a threadgroup
+    # destination's writes are pending again (the next reader of it waits for them).
+    low.sync.pending_write |= low.buffers[c.dst.buffer].scope == pb.SHARED

@@ -108,7 +108,12 @@ def as_list(x):
 
 
 def rel_err(out, ref) -> float:
+    """Relative error of `out` against `ref`, compared element for element (a reference of
+    another shape with as many elements, such as an NHWC image against its [N H W, C]
+    flattening, is read in out's shape)."""
     out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if ref.shape != out.shape and ref.size == out.size:
+        ref = ref.reshape(out.shape)
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
 
 

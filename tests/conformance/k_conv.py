@@ -110,14 +110,11 @@ register(Case(
     gpu={"N": 128, "C": 256, "H": 28, "W": 28, "F": 256, "K": 3, "block_M": 128,
          "block_N": 128, "block_K": 64, "num_stages": 3, "threads": 256},
     work=lambda s: ("flop", 2 * s["N"] * s["H"] * s["W"] * s["F"] * s["K"] ** 2 * s["C"]),
-    torch_op=lambda torch, x, s: _torch_conv(torch, x, s, flat=True)))
+    torch_op=lambda torch, x, s: _torch_conv(torch, x, s)))
 
 
-def _torch_conv(torch, x, s, flat=False):
+def _torch_conv(torch, x, s):
     data, w = x
     nchw = data.permute(0, 3, 1, 2).contiguous()
     filt = w.reshape(s["K"], s["K"], s["C"], s["F"]).permute(3, 2, 0, 1).contiguous()
-    if flat:
-        return lambda: torch.nn.functional.conv2d(nchw, filt, padding=1).permute(
-            0, 2, 3, 1).reshape(-1, s["F"])
     return lambda: torch.nn.functional.conv2d(nchw, filt, padding=1).permute(0, 2, 3, 1)

@@ -88,6 +88,9 @@ def im2col(img, col, nhw_step, c_step, kernel: int, stride: int = 1, dilation: i
 def c2d_im2col(img, col, nhw_step, c_step, kernel: int, stride: int = 1, dilation: int = 1,
                pad: int = 0, eviction_policy: str | None = None,
                annotations: dict | None = None) -> None:
-    """TileLang's older name of T.im2col (same arguments)."""
+    """TileLang's older name of T.im2col (same arguments).
+
+    >>> T.c2d_im2col(data, data_shared, by, k_iter, KH, S, D, P)
+    """
     im2col(img, col, nhw_step, c_step, kernel, stride, dilation, pad, eviction_policy,
            annotations)

@@ -111,9 +111,10 @@ class CudaBackend(Backend):
         "warp_specialize": Option(bool, True, "sm_90a: take the warp-specialized TMA + wgmma "
                                   "paths where a kernel fits them"),
         "pingpong": Option(bool, False, "sm_90a T.Pipelined loops fed by a TMA producer, "
-                           "with two consumer warpgroups and two or more gemms per step "
-                           "(or one that rebuilds its accumulator every step): the "
-                           "warpgroups take turns issuing their gemms"),
+                           "with two consumer warpgroups and two or more gemms per step: "
+                           "the warpgroups take turns issuing their gemms (a loop of one "
+                           "gemm that rebuilds its accumulator every step takes turns "
+                           "regardless)"),
         "wgmma_in_flight": Option(bool, True, "sm_90a T.Pipelined loops fed by a TMA "
                                   "producer: a wgmma gemm runs on until a statement needs "
                                   "it, across the loop's back edge too"),

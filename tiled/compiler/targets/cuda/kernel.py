@@ -31,7 +31,8 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     launch's thread count and the TMA descriptors the kernel takes (sm_90a path).
     `lowering`: the CudaLowering class (the backend passes sm90_explicit's ExplicitLowering
     for programs of the explicit Hopper path; this module does not import it). `pingpong`:
-    whether a T.Pipelined ring's two consumer warpgroups may take turns (ws_loop.py);
+    whether a T.Pipelined ring's two consumer warpgroups may take turns over two or more
+    gemms (a ring of one gemm rebuilt every step takes them regardless; ws_loop.py);
     `wgmma_in_flight`: whether its wgmma gemms may run past their statement
     (wgmma_waits.py); `persistent`: whether its blocks walk the grid (0 the plan's choice,
     1 off, 2 on; ws_loop.persistent_choice); `whole_kernel`: whether the whole-kernel
@@ -48,7 +49,7 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     low = lowering(program, arch, warp_specialize) if lowering else \
         CudaLowering(program, arch, warp_specialize, whole_kernel, ring_tables)
     if low.wsloop is not None:
-        low.wsloop.pingpong &= pingpong
+        low.wsloop.pingpong &= pingpong or low.wsloop.rebuilt
         low.wsloop.in_flight = wgmma_in_flight
         low.wsloop.persistent = persistent_choice(low, persistent)
     low.plan()

@@ -27,10 +27,11 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
   (empty barrier, one arrival per warp);
 - barriers among the consumers are a named barrier the producer never joins;
 - with two consumer warpgroups and two or more wgmma gemms in the loop's body (attention:
-  S = Q K^T, then O += P V), or one that rebuilds its accumulator every step (a block-scaled
-  float8 GEMM, which then rescales it into its sum), the compile option `pingpong` makes the
-  warpgroups take turns issuing the gemms (so that one's softmax or rescale meets the other's
-  gemm). Off by default: on the
+  S = Q K^T, then O += P V), the compile option `pingpong` makes the warpgroups take turns
+  issuing the gemms (so that one's softmax meets the other's gemm); a loop of one gemm that
+  rebuilds its accumulator every step (a block-scaled float8 GEMM, which then rescales it
+  into its sum) takes turns regardless: 3-8% faster on an H100 at 128 x 128 tiles
+  (benchmarks/results/fp8_turns_probe_h100.json). The option is off by default: on the
   H200 it changed TileLang-style attention by -1.6..+0.4% before the loop was
   software-pipelined and by -2.5..+0.4% after (benchmarks/results/
   tl_attention_h200_before_rotation.json, tl_attention_h200.json, the `_pingpong` rows);

@@ -70,6 +70,7 @@ class WsLoop:
     maps: dict = field(default_factory=dict)  # copy index -> tensor map parameter
     min_blocks: int = 1  # the launch bounds' blocks per SM
     pingpong: bool = False  # the consumer warpgroups take turns issuing their gemms
+    rebuilt: bool = False  # one gemm, its accumulator rebuilt every step: turns by default
     in_flight: bool = True  # gemms may stay in flight past their statement (wgmma_waits.py)
     persistent: bool = False  # min(blocks, SMs) blocks walk the program's blocks
     merge: int = 1  # loop iterations per ring stage (2: K tiles paired, ws_pairs.py)
@@ -231,14 +232,16 @@ def plan_ws_loop(low) -> WsLoop | None:
             heads.append(found[0])
             requires += [r for r in found[1] if r not in requires]
     gemms = [st for st in body if wgmma_gemm(st, low.wgmma_ops.accumulators)]
-    # Turns pay where a warpgroup has work besides its gemms in each step for the other's
-    # gemm to meet: two gemms (attention's softmax between them), or one that builds its
-    # accumulator afresh every step (clear_accum), which the step then reads (a float8
-    # block-scaled GEMM's rescale into the running sum).
+    # Turns may pay where a warpgroup has work besides its gemms in each step for the
+    # other's gemm to meet: two gemms (attention's softmax between them: the `pingpong`
+    # option, measured no faster), or one that builds its accumulator afresh every step
+    # (clear_accum), which the step then reads: a float8 block-scaled GEMM's rescale into
+    # its running sum, 3-8% faster with turns on an H100 (fp8_turns_probe_h100.json), so
+    # those take turns by default.
     rebuilt = len(gemms) == 1 and gemms[0].gemm.clear_accum
     w = WsLoop(run, copies, tuple(requires), low.threads, stages=max(2, run.loop.num_stages),
-               pingpong=low.threads == 256 and (len(gemms) >= 2 or rebuilt), gemms=len(gemms),
-               heads=heads)
+               pingpong=low.threads == 256 and (len(gemms) >= 2 or rebuilt), rebuilt=rebuilt,
+               gemms=len(gemms), heads=heads)
     axes = merged_axes(p, buffers, w, gemms)
     if axes:
         w.merge, w.merged = 2, axes

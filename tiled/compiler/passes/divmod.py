@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
+from tiled.compiler.passes.stmts import binary_expr, int_expr
 from tiled.compiler.passes.vectorize import multiple_of
 from tiled.ir.program import Program
 from tiled.v1 import tile_ir_pb2 as pb
@@ -81,16 +82,6 @@ def _split(e: pb.Expr, ranges: dict[int, int], K: int):
     return None
 
 
-def _binary(op: int, a: pb.Expr, b: pb.Expr, dtype: int) -> pb.Expr:
-    e = pb.Expr(dtype=dtype)
-    e.binary.op = op
-    e.binary.a.CopyFrom(a)
-    e.binary.b.CopyFrom(b)
-    return e
-
-
-def _int(value: int, dtype: int) -> pb.Expr:
-    return pb.Expr(dtype=dtype, int_value=value)
 
 
 def _rewrite(e: pb.Expr, ranges: dict[int, int]) -> bool:
@@ -106,12 +97,12 @@ def _rewrite(e: pb.Expr, ranges: dict[int, int]) -> bool:
     dt = e.binary.a.dtype
     op = e.binary.op
     if op == pb.FLOOR_DIV:
-        new = _binary(pb.FLOOR_DIV, base, _int(K, dt), dt)
+        new = binary_expr(pb.FLOOR_DIV, base, int_expr(K, dt), dt)
     elif op == pb.FLOOR_MOD:
-        chunk = _binary(pb.FLOOR_MOD, _binary(pb.FLOOR_DIV, base, _int(E, dt), dt),
-                        _int(K // E, dt), dt)
-        new = _binary(pb.ADD, _binary(pb.MUL, chunk, _int(E, dt), dt), v, dt)
+        chunk = binary_expr(pb.FLOOR_MOD, binary_expr(pb.FLOOR_DIV, base, int_expr(E, dt), dt),
+                        int_expr(K // E, dt), dt)
+        new = binary_expr(pb.ADD, binary_expr(pb.MUL, chunk, int_expr(E, dt), dt), v, dt)
     else:  # LT, GE: base + v crosses no multiple of E, and K is one
-        new = _binary(op, base, _int(K, dt), e.dtype)
+        new = binary_expr(op, base, int_expr(K, dt), e.dtype)
     e.CopyFrom(new)
     return True

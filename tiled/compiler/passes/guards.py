@@ -30,6 +30,7 @@ from dataclasses import replace
 
 from google.protobuf.message import Message
 
+from tiled.compiler.passes.stmts import binary_expr, int_expr
 from tiled.ir.program import Program
 from tiled.ir.verifier import Limits, _render, _Verifier
 from tiled.v1 import tile_ir_pb2 as pb
@@ -188,10 +189,10 @@ class _Rewriter:
         for i, idx in enumerate(load.load.indices):
             low, high = self.unsafe.get(f"{kpath}.indices[{i}]", (False, False))
             if high:
-                idx.CopyFrom(_binary(pb.MIN, idx, _dim_minus_one(self.bufs[body.buffer], i,
+                idx.CopyFrom(binary_expr(pb.MIN, idx, _dim_minus_one(self.bufs[body.buffer], i,
                                                                  idx.dtype), idx.dtype))
             if low:
-                idx.CopyFrom(_binary(pb.MAX, idx, _int(0, idx.dtype), idx.dtype))
+                idx.CopyFrom(binary_expr(pb.MAX, idx, int_expr(0, idx.dtype), idx.dtype))
         guarded = pb.Expr(dtype=e.dtype)
         guarded.select.cond.CopyFrom(cond)
         guarded.select.true_value.CopyFrom(load)
@@ -221,25 +222,15 @@ class _Rewriter:
             low, high = self.unsafe.get(f"{path}.indices[{i}]", (False, False))
             tests = []
             if low:
-                tests.append(_binary(pb.GE, idx, _int(0, idx.dtype), pb.BOOL))
+                tests.append(binary_expr(pb.GE, idx, int_expr(0, idx.dtype), pb.BOOL))
             if high:
-                tests.append(_binary(pb.LT, idx, _dim(self.bufs[access.buffer], i, idx.dtype),
+                tests.append(binary_expr(pb.LT, idx, _dim(self.bufs[access.buffer], i, idx.dtype),
                                      pb.BOOL))
             for t in tests:
-                cond = t if cond is None else _binary(pb.AND, cond, t, pb.BOOL)
+                cond = t if cond is None else binary_expr(pb.AND, cond, t, pb.BOOL)
         return cond
 
 
-def _binary(op: int, a: pb.Expr, b: pb.Expr, dtype: int) -> pb.Expr:
-    e = pb.Expr(dtype=dtype)
-    e.binary.op = op
-    e.binary.a.CopyFrom(a)
-    e.binary.b.CopyFrom(b)
-    return e
-
-
-def _int(value: int, dtype: int) -> pb.Expr:
-    return pb.Expr(dtype=dtype, int_value=value)
 
 
 def _zero(dtype: int) -> pb.Expr:
@@ -253,7 +244,7 @@ def _dim(buf: pb.Buffer, i: int, dtype: int) -> pb.Expr:
     """Dim i of `buf` as an expression of `dtype` (the index's)."""
     d = buf.shape[i]
     if d.WhichOneof("kind") == "size":
-        return _int(d.size, dtype)
+        return int_expr(d.size, dtype)
     var = pb.Expr(dtype=pb.INT32, var=d.var)
     if dtype == pb.INT32:
         return var
@@ -265,5 +256,5 @@ def _dim(buf: pb.Buffer, i: int, dtype: int) -> pb.Expr:
 def _dim_minus_one(buf: pb.Buffer, i: int, dtype: int) -> pb.Expr:
     d = buf.shape[i]
     if d.WhichOneof("kind") == "size":
-        return _int(d.size - 1, dtype)
-    return _binary(pb.SUB, _dim(buf, i, dtype), _int(1, dtype), dtype)
+        return int_expr(d.size - 1, dtype)
+    return binary_expr(pb.SUB, _dim(buf, i, dtype), int_expr(1, dtype), dtype)

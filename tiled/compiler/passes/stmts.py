@@ -2,12 +2,26 @@
 buffers a tile op touches, a constant's value, a T.Parallel nest and whether an access is
 indexed by its variables, whether a region is a whole buffer, and the whole-fragment moves
 that make two fragments share a layout (fragment_pair); the statements that relate a 2-D
-tile to vectors of its columns row by row (column_read, column_link)."""
+tile to vectors of its columns row by row (column_read, column_link); and the two
+expression builders the rewriting passes share (binary_expr, int_expr)."""
 
 from __future__ import annotations
 
 from tiled.ir.walk import element_accesses, subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
+
+
+def binary_expr(op: int, a: pb.Expr, b: pb.Expr, dtype: int) -> pb.Expr:
+    """The expression `a op b` of `dtype` (copies of a and b)."""
+    e = pb.Expr(dtype=dtype)
+    e.binary.op = op
+    e.binary.a.CopyFrom(a)
+    e.binary.b.CopyFrom(b)
+    return e
+
+
+def int_expr(value: int, dtype: int) -> pb.Expr:
+    return pb.Expr(dtype=dtype, int_value=value)
 
 
 def body_statements(s: pb.Stmt) -> list[pb.Stmt]:

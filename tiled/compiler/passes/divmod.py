@@ -82,8 +82,6 @@ def _split(e: pb.Expr, ranges: dict[int, int], K: int):
     return None
 
 
-
-
 def _rewrite(e: pb.Expr, ranges: dict[int, int]) -> bool:
     if e.WhichOneof("kind") != "binary" or e.binary.op not in _OPS:
         return False
@@ -100,7 +98,7 @@ def _rewrite(e: pb.Expr, ranges: dict[int, int]) -> bool:
         new = binary_expr(pb.FLOOR_DIV, base, int_expr(K, dt), dt)
     elif op == pb.FLOOR_MOD:
         chunk = binary_expr(pb.FLOOR_MOD, binary_expr(pb.FLOOR_DIV, base, int_expr(E, dt), dt),
-                        int_expr(K // E, dt), dt)
+                            int_expr(K // E, dt), dt)
         new = binary_expr(pb.ADD, binary_expr(pb.MUL, chunk, int_expr(E, dt), dt), v, dt)
     else:  # LT, GE: base + v crosses no multiple of E, and K is one
         new = binary_expr(op, base, int_expr(K, dt), e.dtype)

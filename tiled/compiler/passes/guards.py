@@ -189,8 +189,8 @@ class _Rewriter:
         for i, idx in enumerate(load.load.indices):
             low, high = self.unsafe.get(f"{kpath}.indices[{i}]", (False, False))
             if high:
-                idx.CopyFrom(binary_expr(pb.MIN, idx, _dim_minus_one(self.bufs[body.buffer], i,
-                                                                 idx.dtype), idx.dtype))
+                last = _dim_minus_one(self.bufs[body.buffer], i, idx.dtype)
+                idx.CopyFrom(binary_expr(pb.MIN, idx, last, idx.dtype))
             if low:
                 idx.CopyFrom(binary_expr(pb.MAX, idx, int_expr(0, idx.dtype), idx.dtype))
         guarded = pb.Expr(dtype=e.dtype)
@@ -224,8 +224,8 @@ class _Rewriter:
             if low:
                 tests.append(binary_expr(pb.GE, idx, int_expr(0, idx.dtype), pb.BOOL))
             if high:
-                tests.append(binary_expr(pb.LT, idx, _dim(self.bufs[access.buffer], i, idx.dtype),
-                                     pb.BOOL))
+                size = _dim(self.bufs[access.buffer], i, idx.dtype)
+                tests.append(binary_expr(pb.LT, idx, size, pb.BOOL))
             for t in tests:
                 cond = t if cond is None else binary_expr(pb.AND, cond, t, pb.BOOL)
         return cond

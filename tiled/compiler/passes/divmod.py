@@ -27,8 +27,7 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
-from tiled.compiler.passes.stmts import binary_expr, int_expr
-from tiled.compiler.passes.vectorize import multiple_of
+from tiled.compiler.passes.stmts import binary_expr, int_expr, multiple_of
 from tiled.ir.program import Program
 from tiled.v1 import tile_ir_pb2 as pb
 

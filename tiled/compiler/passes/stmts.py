@@ -3,7 +3,8 @@ buffers a tile op touches, a constant's value, a T.Parallel nest and whether an 
 indexed by its variables, whether a region is a whole buffer, and the whole-fragment moves
 that make two fragments share a layout (fragment_pair); the statements that relate a 2-D
 tile to vectors of its columns row by row (column_read, column_link); and the two
-expression builders the rewriting passes share (binary_expr, int_expr)."""
+expression builders the rewriting passes share (binary_expr, int_expr) and multiple_of.
+Free of TVM: the daemon imports tiled.compiler, whose first passes use these."""
 
 from __future__ import annotations
 
@@ -22,6 +23,22 @@ def binary_expr(op: int, a: pb.Expr, b: pb.Expr, dtype: int) -> pb.Expr:
 
 def int_expr(value: int, dtype: int) -> pb.Expr:
     return pb.Expr(dtype=dtype, int_value=value)
+
+
+def multiple_of(e: pb.Expr, m: int) -> bool:
+    """True when `e` is provably a multiple of m (constants, products, sums)."""
+    kind = e.WhichOneof("kind")
+    if kind == "int_value":
+        return e.int_value % m == 0
+    if kind == "binary":
+        a, b = e.binary.a, e.binary.b
+        if e.binary.op == pb.MUL:
+            return multiple_of(a, m) or multiple_of(b, m)
+        if e.binary.op in (pb.ADD, pb.SUB):
+            return multiple_of(a, m) and multiple_of(b, m)
+    if kind == "cast":
+        return multiple_of(e.cast.value, m)
+    return False
 
 
 def body_statements(s: pb.Stmt) -> list[pb.Stmt]:

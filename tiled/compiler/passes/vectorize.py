@@ -3,6 +3,7 @@ alignment proofs they need."""
 
 from __future__ import annotations
 
+from tiled.compiler.passes.stmts import multiple_of
 from tiled.compiler.tir import FP8_DTYPES, tvm_dtype
 from tiled.ir import dtypes
 from tiled.ir.walk import (
@@ -14,23 +15,6 @@ from tiled.ir.walk import (
     walk,
 )
 from tiled.v1 import tile_ir_pb2 as pb
-
-
-def multiple_of(e: pb.Expr, m: int) -> bool:
-    """True when `e` is provably a multiple of m (constants, products, sums)."""
-    kind = e.WhichOneof("kind")
-    if kind == "int_value":
-        return e.int_value % m == 0
-    if kind == "binary":
-        a, b = e.binary.a, e.binary.b
-        if e.binary.op == pb.MUL:
-            return multiple_of(a, m) or multiple_of(b, m)
-        if e.binary.op in (pb.ADD, pb.SUB):
-            return multiple_of(a, m) and multiple_of(b, m)
-    if kind == "cast":
-        return multiple_of(e.cast.value, m)
-    return False
-
 
 _VECTOR_DTYPES = {pb.FLOAT32, pb.FLOAT16, pb.INT32}
 

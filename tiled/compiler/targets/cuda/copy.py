@@ -32,8 +32,8 @@ from tiled.compiler.passes.layout_kinds import (
     stacked_on,
     unravel,
 )
-from tiled.compiler.passes.stmts import column_link, whole_region
-from tiled.compiler.passes.vectorize import lane_cap, multiple_of, rows_keep_runs
+from tiled.compiler.passes.stmts import column_link, multiple_of, whole_region
+from tiled.compiler.passes.vectorize import lane_cap, rows_keep_runs
 from tiled.compiler.targets.cuda.cnames import CTYPE
 from tiled.compiler.targets.cuda.parallel import slot_runs
 from tiled.compiler.tir import and_all

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.vectorize import multiple_of
+from tiled.compiler.passes.stmts import multiple_of
 from tiled.compiler.tir import and_all
 from tiled.ir import dtypes
 from tiled.ir.walk import expr_vars, subexprs, walk, written

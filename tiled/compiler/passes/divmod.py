@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
-from tiled.compiler.passes.stmts import binary_expr, int_expr, multiple_of
+from tiled.compiler.passes.stmts import binary_expr, const_int, int_expr, multiple_of
 from tiled.ir.program import Program
 from tiled.v1 import tile_ir_pb2 as pb
 
@@ -54,18 +54,13 @@ def _visit(msg: Message, ranges: dict[int, int]) -> bool:
 def _node(m: Message, ranges: dict[int, int]) -> bool:
     if isinstance(m, pb.For):
         changed = _node(m.extent, ranges)
-        inner = ranges
-        if m.extent.WhichOneof("kind") == "int_value" and m.extent.int_value > 1:
-            inner = {**ranges, m.var: m.extent.int_value}
+        extent = const_int(m.extent)
+        inner = ranges if extent is None or extent < 2 else {**ranges, m.var: extent}
         return _node(m.body, inner) | changed
     changed = _visit(m, ranges)
     if isinstance(m, pb.Expr):
         changed |= _rewrite(m, ranges)
     return changed
-
-
-def _const(e: pb.Expr) -> int | None:
-    return e.int_value if e.WhichOneof("kind") == "int_value" else None
 
 
 def _split(e: pb.Expr, ranges: dict[int, int], K: int):
@@ -84,7 +79,7 @@ def _split(e: pb.Expr, ranges: dict[int, int], K: int):
 def _rewrite(e: pb.Expr, ranges: dict[int, int]) -> bool:
     if e.WhichOneof("kind") != "binary" or e.binary.op not in _OPS:
         return False
-    K = _const(e.binary.b)
+    K = const_int(e.binary.b)
     if K is None or K <= 0:
         return False
     found = _split(e.binary.a, ranges, K)

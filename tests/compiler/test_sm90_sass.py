@@ -261,3 +261,17 @@ def test_block_scaled_fp8_steps(tmp_path, cfg, pingpong):
     if cfg["BN"] == 128:
         _no_local(text)
     assert _ptxas_remarks(c.source, tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["conv2d_nhwc", "conv2d_im2col"])
+def test_convolutions_gathered_by_a_producer_warpgroup(tmp_path, name):
+    """TileLang's convolution in both of its styles at the conformance GPU shape: the im2col
+    tile's gather runs ahead on the producer warpgroup (cp.async vectors, LDGSTS, that
+    arrive on the stage's mbarrier), the filter tile by TMA, the consumers only wait and
+    issue wgmma; no local memory (the producer keeps 96 registers: ws_plan.py)."""
+    case = load_all()[name]
+    text = _sass(tmp_path, name, **case.gpu)
+    assert SS.search(text) and "HMMA" not in text
+    _tma_fed(text)
+    assert "LDGSTS.E.BYPASS.128" in text and "ARRIVES.LDGSTSBAR" in text
+    _no_local(text)

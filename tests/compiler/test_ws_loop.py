@@ -157,9 +157,10 @@ def test_strides_tma_cannot_take_keep_the_cp_async_pipeline():
 
 @pytest.mark.parametrize("threads,regs", [(128, None), (256, 232), (384, 152)])
 def test_register_split(threads, regs):
-    from tiled.compiler.targets.cuda.ws_plan import consumer_regs
+    from tiled.compiler.targets.cuda.ws_plan import GATHER_PRODUCER_REGS, consumer_regs
 
     assert consumer_regs(threads) == regs
+    assert consumer_regs(256, GATHER_PRODUCER_REGS) == 208  # a gathering producer keeps 96
 
 
 def test_causal_blocks_launch_longest_first():
@@ -175,14 +176,39 @@ def test_causal_blocks_launch_longest_first():
             == backwards, name
 
 
-def test_consumers_that_gather_keep_more_blocks_per_sm():
-    """TileLang's implicit-GEMM convolution gathers its data tile by index arithmetic in the
-    loop: the filter copy alone would run ahead, so the loop gets no producer."""
+def test_consumers_that_gather_element_by_element_keep_more_blocks_per_sm():
+    """TileLang's implicit-GEMM convolution as written, before passes/divmod.py frees its
+    gather's indices of the column: no cp.async vectors (an element loop), so the filter copy
+    alone would run ahead and the loop gets no producer."""
     from tests.conformance.cases import load_all
 
     case = load_all()["conv2d_nhwc"]
     _, _, low = _lower(case.factory(**case.gpu).kernel)
     assert low.wsloop is None and low.launch_threads == case.gpu.get("threads", 128)
+
+
+def test_gathers_run_ahead_on_a_producer_warpgroup():
+    """TileLang's Hopper convolution (T.c2d_im2col): the im2col tile's gather is a ring copy
+    that every thread of a producer warpgroup issues as cp.async vectors, each arriving on
+    the stage's full barrier (its count the producer's threads) when its vectors land; the
+    filter tile is TMA, issued by the producer's first thread; the consumers wait, fence the
+    gathered stage for wgmma's proxy, and never synchronize the block in the loop."""
+    from tests.conformance.cases import load_all
+
+    case = load_all()["conv2d_im2col"]
+    src, _, low = _lower(case.factory(**case.gpu).kernel)
+    w = low.wsloop
+    assert [(rc.pos, rc.gather is not None) for rc in w.copies] == [(0, True), (1, False)]
+    assert w.producer_threads == 128 and low.launch_threads == 256 + 128
+    assert "setmaxnreg_inc<208>" in src and "setmaxnreg_dec<96>" in src
+    assert "== 0) ? (uint)128 : (uint)1)" in src  # the gather's full barriers' arrivals
+    assert src.count("tiled::sm90::ring_gathered(") == 1
+    assert "if (((int)threadIdx.x) == 256)" in src  # the TMA issuer
+    loop = src[src.index("for (int v_2"):]
+    loop = loop[:loop.index("retire<0>")]
+    gathered = loop.index("bar_wait")  # copy 0's full barrier, then its fence
+    assert loop[gathered:].index("fence_proxy_async_shared") < loop.index("wgmma")
+    assert "consumer_sync" not in loop and "__syncthreads" not in loop
 
 
 def test_pingpong_is_an_option():

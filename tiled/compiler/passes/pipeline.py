@@ -15,6 +15,11 @@ early, into a stage of its own, changes nothing the program can observe:
 - the tile is written by no other statement, and accessed only inside the loop, after the
   copy (a read before it in the body would see the previous iteration's tile).
 
+A *gather nest* runs ahead on the same terms: a T.Parallel nest over a whole shared tile whose
+one statement stores `tile[i, c] = X[...]` under any number of `select(cond, ., 0)` (an im2col
+tile; rows found through an index table), X a global tensor the kernel never writes, its
+indices and conditions built as a copy's offsets are (and from the nest's own variables).
+
 The loop may sit inside serial loops and `if`s (a persistent kernel's walk over its tiles,
 stream-K's segments) whose extents and conditions are built the same way: the producer then
 runs that skeleton of the program (those loops and `if`s, and the stores to the uniform
@@ -45,6 +50,18 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 
 @dataclass(frozen=True)
+class GatherNest:
+    """A gather nest's parts (module docstring): tile[row, col] = select(conds, X[indices],
+    0)."""
+    tile: int  # the shared tile it fills
+    src: int  # the global tensor X
+    row_var: int
+    col_var: int
+    indices: tuple  # of the load of X (pb.Expr)
+    conds: tuple  # pb.Expr, all true for the element to be read (else 0)
+
+
+@dataclass(frozen=True)
 class RunAhead:
     loop: pb.For
     copies: tuple[int, ...]  # positions in the loop body of the copies that run ahead
@@ -53,6 +70,7 @@ class RunAhead:
     scalars: frozenset[int] = frozenset()  # the uniform scalars (module docstring)
     heads: tuple[int, ...] = ()  # kernel body positions of the head copies
     head_release: tuple[int, ...] = ()  # per head copy: the position after which it is free
+    gathers: frozenset[int] = frozenset()  # the positions among `copies` of gather nests
 
 
 def is_loop(s: pb.Stmt, var: int) -> bool:
@@ -88,6 +106,50 @@ def gathers(s: pb.Stmt, buffers) -> bool:
                 for x in subexprs(st.store.value)):
             return True
     return False
+
+
+def _zero(e: pb.Expr) -> bool:
+    kind = e.WhichOneof("kind")
+    if kind == "cast":
+        return _zero(e.cast.value)
+    return (kind == "int_value" and e.int_value == 0) or \
+        (kind == "float_value" and e.float_value == 0)
+
+
+def gather_nest(s: pb.Stmt, buffers) -> GatherNest | None:
+    """The parts of `s` if it is a gather nest's form (module docstring: a T.Parallel nest
+    over a whole shared tile storing a global tensor's element or 0), else None; whether it
+    may run ahead is run_ahead's question, how it is issued the target's."""
+    if s.WhichOneof("kind") != "for_" or s.for_.kind != pb.PARALLEL:
+        return None
+    outer = s.for_
+    if outer.body.WhichOneof("kind") != "for_" or outer.body.for_.kind != pb.PARALLEL:
+        return None
+    inner = outer.body.for_
+    if inner.body.WhichOneof("kind") != "store":
+        return None
+    store = inner.body.store
+    tile = buffers.get(store.buffer)
+    if tile is None or tile.scope != pb.SHARED or len(tile.shape) != 2 or \
+            [x.WhichOneof("kind") for x in store.indices] != ["var", "var"] or \
+            [x.var for x in store.indices] != [outer.var, inner.var]:
+        return None
+    ext = [outer.extent, inner.extent]
+    if any(x.WhichOneof("kind") != "int_value" for x in ext) or \
+            [x.int_value for x in ext] != [d.size for d in tile.shape]:
+        return None
+    conds, value = [], store.value
+    while value.WhichOneof("kind") == "select" and _zero(value.select.false_value):
+        conds.append(value.select.cond)
+        value = value.select.true_value
+    if value.WhichOneof("kind") != "load" or value.dtype != tile.dtype:
+        return None
+    src = buffers[value.load.buffer]
+    if src.scope != pb.GLOBAL or src.dtype != tile.dtype or \
+            len(value.load.indices) != len(src.shape):
+        return None
+    return GatherNest(store.buffer, value.load.buffer, outer.var, inner.var,
+                      tuple(value.load.indices), tuple(conds))
 
 
 def _pure(exprs, allowed: set[int], scalars: set[int] | frozenset = frozenset()) -> bool:
@@ -228,20 +290,32 @@ def run_ahead(p: pb.Program, tables_anywhere=False) -> RunAhead | None:
         outside = touched_outside(p.kernel.body, f)
         body = body_statements(f.body)
         uses = [touched(x) for x in body]  # buffers each body statement touches
-        copies, release = [], []
+        copies, release, nests = [], [], set()
         for i, st in enumerate(body):
             c = _whole_tile_copy(st, buffers, params, writes_anywhere)
-            if c is None or c.dst.buffer in outside or \
-                    any(c.dst.buffer in u for u in uses[:i]) or \
-                    not _pure(c.src.offsets, allowed | {f.var}, known):
+            g = gather_nest(st, buffers) if c is None else None
+            if c is not None:
+                tile, ok = c.dst.buffer, _pure(c.src.offsets, allowed | {f.var}, known)
+            elif g is not None:
+                tile = g.tile
+                ok = g.src in params and not writes_anywhere.get(g.src) and \
+                    writes_anywhere.get(tile) == 1 and \
+                    _pure([*g.indices, *g.conds], allowed | {f.var, g.row_var, g.col_var},
+                          known)
+            else:
+                continue
+            if not ok or tile in outside or any(tile in u for u in uses[:i]):
                 continue
             copies.append(i)
-            release.append(max(j for j, u in enumerate(uses) if c.dst.buffer in u))
+            release.append(max(j for j, u in enumerate(uses) if tile in u))
+            if g is not None:
+                nests.add(i)
         if copies:
             heads = () if outer else _head_copies(p, s, buffers, params, writes_anywhere,
                                                    uniform)
             return RunAhead(f, tuple(copies), tuple(release), bool(outer), scalars,
-                            tuple(h for h, _ in heads), tuple(r for _, r in heads))
+                            tuple(h for h, _ in heads), tuple(r for _, r in heads),
+                            frozenset(nests))
     return None
 
 

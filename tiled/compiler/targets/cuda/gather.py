@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from tiled.compiler.passes.pipeline import gather_nest
 from tiled.compiler.passes.stmts import multiple_of
 from tiled.compiler.tir import and_all
 from tiled.ir import dtypes
@@ -48,14 +49,6 @@ class Gather:
     vec: int  # elements per cp.async
 
 
-def _zero(e: pb.Expr) -> bool:
-    kind = e.WhichOneof("kind")
-    if kind == "cast":
-        return _zero(e.cast.value)
-    return (kind == "int_value" and e.int_value == 0) or \
-        (kind == "float_value" and e.float_value == 0)
-
-
 def _base(e: pb.Expr, col: int) -> pb.Expr | None:
     """`base` of an index `base + col` (either order), or None."""
     if e.WhichOneof("kind") != "binary" or e.binary.op != pb.ADD:
@@ -71,36 +64,13 @@ def _base(e: pb.Expr, col: int) -> pb.Expr | None:
 def find_gather(low, st: pb.Stmt) -> Gather | None:
     """The gather plan of statement `st`, or None when it does not qualify (module
     docstring)."""
-    if st.WhichOneof("kind") != "for_" or st.for_.kind != pb.PARALLEL:
+    g = gather_nest(st, low.buffers)
+    if g is None:
         return None
-    outer = st.for_
-    if outer.body.WhichOneof("kind") != "for_" or outer.body.for_.kind != pb.PARALLEL:
-        return None
-    inner = outer.body.for_
-    if inner.body.WhichOneof("kind") != "store":
-        return None
-    store = inner.body.store
-    i, c = outer.var, inner.var
-    tile = low.buffers.get(store.buffer)
-    if tile is None or tile.scope != pb.SHARED or len(tile.shape) != 2 or \
-            [x.WhichOneof("kind") for x in store.indices] != ["var", "var"] or \
-            [x.var for x in store.indices] != [i, c]:
-        return None
+    i, c = g.row_var, g.col_var
+    tile, src = low.buffers[g.tile], low.buffers[g.src]
     rows, cols = (d.size for d in tile.shape)
-    ext = [outer.extent, inner.extent]
-    if any(x.WhichOneof("kind") != "int_value" for x in ext) or \
-            [x.int_value for x in ext] != [rows, cols]:
-        return None
-    conds, value = [], store.value
-    while value.WhichOneof("kind") == "select" and _zero(value.select.false_value):
-        conds.append(value.select.cond)
-        value = value.select.true_value
-    if value.WhichOneof("kind") != "load" or value.dtype != tile.dtype:
-        return None
-    src = low.buffers[value.load.buffer]
-    idx = list(value.load.indices)
-    if src.scope != pb.GLOBAL or src.dtype != tile.dtype or len(idx) != len(src.shape):
-        return None
+    conds, idx = list(g.conds), list(g.indices)
     if any(c in expr_vars([e]) for e in conds + idx[:-1]):
         return None
     base = _base(idx[-1], c)
@@ -114,30 +84,32 @@ def find_gather(low, st: pb.Stmt) -> Gather | None:
             if x.WhichOneof("kind") == "load" and (
                     low.buffers[x.load.buffer].scope != pb.GLOBAL or x.load.buffer in writes):
                 return None
-    if value.load.buffer in writes or \
-            any(d.WhichOneof("kind") == "var" for d in list(src.shape)[1:]):
+    if g.src in writes or any(d.WhichOneof("kind") == "var" for d in list(src.shape)[1:]):
         return None
-    if sum(1 for s in walk(body) if store.buffer in written(s)) != 1:
+    if sum(1 for s in walk(body) if g.tile in written(s)) != 1:
         return None  # (walk yields the nest's loops too: `written` counts the store once)
     esize = dtypes.nbytes(tile.dtype)
     for nbytes in (16, 8, 4):
         vec = nbytes // esize
         if vec >= 1 and nbytes % esize == 0 and cols % vec == 0 and \
                 src.shape[-1].size % vec == 0 and multiple_of(base, vec):
-            return Gather(store.buffer, value.load.buffer, i, c, rows, cols, tuple(idx),
-                          tuple(conds), vec)
+            return Gather(g.tile, g.src, i, c, rows, cols, tuple(idx), tuple(conds), vec)
     return None
 
 
-def issue_async_gather(low, g: Gather, pred=None) -> None:
+def issue_async_gather(low, g: Gather, pred=None, threads: int | None = None, tx=None) -> None:
     """The calling thread's cp.async vectors of gather `g`, none read where its conditions
-    (or `pred`: a pipeline stage past the loop's end) are false (zero-filled)."""
+    (or `pred`: a pipeline stage past the loop's end) are false (zero-filled); the vectors
+    are dealt over the program's threads, or `threads` threads, the caller being `tx`
+    among them (a ring producer's, ws_loop.py)."""
+    threads = low.threads if threads is None else threads
+    tx = low.tx if tx is None else tx
     per_row = g.cols // g.vec
     nvec = g.rows * per_row
     nbytes = g.vec * dtypes.nbytes(low.buffers[g.tile].dtype)
-    with low.loop(-(-nvec // low.threads)) as it:
-        v = it * low.threads + low.tx
-        with low.maybe_if(None if nvec % low.threads == 0 else v < nvec):
+    with low.loop(-(-nvec // threads)) as it:
+        v = it * threads + tx
+        with low.maybe_if(None if nvec % threads == 0 else v < nvec):
             row, col = tirx.truncdiv(v, per_row), tirx.truncmod(v, per_row) * g.vec
             low.vars[g.row_var], low.vars[g.col_var] = row, col
             idx = [low.expr(e) for e in g.indices]

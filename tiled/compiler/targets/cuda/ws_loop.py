@@ -6,9 +6,10 @@ module lowers it.
 When every copy of the loop that may run ahead (passes/pipeline.run_ahead) is one TMA can
 do (a whole 2-D tile of a global tensor of rank <= 5, its row the tensor's last dim;
 strides multiples of 16 bytes, or that as a launch precondition with a variant without TMA
-beside it; a tile no mma.sync gemm reads, whose padded rows TMA does not write), and the
-loop's other statements move no global data into shared memory themselves (an im2col
-gather: its latency is better hidden by more blocks per SM than by a producer), they
+beside it; a tile no mma.sync gemm reads, whose padded rows TMA does not write) or a gather
+nest that cp.async vectors can issue (gather.py: an implicit-GEMM convolution's im2col
+tile), and the loop's other statements move no global data into shared memory themselves
+(a gather of elements is better hidden by more blocks per SM than by a producer), they
 become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py):
 
 - the block gets a producer after the program's threads: one more warpgroup when the
@@ -21,6 +22,13 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
   the TMA boxes: one box per panel for a panel tile, in its swizzle (128 bytes, or 64 for
   a narrow panel of 64-byte rows; the layouts wgmma reads, gemm_sm90.py), one dense box of
   the tile otherwise;
+- a ring with a gather takes a producer warpgroup (whatever the program's threads), every
+  thread of which walks the loop: the first issues the TMA copies as above; for the gather
+  each thread issues its share of the tile's cp.async vectors into the free stage (zeros
+  where the gather's conditions fail) and arrives on the stage's full barrier when they
+  land (cp.async.mbarrier.arrive.noinc; the barrier counts the producer's threads); the
+  consumers fence a gathered stage for wgmma's proxy after waiting for it. The producer
+  keeps 96 registers (ws_plan.GATHER_PRODUCER_REGS), its rows' addresses across the steps;
 - the program's threads (the consumers) run the kernel body as written; in the loop a ring
   copy becomes a wait on its full barrier, every statement after it reads its stage, and
   after the last statement that touches the tile each consumer warp releases the stage
@@ -70,6 +78,7 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.pipeline import holds_loop, is_loop
 from tiled.compiler.passes.stmts import body_statements
+from tiled.compiler.targets.cuda.gather import issue_async_gather
 from tiled.compiler.targets.cuda.grid_walk import (
     bind_block,
     persistent_walk,
@@ -84,7 +93,6 @@ from tiled.compiler.targets.cuda.wgmma_waits import (
 )
 from tiled.compiler.targets.cuda.ws_pairs import lower_pair_loop, pair_gemm
 from tiled.compiler.targets.cuda.ws_plan import (
-    PRODUCER_REGS,
     RingCopy,
     WsLoop,
     consumer_regs,
@@ -115,7 +123,8 @@ def declare_ring_maps(low) -> None:
         return by_key[key]
 
     for i, rc in enumerate(w.copies):
-        w.maps[i] = tensor_map(rc)
+        if rc.gather is None:
+            w.maps[i] = tensor_map(rc)
     for h, rc in enumerate(w.heads):
         w.head_maps[h] = tensor_map(rc)
 
@@ -169,6 +178,17 @@ def _ring_advance(low, n) -> None:
         T.buffer_store(low.ring_k, low.ring_k[0] + n, [0])
 
 
+def _full_arrivals(w: WsLoop, j):
+    """The arrive count of ring copy j's full barriers: a TMA stage completes with its one
+    arrival and its bytes, a gathered one once every producer thread's vectors have landed
+    (ring_gathered)."""
+    count = tirx.const(1, "uint32")
+    for i, rc in enumerate(w.copies):
+        if rc.gather is not None:
+            count = tirx.Select(j == i, tirx.const(w.producer_threads, "uint32"), count)
+    return count
+
+
 def lower_ws_body(low, grid: list) -> None:
     """The kernel body with the producer warpgroup beside the program's threads."""
     w = low.wsloop
@@ -177,7 +197,7 @@ def lower_ws_body(low, grid: list) -> None:
     warps = low.threads // 32
     with T.If(low.tx == 0), T.Then():
         with T.serial(0, len(w.copies) * w.stages) as i:
-            _call("bar_init", _bar(low, i), tirx.const(1, "uint32"))
+            _call("bar_init", _bar(low, i), _full_arrivals(w, tirx.floordiv(i, w.stages)))
             _call("bar_init", _bar(low, i + len(w.copies) * w.stages),
                   tirx.const(warps, "uint32"))
         for h in range(len(w.heads)):
@@ -187,7 +207,7 @@ def lower_ws_body(low, grid: list) -> None:
                       tirx.const(warps, "uint32"))
         _call("fence_barrier_init")
     T.evaluate(T.tvm_storage_sync("shared"))
-    regs = consumer_regs(low.threads)
+    regs = consumer_regs(low.threads, w.producer_regs)
     with T.If(low.tx < low.threads):
         with T.Then():
             if regs:
@@ -199,11 +219,13 @@ def lower_ws_body(low, grid: list) -> None:
                     low.sync.pending_read = low.sync.pending_write = False
         with T.Else():
             if regs:
-                _call(f"setmaxnreg_dec<{PRODUCER_REGS}>")
-            with T.If(low.tx == low.threads), T.Then():
-                producer_waits_for_grid(low)
-                with _blocks(low, grid):
-                    _lower_producer(low)
+                _call(f"setmaxnreg_dec<{w.producer_regs}>")
+            # One thread issues TMA boxes; a gather takes all the producer's threads.
+            with T.If(tirx.const(True, "bool") if w.gathers else low.tx == low.threads):
+                with T.Then():
+                    producer_waits_for_grid(low)
+                    with _blocks(low, grid):
+                        _lower_producer(low)
 
 
 def _lower_consumers(low) -> None:
@@ -247,9 +269,21 @@ def _producer_heads(low) -> None:
         if w.persistent:
             _call("bar_wait", _bar(low, w.head_empty(h, slot)), tirx.const(1, "uint32") - phase)
         full = _bar(low, w.head_full(h, slot))
-        _call("ring_fill", full, tirx.const(rc.nbytes, "uint32"))
         low.stage[rc.tile] = slot
-        _tma_boxes(low, rc, w.head_maps[h], full)
+        with _issuer(low):
+            _call("ring_fill", full, tirx.const(rc.nbytes, "uint32"))
+            _tma_boxes(low, rc, w.head_maps[h], full)
+
+
+@contextlib.contextmanager
+def _issuer(low):
+    """The producer thread that issues TMA (its first), where all its threads run the
+    loop (a ring with a gather)."""
+    if not low.wsloop.gathers:
+        yield
+        return
+    with T.If(low.tx == low.threads), T.Then():
+        yield
 
 
 def _tma_boxes(low, rc: RingCopy, tmap, full) -> None:
@@ -313,8 +347,14 @@ def _producer_loop(low) -> None:
             low.stage[rc.tile] = stage
             _call("bar_wait", _bar(low, w.empty(i, stage)), tirx.const(1, "uint32") - phase)
             full = _bar(low, w.full(i, stage))
-            _call("ring_fill", full, tirx.const(rc.nbytes, "uint32"))
-            _tma_boxes(low, rc, w.maps[i], full)
+            if rc.gather is not None:  # every producer thread: its vectors, then its arrival
+                issue_async_gather(low, rc.gather, threads=w.producer_threads,
+                                   tx=low.tx - low.threads)
+                _call("ring_gathered", full)
+                continue
+            with _issuer(low):
+                _call("ring_fill", full, tirx.const(rc.nbytes, "uint32"))
+                _tma_boxes(low, rc, w.maps[i], full)
     _ring_advance(low, _ring_steps(w, n))
     _leave_stages(low)
 
@@ -374,10 +414,10 @@ def lower_ring_consumer(low, f: pb.For) -> None:
     waits = plan_waits(low, body, peeled) if w.in_flight and rot is None and pair is None \
         else None
     base = _ring_base(low)
-    if pair is not None:
-        def wait_full(j, stage, phase):
-            _call("bar_wait", _bar(low, w.full(j, stage)), phase)
+    def wait_full(j, stage, phase):
+        _wait_full(low, j, stage, phase)
 
+    if pair is not None:
         def release(j, at):  # copy j's stage at ring count `at`
             _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
 
@@ -387,7 +427,7 @@ def lower_ring_consumer(low, f: pb.For) -> None:
         def release_at(j, at):  # copy j's stage of ring step `at`
             _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
         lower_rotated_loop(low, f, body, ring, peeled, rot, base, n,
-                           lambda k: _stage_phase(w, k), release_at, writes)
+                           lambda k: _stage_phase(w, k), release_at, wait_full, writes)
     else:
         _lower_loop(low, f, body, ring, peeled, waits, base, n, writes)
     _ring_advance(low, _ring_steps(w, n))
@@ -403,6 +443,16 @@ def lower_ring_consumer(low, f: pb.For) -> None:
     if writes:
         low.sync.pending_read = low.sync.pending_write = False
     low.sync.pending_read |= reads
+
+
+def _wait_full(low, j: int, stage, phase) -> None:
+    """The consumers wait until ring copy j's stage has landed; a gather's vectors came
+    through the generic proxy, so a wgmma (the async proxy) reads them after a proxy
+    fence."""
+    w = low.wsloop
+    _call("bar_wait", _bar(low, w.full(j, stage)), phase)
+    if w.copies[j].gather is not None:
+        _call("fence_proxy_async_shared")
 
 
 def _lower_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int], waits, base, n,
@@ -431,10 +481,10 @@ def _lower_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int], waits,
                 retire(low, waits, body, waits.before[i], k, release)
             if i in ring:
                 if w.merge == 1:
-                    _call("bar_wait", _bar(low, w.full(ring[i], stage)), phase)
+                    _wait_full(low, ring[i], stage, phase)
                 else:  # the stage's first iteration
                     with T.If(tirx.floormod(k, w.merge) == 0), T.Then():
-                        _call("bar_wait", _bar(low, w.full(ring[i], stage)), phase)
+                        _wait_full(low, ring[i], stage, phase)
             elif i in peeled:
                 pass
             else:

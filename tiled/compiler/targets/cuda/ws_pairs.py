@@ -43,7 +43,7 @@ def merged_axes(p: pb.Program, buffers, w, gemms: list) -> dict[int, int]:
     the tile's K extent per iteration while its other offsets stay (offset_steps: proved,
     not sampled). With an odd trip count the last stage's second half reads past the last
     tile: data no gemm reads (zeros past the tensor's end)."""
-    if len(gemms) != 1 or not w.copies:
+    if len(gemms) != 1 or not w.copies or w.gathers:
         return {}
     g = gemms[0].gemm
     a = buffers[g.a]

@@ -11,6 +11,7 @@ from tvm import tirx
 
 from tiled.compiler.passes.pipeline import RunAhead, gathers, run_ahead
 from tiled.compiler.passes.stmts import body_statements
+from tiled.compiler.targets.cuda.gather import Gather, find_gather
 from tiled.compiler.targets.cuda.gemm_sm90 import PANEL_BYTES, panel_row_bytes
 from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.targets.cuda.wgmma_waits import wgmma_gemm
@@ -21,6 +22,11 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128  # a producer warpgroup
 PRODUCER_REGS = 40  # its registers after setmaxnreg
+# A producer that gathers (a ring copy that is a gather nest) computes each of its rows'
+# source address (an im2col row's image, pixel and bounds) and keeps them across the steps:
+# at 40 registers tiled.ops.conv2d's 128 x 128 tile (8 rows a thread) spilled (20 LDL / STL
+# in its SASS); at 96 none does, and two consumer warpgroups keep 208 each.
+GATHER_PRODUCER_REGS = 96
 # Ring stages a loop gets where shared memory holds them. The seed's 128x128x32, 3-stage
 # GEMM (K tiles merged in pairs) on the H200 at 4096^3 fp16, through the whole-kernel GEMM
 # path of the time (sm90_gemm.py, since retired: paths.py): 3 ring
@@ -44,8 +50,10 @@ HEAD_SLOTS = 1
 
 @dataclass
 class RingCopy:
+    """A ring copy: a T.copy the producer issues as TMA boxes, or a gather nest
+    (targets/cuda/gather.py) its threads issue as cp.async vectors (`gather`; no box)."""
     pos: int  # position in the loop body
-    copy: pb.Copy
+    copy: pb.Copy | None
     release: int  # the body position after which its stage is free
     box: list[int]  # TMA box, innermost dim first
     swizzle: int  # bytes: 128 for a panel tile, 0 for a dense one
@@ -53,10 +61,11 @@ class RingCopy:
     box_cols: int  # tile columns per box
     nbytes: int  # bytes per stage
     row_dim: int  # the source dim along the tile's rows
+    gather: Gather | None = None
 
     @property
     def tile(self) -> int:
-        return self.copy.dst.buffer
+        return self.gather.tile if self.gather is not None else self.copy.dst.buffer
 
 
 @dataclass
@@ -82,7 +91,20 @@ class WsLoop:
 
     @property
     def producer_threads(self) -> int:
-        return PRODUCER_THREADS if self.consumer_threads >= 256 else PRODUCER_WARP
+        """A warpgroup beside two or more consumer warpgroups, or where it gathers (one warp
+        issuing a whole tile's vectors kept a row's addresses for 32 rows, and spilled);
+        else a warp."""
+        return PRODUCER_THREADS if self.consumer_threads >= 256 or self.gathers \
+            else PRODUCER_WARP
+
+    @property
+    def producer_regs(self) -> int:
+        return GATHER_PRODUCER_REGS if self.gathers else PRODUCER_REGS
+
+    @property
+    def gathers(self) -> bool:
+        """Whether a ring copy is a gather: the producer's threads all issue, not one."""
+        return any(rc.gather is not None for rc in self.copies)
 
     @property
     def stage_bytes(self) -> int:
@@ -215,6 +237,13 @@ def plan_ws_loop(low) -> WsLoop | None:
                     and st.gemm.c not in low.wgmma_ops.accumulators
                     for x in (st.gemm.a, st.gemm.b)}
     for pos, release in zip(run.copies, run.release, strict=True):
+        if pos in run.gathers:
+            g = find_gather(low, body[pos])
+            if g is None or g.tile in mma_operands:
+                return None  # not as cp.async vectors: the consumers gather, as written
+            size = g.rows * g.cols * dtypes.nbytes(buffers[g.tile].dtype)
+            copies.append(RingCopy(pos, None, release, [], 0, 0, 0, size, 0, gather=g))
+            continue
         if body[pos].copy.dst.buffer in mma_operands:
             return None  # mma.sync reads padded rows, which TMA does not write
         found = _ring_copy(p, buffers, low.wgmma_ops.panels, pos, release, body[pos].copy)
@@ -299,16 +328,18 @@ def walk_group(low, grid: list) -> int:
     does (attention's K / V tiles are the same for every x: x fastest, so that the blocks
     running together read the same ones)."""
     x = low.program.kernel.block_vars[0]
-    offsets = [o for rc in low.wsloop.copies for o in rc.copy.src.offsets]
+    offsets = [o for rc in low.wsloop.copies for o in (
+        rc.copy.src.offsets if rc.gather is None else (*rc.gather.indices, *rc.gather.conds))]
     return 8 if len(grid) < 2 or x in expr_vars(offsets) else 1
 
 
-def consumer_regs(threads: int) -> int | None:
-    """Registers per consumer thread after setmaxnreg, None below two consumer warpgroups
-    (the launch's own budget is then already the ceiling)."""
+def consumer_regs(threads: int, producer_regs: int = PRODUCER_REGS) -> int | None:
+    """Registers per consumer thread after setmaxnreg, the producer warpgroup keeping
+    `producer_regs`; None below two consumer warpgroups (the launch's own budget is then
+    already the ceiling)."""
     if threads < 256:
         return None
-    return min(MAX_REGS, (REGISTER_FILE - PRODUCER_THREADS * PRODUCER_REGS) // threads // 8 * 8)
+    return min(MAX_REGS, (REGISTER_FILE - PRODUCER_THREADS * producer_regs) // threads // 8 * 8)
 
 
 # -- lowering (called by lower.CudaLowering, `low`) ------------------------------------

@@ -85,10 +85,12 @@ def _call(fn: str, *args) -> None:
 
 
 def lower_rotated_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int],
-                       rot: Rotation, base, n, stage_phase, release, writes: bool) -> None:
+                       rot: Rotation, base, n, stage_phase, release, wait_full,
+                       writes: bool) -> None:
     """The consumers' loop under `rot`: iteration 0, the steady iterations 1..n-1, then the
     last D. `stage_phase(k)` gives ring step k's (stage, phase); `release(j, at)` frees copy
-    j's stage of ring step `at`; `writes`: the body's statements write shared memory (a
+    j's stage of ring step `at`; `wait_full(j, stage, phase)` waits until copy j's stage has
+    landed; `writes`: the body's statements write shared memory (a
     barrier ends each iteration, as ws_loop's)."""
     w = low.wsloop
     g_stmt, d_stmt = body[rot.first], body[rot.last]
@@ -128,7 +130,7 @@ def lower_rotated_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int],
                 wait_deferred(k - 1)
                 pending = False
             if i in ring:
-                _call("bar_wait", T.address_of(low.ring_bars[w.full(ring[i], stage)]), phase)
+                wait_full(ring[i], stage, phase)
             elif i == rot.first:
                 if w.pingpong:
                     _call("turn_wait")

@@ -164,6 +164,14 @@ __device__ __forceinline__ void ring_fill(void* bar, uint32_t tx_bytes) {
   mbarrier_arrive_expect_tx(static_cast<uint64_t*>(bar), tx_bytes);
 }
 
+// A producer thread has issued its cp.async vectors of a gathered stage: the stage's full
+// barrier (its arrive count the producer's threads) counts it once they have all landed
+// (.noinc: the arrival is one of the count, not added to it).
+__device__ __forceinline__ void ring_gathered(void* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar))
+               : "memory");
+}
+
 // A consumer warp is done with a stage: once all its lanes are here, lane 0 arrives on the
 // stage's empty barrier (its arrive count is the consumer warps).
 __device__ __forceinline__ void ring_release(void* bar) {

@@ -68,6 +68,7 @@ def _as_linear(layer: str) -> bool:
 
 
 def build(out: Path) -> None:
+    import tiled.ops as ops
     from tiled.ops import conv, gemm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +91,16 @@ def build(out: Path) -> None:
             _, seconds = compile_into(out, name, _kernel(layer, cfg), TARGET)
             index[name] = {"layer": layer, "config": cfg, "cold_compile_s": round(seconds, 3)}
             print(name, index[name], flush=True)
+    # The split configs' partials are added up by splitk_sum (gemm.run_split_k): one per
+    # filter count and split count, installed into tiled.ops by `run`.
+    sums = {(LAYERS[layer][3], cfg["splits"]) for layer in LAYERS if not _as_linear(layer)
+            for cfg in conv.CUDA_SPACE if cfg.get("splits", 1) > 1}
+    for Fo, splits in sorted(sums):
+        params = gemm.sum_params(Fo, splits, DTYPE)
+        name = f"splitk_sum__{Fo}x{splits}"
+        _, seconds = compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params),
+                                  TARGET)
+        index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
     (out / "index.json").write_text(json.dumps({
         "command": f"python benchmarks/gpu/conv.py build --out {out}", "machine": machine(),
         "target": TARGET, "kernels": index}, indent=1))
@@ -143,13 +154,17 @@ def _row(torch, layer: str) -> dict:
 def run(bundle: Path, out: Path) -> None:
     import torch
 
+    import tiled.ops as ops
     from tiled import tuning
 
     torch.backends.cudnn.benchmark = True  # cuDNN picks its fastest algorithm per shape
     hung = smoke_in_child(__file__, bundle, 240, stall_s=30)
     index = json.loads((bundle / "index.json").read_text())
+    for name, v in index["kernels"].items():
+        if v.get("op") == "splitk_sum":
+            ops.install("splitk_sum", TARGET, load_kernel(bundle, name), **v["params"])
     pairs = [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
-             for n in index["kernels"] if n not in hung]
+             for n, v in index["kernels"].items() if n not in hung and "op" not in v]
     rows = []
     with tuning.prebuilt(pairs):
         for layer in LAYERS:
@@ -166,8 +181,9 @@ def smoke(bundle: Path) -> None:
     import torch.nn.functional as F
 
     index = json.loads((bundle / "index.json").read_text())
-    for name in smoke_order(list(index["kernels"])):
+    for name in smoke_order([n for n, v in index["kernels"].items() if "op" not in v]):
         layer = index["kernels"][name]["layer"]
+        splits = index["kernels"][name]["config"].get("splits", 1)
         _, C, _, Fo, _, stride, pad = LAYERS[layer]
         x, w = _problem(torch, layer, batch=2)
         ref = F.conv2d(x.float(), w.float(), stride=stride, padding=pad)
@@ -176,10 +192,13 @@ def smoke(bundle: Path) -> None:
         xs, ws = x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous()
         if index["kernels"][name].get("linear"):
             load_kernel(bundle, name)(xs.view(-1, C), ws.view(Fo, C), y.view(-1, Fo))
-        else:
+        else:  # a split config's partials, summed here (the bundle's sum kernel is timed)
+            out = y.view(-1, Fo) if splits == 1 else torch.full(
+                (splits, 2 * P * P, Fo), float("nan"), device="cuda")
             load_kernel(bundle, name)(xs, ws, torch.empty(1, device="cuda",
-                                                          dtype=torch.bfloat16),
-                                      y.view(-1, Fo))
+                                                          dtype=torch.bfloat16), out)
+            if splits > 1:
+                y.view(-1, Fo).copy_(out.sum(0))
         torch.cuda.synchronize()
         err = ((y.permute(0, 3, 1, 2).float() - ref).norm() / ref.norm()).item()
         print(f"smoke {name}: rel err {err:.1e}", flush=True)

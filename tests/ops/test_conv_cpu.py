@@ -103,3 +103,37 @@ def test_wide_cpu_tiles_serve_layers_of_64_channels_and_more():
         conv.CONV2D.spaces["cpu"] = conv.CPU_SPACE
         conv.CONV2D.clear()
     assert _rel(y, F.conv2d(x.float(), w.float(), padding=1)) < 1e-2
+
+
+@pytest.mark.parametrize("splits", [3, 4])
+def test_split_k_configs_add_their_partials(splits):
+    """A split config: each split's float32 partial (the bias in split 0's), added up by
+    splitk_sum; 4 splits of 18 steps (9 taps x 2 channel chunks) leave the last split steps
+    past the filter's taps, which read zeros."""
+    g = torch.Generator().manual_seed(splits)
+    x = torch.randn(2, 20, 6, 5, generator=g)
+    w = torch.randn(12, 20, 3, 3, generator=g)
+    b = torch.randn(12, generator=g)
+    conv.CONV2D.spaces["cpu"] = [{"BM": 16, "BN": 16, "BC": 16, "threads": 32, "stages": 2,
+                                  "splits": splits}]
+    try:
+        y = ops.conv2d(x, w, b, padding=1)
+    finally:
+        conv.CONV2D.spaces["cpu"] = conv.CPU_SPACE
+        conv.CONV2D.clear()
+    assert _rel(y, F.conv2d(x, w, b, padding=1)) < 1e-5
+
+
+def test_split_k_kernel_gathers_on_a_producer_for_sm90a():
+    """The CUDA space's split configs compile for sm_90a, their gather on the producer
+    warpgroup (ws_loop.py) and the partial a float32 store."""
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    from tiled.compiler import compile_program
+
+    cfg = next(c for c in conv.CUDA_SPACE if c.get("splits", 1) > 1)
+    k = compile_program(conv.conv2d_kernel(1280, 8, 8, 1280, 3, 3, 1, 1, 1, "bfloat16", True,
+                                           **cfg), target="cuda:sm_90a")
+    assert "ring_gathered" in k.source and "float* __restrict__ Y_ptr" in k.source

@@ -8,9 +8,13 @@
 The GEMM is Y[n p q, f] = sum over (r, s, c) of X[n, p stride + r dil - pad, q stride + s dil
 - pad, c] * W[f, r, s, c]: M = N P Q output pixels, N = F filters, K = R S C. Each K step is
 one (r, s) tap and BC channels: the pixels' input rows gathered into a shared tile (zero where
-the tap falls in the padding), the filters' tile copied, T.gemm; on CUDA both tiles are
-cp.async producers issued stages ahead (the gather too, when the channels fill whole steps:
-targets/cuda/gather.py). Tuned by tiled.autotune per layer shape (the batch symbolic). A 1x1
+the tap falls in the padding), the filters' tile copied, T.gemm. On sm_90a, when the channels
+fill whole steps, the gather is a ring copy of the warp-specialized loop (its producer
+warpgroup issues the rows as cp.async vectors, the filters' tile by TMA:
+targets/cuda/ws_loop.py); elsewhere both tiles are cp.async producers issued stages ahead
+(targets/cuda/gather.py). Configs with `splits` split the K steps over a third grid axis (for
+layers whose output tiles do not fill the GPU), their float32 partials added up by
+`splitk_sum`. Tuned by tiled.autotune per layer shape (the batch symbolic). A 1x1
 convolution with stride 1 and no padding is a plain GEMM and runs as tiled.ops.linear.
 """
 
@@ -25,7 +29,12 @@ CUDA_SPACE = [*({"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
               # takes wgmma without local memory on sm_90a (SASS read here); not timed yet
               *({"BM": bm, "BN": bn, "BC": 64, "threads": 256, "stages": 3}
                 for bm, bn in ((128, 256), (256, 128))),
-              *({"BM": 128, "BN": 128, "BC": bc, "threads": 256, "stages": 4} for bc in (32, 64))]
+              *({"BM": 128, "BN": 128, "BC": bc, "threads": 256, "stages": 4} for bc in (32, 64)),
+              # split-K over the taps, for layers whose output tiles do not fill the GPU (few
+              # pixels, many channels: UNet's 8 x 8 and 16 x 16 latents, ResNet's conv5)
+              *({"BM": 128, "BN": 128, "BC": 64, "threads": 256, "stages": 4, "splits": sp}
+                for sp in (3, 6)),
+              {"BM": 64, "BN": 128, "BC": 64, "threads": 128, "stages": 3, "splits": 3}]
 # CPU: 128 x 64 and 256 x 64 pixel x filter tiles over 64 channels a step for layers of at
 # least 64 input and output channels (`min_channels`), 16 x 16 x 16 for the rest: bf16 3x3
 # layers over 4 x 56 x 56 on the 2-core Zen 3, the wide tiles read 51-52 GFLOP/s at 64 -> 64
@@ -41,9 +50,14 @@ def _out_size(size: int, k: int, stride: int, pad: int, dil: int) -> int:
 
 
 def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, BM=128, BN=128, BC=32,
-                  threads=256, stages=2, min_channels=0):
+                  threads=256, stages=2, min_channels=0, splits=1):
     """The implicit-GEMM kernel of one layer shape and config (the batch symbolic); a config
-    with `min_channels` is for layers of at least that many input and output channels."""
+    with `min_channels` is for layers of at least that many input and output channels. With
+    `splits` > 1 the K steps (taps x channel chunks) are split over a third grid axis and
+    split s writes its float32 partial (the bias in split 0's) into Y[s] ([splits, M, F]),
+    which `splitk_sum` adds up and casts (gemm.run_split_k); the steps past the last (when
+    `splits` does not divide them) read filter taps past R x S, which are zeros (T.copy's
+    fill), so they add nothing."""
     if min(C, F) < min_channels:
         raise ValueError(f"conv2d: config {BM}x{BN}x{BC} is not for {C} -> {F} channels "
                          f"(from {min_channels})")
@@ -51,18 +65,23 @@ def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, BM=128, BN=12
     if P < 1 or Q < 1:
         raise ValueError(f"conv2d: a {R}x{S} filter leaves no output of a {H}x{W} input")
     chunks = -(-C // BC)
+    per_split = -(-(R * S * chunks) // splits)  # K steps per split
     Nd, Md = T.dyn("N"), T.dyn("M")  # images, and output pixels N P Q
+    out = T.Tensor((Md, F), dtype) if splits == 1 else T.Tensor((splits, Md, F), "float32")
+    extra = (splits,) if splits > 1 else ()  # the split axis of the grid
 
     @tiled.kernel
     def conv2d_igemm(X: T.Tensor((Nd, H, W, C), dtype), Wt: T.Tensor((F, R, S, C), dtype),
-                     Bias: T.Tensor((F if bias else 1,), dtype),
-                     Y: T.Tensor((Md, F), dtype)):
-        with T.Kernel(T.ceildiv(F, BN), T.ceildiv(Md, BM), threads=threads) as (bx, by):
+                     Bias: T.Tensor((F if bias else 1,), dtype), Y: out):
+        with T.Kernel(T.ceildiv(F, BN), T.ceildiv(Md, BM), *extra, threads=threads) as g:
+            bx, by = g[:2]
+            bz = g[2] if splits > 1 else 0
             xs = T.alloc_shared((BM, BC), dtype)
             ws = T.alloc_shared((BN, BC), dtype)
             acc = T.alloc_fragment((BM, BN), "float32")
             T.clear(acc)
-            for step in T.Pipelined(R * S * chunks, num_stages=stages):
+            for k in T.Pipelined(per_split, num_stages=stages):
+                step = bz * per_split + k
                 tap, c0 = step // chunks, step % chunks * BC
                 r, s = tap // S, tap % S
                 T.copy(Wt[bx * BN:bx * BN + BN, r, s, c0:c0 + BC], ws)
@@ -76,10 +95,16 @@ def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, BM=128, BN=12
                         inside = inside & (c0 + c < C)
                     xs[i, c] = T.if_then_else(inside, X[n, h, w, c0 + c], 0)
                 T.gemm(xs, ws, acc, transpose_B=True)
+            if splits > 1:
+                T.pdl_trigger()  # splitk_sum, launched programmatically, may start
             for i, j in T.Parallel(BM, BN):
                 if bias:
-                    acc[i, j] += T.cast(Bias[bx * BN + j], "float32")
-                Y[by * BM + i, bx * BN + j] = T.cast(acc[i, j], dtype)
+                    b = T.cast(Bias[bx * BN + j], "float32")
+                    acc[i, j] += b if splits == 1 else T.if_then_else(bz == 0, b, 0.0)
+                if splits == 1:
+                    Y[by * BM + i, bx * BN + j] = T.cast(acc[i, j], dtype)
+                else:
+                    Y[bz, by * BM + i, bx * BN + j] = acc[i, j]
 
     return conv2d_igemm
 
@@ -104,9 +129,18 @@ def _inputs(C, H, W, F, R, S, stride, pad, dil, dtype, bias, **config):
     return [x, w, b, torch.zeros(N * P * Q, F, device=dev, dtype=dt)]
 
 
+def _run(kernel, config, args):
+    """The layer by `kernel` of `config` into args' y, as conv2d runs it and so as its
+    candidates are timed (split-K through gemm.run_split_k)."""
+    from tiled.ops.gemm import run_split_k
+
+    x, w, b, y = args
+    return run_split_k(y, config.get("splits", 1), lambda out: kernel(x, w, b, out))
+
+
 CONV2D = TunedOp("conv2d", conv2d_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
                  key=["C", "H", "W", "F", "R", "S", "stride", "pad", "dil", "dtype", "bias"],
-                 bucket=_bucket, inputs=_inputs)
+                 bucket=_bucket, inputs=_inputs, run=_run)
 
 
 def _pair(v, name: str) -> int:
@@ -155,6 +189,7 @@ def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1):
     if N:
         tuned = CONV2D.tuned(x, C, H, W, F, R, S, stride, pad, dil, dtype, bias is not None)
         b = bias.contiguous() if bias is not None else x.new_empty(1)  # (unread placeholder)
-        tuned.compiled(x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous(),
-                       b, y.view(N * P * Q, F))
+        _run(tuned.compiled, tuned.config, [x.permute(0, 2, 3, 1).contiguous(),
+                                            w.permute(0, 2, 3, 1).contiguous(), b,
+                                            y.view(N * P * Q, F)])
     return y.permute(0, 3, 1, 2)

@@ -25,7 +25,7 @@ PRODUCER_REGS = 40  # its registers after setmaxnreg
 # A producer that gathers (a ring copy that is a gather nest) computes each of its rows'
 # source address (an im2col row's image, pixel and bounds) and keeps them across the steps:
 # at 40 registers tiled.ops.conv2d's 128 x 128 tile (8 rows a thread) spilled (20 LDL / STL
-# in its SASS); at 96 none does, and two consumer warpgroups keep 208 each.
+# in its SASS); at 96 none does, and two consumer warpgroups keep 200 each.
 GATHER_PRODUCER_REGS = 96
 # Ring stages a loop gets where shared memory holds them. The seed's 128x128x32, 3-stage
 # GEMM (K tiles merged in pairs) on the H200 at 4096^3 fp16, through the whole-kernel GEMM
@@ -339,7 +339,13 @@ def consumer_regs(threads: int, producer_regs: int = PRODUCER_REGS) -> int | Non
     already the ceiling)."""
     if threads < 256:
         return None
-    return min(MAX_REGS, (REGISTER_FILE - PRODUCER_THREADS * producer_regs) // threads // 8 * 8)
+    # The block starts with the launch's registers a thread (the file over its threads, in
+    # steps of 8), and setmaxnreg.inc waits until the producer's dec has freed what the
+    # consumers take: asking for more than that hangs the block (it did, at 208 beside a
+    # 96-register producer where the launch gave 168 a thread).
+    launch = threads + PRODUCER_THREADS
+    pool = REGISTER_FILE // launch // 8 * 8 * launch
+    return min(MAX_REGS, (pool - PRODUCER_THREADS * producer_regs) // threads // 8 * 8)
 
 
 # -- lowering (called by lower.CudaLowering, `low`) ------------------------------------

@@ -144,7 +144,8 @@ def _row(torch, layer: str) -> dict:
            "pad": pad, "config": tuned.config, "us": us,
            "TFLOP/s": flops / (us["tiled"] * 1e-6) / 1e12,
            "cudnn_TFLOP/s": flops / (us["F.conv2d_cudnn"] * 1e-6) / 1e12,
-           "vs_cudnn": us["F.conv2d_cudnn"] / us["tiled"], "rel_err_vs_float": err}
+           "vs_cudnn": us["F.conv2d_cudnn"] / us["tiled"], "rel_err_vs_float": err,
+           "candidates_us": {json.dumps(c.config): c.us for c in tuned.candidates}}
     print(f"{layer:22s}: {us['tiled']:8.1f} us, {row['TFLOP/s']:4.0f} TFLOP/s, "
           f"{row['vs_cudnn']:.2f}x cuDNN ({row['cudnn_TFLOP/s']:.0f} TFLOP/s), config "
           f"{tuned.config}, err {err:.1e}", flush=True)

@@ -131,7 +131,7 @@ def _row(torch, layer: str) -> dict:
                                                               DTYPE))]
     else:
         tuned = conv.CONV2D.chosen[(TARGET, conv._bucket(C, H, H, Fo, R, R, stride, pad, 1,
-                                                         DTYPE, False))]
+                                                         DTYPE, False, N))]
     ref = F.conv2d(x.float(), w.float(), stride=stride, padding=pad)
     err = ((y.float() - ref).norm() / ref.norm()).item()
     us = time_graphed(torch, {

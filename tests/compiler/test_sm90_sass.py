@@ -275,3 +275,22 @@ def test_convolutions_gathered_by_a_producer_warpgroup(tmp_path, name):
     _tma_fed(text)
     assert "LDGSTS.E.BYPASS.128" in text and "ARRIVES.LDGSTSBAR" in text
     _no_local(text)
+
+
+@pytest.mark.parametrize("bn,widths", [(160, ("64x128x16", "64x32x16")),
+                                        (80, ("64x64x16", "64x16x16")),
+                                        (112, ("64x64x16", "64x32x16", "64x16x16"))])
+def test_filter_tiles_past_their_64s_take_narrow_wgmmas(tmp_path, bn, widths):
+    """A K-major 16-bit B tile whose rows end 16 / 32 / 48 past a multiple of 64 (a
+    convolution's 160-wide filter tile, sized so that its layer fills the SMs) takes wgmma:
+    the 64s, then n32 and / or n16 (tiled_sm90_explicit.h cols_width)."""
+    import tiled
+    from tiled.ops import conv
+
+    k = conv.conv2d_kernel(640, 16, 16, 640, 3, 3, 1, 1, 1, "bfloat16", False, BM=128,
+                           BN=bn, BC=64, threads=256, stages=4)
+    text = sass(tiled.compile(k, target="cuda:sm_90a", cache=False).artifact, tmp_path)
+    for w in widths:
+        assert f"HGMMA.{w}.F32.BF16" in text, w
+    assert "HMMA" not in text
+    _no_local(text)

@@ -204,7 +204,8 @@ def test_gathers_run_ahead_on_a_producer_warpgroup():
     assert "== 0) ? (uint)128 : (uint)1)" in src  # the gather's full barriers' arrivals
     assert src.count("tiled::sm90::ring_gathered(") == 1
     assert "if (((int)threadIdx.x) == 256)" in src  # the TMA issuer
-    loop = src[src.index("for (int v_2"):]
+    assert not w.persistent  # (ws_plan.persistent_choice: a gathering ring's blocks do not walk)
+    loop = src[src.index("for (int v_1"):]
     loop = loop[:loop.index("retire<0>")]
     gathered = loop.index("bar_wait")  # copy 0's full barrier, then its fence
     assert loop[gathered:].index("fence_proxy_async_shared") < loop.index("wgmma")

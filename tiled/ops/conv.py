@@ -20,7 +20,7 @@ convolution with stride 1 and no padding is a plain GEMM and runs as tiled.ops.l
 
 import tiled
 import tiled.lang as T
-from tiled.ops.tuned import TunedOp
+from tiled.ops.tuned import TunedOp, pow2_bucket
 
 CUDA_SPACE = [*({"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
                 for bm, bn, t in ((128, 128, 256), (64, 128, 128), (128, 64, 128))
@@ -34,7 +34,14 @@ CUDA_SPACE = [*({"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
               # pixels, many channels: UNet's 8 x 8 and 16 x 16 latents, ResNet's conv5)
               *({"BM": 128, "BN": 128, "BC": 64, "threads": 256, "stages": 4, "splits": sp}
                 for sp in (3, 6)),
-              {"BM": 64, "BN": 128, "BC": 64, "threads": 128, "stages": 3, "splits": 3}]
+              {"BM": 64, "BN": 128, "BC": 64, "threads": 128, "stages": 3, "splits": 3},
+              # tiles sized so that more layers' outputs fill the SMs in whole waves: 160
+              # filters (640 / 1280-filter layers: 4 / 8 column tiles), 192 pixels (three
+              # consumer warpgroups)
+              *({"BM": bm, "BN": 160, "BC": 64, "threads": t, "stages": 4}
+                for bm, t in ((128, 256), (64, 128))),
+              {"BM": 64, "BN": 160, "BC": 64, "threads": 128, "stages": 4, "splits": 4},
+              {"BM": 192, "BN": 128, "BC": 64, "threads": 384, "stages": 4}]
 # CPU: 128 x 64 and 256 x 64 pixel x filter tiles over 64 channels a step for layers of at
 # least 64 input and output channels (`min_channels`), 16 x 16 x 16 for the rest: bf16 3x3
 # layers over 4 x 56 x 56 on the 2-core Zen 3, the wide tiles read 51-52 GFLOP/s at 64 -> 64
@@ -49,9 +56,10 @@ def _out_size(size: int, k: int, stride: int, pad: int, dil: int) -> int:
     return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
-def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, BM=128, BN=128, BC=32,
-                  threads=256, stages=2, min_channels=0, splits=1):
-    """The implicit-GEMM kernel of one layer shape and config (the batch symbolic); a config
+def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, batch=8, BM=128, BN=128,
+                  BC=32, threads=256, stages=2, min_channels=0, splits=1):
+    """The implicit-GEMM kernel of one layer shape and config (the batch symbolic: `batch`
+    only names the tuning, a power-of-two bucket of images the tuner times it at); a config
     with `min_channels` is for layers of at least that many input and output channels. With
     `splits` > 1 the K steps (taps x channel chunks) are split over a third grid axis and
     split s writes its float32 partial (the bias in split 0's) into Y[s] ([splits, M, F]),
@@ -107,11 +115,19 @@ def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, BM=128, BN=12
     return conv2d_igemm
 
 
-def _bucket(C, H, W, F, R, S, stride, pad, dil, dtype, bias):
-    return C, H, W, F, R, S, stride, pad, dil, dtype, bias
+# Images a tuning is timed at: a power of two up to this many (tiled.ops.tuned.pow2_bucket).
+# Which tiles fill the GPU's SMs in whole waves depends on the pixel count, so a layer is
+# tuned per bucket of its batch: tuned at 8 images, a UNet 16 x 16 x 1280 layer chose a
+# 128 x 160 tile that read 101 us at its batch of 4, where a 64 x 160 tile read 66 us
+# (benchmarks/results/conv_probe_h100.json).
+BATCH_CAP = 64
 
 
-def _inputs(C, H, W, F, R, S, stride, pad, dil, dtype, bias, **config):
+def _bucket(C, H, W, F, R, S, stride, pad, dil, dtype, bias, batch):
+    return C, H, W, F, R, S, stride, pad, dil, dtype, bias, pow2_bucket(batch, BATCH_CAP)
+
+
+def _inputs(C, H, W, F, R, S, stride, pad, dil, dtype, bias, batch, **config):
     import torch
 
     from tiled.jit import _torch_dtype
@@ -119,7 +135,7 @@ def _inputs(C, H, W, F, R, S, stride, pad, dil, dtype, bias, **config):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(device=dev).manual_seed(0)
     dt = _torch_dtype(torch, dtype)
-    N = 8 if dev == "cuda" else 1
+    N = batch if dev == "cuda" else 1
     P, Q = _out_size(H, R, stride, pad, dil), _out_size(W, S, stride, pad, dil)
     x = torch.randn(N, H, W, C, device=dev, generator=g).to(dt)
     w = (torch.randn(F, R, S, C, device=dev, generator=g) / (R * S * C) ** 0.5).to(dt)
@@ -137,7 +153,8 @@ def _run(kernel, config, args):
 
 
 CONV2D = TunedOp("conv2d", conv2d_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
-                 key=["C", "H", "W", "F", "R", "S", "stride", "pad", "dil", "dtype", "bias"],
+                 key=["C", "H", "W", "F", "R", "S", "stride", "pad", "dil", "dtype", "bias",
+                      "batch"],
                  bucket=_bucket, inputs=_inputs, run=_run)
 
 
@@ -185,7 +202,8 @@ def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1):
         return y.view(N, H, W, F).permute(0, 3, 1, 2)
     y = torch.empty(N, P, Q, F, device=x.device, dtype=x.dtype)  # NHWC: channels_last
     if N:
-        tuned = CONV2D.tuned(x, C, H, W, F, R, S, stride, pad, dil, dtype, bias is not None)
+        tuned = CONV2D.tuned(x, C, H, W, F, R, S, stride, pad, dil, dtype, bias is not None,
+                             N)
         b = bias.contiguous() if bias is not None else x.new_empty(1)  # (unread placeholder)
         _run(tuned.compiled, tuned.config, [x.permute(0, 2, 3, 1).contiguous(),
                                             w.permute(0, 2, 3, 1).contiguous(), b,

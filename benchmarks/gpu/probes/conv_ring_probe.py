@@ -31,7 +31,12 @@ PROBE_LAYERS = ["rn50_conv3_3x3", "rn50_conv5_3x3", "unet_640_32", "unet_1280_16
 CONFIGS = {"w128x128": dict(BM=128, BN=128, BC=64, threads=256, stages=4),
            "w128x256": dict(BM=128, BN=256, BC=64, threads=256, stages=3),
            "n64x128": dict(BM=64, BN=128, BC=64, threads=128, stages=3),
-           "n128x64": dict(BM=128, BN=64, BC=64, threads=128, stages=3)}
+           "n128x64": dict(BM=128, BN=64, BC=64, threads=128, stages=3),
+           # tiles sized so that a layer's output fills the SMs in whole waves: 160-wide
+           # (wgmma n128 + n32), three consumer warpgroups of 64 rows
+           "w128x160": dict(BM=128, BN=160, BC=64, threads=256, stages=4),
+           "n64x160": dict(BM=64, BN=160, BC=64, threads=128, stages=4),
+           "w192x128": dict(BM=192, BN=128, BC=64, threads=384, stages=4)}
 LABELS = {"ring": {}, "blocks": {"persistent": 1}, "pipeline": {"warp_specialize": False}}
 
 

@@ -3,8 +3,9 @@
 A gemm takes wgmma when A and B are shared tiles of one dtype (fp16 / bf16; float8 e4m3 /
 e5m2 and float32, as tf32, and int8 into an int32 C, with B given N x K, the only form wgmma
 has for them) or A a 16-bit fragment (RS), A not transposed, C a float32 fragment (int32 for
-int8) [BM, BN] with BN a multiple of 64 (or 16 or 32 for 16-bit operands with B given N x K:
-one wgmma n16 / n32, the x tiles of tiled.ops.linear's 16-row swaps) and BM a multiple of 64
+int8) [BM, BN] with BN a multiple of 64 (or of 16 for 16-bit operands with B given N x K:
+its 64s, then one wgmma n16 / n32 or both: the x tiles of tiled.ops.linear's 16-row swaps,
+the 160-wide filter tiles tiled.ops.conv2d fills the GPU with) and BM a multiple of 64
 per warpgroup (the block's threads are whole warpgroups, which split M; a FullCol gemm with
 too few rows for that has them split N instead, each warpgroup holding all BM rows of its
 BN / warpgroups columns, which must then fit those rules), K a whole number of
@@ -117,7 +118,7 @@ def _fits(g: pb.Gemm, buffers, threads: int) -> int | None:
     def fits(wg_n: int) -> bool:
         wm, wn = BM // (nwg // wg_n), BN // wg_n
         return (BM % (64 * (nwg // wg_n)) == 0 and BN % wg_n == 0 and wn <= 256
-                and (wn % 64 == 0 or (wn in (16, 32) and g.transpose_b and
+                and (wn % 64 == 0 or (wn % 16 == 0 and g.transpose_b and
                                       dtypes.nbytes(a.dtype) == 2))
                 and wm // 64 * wn // 2 <= MAX_ACC)
 

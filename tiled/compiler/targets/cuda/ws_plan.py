@@ -374,9 +374,14 @@ def persistent_choice(low, option: int) -> bool:
     (1 off, 2 on), or for 0 the plan's choice: PERSISTENT_BY_DEFAULT for a loop of wgmma
     gemms that every block runs the same number of times (a causal loop's blocks differ,
     and the hardware's block scheduler, longest first, balances them better than a fixed
-    walk), off for a loop inside serial loops (the kernel walks its work itself: stream-K)."""
+    walk), off for a loop inside serial loops (the kernel walks its work itself: stream-K)
+    and for a ring with a gather: tiled.ops.conv2d's kernels, 7 configs at 4 layers on an
+    H100, ran as fast or faster one block per program block in 20 of 28 (up to 1.38x),
+    0.95-0.99x in the other 8 (benchmarks/results/conv_probe_h100.json, `blocks` / `ring`)."""
     if option or low.wsloop.run.nested:  # a nested loop's kernel walks its own work
         return option == 2
+    if low.wsloop.gathers:
+        return False
     block_vars = set(low.program.kernel.block_vars)
     gemms = [st for st in body_statements(low.wsloop.loop.body)
              if wgmma_gemm(st, low.wgmma_ops.accumulators) is not None]

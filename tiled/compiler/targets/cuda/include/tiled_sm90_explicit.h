@@ -137,10 +137,12 @@ __device__ __forceinline__ uint64_t b_desc(const unsigned char* sb, int kk) {
                   : make_smem_desc(sb + (COL / 64) * K * 128 + 2048 * kk, K * 128, 1024);
 }
 
-// The wgmma width for columns [COL, BN): 256, 128 or 64; a tile of 16 or 32 columns in one.
+// The wgmma width for columns [COL, BN): the widest of 256, 128, 64, 32, 16 they fill (a
+// K-major 16-bit B's tile may end in 16 or 32 columns past its 64s: 160 = 128 + 32).
 template <int BN, int COL>
 __host__ __device__ constexpr int cols_width() {
-  return BN - COL >= 256 ? 256 : BN - COL >= 128 ? 128 : BN < 64 ? BN : 64;
+  return BN - COL >= 256 ? 256 : BN - COL >= 128 ? 128 : BN - COL >= 64 ? 64
+       : BN - COL >= 32 ? 32 : 16;
 }
 
 // KS: the K elements B's stage holds (2 * K where two K tiles share a ring stage, ws_loop.py:

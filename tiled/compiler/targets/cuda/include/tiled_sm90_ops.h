@@ -53,7 +53,7 @@ __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, A
   constexpr int kSlice = 32 / sizeof(T);  // K elements of one wgmma
   constexpr bool kNarrow = narrow_panel<T, KS>();
   static_assert(WM % 64 == 0 && BM % WM == 0 &&
-                    (BN % 64 == 0 || (sizeof(T) == 2 && B_KMAJOR && (BN == 16 || BN == 32))) &&
+                    (BN % 64 == 0 || (sizeof(T) == 2 && B_KMAJOR && BN % 16 == 0)) &&
                     (K % (4 * kSlice) == 0 || narrow_panel<T, K>()),
                 "wgmma_rows shape");
   const unsigned char* sa = static_cast<const unsigned char*>(a);
@@ -102,7 +102,7 @@ __device__ __forceinline__ void wgmma_cols_rs(float* acc, const uint32_t* a,
 template <typename T, int WM, int BN, int K, bool B_KMAJOR, bool TURN = false,
           bool ZERO = false, int KS = K>
 __device__ __forceinline__ void wgmma_rows_rs_issue(const void* a, const void* b, float* acc) {
-  static_assert(WM % 64 == 0 && (BN % 64 == 0 || (B_KMAJOR && (BN == 16 || BN == 32))) &&
+  static_assert(WM % 64 == 0 && (BN % 64 == 0 || (B_KMAJOR && BN % 16 == 0)) &&
                     K % 16 == 0,
                 "wgmma_rows_rs shape");
   const uint32_t* wa = static_cast<const uint32_t*>(a);

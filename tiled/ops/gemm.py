@@ -54,7 +54,7 @@ CUDA_SPACE = [
 # (64-column tiles, 128 x 64 and 64 x 64, never won a bucket on the H200 and are left out:
 # benchmarks/results/autotune_linear_h200_run5.json.) 128 x 192 tiles are for grids that
 # 128 x 256 ones leave a partial last wave of: 14336 columns at 1024 tokens are 448 such tiles,
-# 3.4 waves of 132 SMs, and 600 of 128 x 192 (4.5 waves; wgmma takes N a multiple of 64 here).
+# 3.4 waves of 132 SMs, and 600 of 128 x 192 (4.5 waves).
 # The CPU space: tiles of 64 x 128, 128 x 128 and 256 x 128 from as many tokens as their rows
 # (`min_tokens`), which keep the shim's microkernel on a panel long enough to pay for packing
 # it (bf16, N = K = 4096 on the 2-core Zen 3: 64 x 128 reads 81 GFLOP/s at 64 tokens where

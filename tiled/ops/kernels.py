@@ -192,7 +192,9 @@ def splitk_sum(N: int, splits: int, dtype: str, block_n: int = 1024, threads: in
 
     @tiled.kernel
     def splitk_sum_kernel(P: T.Tensor((splits, M, N), "float32"), Y: T.Tensor((M, N), dtype)):
-        with T.Kernel(T.ceildiv(N, bn), M, threads=threads) as (bx, by):
+        # (rows on the grid's x axis: up to 2^31 - 1 of them; y stops at 65535, fewer than a
+        # convolution's pixels)
+        with T.Kernel(M, T.ceildiv(N, bn), threads=threads) as (by, bx):
             if pdl:
                 T.pdl_sync()
             for j in T.Parallel(bn):

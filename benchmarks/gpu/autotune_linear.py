@@ -34,6 +34,8 @@ sys.path.insert(0, str(ROOT))
 from bundle_cli import (
     build_command,
     compile_into,
+    compile_sums,
+    install_sums,
     load_kernel,
     machine,
     main,
@@ -80,14 +82,10 @@ def build(out: Path) -> None:
             _, seconds = compile_into(out, name, kernel, TARGET)
             index[name] = {"N": N, "K": K, "config": cfg, "cold_compile_s": round(seconds, 3)}
             print(name, index[name], flush=True)
-    import tiled.ops as ops
 
-    for params in _sums(shapes):  # what split-K configs add their partials up with
-        name = _sum_name(params)
-        _, seconds = compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params),
-                                  TARGET)
-        index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
-        print(name, index[name], flush=True)
+    sums = compile_sums(out, _sums(shapes), "bfloat16", TARGET)  # what split-K configs add
+    index.update(sums)  # their partials up with
+    print(*sums, flush=True)
     (out / "index.json").write_text(json.dumps({
         "command": build_command("autotune_linear.py", out, SELECT_ENV),
         "machine": machine(), "target": TARGET, "shapes": shapes, "ms": ms,
@@ -117,16 +115,12 @@ def _built(out: Path, name: str, kernel) -> bool:
     return json.loads(m.read_text()).get("program_digest") == kernel.ir.digest
 
 
-def _sums(shapes: dict) -> list[dict]:
-    from tiled.ops.gemm import CUDA_SPACE, sum_params
+def _sums(shapes: dict) -> set[tuple[int, int]]:
+    """(N, splits) of each splitk_sum kernel the split configs add their partials with."""
+    from tiled.ops.gemm import CUDA_SPACE
 
-    splits = sorted({c.get("splits", 1) for c in CUDA_SPACE} - {1})
-    return [sum_params(n, s, "bfloat16")
-            for n in sorted({n for n, _ in shapes.values()}) for s in splits]
-
-
-def _sum_name(params: dict) -> str:
-    return f"splitk_sum__{params['N']}x{params['splits']}"
+    splits = {c.get("splits", 1) for c in CUDA_SPACE} - {1}
+    return {(n, s) for n, _ in shapes.values() for s in splits}
 
 
 def _pairs(bundle: Path):
@@ -137,12 +131,9 @@ def _pairs(bundle: Path):
 
 
 def _install_sums(bundle: Path) -> None:
-    import tiled.ops as ops
 
     index = json.loads((bundle / "index.json").read_text())
-    for name, v in index["kernels"].items():
-        if v.get("op") == "splitk_sum":
-            ops.install("splitk_sum", TARGET, load_kernel(bundle, name), **v["params"])
+    install_sums(bundle, index, TARGET)
 
 
 def _phase(bundle: Path, phase: str) -> dict:

@@ -40,6 +40,33 @@ def build_command(script: str, out: Path, env: tuple[str, ...] = ()) -> str:
                     + [f"python benchmarks/gpu/{script} build --out {out}"])
 
 
+def compile_sums(out: Path, pairs, dtype: str, target: str = "cuda:sm_90a") -> dict:
+    """The splitk_sum kernels tiled.ops adds split-K partials with, one per (N, splits) of
+    `pairs`, compiled into `out` as tiled.ops asks for them (gemm.sum_params); returns their
+    index entries by name (install_sums loads them there)."""
+    import tiled.ops as ops
+    from tiled.ops.gemm import sum_params
+
+    index = {}
+    for n, splits in sorted(pairs):
+        params = sum_params(n, splits, dtype)
+        name = f"splitk_sum__{n}x{splits}"
+        _, seconds = compile_into(out, name, ops.kernel_factory("splitk_sum", target, **params),
+                                  target)
+        index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
+    return index
+
+
+def install_sums(bundle: Path, index: dict, target: str = "cuda:sm_90a") -> None:
+    """Installs into tiled.ops the bundle's splitk_sum kernels (compile_sums' entries of the
+    build's index), which tiled.ops would otherwise compile (no TVM on the GPU machine)."""
+    import tiled.ops as ops
+
+    for name, v in index["kernels"].items():
+        if v.get("op") == "splitk_sum":
+            ops.install("splitk_sum", target, load_kernel(bundle, name), **v["params"])
+
+
 def load_kernel(bundle: Path, name: str):
     """The kernel compile_into wrote as NAME into `bundle`, loaded by the thin runtime (no GPU
     call until its first launch); a tiled.sequence.CompiledSequence for several launches."""

@@ -24,6 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from bundle_cli import (
     compile_into,
+    compile_sums,
+    install_sums,
     load_kernel,
     machine,
     main,
@@ -68,7 +70,6 @@ def _as_linear(layer: str) -> bool:
 
 
 def build(out: Path) -> None:
-    import tiled.ops as ops
     from tiled.ops import conv, gemm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -93,14 +94,9 @@ def build(out: Path) -> None:
             print(name, index[name], flush=True)
     # The split configs' partials are added up by splitk_sum (gemm.run_split_k): one per
     # filter count and split count, installed into tiled.ops by `run`.
-    sums = {(LAYERS[layer][3], cfg["splits"]) for layer in LAYERS if not _as_linear(layer)
-            for cfg in conv.CUDA_SPACE if cfg.get("splits", 1) > 1}
-    for Fo, splits in sorted(sums):
-        params = gemm.sum_params(Fo, splits, DTYPE)
-        name = f"splitk_sum__{Fo}x{splits}"
-        _, seconds = compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params),
-                                  TARGET)
-        index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
+    index.update(compile_sums(out, {(LAYERS[layer][3], cfg["splits"]) for layer in LAYERS
+                                     if not _as_linear(layer) for cfg in conv.CUDA_SPACE
+                                     if cfg.get("splits", 1) > 1}, DTYPE, TARGET))
     (out / "index.json").write_text(json.dumps({
         "command": f"python benchmarks/gpu/conv.py build --out {out}", "machine": machine(),
         "target": TARGET, "kernels": index}, indent=1))
@@ -155,15 +151,12 @@ def _row(torch, layer: str) -> dict:
 def run(bundle: Path, out: Path) -> None:
     import torch
 
-    import tiled.ops as ops
     from tiled import tuning
 
     torch.backends.cudnn.benchmark = True  # cuDNN picks its fastest algorithm per shape
     hung = smoke_in_child(__file__, bundle, 240, stall_s=30)
     index = json.loads((bundle / "index.json").read_text())
-    for name, v in index["kernels"].items():
-        if v.get("op") == "splitk_sum":
-            ops.install("splitk_sum", TARGET, load_kernel(bundle, name), **v["params"])
+    install_sums(bundle, index, TARGET)
     pairs = [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
              for n, v in index["kernels"].items() if n not in hung and "op" not in v]
     rows = []

@@ -23,7 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from bundle_cli import compile_into, load_kernel, machine, main, time_graphed, write_results
+from bundle_cli import (
+    compile_into,
+    compile_sums,
+    load_kernel,
+    machine,
+    main,
+    time_graphed,
+    write_results,
+)
 
 TARGET = "cuda:sm_90a"
 DTYPE = "bfloat16"
@@ -71,12 +79,7 @@ def build(out: Path) -> None:
             index[name] = {"tuned": "linear", "config": cfg, "cold_compile_s": round(s, 3)}
             if cfg.get("splits", 1) > 1:
                 splits.add((N, cfg["splits"]))
-    for N, s_ in sorted(splits):
-        params = gemm.sum_params(N, s_, DTYPE)
-        name = f"splitk_sum__{N}x{s_}"
-        _, s = compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params),
-                            TARGET)
-        index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(s, 3)}
+    index.update(compile_sums(out, splits, DTYPE, TARGET))
     for i, cfg in enumerate(prefill.CUDA_SPACE):
         name = f"attention__c{i}"
         k = prefill.prefill_kernel(HEADS, KV, D, DTYPE, "bshd", True, 0, 0.0, D ** -0.5, False,

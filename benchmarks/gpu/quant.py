@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 from bundle_cli import (
     build_command,
     compile_into,
-    load_kernel,
+    compile_sums,
+    install_sums,
     machine,
     main,
     time_graphed,
@@ -42,16 +43,15 @@ GRAPH_CALLS = 20
 RW_FLOATS = 128 << 20
 
 
-def _sums() -> list[dict]:
-    from tiled.ops.gemm import sum_params
+def _sums() -> set[tuple[int, int]]:
+    """(N, splits) of each splitk_sum kernel the split configs add their partials with."""
     from tiled.ops.quant import CUDA_SPACE
 
-    splits = sorted({c.get("splits", 1) for c in CUDA_SPACE} - {1})
-    return [sum_params(n, s, DTYPE) for n in sorted({n for _, n in SHAPES}) for s in splits]
+    splits = {c.get("splits", 1) for c in CUDA_SPACE} - {1}
+    return {(n, s) for _, n in SHAPES for s in splits}
 
 
 def build(out: Path) -> None:
-    import tiled.ops as ops
     from tiled.ops import quant
 
     out.mkdir(parents=True, exist_ok=True)
@@ -70,11 +70,7 @@ def build(out: Path) -> None:
             _, seconds = compile_into(out, name, kernel, TARGET)
             index[name] = {"K": K, "N": N, "config": cfg, "cold_compile_s": round(seconds, 3)}
             print(name, index[name], flush=True)
-    for params in _sums():
-        name = f"splitk_sum__{params['N']}x{params['splits']}"
-        _, seconds = compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params),
-                                  TARGET)
-        index[name] = {"op": "splitk_sum", "params": params, "cold_compile_s": round(seconds, 3)}
+    index.update(compile_sums(out, _sums(), DTYPE, TARGET))
     (out / "index.json").write_text(json.dumps({
         "command": build_command("quant.py", out, ("QUANT_BITS",)), "machine": machine(),
         "bits": BITS,
@@ -142,13 +138,10 @@ def _row(torch, K, N, M, bits: int) -> dict:
 def run(bundle: Path, out: Path) -> None:
     import torch
 
-    import tiled.ops as ops
     from tiled import tuning
 
     index = json.loads((bundle / "index.json").read_text())
-    for name, v in index["kernels"].items():
-        if v.get("op") == "splitk_sum":
-            ops.install("splitk_sum", TARGET, load_kernel(bundle, name), **v["params"])
+    install_sums(bundle, index, TARGET)
     pairs = [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
              for n, v in index["kernels"].items() if "op" not in v]
     rows = []

@@ -71,12 +71,8 @@ from tiled.compiler.targets.cuda.sm90_attn import (
     stmt_q_copy,
     store_attn_tile,
 )
-from tiled.compiler.targets.cuda.ws_loop import (
-    declare_ring_maps,
-    lower_ring_consumer,
-    lower_ws_body,
-    wait_head,
-)
+from tiled.compiler.targets.cuda.ws_loop import lower_ring_consumer, lower_ws_body, wait_head
+from tiled.compiler.targets.cuda.ws_producer import declare_ring_maps
 from tiled.compiler.tir import (
     ExprLowering,
     loc_of,

@@ -1,7 +1,8 @@
 """T.Pipelined on sm_90a: a TMA producer warpgroup feeding the program's threads through an
 mbarrier ring (automatic warp specialization of the generic lowering). The plan (which
 copies, how many stages, how many blocks per SM, persistent or not) is ws_plan.py's; this
-module lowers it.
+module lowers the kernel body around it and the consumers' loop, ws_producer.py the
+producer's side, ws_ring.py the bookkeeping both share.
 
 When every copy of the loop that may run ahead (passes/pipeline.run_ahead) is one TMA can
 do (a whole 2-D tile of a global tensor of rank <= 5, its row the tensor's last dim;
@@ -76,9 +77,7 @@ import contextlib
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tiled.compiler.passes.pipeline import holds_loop, is_loop
 from tiled.compiler.passes.stmts import body_statements
-from tiled.compiler.targets.cuda.gather import issue_async_gather
 from tiled.compiler.targets.cuda.grid_walk import (
     bind_block,
     persistent_walk,
@@ -92,50 +91,20 @@ from tiled.compiler.targets.cuda.wgmma_waits import (
     wgmma_gemm,
 )
 from tiled.compiler.targets.cuda.ws_pairs import lower_pair_loop, pair_gemm
-from tiled.compiler.targets.cuda.ws_plan import (
-    RingCopy,
-    WsLoop,
-    consumer_regs,
-    walk_group,
+from tiled.compiler.targets.cuda.ws_plan import WsLoop, consumer_regs, walk_group
+from tiled.compiler.targets.cuda.ws_producer import lower_producer
+from tiled.compiler.targets.cuda.ws_ring import (
+    bar,
+    call,
+    head_slot,
+    leave_stages,
+    ring_advance,
+    ring_base,
+    ring_steps,
+    stage_phase,
 )
 from tiled.compiler.targets.cuda.ws_rotate import find_rotation, lower_rotated_loop
-from tiled.ir.walk import walk
 from tiled.v1 import tile_ir_pb2 as pb
-
-
-def _call(fn: str, *args) -> None:
-    T.evaluate(T.call_extern("void", f"tiled::sm90::{fn}", *args))
-
-
-def declare_ring_maps(low) -> None:
-    """One TMA descriptor parameter per (tensor, box, swizzle) the ring copies use."""
-    w = low.wsloop
-    by_key: dict = {}
-
-    def tensor_map(rc: RingCopy):
-        param = low.param_of[rc.copy.src.buffer]
-        key = (param, tuple(rc.box), rc.swizzle)
-        if key not in by_key:
-            name = f"tiled_tmap_r{len(by_key)}"
-            by_key[key] = T.arg(name, T.handle())
-            low.tensor_maps[name] = {"kind": "tensor_map", "param": param, "box": rc.box,
-                                     "swizzle": rc.swizzle}
-        return by_key[key]
-
-    for i, rc in enumerate(w.copies):
-        if rc.gather is None:
-            w.maps[i] = tensor_map(rc)
-    for h, rc in enumerate(w.heads):
-        w.head_maps[h] = tensor_map(rc)
-
-
-def _bar(low, index):
-    return T.address_of(low.ring_bars[index])
-
-
-def _stage_phase(w: WsLoop, k):
-    stage = tirx.floormod(k, w.stages)
-    return stage, tirx.Cast("uint32", tirx.floormod(tirx.floordiv(k, w.stages), 2))
 
 
 @contextlib.contextmanager
@@ -169,15 +138,6 @@ def _blocks(low, grid: list):
         yield
 
 
-def _ring_base(low):
-    return low.ring_k[0] if low.ring_k is not None else tirx.const(0, "int32")
-
-
-def _ring_advance(low, n) -> None:
-    if low.ring_k is not None:
-        T.buffer_store(low.ring_k, low.ring_k[0] + n, [0])
-
-
 def _full_arrivals(w: WsLoop, j):
     """The arrive count of ring copy j's full barriers: a TMA stage completes with its one
     arrival and its bytes, a gathered one once every producer thread's vectors have landed
@@ -197,21 +157,21 @@ def lower_ws_body(low, grid: list) -> None:
     warps = low.threads // 32
     with T.If(low.tx == 0), T.Then():
         with T.serial(0, len(w.copies) * w.stages) as i:
-            _call("bar_init", _bar(low, i), _full_arrivals(w, tirx.floordiv(i, w.stages)))
-            _call("bar_init", _bar(low, i + len(w.copies) * w.stages),
+            call("bar_init", bar(low, i), _full_arrivals(w, tirx.floordiv(i, w.stages)))
+            call("bar_init", bar(low, i + len(w.copies) * w.stages),
                   tirx.const(warps, "uint32"))
         for h in range(len(w.heads)):
             for slot in range(w.head_slots):
-                _call("bar_init", _bar(low, w.head_full(h, slot)), tirx.const(1, "uint32"))
-                _call("bar_init", _bar(low, w.head_empty(h, slot)),
+                call("bar_init", bar(low, w.head_full(h, slot)), tirx.const(1, "uint32"))
+                call("bar_init", bar(low, w.head_empty(h, slot)),
                       tirx.const(warps, "uint32"))
-        _call("fence_barrier_init")
+        call("fence_barrier_init")
     T.evaluate(T.tvm_storage_sync("shared"))
     regs = consumer_regs(low.threads, w.producer_regs)
     with T.If(low.tx < low.threads):
         with T.Then():
             if regs:
-                _call(f"setmaxnreg_inc<{regs}>")
+                call(f"setmaxnreg_inc<{regs}>")
             with _blocks(low, grid):
                 _lower_consumers(low)
                 if w.persistent:  # the next block's writes wait for this one's reads
@@ -219,13 +179,13 @@ def lower_ws_body(low, grid: list) -> None:
                     low.sync.pending_read = low.sync.pending_write = False
         with T.Else():
             if regs:
-                _call(f"setmaxnreg_dec<{w.producer_regs}>")
+                call(f"setmaxnreg_dec<{w.producer_regs}>")
             # One thread issues TMA boxes; a gather takes all the producer's threads.
             with T.If(tirx.const(True, "bool") if w.gathers else low.tx == low.threads):
                 with T.Then():
                     producer_waits_for_grid(low)
                     with _blocks(low, grid):
-                        _lower_producer(low)
+                        lower_producer(low)
 
 
 def _lower_consumers(low) -> None:
@@ -235,143 +195,28 @@ def _lower_consumers(low) -> None:
     w = low.wsloop
     if not (w.heads and w.persistent):
         return low.lower_statements()
-    slot, _ = _head_slot(low)
+    slot, _ = head_slot(low)
     for rc in w.heads:
         low.stage[rc.tile] = slot
     for i, st in enumerate(body_statements(low.program.kernel.body)):
         low.stmt(st)
         for h, rc in enumerate(w.heads):
             if rc.release == i:
-                _call("ring_release", _bar(low, w.head_empty(h, slot)))
-
-
-def _head_slot(low) -> tuple:
-    """(this program block's head tile slot, its barriers' phase)."""
-    slots = low.wsloop.head_slots
-    return tirx.floormod(low.walk_it, slots), \
-        tirx.Cast("uint32", tirx.floormod(tirx.floordiv(low.walk_it, slots), 2))
+                call("ring_release", bar(low, w.head_empty(h, slot)))
 
 
 def wait_head(low, tile: int) -> None:
     """The consumers' side of a head copy: wait until its tile has landed."""
     w = low.wsloop
-    slot, phase = _head_slot(low)
-    _call("bar_wait", _bar(low, w.head_full(w.head_index[tile], slot)), phase)
-
-
-def _producer_heads(low) -> None:
-    """The head copies of this program block, issued before its ring steps (module
-    docstring); walking the grid, each waits until the block before that used its slot
-    freed it."""
-    w = low.wsloop
-    slot, phase = _head_slot(low)
-    for h, rc in enumerate(w.heads):
-        if w.persistent:
-            _call("bar_wait", _bar(low, w.head_empty(h, slot)), tirx.const(1, "uint32") - phase)
-        full = _bar(low, w.head_full(h, slot))
-        low.stage[rc.tile] = slot
-        with _issuer(low):
-            _call("ring_fill", full, tirx.const(rc.nbytes, "uint32"))
-            _tma_boxes(low, rc, w.head_maps[h], full)
-
-
-@contextlib.contextmanager
-def _issuer(low):
-    """The producer thread that issues TMA (its first), where all its threads run the
-    loop (a ring with a gather)."""
-    if not low.wsloop.gathers:
-        yield
-        return
-    with T.If(low.tx == low.threads), T.Then():
-        yield
-
-
-def _tma_boxes(low, rc: RingCopy, tmap, full) -> None:
-    """The TMA boxes of copy `rc` into its tile (its current stage), completing on `full`."""
-    coords = [low.expr(o) for o in rc.copy.src.offsets][::-1]  # innermost first
-    zero = tirx.const(0, "int32")
-    for b in range(rc.boxes):
-        col = b * rc.box_cols
-        dst = low.addr(rc.tile, [zero, tirx.const(col, "int32")])
-        _call("tma_load", dst, tmap, full, coords[0] + col, *coords[1:])
-
-
-def _lower_producer(low) -> None:
-    """The producer's thread: the ring loop, inside the skeleton of the program around it
-    when the loop is nested (passes/pipeline.py): the serial loops and ifs that hold the
-    loop or a store to a uniform scalar, and those stores."""
-    w = low.wsloop
-    if not w.run.nested:
-        _producer_heads(low)
-        return _producer_loop(low)
-    scalars = w.run.scalars
-
-    def holds(s: pb.Stmt) -> bool:
-        return holds_loop(s, w.loop.var) or any(
-            st.WhichOneof("kind") == "store" and st.store.buffer in scalars for st in walk(s))
-
-    def skeleton(s: pb.Stmt) -> None:
-        kind = s.WhichOneof("kind")
-        if kind == "seq":
-            for x in s.seq.stmts:
-                skeleton(x)
-        elif kind == "store" and s.store.buffer in scalars:
-            low.stmt(s)
-        elif is_loop(s, w.loop.var):
-            _producer_loop(low)
-        elif kind == "for_" and holds(s):
-            with T.serial(0, low.expr(s.for_.extent)) as v:
-                low.vars[s.for_.var] = v
-                skeleton(s.for_.body)
-        elif kind == "if_then_else" and holds(s):
-            node = s.if_then_else
-            with T.If(low.expr(node.cond)):
-                with T.Then():
-                    skeleton(node.then_body)
-                if node.HasField("else_body") and holds(node.else_body):
-                    with T.Else():
-                        skeleton(node.else_body)
-
-    skeleton(low.program.kernel.body)
-
-
-def _producer_loop(low) -> None:
-    w = low.wsloop
-    f = w.loop
-    n = low.expr(f.extent)
-    base = _ring_base(low)
-    with T.serial(0, _ring_steps(w, n)) as k:
-        low.vars[f.var] = k * w.merge  # the first of the iterations this stage holds
-        stage, phase = _stage_phase(w, base + k)
-        for i, rc in enumerate(w.copies):
-            low.stage[rc.tile] = stage
-            _call("bar_wait", _bar(low, w.empty(i, stage)), tirx.const(1, "uint32") - phase)
-            full = _bar(low, w.full(i, stage))
-            if rc.gather is not None:  # every producer thread: its vectors, then its arrival
-                issue_async_gather(low, rc.gather, threads=w.producer_threads,
-                                   tx=low.tx - low.threads)
-                _call("ring_gathered", full)
-                continue
-            with _issuer(low):
-                _call("ring_fill", full, tirx.const(rc.nbytes, "uint32"))
-                _tma_boxes(low, rc, w.maps[i], full)
-    _ring_advance(low, _ring_steps(w, n))
-    _leave_stages(low)
-
-
-def _ring_steps(w: WsLoop, n):
-    """Ring stages a loop of `n` iterations takes (none for n <= 0: a nested loop's extent
-    may be anything)."""
-    if w.run.nested:
-        n = tirx.max(n, tirx.const(0, "int32"))
-    return n if w.merge == 1 else tirx.floordiv(n + w.merge - 1, w.merge)
+    slot, phase = head_slot(low)
+    call("bar_wait", bar(low, w.head_full(w.head_index[tile], slot)), phase)
 
 
 def _enter_stage(low, k, base) -> tuple:
     """Points the ring tiles at iteration k's stage (and, merged, its half of it); returns
     the stage and its phase."""
     w = low.wsloop
-    stage, phase = _stage_phase(w, base + (k if w.merge == 1 else tirx.floordiv(k, w.merge)))
+    stage, phase = stage_phase(w, base + (k if w.merge == 1 else tirx.floordiv(k, w.merge)))
     for rc in w.copies:
         low.stage[rc.tile] = stage
         if w.merge > 1:
@@ -382,19 +227,13 @@ def _enter_stage(low, k, base) -> tuple:
     return stage, phase
 
 
-def _leave_stages(low) -> None:
-    for rc in low.wsloop.copies:
-        low.stage.pop(rc.tile, None)
-        low.panel_shift.pop(rc.tile, None)
-
-
 def lower_ring_consumer(low, f: pb.For) -> None:
     """The loop on the consumers' side (module docstring)."""
     w = low.wsloop
     body = body_statements(f.body)
     ring = {rc.pos: i for i, rc in enumerate(w.copies)}
     if low.sync.pending_write:  # shared writes before the loop, made visible once
-        _call("fence_proxy_async_shared")
+        call("fence_proxy_async_shared")
         low.sync.sync()
     reads = writes = False
     for i, st in enumerate(body):
@@ -402,7 +241,7 @@ def lower_ring_consumer(low, f: pb.For) -> None:
             r, wr = low.effects(st)
             reads, writes = reads or r, writes or wr
     if w.pingpong:
-        _call("turn_first")
+        call("turn_first")
     peeled = first_step_fills(body, f.var, low.buffers) if w.in_flight else set()
     n = low.expr(f.extent)
     if peeled:  # `if k == 0: T.clear(acc)`, run once before the loop
@@ -413,33 +252,33 @@ def lower_ring_consumer(low, f: pb.For) -> None:
     rot = find_rotation(low, body, ring, peeled) if w.in_flight and w.merge == 1 else None
     waits = plan_waits(low, body, peeled) if w.in_flight and rot is None and pair is None \
         else None
-    base = _ring_base(low)
+    base = ring_base(low)
     def wait_full(j, stage, phase):
         _wait_full(low, j, stage, phase)
 
     if pair is not None:
         def release(j, at):  # copy j's stage at ring count `at`
-            _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
+            call("ring_release", bar(low, w.empty(j, tirx.floormod(at, w.stages))))
 
         lower_pair_loop(low, f, body[pair], base, n, lambda k: _enter_stage(low, k, base),
                         wait_full, release)
     elif rot is not None:
         def release_at(j, at):  # copy j's stage of ring step `at`
-            _call("ring_release", _bar(low, w.empty(j, tirx.floormod(at, w.stages))))
+            call("ring_release", bar(low, w.empty(j, tirx.floormod(at, w.stages))))
         lower_rotated_loop(low, f, body, ring, peeled, rot, base, n,
-                           lambda k: _stage_phase(w, k), release_at, wait_full, writes)
+                           lambda k: stage_phase(w, k), release_at, wait_full, writes)
     else:
         _lower_loop(low, f, body, ring, peeled, waits, base, n, writes)
-    _ring_advance(low, _ring_steps(w, n))
+    ring_advance(low, ring_steps(w, n))
     if waits is not None:
         def release_last(j):  # the ring's count is past the loop's last step now
             with T.If(n > 0), T.Then():
-                at = tirx.floormod(_ring_base(low) - 1, w.stages)
-                _call("ring_release", _bar(low, w.empty(j, at)))
+                at = tirx.floormod(ring_base(low) - 1, w.stages)
+                call("ring_release", bar(low, w.empty(j, at)))
         retire_after_loop(low, waits, body, release_last if w.reused else None)
     if w.pingpong:
-        _call("turn_last")
-    _leave_stages(low)
+        call("turn_last")
+    leave_stages(low)
     if writes:
         low.sync.pending_read = low.sync.pending_write = False
     low.sync.pending_read |= reads
@@ -450,9 +289,9 @@ def _wait_full(low, j: int, stage, phase) -> None:
     through the generic proxy, so a wgmma (the async proxy) reads them after a proxy
     fence."""
     w = low.wsloop
-    _call("bar_wait", _bar(low, w.full(j, stage)), phase)
+    call("bar_wait", bar(low, w.full(j, stage)), phase)
     if w.copies[j].gather is not None:
-        _call("fence_proxy_async_shared")
+        call("fence_proxy_async_shared")
 
 
 def _lower_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int], waits, base, n,
@@ -467,14 +306,13 @@ def _lower_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int], waits,
         def release(j, back=0):  # copy j's stage of this step (back=1: of the one before)
             at = k - back
             if w.merge == 1:
-                _call("ring_release", _bar(low, w.empty(j, tirx.floormod(base + at,
-                                                                         w.stages))))
+                call("ring_release", bar(low, w.empty(j, tirx.floormod(base + at, w.stages))))
                 return
-            bar = _bar(low, w.empty(j, tirx.floormod(base + tirx.floordiv(at, w.merge),
-                                                      w.stages)))
+            empty = bar(low, w.empty(j, tirx.floormod(base + tirx.floordiv(at, w.merge),
+                                                       w.stages)))
             with T.If(tirx.Or(tirx.floormod(at, w.merge) == w.merge - 1, at == n - 1)):
                 with T.Then():  # the stage's last iteration
-                    _call("ring_release", bar)
+                    call("ring_release", empty)
 
         for i, st in enumerate(body):
             if waits is not None and i in waits.before:

@@ -70,6 +70,45 @@ def test_copies_run_ahead_only_when_nothing_can_observe_it():
     assert run_ahead(as_program(_gemm(write_a=True)).proto).copies == (1,)
 
 
+def _gathered(write_rows=False, read_before=False):
+    """A GEMM whose A tile is gathered through row indices (X's row idx[i], or 0 past a
+    bound), B copied: the knobs that decide whether the gather may run ahead."""
+    @tiled.kernel
+    def gathered(X: T.Tensor((512, 256), "float16"), Idx: T.Tensor((128,), "int32"),
+                 B: T.Tensor((256, 128), "float16"), C: T.Tensor((128, 128), "float32")):
+        with T.Kernel(1, 1, threads=128) as (bx, by):
+            A_s = T.alloc_shared((128, 64), "float16")
+            B_s = T.alloc_shared((64, 128), "float16")
+            acc = T.alloc_fragment((128, 128), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(4, num_stages=2):
+                if read_before:
+                    acc[0, 0] = T.cast(A_s[0, 0], "float32")
+                for i, c in T.Parallel(128, 64):
+                    A_s[i, c] = T.if_then_else(Idx[i] < 500, X[Idx[i], k * 64 + c], 0)
+                T.copy(B[k * 64, 0], B_s)
+                T.gemm(A_s, B_s, acc)
+            if write_rows:
+                X[0, 0] = T.cast(acc[0, 0], "float16")
+            T.copy(acc, C)
+
+    return gathered
+
+
+def test_gather_nests_run_ahead_only_when_nothing_can_observe_it():
+    """A T.Parallel nest filling a whole shared tile from a global tensor runs ahead like a
+    copy (its index table too, in a loop of copies, gathers and gemms); not when the kernel
+    writes the tensor, nor when the body reads the tile before the nest."""
+    ra = run_ahead(as_program(_gathered()).proto)
+    assert ra.copies == (0, 1) and ra.gathers == {0}
+    assert run_ahead(as_program(_gathered(write_rows=True)).proto).copies == (1,)
+    ra = run_ahead(as_program(_gathered(read_before=True)).proto)
+    assert ra.copies == (2,) and not ra.gathers
+    # On sm_90a the producer warpgroup issues the gather, loading the row indices itself.
+    src, _, low = _lower(_gathered())
+    assert low.wsloop.gathers and "ring_gathered" in src and "Idx_ptr" in src
+
+
 def test_attention_loads_k_and_v_from_the_producer():
     """TileLang's FlashAttention: K's copy opens the loop, V's sits before the second gemm;
     each gets its own full and empty barriers, released after its gemm."""

@@ -9,8 +9,9 @@ early, into a stage of its own, changes nothing the program can observe:
   region of a global tensor the kernel never writes into a whole shared tile;
 - its offsets, and the loop's extent, are built from the loop variable, the block indices,
   the tensors' dims and the scalar parameters, the variables of the serial loops around the
-  loop and the block's *uniform scalars* only (in a loop of nothing but copies and gemms,
-  elements of tensors the kernel never writes too: a grouped GEMM's tile table), so another
+  loop and the block's *uniform scalars* only (in a loop of nothing but copies, gather nests
+  and gemms, elements of tensors the kernel never writes too: a grouped GEMM's tile table, a
+  gather's row indices), so another
   thread can compute them before the body runs;
 - the tile is written by no other statement, and accessed only inside the loop, after the
   copy (a read before it in the body would see the previous iteration's tile).
@@ -272,7 +273,8 @@ def run_ahead(p: pb.Program, tables_anywhere=False) -> RunAhead | None:
         # wgmma, as MLA decode's, measured faster so; the compile option ring_tables, every
         # loop).
         anywhere = tables_anywhere(s) if callable(tables_anywhere) else tables_anywhere
-        tables_allowed = anywhere or all(x.WhichOneof("kind") in ("copy", "gemm")
+        tables_allowed = anywhere or all(x.WhichOneof("kind") in ("copy", "gemm") or
+                                         gather_nest(x, buffers) is not None
                                          for x in body_statements(s.for_.body))
         tables = constant if tables_allowed else frozenset()
         scalars = frozenset()

@@ -76,7 +76,7 @@ def _gathered(write_rows=False, read_before=False):
     @tiled.kernel
     def gathered(X: T.Tensor((512, 256), "float16"), Idx: T.Tensor((128,), "int32"),
                  B: T.Tensor((256, 128), "float16"), C: T.Tensor((128, 128), "float32")):
-        with T.Kernel(1, 1, threads=128) as (bx, by):
+        with T.Kernel(1, 1, threads=128) as (_bx, _by):
             A_s = T.alloc_shared((128, 64), "float16")
             B_s = T.alloc_shared((64, 128), "float16")
             acc = T.alloc_fragment((128, 128), "float32")

@@ -231,8 +231,6 @@ class _Rewriter:
         return cond
 
 
-
-
 def _zero(dtype: int) -> pb.Expr:
     from tiled.ir import ops
 

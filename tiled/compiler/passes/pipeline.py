@@ -273,9 +273,10 @@ def run_ahead(p: pb.Program, tables_anywhere=False) -> RunAhead | None:
         # wgmma, as MLA decode's, measured faster so; the compile option ring_tables, every
         # loop).
         anywhere = tables_anywhere(s) if callable(tables_anywhere) else tables_anywhere
+        body = body_statements(s.for_.body)
+        nests = [gather_nest(x, buffers) for x in body]  # each statement's, or None
         tables_allowed = anywhere or all(x.WhichOneof("kind") in ("copy", "gemm") or
-                                         gather_nest(x, buffers) is not None
-                                         for x in body_statements(s.for_.body))
+                                         g is not None for x, g in zip(body, nests, strict=True))
         tables = constant if tables_allowed else frozenset()
         scalars = frozenset()
         if outer:
@@ -290,12 +291,10 @@ def run_ahead(p: pb.Program, tables_anywhere=False) -> RunAhead | None:
         if not _pure([f.extent], allowed, known):
             continue
         outside = touched_outside(p.kernel.body, f)
-        body = body_statements(f.body)
         uses = [touched(x) for x in body]  # buffers each body statement touches
-        copies, release, nests = [], [], set()
-        for i, st in enumerate(body):
+        copies, release, gathered = [], [], set()
+        for i, (st, g) in enumerate(zip(body, nests, strict=True)):
             c = _whole_tile_copy(st, buffers, params, writes_anywhere)
-            g = gather_nest(st, buffers) if c is None else None
             if c is not None:
                 tile, ok = c.dst.buffer, _pure(c.src.offsets, allowed | {f.var}, known)
             elif g is not None:
@@ -310,14 +309,14 @@ def run_ahead(p: pb.Program, tables_anywhere=False) -> RunAhead | None:
                 continue
             copies.append(i)
             release.append(max(j for j, u in enumerate(uses) if tile in u))
-            if g is not None:
-                nests.add(i)
+            if c is None:
+                gathered.add(i)
         if copies:
             heads = () if outer else _head_copies(p, s, buffers, params, writes_anywhere,
                                                    uniform)
             return RunAhead(f, tuple(copies), tuple(release), bool(outer), scalars,
                             tuple(h for h, _ in heads), tuple(r for _, r in heads),
-                            frozenset(nests))
+                            frozenset(gathered))
     return None
 
 

@@ -87,9 +87,10 @@ def _tma_boxes(low, rc: RingCopy, tmap, full) -> None:
 
 
 def lower_producer(low) -> None:
-    """The producer's thread: the ring loop, inside the skeleton of the program around it
-    when the loop is nested (passes/pipeline.py): the serial loops and ifs that hold the
-    loop or a store to a uniform scalar, and those stores."""
+    """The producer's thread (all its threads where a ring copy gathers): the ring loop,
+    inside the skeleton of the program around it when the loop is nested
+    (passes/pipeline.py): the serial loops and ifs that hold the loop or a store to a
+    uniform scalar, and those stores."""
     w = low.wsloop
     if not w.run.nested:
         _producer_heads(low)

@@ -10,7 +10,7 @@ import pytest
 
 import tiled
 import tiled.lang as T
-from tiled import config, tuning
+from tiled import config, tuning, tuning_record
 from tiled.cache import tiered
 
 
@@ -121,7 +121,7 @@ def test_a_changed_config_space_or_a_broken_record_tunes_again():
     _scale_factory([{"bm": 16}, {"bm": 32}, {"bm": 64}])(64, 32)  # another space: its own key
     assert tuning.STATS["tunings"] == 2 and tuning.STATS["record_hits"] == 0
 
-    cache = tuning._cache()
+    cache = tuning_record.cache()
     (key,) = [k for k in cache.tiers[-1].keys()
               if (Manifest.from_json(cache.get(k).manifest).notes or {}).get("tiled.autotune")
               and len(Manifest.from_json(cache.get(k).manifest).notes["tiled.autotune"]["us"])

@@ -48,10 +48,7 @@ Thin at import: neither TVM nor torch is imported until a call needs them.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import inspect
-import json
 import logging
 import sys
 import threading
@@ -60,61 +57,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tiled import config
-from tiled.runtime.cpu_levels import is_cpu_target
+from tiled import config, tuning_record
+from tiled.tuning_prebuilt import PrebuiltKernel, attach, compile_candidate, kernel_of, prebuilt
+from tiled.tuning_record import device_identity
 
 log = logging.getLogger("tiled.autotune")
 
-RECORD_VERSION = 1
 STATS = {"tunings": 0, "candidates_timed": 0, "record_hits": 0, "first_config": 0}
 _STATS_LOCK = threading.Lock()
-
-
-_PREBUILT: dict | None = None  # program digest -> loaded kernel, inside `prebuilt`
-
-
-class PrebuiltKernel:
-    """A kernel compiled elsewhere: the loaded kernel with its artifact and manifest."""
-
-    def __init__(self, artifact: bytes, manifest):
-        from tiled.runtime import load
-
-        self.kernel = load(artifact, manifest)
-        self.artifact, self.manifest = bytes(artifact), self.kernel.manifest
-
-    def __call__(self, *args, **kwargs):
-        return self.kernel(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def prebuilt(pairs):
-    """Within the block, tiled.autotune takes its candidates (and the winner) from `pairs`,
-    (artifact bytes, manifest) of kernels compiled elsewhere for the target being tuned (a
-    bundle), by program digest, instead of compiling: how a host with neither the compiler
-    nor a daemon tunes. A candidate not among them is skipped as not built; the toolchain in
-    the tuning key is the one their manifests record."""
-    global _PREBUILT
-    before = _PREBUILT
-    kernels = [PrebuiltKernel(a, m) for a, m in pairs]
-    _PREBUILT = {k.manifest.program_digest: k for k in kernels}
-    try:
-        yield
-    finally:
-        _PREBUILT = before
-
-
-def compile_candidate(kernel, target: str, options: dict):
-    """The compiled kernel: from `prebuilt`'s kernels when inside it, else tiled.compile.
-    Raises LookupError for a kernel the prebuilt set lacks."""
-    if _PREBUILT is not None:
-        k = _PREBUILT.get(kernel.ir.digest)
-        if k is None:
-            raise LookupError(f"{kernel.name} ({kernel.ir.digest[:12]}) is not among the "
-                              "prebuilt kernels")
-        return k
-    import tiled
-
-    return tiled.compile(kernel, target=target, **options)
 
 
 def _count(name: str, n: int = 1) -> None:
@@ -254,7 +204,7 @@ class Autotuner:
         """(config index, config, Program) of every config that builds at the call's bucket
         shape: what a tuning of this call compiles (`tiled warm` sends them ahead)."""
         bound, _, rep = self._bind(args, kwargs)
-        return [(c.index, c.config, _kernel_of(c.kernel).ir)
+        return [(c.index, c.config, kernel_of(c.kernel).ir)
                 for c in self._build(self._with_key(bound, rep)) if c.skipped is None]
 
     # -- choosing ------------------------------------------------------------------------
@@ -290,9 +240,9 @@ class Autotuner:
         """The factory's result for `cfg` at the call's own arguments, compiled (a cache hit
         when the call's shape is the bucket's representative)."""
         result = self.factory(*bound.args, **{**bound.kwargs, **cfg})
-        kernel = _kernel_of(result)
+        kernel = kernel_of(result)
         compiled = compile_candidate(kernel, target, self.options)
-        _attach(result, target, compiled)
+        attach(result, target, compiled)
         return Tuned(dict(cfg), result, compiled, target, from_record)
 
     def _with_key(self, bound, rep):
@@ -307,87 +257,29 @@ class Autotuner:
             c = Candidate(i, cfg)
             try:
                 c.kernel = self.factory(*bound.args, **{**bound.kwargs, **cfg})
-                _kernel_of(c.kernel)
+                kernel_of(c.kernel)
             except Exception as e:  # a config the factory refuses is skipped
                 c.skipped = f"the factory raised {type(e).__name__}: {e}"
             out.append(c)
         return out
 
-    # -- the record ------------------------------------------------------------------------
+    # -- the record (tiled.tuning_record) -----------------------------------------------------
 
     def _tuning_key(self, built: list[Candidate], rep, target: str) -> tuple[dict, str]:
-        """(the tuning's action record, its key): the template is the digest of the
-        candidates' programs and configs at the bucket's shape."""
-        from tiled.cache.keys import ActionKey, canonical_json
-
-        digests = [_kernel_of(c.kernel).ir.digest for c in built]
-        template = hashlib.sha256(canonical_json(
-            {"autotune": RECORD_VERSION, "candidates": digests,
-             "configs": [c.config for c in built]})).hexdigest()
-        tgt, toolchain = self._toolchain(built[0], target)
-        key = ActionKey.build(template, tgt, {
-            "tiled.autotune": {"key": dict(zip(self.key, _plain(rep), strict=True)),
-                               "device": device_identity(target), "options": self.options}},
-            toolchain, config.get("cache_namespace"))
-        return key.record, key.hex
-
-    def _toolchain(self, first: Candidate, target: str) -> tuple[Any, str]:
-        """(the target as keys spell it, the toolchain digest): this process's compiler's, or
-        with a daemon configured (or prebuilt kernels) the one the first candidate's manifest
-        records (the client may have no compiler)."""
-        if config.get("server") or _PREBUILT is not None:
-            m = compile_candidate(_kernel_of(first.kernel), target, self.options).manifest
-            if not m.action:
-                raise ValueError("the first candidate's manifest carries no action record: "
-                                 "its toolchain is unknown")
-            return {"backend": m.backend, "arch": m.arch}, m.action["toolchain"]
-        from tiled.compiler.action import action_of
-        from tiled.compiler.registry import parse_target
-
-        tgt = parse_target(target)
-        return tgt, action_of(_kernel_of(first.kernel).ir.digest, tgt,
-                              self.options).record["toolchain"]
+        return tuning_record.tuning_key(
+            [kernel_of(c.kernel) for c in built], [c.config for c in built],
+            dict(zip(self.key, tuning_record.plain(rep), strict=True)), target, self.options)
 
     def _recorded(self, tkey: str, record: dict) -> dict | None:
-        """The recorded winner's config, when the cache holds a sound record for `tkey`."""
-        from tiled.runtime.manifest import Manifest
-
-        cache = _cache()
-        entry = cache.get(tkey) if cache is not None else None
-        if entry is None:
-            return None
-        try:
-            notes = (Manifest.from_json(entry.manifest).notes or {}).get("tiled.autotune", {})
-            if notes.get("record") != record or notes.get("config") not in self.configs:
-                raise ValueError("record or config does not match this tuning")
-            return dict(notes["config"])
-        except Exception as e:  # a bad record means tuning again
-            log.warning("tiled.autotune %s: recorded tuning %s unusable (%s); tuning again",
-                        self.factory.__name__, tkey[:12], e)
-            return None
+        return tuning_record.recorded(tkey, record, self.configs, self.factory.__name__)
 
     def _record(self, tkey: str, record: dict, winner: Candidate,
                 candidates: list[Candidate]) -> None:
-        from dataclasses import replace
-
-        from tiled.cache.entry import Entry, sha256_hex
-        from tiled.errors import CacheWriteError
-
-        cache = _cache()
-        if cache is None:
-            return
-        m = winner.compiled.manifest
-        notes = {"tiled.autotune": {
+        tuning_record.record(tkey, record, winner.compiled, {
             "record": record, "config": winner.config, "factory": self.factory.__qualname__,
             "us": {str(c.index): c.us for c in candidates if c.us is not None},
-            "skipped": {str(c.index): c.skipped for c in candidates if c.skipped}}}
-        manifest = replace(m, action=None, notes=notes).to_json().encode()
-        art = winner.compiled.artifact
-        try:
-            cache.put(Entry(tkey, manifest, {sha256_hex(art): art}))
-        except CacheWriteError as e:
-            log.warning("tiled.autotune %s: could not record the tuning: %s",
-                        self.factory.__name__, e)
+            "skipped": {str(c.index): c.skipped for c in candidates if c.skipped}},
+            self.factory.__name__)
 
     # -- tuning ------------------------------------------------------------------------------
 
@@ -430,20 +322,6 @@ class Autotuner:
         return "cpu"
 
 
-def device_identity(target: str) -> dict:
-    """What a tuning depends on besides the program: the device model and its size."""
-    import os
-    import platform
-
-    if not is_cpu_target(target):  # cuda:..., or "local" (a daemon's name for this host's GPU)
-        import torch
-
-        p = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return {"name": p.name, "sm_count": p.multi_processor_count}
-    return {"name": platform.processor() or platform.machine(),
-            "cores": len(os.sched_getaffinity(0))}
-
-
 class _Progress:
     """One self-rewriting line on stderr while tuning, when stderr is a terminal."""
 
@@ -459,39 +337,6 @@ class _Progress:
         if self.tty:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
-
-
-def _kernel_of(result):
-    """The @tiled.kernel inside a factory's result (itself, or a tiled.jit kernel's)."""
-    from tiled.jit import JitKernel
-
-    k = result.kernel if isinstance(result, JitKernel) else result
-    if not hasattr(k, "ir"):
-        raise TypeError(f"the factory returned a {type(result).__name__}, not a kernel")
-    return k
-
-
-def _attach(result, target: str, compiled) -> None:
-    from tiled.jit import JitKernel
-
-    if isinstance(result, JitKernel):
-        result.use(target, compiled)
-
-
-def _cache():
-    """The process's kernel cache stack (tiled.cache.tiered.default_cache), or None when it
-    cannot open: tunings are then not recorded."""
-    from tiled.cache.tiered import default_cache
-
-    try:
-        return default_cache()
-    except OSError as e:
-        log.warning("tiled.autotune: no kernel cache (%s); tunings are not recorded", e)
-        return None
-
-
-def _plain(values):
-    return json.loads(json.dumps(list(values), default=str))
 
 
 def _freeze(arguments: Mapping[str, Any], key: Sequence[str]) -> tuple:

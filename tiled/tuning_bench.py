@@ -9,7 +9,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tiled import config
+from tiled import config, tuning_prebuilt
 from tiled.runtime.cpu_levels import is_cpu_target
 
 log = logging.getLogger("tiled.autotune")
@@ -22,9 +22,7 @@ def compile_all(cands, target: str, options: dict, progress) -> None:
     """Sets each candidate's `compiled`, or `skipped` with the compile's error. With a daemon
     configured its compile requests go out together (the daemon's pool runs them side by
     side); else the cache misses compile in a local pool of worker processes first."""
-    from tiled import tuning
-
-    if not config.get("server") and tuning._PREBUILT is None and len(cands) > 1:
+    if not config.get("server") and not tuning_prebuilt.active() and len(cands) > 1:
         _precompile_locally(cands, target, options)
     done = [0]
     settings = {name: config.get(name) for name in config.SETTINGS}  # for the threads
@@ -32,14 +30,14 @@ def compile_all(cands, target: str, options: dict, progress) -> None:
     def one(c):
         try:
             with config.override(**settings):
-                c.compiled = tuning.compile_candidate(c.kernel_ir, target, options)
+                c.compiled = tuning_prebuilt.compile_candidate(c.kernel_ir, target, options)
         except Exception as e:  # a candidate that does not compile is skipped
             c.skipped = f"compile failed: {type(e).__name__}: {e}"
         done[0] += 1
         progress.update("compiled", done[0])
 
     for c in cands:
-        c.kernel_ir = tuning._kernel_of(c.kernel)
+        c.kernel_ir = tuning_prebuilt.kernel_of(c.kernel)
     if not config.get("server"):  # cache hits (or prebuilt) now: in this thread
         for c in cands:
             one(c)

@@ -11,6 +11,11 @@
 #                       tests give it a directory of their own so they never touch other images
 #   TILED_IMAGE_ROOTFS  where the debootstrapped base is kept as a tarball between runs
 #                       (default build/image/bookworm-rootfs.tar)
+#   TILED_IMAGE_TMPDIR  buildah's temporary files (a commit writes each layer there first, up to
+#                       2 GB) and debootstrap's root; default $TILED_IMAGE_STORE/tmp when a store
+#                       is given, else TMPDIR or /var/tmp (a small tmpfs there fails the commit)
+#   TILED_IMAGE_MIN_FREE_MB  free space the build checks for first (default 5120: measured peak
+#                       4.9 GB on a first run, store and temporary files together)
 #   DEBIAN_MIRROR       default http://deb.debian.org/debian
 #   TILED_IMAGE_PIP_CA  CA bundle pip trusts in the build (the Dockerfile's pip_ca secret: in
 #                       no layer); default PIP_CERT, else /etc/ssl/certs/ca-certificates.crt,
@@ -25,13 +30,38 @@ rootfs_tar=${TILED_IMAGE_ROOTFS:-build/image/bookworm-rootfs.tar}
 base=docker.io/library/debian:bookworm-slim  # what `FROM debian:bookworm-slim` resolves to
 
 bh=(buildah --storage-driver vfs)
+store=/var/lib/containers/storage
+tmp=${TILED_IMAGE_TMPDIR:-}
 if [[ -n ${TILED_IMAGE_STORE:-} ]]; then
   bh+=(--root "$TILED_IMAGE_STORE/root" --runroot "$TILED_IMAGE_STORE/run")
+  store=$TILED_IMAGE_STORE
+  tmp=${tmp:-$TILED_IMAGE_STORE/tmp}
 fi
+if [[ -n $tmp ]]; then
+  mkdir -p "$tmp"
+  export TMPDIR=$tmp  # buildah's and mktemp's temporary files
+fi
+tmp=${TMPDIR:-/var/tmp}
+
+free_mb() {  # free MiB on the filesystem holding $1 (or the nearest existing parent)
+  local d=$1
+  until [[ -e $d ]]; do d=$(dirname "$d"); done
+  df -Pm "$d" | awk 'NR == 2 {print $4}'
+}
+need=${TILED_IMAGE_MIN_FREE_MB:-5120}
+for d in "$store" "$tmp"; do
+  have=$(free_mb "$d")
+  if ((have < need)); then
+    echo "deploy/image/build.sh: $d has $have MiB free; the build needs about $need MiB" \
+      "(buildah's vfs store and its temporary layer files; TILED_IMAGE_STORE and" \
+      "TILED_IMAGE_TMPDIR move them)" >&2
+    exit 1
+  fi
+done
 
 make_rootfs() {  # a minimal Debian bookworm, with security updates enabled, as a tarball
   local dir
-  dir=$(mktemp -d /tmp/tiled-rootfs.XXXXXX)
+  dir=$(mktemp -d "$tmp/tiled-rootfs.XXXXXX")
   trap 'rm -rf "$dir"' RETURN
   debootstrap --variant=minbase bookworm "$dir" "$mirror" >"$dir.log" 2>&1 ||
     { tail -20 "$dir.log"; rm -f "$dir.log"; return 1; }

@@ -41,7 +41,8 @@ STORE = ROOT / "build" / "image" / "store"  # kept between runs: the base image 
 def buildah(*args: str, check: bool = True, timeout: float = 120) -> str:
     cmd = ["buildah", "--storage-driver", "vfs", "--root", str(STORE / "root"), "--runroot",
            str(STORE / "run"), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "TMPDIR": str(STORE / "tmp")})  # as build.sh's
     if check:
         assert r.returncode == 0, f"{' '.join(cmd)}:\n{r.stdout}\n{r.stderr}"
     return r.stdout.strip()

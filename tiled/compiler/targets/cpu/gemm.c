@@ -13,10 +13,13 @@
  *     where the target has them, else integer arithmetic that vectorizes; bfloat16: a
  *     shift), a transposed B is packed row-major; both cost O(MK + KN) against the O(MNK)
  *     products.
- *   - k is split into KC-long panels so the B panel a row of C blocks walks stays in L1.
+ *   - k is split into KC-long panels, and each KC x NR panel of B is packed (its rows
+ *     contiguous, the last N % NR columns zero-padded) into a buffer of 16 KB, half an L1:
+ *     every MR-row block of C walks it. In place, B's rows are a tile's row stride apart
+ *     (512 bytes to 1 KB for 128 or 256 float32 columns), so a panel's 64 rows fell into
+ *     4 to 8 of L1's 64 sets and evicted each other.
  *   - The last M % MR rows run a microkernel compiled for that row count; the last N % NR
- *     columns compute into a zeroed scratch block from a zero-padded B panel and add only
- *     the valid part.
+ *     columns compute into a zeroed scratch block and add only the valid part.
  *   - Fewer than MR rows against a transposed B (attention's q @ k^T at decode) skip the
  *     microkernel: each column of B is converted once and dotted with A's rows.
  *
@@ -50,7 +53,7 @@
 #endif
 #define VL (VB / 4)
 #define NR (2 * VL)
-#define KC 256
+#define KC (4096 / NR) /* a packed B panel: KC x NR float32, 16 KB */
 
 typedef float vf __attribute__((vector_size(VB)));
 typedef int32_t vi __attribute__((vector_size(VB)));
@@ -149,17 +152,18 @@ static inline __attribute__((always_inline)) vf splat(float x) {
   return __builtin_shuffle((vf){x}, (vi){0});
 }
 
-/* c[r * ldc + j] += sum_p a_r[p * a_cs] * b[p * ldb + j] for r < rows, j < NR; `rows` (at
-   most MR) is a constant where this is inlined, so each row count gets its own code. */
+/* c[r * ldc + j] += sum_p a_r[p * a_cs] * b[p * NR + j] for r < rows, j < NR (b: a packed
+   panel); `rows` (at most MR) is a constant where this is inlined, so each row count gets its
+   own code. */
 static inline __attribute__((always_inline)) void micro(long kc, const float* const* a_rows,
-                                                        long a_cs, const float* b, long ldb,
-                                                        float* c, long ldc, const int rows) {
+                                                        long a_cs, const float* b, float* c,
+                                                        long ldc, const int rows) {
   vf acc[MR][2];
 #pragma GCC unroll 16
   for (int r = 0; r < rows; ++r) acc[r][0] = acc[r][1] = (vf){0};
   for (long p = 0; p < kc; ++p) {
-    vf b0 = *(const vf_unaligned*)(b + p * ldb);
-    vf b1 = *(const vf_unaligned*)(b + p * ldb + VL);
+    vf b0 = *(const vf*)(b + p * NR);
+    vf b1 = *(const vf*)(b + p * NR + VL);
 #pragma GCC unroll 16
     for (int r = 0; r < rows; ++r) {
       vf a = splat(a_rows[r][p * a_cs]);
@@ -176,8 +180,8 @@ static inline __attribute__((always_inline)) void micro(long kc, const float* co
 
 #if MR > 6
 #define MICRO_ROWS_7_8(A_CS) \
-  case 7: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 7); return; \
-  case 8: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 8); return;
+  case 7: micro(kc, a_rows, A_CS, b, c, ldc, 7); return; \
+  case 8: micro(kc, a_rows, A_CS, b, c, ldc, 8); return;
 #else
 #define MICRO_ROWS_7_8(A_CS)
 #endif
@@ -185,17 +189,17 @@ static inline __attribute__((always_inline)) void micro(long kc, const float* co
    broadcasts address contiguously). */
 #define MICRO_ROWS(A_CS)                                       \
   switch (rows) {                                              \
-    case 1: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 1); return; \
-    case 2: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 2); return; \
-    case 3: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 3); return; \
-    case 4: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 4); return; \
-    case 5: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 5); return; \
-    case 6: micro(kc, a_rows, A_CS, b, ldb, c, ldc, 6); return; \
+    case 1: micro(kc, a_rows, A_CS, b, c, ldc, 1); return; \
+    case 2: micro(kc, a_rows, A_CS, b, c, ldc, 2); return; \
+    case 3: micro(kc, a_rows, A_CS, b, c, ldc, 3); return; \
+    case 4: micro(kc, a_rows, A_CS, b, c, ldc, 4); return; \
+    case 5: micro(kc, a_rows, A_CS, b, c, ldc, 5); return; \
+    case 6: micro(kc, a_rows, A_CS, b, c, ldc, 6); return; \
     MICRO_ROWS_7_8(A_CS)                                       \
   }
 
 /* micro over `rows` rows (1 .. MR), A's columns contiguous or not. */
-static void micro_any(long kc, const float* const* a_rows, long a_cs, const float* b, long ldb,
+static void micro_any(long kc, const float* const* a_rows, long a_cs, const float* b,
                       float* c, long ldc, int rows) {
   if (a_cs == 1)
     MICRO_ROWS(1)
@@ -208,28 +212,28 @@ static void micro_any(long kc, const float* const* a_rows, long a_cs, const floa
 static void panel(float* c, long ldc, const float* a, long a_rs, long a_cs, const float* b,
                   long ldb, long m, long n, long kc) {
   float edge_c[MR * NR] __attribute__((aligned(64)));
-  float edge_b[KC * NR] __attribute__((aligned(64)));
+  float packed_b[KC * NR] __attribute__((aligned(64)));
   const float* rows[MR];
   for (long j0 = 0; j0 < n; j0 += NR) {
     long nr = n - j0 < NR ? n - j0 : NR;
-    const float* bp = b + j0;
-    long ldbp = ldb;
-    if (nr < NR) { /* zero-padded copy of the last columns */
+    if (nr == NR) { /* a constant size: vector moves, not a call per row */
+      for (long p = 0; p < kc; ++p)
+        memcpy(packed_b + p * NR, b + p * ldb + j0, NR * sizeof(float));
+    } else {
       for (long p = 0; p < kc; ++p) {
-        memcpy(edge_b + p * NR, b + p * ldb + j0, (size_t)nr * sizeof(float));
-        memset(edge_b + p * NR + nr, 0, (size_t)(NR - nr) * sizeof(float));
+        memcpy(packed_b + p * NR, b + p * ldb + j0, (size_t)nr * sizeof(float));
+        memset(packed_b + p * NR + nr, 0, (size_t)(NR - nr) * sizeof(float));
       }
-      bp = edge_b, ldbp = NR;
     }
     for (long i0 = 0; i0 < m; i0 += MR) {
       long mr = m - i0 < MR ? m - i0 : MR;
       for (int r = 0; r < mr; ++r) rows[r] = a + (i0 + r) * a_rs;
       if (nr == NR) {
-        micro_any(kc, rows, a_cs, bp, ldbp, c + i0 * ldc + j0, ldc, (int)mr);
+        micro_any(kc, rows, a_cs, packed_b, c + i0 * ldc + j0, ldc, (int)mr);
         continue;
       }
       memset(edge_c, 0, sizeof edge_c);
-      micro_any(kc, rows, a_cs, bp, ldbp, edge_c, NR, (int)mr);
+      micro_any(kc, rows, a_cs, packed_b, edge_c, NR, (int)mr);
       for (long r = 0; r < mr; ++r)
         for (long j = 0; j < nr; ++j) c[(i0 + r) * ldc + j0 + j] += edge_c[r * NR + j];
     }

@@ -11,7 +11,8 @@ gathered rows of X 16384 x 4096, N = 4096, 128 x 128 x 64 tiles, 3 stages), each
 (warp_specialize=False: a cp.async pipeline of the block's own threads).
 
 Here:  python benchmarks/gpu/probes/gather_table_probe.py build .gpu/gather_probe
-There: python3 benchmarks/gpu/probes/gather_table_probe.py run .gpu/gather_probe $OUT/gather_probe.json
+There: python3 benchmarks/gpu/probes/gather_table_probe.py run .gpu/gather_probe \
+           $OUT/gather_probe.json
 """
 
 import json
@@ -67,6 +68,44 @@ def build(out: Path) -> None:
     (out / "index.json").write_text(json.dumps(index, indent=1))
 
 
+def _shape_rows(torch, do_bench, load_kernel, bundle: Path, index: dict, s: str,
+                shape: dict) -> dict:
+    """Checks and times the bundle's kernels of shape `s` beside torch; their rows."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(shape["rows"], shape["K"], device="cuda", dtype=torch.float16, generator=g)
+    idx = torch.randint(0, shape["rows"], (shape["M"],), device="cuda", dtype=torch.int32,
+                        generator=g)
+    b = torch.randn(shape["K"], shape["N"], device="cuda", dtype=torch.float16, generator=g)
+    keep = (idx < shape["bound"]).unsqueeze(1)
+
+    def reference():
+        return torch.matmul(torch.where(keep, x.index_select(0, idx), 0), b)
+
+    ref = torch.where(keep, x.index_select(0, idx), 0).float() @ b.float()
+    rows, calls = {}, {"torch": reference}
+    for name, meta in index.items():
+        if meta["shape"] != s:
+            continue
+        k, c = load_kernel(bundle, name), torch.empty(shape["M"], shape["N"], device="cuda")
+        k(x, idx, b, c)
+        torch.cuda.synchronize()
+        err = float((c - ref).abs().max() / ref.abs().max())
+        rows[name] = {**meta, "rel_err": err, "ok": err < 2e-3}
+        calls[name] = (lambda k=k, c=c: k(x, idx, b, c))
+    times = {n: [] for n in calls}
+    for r in range(5):  # rotated order, do_bench medians
+        for n in list(calls)[r % len(calls):] + list(calls)[:r % len(calls)]:
+            times[n].append(do_bench(calls[n], warmup=10, rep=40))
+    flop = 2 * shape["M"] * shape["N"] * shape["K"]
+    t_ref = statistics.median(times["torch"])
+    rows[f"{s}_torch"] = {"ms": t_ref, "tflops": flop / t_ref / 1e9}
+    for n in calls:
+        if n != "torch":
+            t = statistics.median(times[n])
+            rows[n].update({"ms": t, "tflops": flop / t / 1e9, "vs_torch": t_ref / t})
+    return rows
+
+
 def run(bundle: Path, out: Path) -> None:
     import torch
     from bundle_cli import load_kernel, machine
@@ -75,45 +114,10 @@ def run(bundle: Path, out: Path) -> None:
     index = json.loads((bundle / "index.json").read_text())
     rows = {}
     for s, shape in SHAPES.items():
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(shape["rows"], shape["K"], device="cuda", dtype=torch.float16,
-                        generator=g)
-        idx = torch.randint(0, shape["rows"], (shape["M"],), device="cuda", dtype=torch.int32,
-                            generator=g)
-        b = torch.randn(shape["K"], shape["N"], device="cuda", dtype=torch.float16, generator=g)
-        keep = (idx < shape["bound"]).unsqueeze(1)
-
-        def reference():
-            a = torch.where(keep, x.index_select(0, idx), 0)
-            return torch.matmul(a, b)
-
-        ref = (torch.where(keep, x.index_select(0, idx), 0).float() @ b.float())
-        calls = {"torch": reference}
-        for name, meta in index.items():
-            if meta["shape"] != s:
-                continue
-            k, c = load_kernel(bundle, name), torch.empty(shape["M"], shape["N"], device="cuda")
-            k(x, idx, b, c)
-            torch.cuda.synchronize()
-            err = float((c - ref).abs().max() / ref.abs().max())
-            rows[name] = {**meta, "rel_err": err, "ok": err < 2e-3}
-            calls[name] = (lambda k=k, c=c: k(x, idx, b, c))
-        times = {n: [] for n in calls}
-        for r in range(5):  # rotated order, do_bench medians
-            names = list(calls)[r % len(calls):] + list(calls)[:r % len(calls)]
-            for n in names:
-                times[n].append(do_bench(calls[n], warmup=10, rep=40))
-        flop = 2 * shape["M"] * shape["N"] * shape["K"]
-        t_ref = statistics.median(times["torch"])
-        rows[f"{s}_torch"] = {"ms": t_ref, "tflops": flop / t_ref / 1e9}
-        for n in calls:
-            if n == "torch":
-                continue
-            t = statistics.median(times[n])
-            rows[n].update({"ms": t, "tflops": flop / t / 1e9, "vs_torch": t_ref / t})
-            print(n, rows[n], flush=True)
-        print(f"{s}_torch", rows[f"{s}_torch"], flush=True)
-    out.write_text(json.dumps({"command": " ".join(["python3"] + sys.argv),
+        rows.update(_shape_rows(torch, do_bench, load_kernel, bundle, index, s, shape))
+    for n, r in rows.items():
+        print(n, r, flush=True)
+    out.write_text(json.dumps({"command": " ".join(["python3", *sys.argv]),
                                "device": machine(), "rows": rows}, indent=1))
 
 

@@ -40,8 +40,9 @@ def test_example_gemm_is_warp_specialized_on_sm90a(tmp_path, dtype, bm, bn, thre
     c = tiled.compile(k, target="cuda:sm_90a", cache=False)
     m = c.manifest
     # the producer: a warpgroup beside two consumer warpgroups (registers moved by
-    # setmaxnreg), a warp beside one
-    assert m.block[0] == threads + (128 if threads >= 256 else 32)
+    # setmaxnreg), a warp beside one, whose ring takes the SM: then a second consumer
+    # warpgroup takes every other program block of the walk (ws_plan.alternate_choice)
+    assert m.block[0] == (threads + 128 if threads >= 256 else 2 * threads + 32)
     maps = [a for a in m.kernel_args if a.kind == "tensor_map"]
     assert [a.param for a in maps] == [0, 1]
     assert "tiled_sm_count" in expr_names(m.grid[0])  # persistent blocks
@@ -76,7 +77,8 @@ def test_tma_strides_decide_the_path_at_compile_time(tmp_path):
     serving = tiled.compile(gemm.matmul(T.dyn("M"), 4096, 4096, 128, 128, 64, 3, "float16",
                                         threads=128), target="cuda:sm_90a", cache=False)
     m = serving.manifest
-    assert m.block[0] == 128 + 32 and not m.requires and m.fallback is None
+    # two consumer warpgroups taking the blocks in turn, and the producer warp
+    assert m.block[0] == 2 * 128 + 32 and not m.requires and m.fallback is None
     assert "gemm_fallback_kernel" not in sass(serving.artifact, tmp_path)
 
 
@@ -112,7 +114,9 @@ def test_sm80_and_non_matching_kernels_keep_the_sm80_path(tmp_path):
         assert set(re.findall(r"\b(HG?MMA)\.", text)) == {instr}
         assert "UTMALDG" not in text
     c = compile_program(_split_k_gemm(3, 32), "cuda:sm_90a")
-    assert c.manifest.block[0] == 128 + 32  # a producer warp beside the warpgroup
+    # a producer warp beside the warpgroup, and (the ring takes the SM) a second warpgroup
+    # taking every other program block
+    assert c.manifest.block[0] == 2 * 128 + 32
     assert [a.swizzle for a in c.manifest.kernel_args if a.kind == "tensor_map"] == [128, 128]
     text = sass(c.artifact, tmp_path)
     assert set(re.findall(r"\b(HG?MMA)\.", text)) == {"HGMMA"} and "UTMALDG" in text

@@ -44,8 +44,12 @@ def _gemm_nt(K=160, step=32, read_tile=False, b_kmajor=True):
 
 
 def _consumer(src: str) -> str:
+    """The consumers' code: their threads (one warpgroup, or two taking the blocks in turn:
+    ws_plan.alternate_choice) up to the producer's."""
     body = src[src.index("__global__"):]
-    return body[body.index("threadIdx.x) < 128"):body.index("threadIdx.x) == 128")]
+    threads = re.search(r"threadIdx\.x\) < (\d+)\)", body).group(1)
+    return body[body.index(f"threadIdx.x) < {threads}"):
+                body.index(f"threadIdx.x) == {threads}")]
 
 
 def test_adjacent_k_tiles_share_a_stage():

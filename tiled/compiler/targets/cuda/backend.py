@@ -127,6 +127,12 @@ class CudaBackend(Backend):
                              "(on where every block runs the loop alike: "
                              "ws_plan.PERSISTENT_BY_DEFAULT says why), 1 off, 2 on",
                              choices=(0, 1, 2)),
+        "alternate": Option(int, 0, "sm_90a T.Pipelined loops fed by a TMA producer, one "
+                            "consumer warpgroup, walking the grid with a ring that takes "
+                            "the SM: a second consumer warpgroup runs every other program "
+                            "block, its main loop meeting the first's epilogue; 0 the "
+                            "plan's choice (ws_plan.alternate_choice), 1 off, 2 where it "
+                            "applies", choices=(0, 1, 2)),
         "ring_tables": Option(int, 0, "sm_90a: whether a T.Pipelined loop whose copies read "
                               "a tile table (paged attention's and MLA's block tables) may be "
                               "fed by a TMA producer, as GEMM loops with tables are: 0 where "
@@ -152,7 +158,8 @@ class CudaBackend(Backend):
     def generate_source(self, program: Program, arch: str, warp_specialize: bool = True,
                         pingpong: bool = False,
                         wgmma_in_flight: bool = True, persistent: int = 0,
-                        whole_kernel_paths: bool = True, ring_tables: int = 0):
+                        whole_kernel_paths: bool = True, ring_tables: int = 0,
+                        alternate: int = 0):
         """(CUDA source, dynamic shared memory bytes, the lowering). When the automatic sm_90a
         path's TMA descriptors have launch preconditions (`low.requires`: strides that
         depend on a symbolic dim), the source also holds the program lowered without warp
@@ -167,7 +174,8 @@ class CudaBackend(Backend):
         explicit = explicit_statement(program.proto) is not None
         mod, low = lower_cuda(program, arch, warp_specialize,
                               ExplicitLowering if explicit else None, pingpong,
-                              wgmma_in_flight, persistent, whole_kernel_paths, ring_tables)
+                              wgmma_in_flight, persistent, whole_kernel_paths, ring_tables,
+                              alternate)
         _check_smem(low, arch)
         low.fallback = None
         if low.requires and not low.explicit:
@@ -208,7 +216,8 @@ class CudaBackend(Backend):
                                                      option(options, "persistent", self),
                                                      option(options, "whole_kernel_paths",
                                                             self),
-                                                     option(options, "ring_tables", self))
+                                                     option(options, "ring_tables", self),
+                                                     option(options, "alternate", self))
         with timed("toolchain"):
             cubin = compile_cubin(source, target.arch, options.get("cuda_compiler"))
         symbol, args = kernel_args(source, program, low.tensor_maps,

@@ -47,9 +47,17 @@ def producer_waits_for_grid(low) -> None:
 
 
 @contextlib.contextmanager
-def persistent_walk(low, blocks):
+def persistent_walk(low, blocks, first=0, every: int = 1):
     """A loop over this persistent block's share of `blocks` program blocks: blockIdx.x,
-    + gridDim.x, ...; yields (the walk's iteration, the program block's number)."""
+    + gridDim.x, ...; yields (the walk's iteration, the program block's number). With
+    `every` > 1, only the iterations first, first + every, ... (consumer warpgroups taking
+    the blocks in turn). Sets low.walk_count, the whole walk's length."""
     step = T.call_extern("int32", "tiled::sm90::grid_dim_x")
-    with T.serial(0, tirx.truncdiv(blocks - low.block_x + step - 1, step)) as it:
+    low.walk_count = tirx.truncdiv(blocks - low.block_x + step - 1, step)
+    if every == 1:
+        with T.serial(0, low.walk_count) as it:
+            yield it, low.block_x + it * step
+        return
+    with T.serial(0, tirx.truncdiv(low.walk_count - first + every - 1, every)) as j:
+        it = j * every + first
         yield it, low.block_x + it * step

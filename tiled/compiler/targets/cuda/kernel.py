@@ -15,7 +15,11 @@ from tiled.compiler.passes.fold import fold_cast_stores
 from tiled.compiler.passes.staging import stage_fragment_operands, unstage_register_operands
 from tiled.compiler.targets.cuda.lower import CudaLowering
 from tiled.compiler.targets.cuda.sm90_attn import find_ws_attention, lower_attn_kernel, tmap_params
-from tiled.compiler.targets.cuda.ws_plan import longest_first, persistent_choice
+from tiled.compiler.targets.cuda.ws_plan import (
+    alternate_choice,
+    longest_first,
+    persistent_choice,
+)
 from tiled.compiler.tir import declare_params, source_name, tvm_dtype
 from tiled.ir import dtypes
 from tiled.ir.program import Program
@@ -25,8 +29,8 @@ from tiled.v1 import tile_ir_pb2 as pb
 def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = True,
                lowering: type | None = None,
                pingpong: bool = False, wgmma_in_flight: bool = True,
-               persistent: int = 0, whole_kernel: bool = True, ring_tables: int = 0
-               ) -> tuple[object, CudaLowering]:
+               persistent: int = 0, whole_kernel: bool = True, ring_tables: int = 0,
+               alternate: int = 0) -> tuple[object, CudaLowering]:
     """Returns (IRModule, the lowering) for `program`; the lowering holds the pool size, the
     launch's thread count and the TMA descriptors the kernel takes (sm_90a path).
     `lowering`: the CudaLowering class (the backend passes sm90_explicit's ExplicitLowering
@@ -38,7 +42,9 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
     1 off, 2 on; ws_loop.persistent_choice); `whole_kernel`: whether the whole-kernel
     attention path (sm90_attn) may take the kernel it recognizes; `ring_tables`: which
     loops reading a tile table may be fed by a TMA producer (0 those whose gemms all take
-    wgmma, 1 none, 2 all; ws_plan.plan_ws_loop, passes/pipeline.run_ahead)."""
+    wgmma, 1 none, 2 all; ws_plan.plan_ws_loop, passes/pipeline.run_ahead); `alternate`:
+    whether a second consumer warpgroup runs every other program block of the walk (0 the
+    plan's choice, 1 off, 2 where it applies; ws_plan.alternate_choice)."""
     import tvm
 
     if lowering is None and arch == "sm_90a" and warp_specialize:
@@ -53,6 +59,10 @@ def lower_cuda(program: Program, arch: str = "sm_80", warp_specialize: bool = Tr
         low.wsloop.in_flight = wgmma_in_flight
         low.wsloop.persistent = persistent_choice(low, persistent)
     low.plan()
+    if low.wsloop is not None and alternate_choice(low, alternate):
+        low.wsloop.groups = 2
+        low.launch_threads = 2 * low.threads + low.wsloop.producer_threads
+        low.sync = low.block_sync()
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name(p.name)

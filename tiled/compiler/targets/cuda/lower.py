@@ -141,6 +141,8 @@ class CudaLowering(BufferAccess, ExprLowering):
         """Barrier placement for the program's threads: __syncthreads(), or the consumers'
         named barrier when a producer runs beside them (an sm_90a path)."""
         producer = self.attn is not None or self.wsloop is not None
+        if producer and self.wsloop is not None and self.wsloop.groups > 1:
+            return SyncTracker(f"tiled::sm90::group_sync<{self.threads}>")
         return SyncTracker(f"tiled::sm90::consumer_sync<{self.threads}>" if producer else None)
 
     @property

@@ -60,7 +60,15 @@ become *ring copies*; otherwise the loop stays a cp.async pipeline (pipeline.py)
   Walking, the consumer warps free a head copy's tile after the last statement touching
   it (an empty barrier), and the producer loads the next block's into it while they finish
   this one. The walk takes the blocks in groups of 8 rows of y, or x fastest where the
-  ring's tiles do not move with x (ws_plan.walk_group).
+  ring's tiles do not move with x (ws_plan.walk_group);
+- a one-warpgroup program walking one block per SM (its ring takes the SM) gets a second
+  consumer warpgroup, and the two take the walk's program blocks in turn (the option
+  `alternate`; ws_plan.alternate_choice says where it applies and what it measured): each
+  runs the program as threads tx & 127, syncs on a named barrier of its own, and counts the
+  ring's steps of the other's blocks as its own (every block takes the same number), so
+  stages and phases stay right; the other's turn starts once a warpgroup has issued its
+  loop's last MMAs (a named barrier; waiting on a stage's full barrier before then could
+  see the phase of the stage's previous fill), so one's MMAs meet the other's epilogue.
 
 Copies of adjacent 32-wide K tiles of 16-bit data share a stage between two iterations
 (ws_pairs.py). The ring has the loop's num_stages stages, at least 2, and up to MIN_RING
@@ -108,11 +116,13 @@ from tiled.v1 import tile_ir_pb2 as pb
 
 
 @contextlib.contextmanager
-def _blocks(low, grid: list):
+def _blocks(low, grid: list, group=None):
     """The program blocks this block runs: itself, or (persistent) blockIdx.x, +
     gridDim.x, ... with the block vars bound for each (bind_block: an x-y plane walked in
     groups of 8 rows, z outermost, as the GEMM path does); `low.ring_k` counts the ring's
-    steps across them, so that stages and phases continue from block to block."""
+    steps across them, so that stages and phases continue from block to block. `group`:
+    the consumer warpgroup of several taking the walk's blocks in turn (it runs every
+    w.groups-th, from its own number)."""
     w = low.wsloop
     low.ring_k = None
     low.walk_it = tirx.const(0, "int32")
@@ -125,7 +135,8 @@ def _blocks(low, grid: list):
     blocks = grid[0]
     for g in grid[1:]:
         blocks = blocks * g
-    with persistent_walk(low, blocks) as (it, linear):
+    turns = (group, w.groups) if group is not None else (0, 1)
+    with persistent_walk(low, blocks, *turns) as (it, linear):
         low.walk_it = it
         bind_block(low, linear, grid, group=walk_group(low, grid))
         # Each block index computed once per program block: inside the ring loops nvcc
@@ -168,20 +179,25 @@ def lower_ws_body(low, grid: list) -> None:
         call("fence_barrier_init")
     T.evaluate(T.tvm_storage_sync("shared"))
     regs = consumer_regs(low.threads, w.producer_regs)
-    with T.If(low.tx < low.threads):
+    tid, consumers = low.tx, low.threads * w.groups
+    with T.If(tid < consumers):
         with T.Then():
             if regs:
                 call(f"setmaxnreg_inc<{regs}>")
-            with _blocks(low, grid):
+            group = None
+            if w.groups > 1:  # each warpgroup runs the program as its threads 0 .. 127
+                group, low.tx = tirx.floordiv(tid, low.threads), tirx.floormod(tid, low.threads)
+            with _blocks(low, grid, group):
                 _lower_consumers(low)
                 if w.persistent:  # the next block's writes wait for this one's reads
                     low.sync.sync()
                     low.sync.pending_read = low.sync.pending_write = False
+            low.tx = tid
         with T.Else():
             if regs:
                 call(f"setmaxnreg_dec<{w.producer_regs}>")
             # One thread issues TMA boxes; a gather takes all the producer's threads.
-            with T.If(tirx.const(True, "bool") if w.gathers else low.tx == low.threads):
+            with T.If(tirx.const(True, "bool") if w.gathers else tid == consumers):
                 with T.Then():
                     producer_waits_for_grid(low)
                     with _blocks(low, grid):
@@ -252,16 +268,26 @@ def lower_ring_consumer(low, f: pb.For) -> None:
     rot = find_rotation(low, body, ring, peeled) if w.in_flight and w.merge == 1 else None
     waits = plan_waits(low, body, peeled) if w.in_flight and rot is None and pair is None \
         else None
+    if w.groups > 1:  # the other warpgroup's block before this one: its steps, its turn
+        first = low.walk_it == 0
+        ring_advance(low, tirx.Select(first, tirx.const(0, "int32"), ring_steps(w, n)))
+        with T.If(tirx.Not(first)), T.Then():
+            call("turn_wait_group")
     base = ring_base(low)
     def wait_full(j, stage, phase):
         _wait_full(low, j, stage, phase)
+
+    def pass_turn():  # every wait on this block's stages issued: the other may start
+        if w.groups > 1:
+            with T.If(low.walk_it + 1 < low.walk_count), T.Then():
+                call("turn_pass_group")
 
     if pair is not None:
         def release(j, at):  # copy j's stage at ring count `at`
             call("ring_release", bar(low, w.empty(j, tirx.floormod(at, w.stages))))
 
         lower_pair_loop(low, f, body[pair], base, n, lambda k: _enter_stage(low, k, base),
-                        wait_full, release)
+                        wait_full, release, pass_turn)
     elif rot is not None:
         def release_at(j, at):  # copy j's stage of ring step `at`
             call("ring_release", bar(low, w.empty(j, tirx.floormod(at, w.stages))))
@@ -269,6 +295,7 @@ def lower_ring_consumer(low, f: pb.For) -> None:
                            lambda k: stage_phase(w, k), release_at, wait_full, writes)
     else:
         _lower_loop(low, f, body, ring, peeled, waits, base, n, writes)
+        pass_turn()
     ring_advance(low, ring_steps(w, n))
     if waits is not None:
         def release_last(j):  # the ring's count is past the loop's last step now

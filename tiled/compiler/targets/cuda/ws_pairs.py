@@ -82,11 +82,13 @@ def _call(fn: str, *args) -> None:
     T.evaluate(T.call_extern("void", f"tiled::sm90::{fn}", *args))
 
 
-def lower_pair_loop(low, f: pb.For, st: pb.Stmt, base, n, enter, wait_full, release) -> None:
+def lower_pair_loop(low, f: pb.For, st: pb.Stmt, base, n, enter, wait_full, release,
+                    issued=None) -> None:
     """The consumers' GEMM main loop over merged stages (module docstring), then the groups
     still in flight retired. `base`: the ring's stage count before the loop; `enter(k)` points
     the ring tiles at iteration k and returns (stage, phase); `wait_full(j, stage, phase)`
-    and `release(j, at)` wait for copy j's stage and free it at ring count `at`."""
+    and `release(j, at)` wait for copy j's stage and free it at ring count `at`; `issued()`,
+    if given, runs once the last group is issued, before the wait for it."""
     w = low.wsloop
     copies = range(len(w.copies))
     pairs = tirx.floordiv(n, 2)
@@ -108,6 +110,8 @@ def lower_pair_loop(low, f: pb.For, st: pb.Stmt, base, n, enter, wait_full, rele
                 release(j, base + p - 1)
     with T.If(tirx.floormod(n, 2) == 1), T.Then():
         issue(n - 1, 1)  # an odd count's last iteration: the first half of its stage
+    if issued is not None:
+        issued()
     _call("retire<0>")
     hold(low, st.gemm)
     if not w.reused:

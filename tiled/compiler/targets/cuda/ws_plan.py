@@ -5,6 +5,7 @@ the grid persistently."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tvm import tirx
@@ -88,6 +89,7 @@ class WsLoop:
     heads: list[RingCopy] = field(default_factory=list)  # head copies (pos: in the kernel body)
     head_slots: int = 1  # tiles per head copy: 2 walking the grid, where they fit
     head_maps: dict = field(default_factory=dict)  # head index -> tensor map parameter
+    groups: int = 1  # consumer warpgroups taking the walk's blocks in turn (alternate_choice)
 
     @property
     def producer_threads(self) -> int:
@@ -409,3 +411,76 @@ def _direct_vars(e: pb.Expr) -> set[int]:
         return _direct_vars(e.select.cond) | _direct_vars(e.select.true_value) | \
             _direct_vars(e.select.false_value)
     return set()
+
+
+# Two consumer warpgroups taking a one-warpgroup program's blocks in turn (the compile option
+# `alternate` = 0). The seed's GEMM (128 x 128 tiles, one consumer warpgroup, a ring of 4
+# stages that takes the SM) on an H100 read 0.910x / 0.886x cuBLAS (fp16 / bf16) as written
+# and 0.955x / 0.925x with its tiles computed but not stored
+# (benchmarks/results/seed_epilogue_probe_h100.json): the epilogue, which nothing overlaps
+# with the MMAs there, is about 5% of its time. With the blocks taken in turn, same process,
+# H100 (alternate_probe_h100.json, alternate_probe_rings_h100.json): the seed 0.889 -> 0.908x
+# and 0.872 -> 0.908x fp16, 0.879 -> 0.895x and 0.875 -> 0.889x bf16, at 4000 / 1000 / 256
+# rows of a symbolic M +2.8 / +1.7 / +0.6% and +3.0 / +1.2 / -0.7%; tiled.ops.linear's 64 x
+# 256 tile on 128 threads (memory-bound at 64 / 128 tokens) within 0.4%. Conformance, two
+# runs (conformance_alternate_off_h100.json / _on_): gemm_fp8_e4m3 1093 -> 1119 TFLOP/s,
+# gemm_rs 611 -> 619, gemm_splitk 535 -> 563, all correct. A 5- or 6-stage ring in its place
+# read 0.75-0.80x (as without turns: seed_ring_probe_h200.json). The tiled.ops configs it
+# takes (linear's 64 x 64 swap tiles on 8-stage rings, float8's per-tensor 64 x 256 tile):
+# within the noise of 15-55 us kernels, 0.96-1.02x (alternate_ops_probe_h100*.json).
+ALTERNATE_BY_DEFAULT = True
+# Fragment registers a thread may hold for turns: nvcc gave the float8 block-scaled GEMM's
+# 64 x 256 tile (two float32 accumulators, 256 floats a thread) 168 registers and 664
+# LDL / STL under the 288-thread launch bounds (255 and 83 in its own block); the seed's
+# 128 accumulators took 156, none spilled.
+ALTERNATE_FRAGMENT_REGS = 128
+
+
+def alternate_choice(low, option: int) -> bool:
+    """Whether a second consumer warpgroup runs every other program block of the walk, so
+    that one's main loop meets the other's epilogue (ws_loop.py): the compile option
+    `alternate` (1 off, 2 where it applies), or for 0 ALTERNATE_BY_DEFAULT where it applies.
+    It applies to a one-warpgroup program walking the grid one block per SM (where two
+    blocks fit an SM, the second block overlaps the two already) whose loop is one wgmma
+    gemm, not rebuilt every step, run the same number of times in every block (each
+    warpgroup skips the other's ring steps by that count), with no head copy or gather,
+    nothing in shared memory but the ring (the two warpgroups run their code outside the
+    loop at the same time), and fragments of at most ALTERNATE_FRAGMENT_REGS words a
+    thread (the block's registers are shared by one more warpgroup)."""
+    w = low.wsloop
+    if option == 1 or (option == 0 and not ALTERNATE_BY_DEFAULT):
+        return False
+    if not (w.persistent and w.min_blocks == 1 and low.threads == 128 and w.gemms == 1 and
+            not (w.heads or w.gathers or w.pingpong or w.run.nested or w.rebuilt)):
+        return False
+    words = sum(math.prod(d.size for d in b.shape) * dtypes.nbytes(b.dtype) // 4
+                for b in low.program.buffers if b.scope == pb.FRAGMENT and
+                all(d.WhichOneof("kind") == "size" for d in b.shape))
+    if words > ALTERNATE_FRAGMENT_REGS * low.threads:
+        return False
+    shared = {b.id for b in low.program.buffers if b.scope == pb.SHARED}
+    p = low.program
+    launch = {prm.scalar for prm in p.params if prm.WhichOneof("kind") == "scalar"} | \
+        {d.var for b in p.buffers for d in b.shape if d.WhichOneof("kind") == "var"}
+    return shared <= w.tiles and low.pool_bytes == low.scratch_offset and \
+        _uniform(w.loop.extent, launch)
+
+
+def _uniform(e: pb.Expr, launch: set[int]) -> bool:
+    """Whether `e` is the same in every program block: constants and vars bound at launch
+    (symbolic dims, scalar arguments) only."""
+    kind = e.WhichOneof("kind")
+    if kind == "var":
+        return e.var in launch
+    if kind == "load":
+        return False
+    if kind == "binary":
+        return _uniform(e.binary.a, launch) and _uniform(e.binary.b, launch)
+    if kind == "call":
+        return all(_uniform(a, launch) for a in e.call.args)
+    if kind == "cast":
+        return _uniform(e.cast.value, launch)
+    if kind == "select":
+        return all(_uniform(x, launch) for x in (e.select.cond, e.select.true_value,
+                                                 e.select.false_value))
+    return True

@@ -513,6 +513,23 @@ __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
 }
 
+// Two consumer warpgroups taking a walk's program blocks in turn (ws_loop.py, the option
+// `alternate`): warpgroup g = threadIdx.x / 128 syncs its own N threads on named barrier
+// 1 + 3g (1 is consumer_sync's, 2 and 3 the gemm turns of tiled_sm90_ops.h), and hands the
+// ring to the other one through barrier 5 (to warpgroup 0) or 6 (to warpgroup 1).
+template <int N>
+__device__ __forceinline__ void group_sync() {
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + 3 * (threadIdx.x >> 7)), "n"(N) : "memory");
+}
+
+__device__ __forceinline__ void turn_wait_group() {
+  asm volatile("bar.sync %0, 256;" ::"r"(5 + (threadIdx.x >> 7)) : "memory");
+}
+
+__device__ __forceinline__ void turn_pass_group() {
+  asm volatile("bar.arrive %0, 256;" ::"r"(6 - (threadIdx.x >> 7)) : "memory");
+}
+
 }  // namespace sm90
 }  // namespace tiled
 

@@ -18,7 +18,7 @@ from tiled.compiler.targets.cuda.tma import tma_requirements
 from tiled.compiler.targets.cuda.wgmma_waits import wgmma_gemm
 from tiled.compiler.targets.cuda.ws_pairs import merged_axes
 from tiled.ir import dtypes
-from tiled.ir.walk import expr_vars, walk
+from tiled.ir.walk import expr_vars, subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 PRODUCER_THREADS = 128  # a producer warpgroup
@@ -469,18 +469,5 @@ def alternate_choice(low, option: int) -> bool:
 def _uniform(e: pb.Expr, launch: set[int]) -> bool:
     """Whether `e` is the same in every program block: constants and vars bound at launch
     (symbolic dims, scalar arguments) only."""
-    kind = e.WhichOneof("kind")
-    if kind == "var":
-        return e.var in launch
-    if kind == "load":
-        return False
-    if kind == "binary":
-        return _uniform(e.binary.a, launch) and _uniform(e.binary.b, launch)
-    if kind == "call":
-        return all(_uniform(a, launch) for a in e.call.args)
-    if kind == "cast":
-        return _uniform(e.cast.value, launch)
-    if kind == "select":
-        return all(_uniform(x, launch) for x in (e.select.cond, e.select.true_value,
-                                                 e.select.false_value))
-    return True
+    kinds = [(x.WhichOneof("kind"), x) for x in subexprs(e)]
+    return all(k != "load" and (k != "var" or x.var in launch) for k, x in kinds)

@@ -167,6 +167,52 @@ def test_prebuilt_kernels_are_tuned_without_compiling(monkeypatch):
     assert again.from_record and again.config == tuned.config
 
 
+def test_a_configs_own_compile_options_make_it_a_candidate_of_its_own(monkeypatch):
+    """"compile_options" in a config: its candidate compiles with them over the decorator's,
+    the factory never sees them, a bad one skips that candidate alone, and the record names
+    the config with them (a second decorator reuses it without timing)."""
+    seen = []
+    compile_ = tiled.compile
+
+    def spy(kernel, target=None, **options):
+        seen.append(options)
+        return compile_(kernel, target=target, **options)
+
+    monkeypatch.setattr(tiled, "compile", spy)
+    space = [{"bm": 16}, {"bm": 16, "compile_options": {"safe_access": False}},
+             {"bm": 32, "compile_options": {"no_such_option": 1}}]
+    tuned = _scale_factory(space)(128, 64)
+    by_index = {c.index: c for c in tuned.candidates}
+    assert by_index[0].us > 0 and by_index[1].us > 0  # the factory took bm alone
+    assert "unknown compile option 'no_such_option'" in by_index[2].skipped
+    assert by_index[1].options == {"safe_access": False} and by_index[0].options == {}
+    assert {"safe_access": False} in seen and {} in seen
+    assert tuned.config in space[:2]
+    assert seen[-1] == tuned.config.get("compile_options", {})  # the winner, as it was tuned
+    x = np.random.default_rng(2).standard_normal((128, 64)).astype(np.float32)
+    y = np.zeros_like(x)
+    tuned(x, y)
+    np.testing.assert_allclose(y, 2 * x)
+    again = _scale_factory(space)(128, 64)
+    assert again.from_record and again.config == tuned.config
+    assert tuning.STATS["tunings"] == 1
+
+
+def test_a_configs_compile_options_must_be_a_dict_and_prebuilt_pairs_may_name_them(
+        monkeypatch):
+    with pytest.raises(TypeError, match="config #1's 'compile_options' is list"):
+        tiled.autotune(configs=[{}, {"compile_options": ["safe_access"]}], key=["M"])
+    space = [{"bm": 16}, {"bm": 16, "compile_options": {"safe_access": False}}]
+    scale = _scale_factory(space)
+    c = tiled.compile(scale.factory(64, 32, bm=16), target="cpu", safe_access=False)
+    monkeypatch.setattr(tiled, "compile", lambda *a, **k: pytest.fail("compiled"))
+    with tuning.prebuilt([(c.artifact, c.manifest.to_json(), {"safe_access": False})]):
+        tuned = scale(64, 32)  # the pair stands for config 1's options only
+    by_index = {c.index: c for c in tuned.candidates}
+    assert "not among the prebuilt kernels" in by_index[0].skipped
+    assert tuned.config == space[1]
+
+
 def test_run_is_how_candidates_are_checked_and_timed():
     calls = []
 

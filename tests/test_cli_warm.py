@@ -155,7 +155,9 @@ def scale(M, N, bm=16):
 
 
 def test_an_autotuned_entry_warms_every_config_then_tunes_here_once(daemon, tmp_path):
-    (tmp_path / "tuned.py").write_text(TUNED)
+    """A config with its own compile options is a request of its own (same program)."""
+    (tmp_path / "tuned.py").write_text(TUNED.replace(
+        '{"bm": 32}]', '{"bm": 32}, {"bm": 32, "compile_options": {"safe_access": False}}]'))
     manifest = write_yaml(tmp_path, """
 kernels:
   - kernel: tuned.py:scale
@@ -164,12 +166,12 @@ targets: [cpu]
 """)
     first = tiled_cli("warm", str(manifest), env=daemon["env"])
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "2 requests: 0 cache hits, 2 compiled, 0 failed" in first.stdout
+    assert "3 requests: 0 cache hits, 3 compiled, 0 failed" in first.stdout
     assert "tuned kernels[0] tuned.py:scale(M=64, N=32): config {'bm': " in first.stdout
-    assert "timed 2 candidates" in first.stdout
+    assert "timed 3 candidates" in first.stdout
     second = tiled_cli("warm", str(manifest), env=daemon["env"])
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "2 requests: 2 cache hits, 0 compiled, 0 failed" in second.stdout
+    assert "3 requests: 3 cache hits, 0 compiled, 0 failed" in second.stdout
     assert "recorded before" in second.stdout
     chosen = [line for line in first.stdout.splitlines() if line.startswith("tuned ")]
     assert chosen[0].split("config ")[1].split(" (")[0] in second.stdout

@@ -39,6 +39,11 @@ name the tuning. On the first call for a key:
    and its artifact), so it reaches other processes and, through Redis, other hosts, which
    reuse it without timing anything.
 
+A config may also carry compile options for its candidate under the key "compile_options"
+(`{"BM": 128, "compile_options": {"alternate": 1}}`): they go over the decorator's own
+options when that candidate compiles, are not passed to the factory, and are part of the
+config the record names, so one factory's kernel built two ways competes as two candidates.
+
 TILED_AUTOTUNE=on (default) tunes on a miss; `cached` uses a recorded winner or else the
 first config, never timing; `off` always takes the first config. `STATS` counts what
 happened in this process (tunings, candidates timed, record hits), for tests and benchmarks.
@@ -63,6 +68,8 @@ from tiled.tuning_record import device_identity
 
 log = logging.getLogger("tiled.autotune")
 
+OPTIONS_KEY = "compile_options"  # a config's own compile options (module docstring)
+
 STATS = {"tunings": 0, "candidates_timed": 0, "record_hits": 0, "first_config": 0}
 _STATS_LOCK = threading.Lock()
 
@@ -76,11 +83,21 @@ def _count(name: str, n: int = 1) -> None:
 class Candidate:
     index: int
     config: dict
+    options: dict = field(default_factory=dict)  # its compile options: the decorator's + its own
     kernel: Any = None  # the factory's result
     kernel_ir: Any = None  # the @tiled.kernel in it
     compiled: Any = None
     us: float | None = None
     skipped: str | None = None  # why it was not chosen
+
+    @property
+    def kwargs(self) -> dict:
+        return factory_kwargs(self.config)
+
+
+def factory_kwargs(cfg: Mapping[str, Any]) -> dict:
+    """The factory's keyword arguments in config `cfg`: all but its compile options."""
+    return {k: v for k, v in cfg.items() if k != OPTIONS_KEY}
 
 
 @dataclass
@@ -128,6 +145,10 @@ def autotune(configs: Sequence[Mapping[str, Any]] | Callable[[], Any],
     for i, c in enumerate(space):
         if not isinstance(c, Mapping):
             raise TypeError(f"tiled.autotune: config #{i} is a {type(c).__name__}, not a dict")
+        own = c.get(OPTIONS_KEY, {})
+        if not isinstance(own, Mapping) or not all(isinstance(k, str) for k in own):
+            raise TypeError(f"tiled.autotune: config #{i}'s {OPTIONS_KEY!r} is "
+                            f"{type(own).__name__} {own!r}, not a dict of option names")
 
     def wrap(factory):
         names = list(key) if key is not None else _untuned_arguments(factory, space)
@@ -138,7 +159,7 @@ def autotune(configs: Sequence[Mapping[str, Any]] | Callable[[], Any],
 
 def _untuned_arguments(factory, space) -> list[str]:
     """The factory's arguments that no config sets: the default key."""
-    tuned = {name for c in space for name in c}
+    tuned = {name for c in space for name in c if name != OPTIONS_KEY}
     return [p.name for p in inspect.signature(factory).parameters.values()
             if p.name not in tuned and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
@@ -236,12 +257,21 @@ class Autotuner:
         log.info("tiled.autotune %s: first config (%s)", self.factory.__name__, why)
         return self.configs[0], False, []
 
+    def options_of(self, cfg: Mapping[str, Any]) -> dict:
+        """The compile options config `cfg`'s candidate compiles with: the decorator's, then
+        the config's own (OPTIONS_KEY) over them."""
+        return {**self.options, **cfg.get(OPTIONS_KEY, {})}
+
+    def _make(self, bound, cfg: Mapping[str, Any]):
+        """The factory's result for config `cfg` (its compile options left out)."""
+        return self.factory(*bound.args, **{**bound.kwargs, **factory_kwargs(cfg)})
+
     def _final(self, bound, cfg: dict, target: str, from_record: bool) -> Tuned:
         """The factory's result for `cfg` at the call's own arguments, compiled (a cache hit
         when the call's shape is the bucket's representative)."""
-        result = self.factory(*bound.args, **{**bound.kwargs, **cfg})
+        result = self._make(bound, cfg)
         kernel = kernel_of(result)
-        compiled = compile_candidate(kernel, target, self.options)
+        compiled = compile_candidate(kernel, target, self.options_of(cfg))
         attach(result, target, compiled)
         return Tuned(dict(cfg), result, compiled, target, from_record)
 
@@ -254,9 +284,9 @@ class Autotuner:
     def _build(self, bound) -> list[Candidate]:
         out = []
         for i, cfg in enumerate(self.configs):
-            c = Candidate(i, cfg)
+            c = Candidate(i, cfg, self.options_of(cfg))
             try:
-                c.kernel = self.factory(*bound.args, **{**bound.kwargs, **cfg})
+                c.kernel = self._make(bound, cfg)
                 kernel_of(c.kernel)
             except Exception as e:  # a config the factory refuses is skipped
                 c.skipped = f"the factory raised {type(e).__name__}: {e}"
@@ -268,7 +298,8 @@ class Autotuner:
     def _tuning_key(self, built: list[Candidate], rep, target: str) -> tuple[dict, str]:
         return tuning_record.tuning_key(
             [kernel_of(c.kernel) for c in built], [c.config for c in built],
-            dict(zip(self.key, tuning_record.plain(rep), strict=True)), target, self.options)
+            dict(zip(self.key, tuning_record.plain(rep), strict=True)), target, self.options,
+            [c.options for c in built])
 
     def _recorded(self, tkey: str, record: dict) -> dict | None:
         return tuning_record.recorded(tkey, record, self.configs, self.factory.__name__)
@@ -291,7 +322,7 @@ class Autotuner:
         t0 = time.perf_counter()
         live = [c for c in candidates if c.skipped is None]
         progress = _Progress(name, len(live))
-        compile_all(live, target, self.options, progress)
+        compile_all(live, target, progress)
         check_and_time(live, bound, target, self, progress)
         progress.done()
         timed = [c for c in live if c.skipped is None and c.us is not None]

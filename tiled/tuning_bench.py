@@ -18,19 +18,20 @@ L2_FLUSH_BYTES = 256 << 20  # what triton.testing.do_bench zeroes before each ti
 COMPILE_TIMEOUT_S = 600.0
 
 
-def compile_all(cands, target: str, options: dict, progress) -> None:
-    """Sets each candidate's `compiled`, or `skipped` with the compile's error. With a daemon
+def compile_all(cands, target: str, progress) -> None:
+    """Sets each candidate's `compiled` (with its own compile `options`), or `skipped` with
+    the compile's error. With a daemon
     configured its compile requests go out together (the daemon's pool runs them side by
     side); else the cache misses compile in a local pool of worker processes first."""
     if not config.get("server") and not tuning_prebuilt.active() and len(cands) > 1:
-        _precompile_locally(cands, target, options)
+        _precompile_locally(cands, target)
     done = [0]
     settings = {name: config.get(name) for name in config.SETTINGS}  # for the threads
 
     def one(c):
         try:
             with config.override(**settings):
-                c.compiled = tuning_prebuilt.compile_candidate(c.kernel_ir, target, options)
+                c.compiled = tuning_prebuilt.compile_candidate(c.kernel_ir, target, c.options)
         except Exception as e:  # a candidate that does not compile is skipped
             c.skipped = f"compile failed: {type(e).__name__}: {e}"
         done[0] += 1
@@ -46,7 +47,7 @@ def compile_all(cands, target: str, options: dict, progress) -> None:
         list(ex.map(one, cands))
 
 
-def _precompile_locally(cands, target: str, options: dict) -> None:
+def _precompile_locally(cands, target: str) -> None:
     """Compiles the candidates the local cache lacks in worker processes (tiled.server.pool:
     each its own process group, time-limited) and stores them, so that the serial
     tiled.compile after is a cache hit. A failure here is left for that compile to report."""
@@ -65,18 +66,18 @@ def _precompile_locally(cands, target: str, options: dict) -> None:
         try:
             program = as_program(c.kernel_ir)
             verify(program)
-            action = action_of(program.digest, tgt, options)
+            action = action_of(program.digest, tgt, c.options)
         except Exception:  # reported by the serial compile
             continue
-        if not cache.contains(action.hex):
-            misses.append((program, action))
+        if not cache.contains(action.hex) and all(a.hex != action.hex for _, a, _ in misses):
+            misses.append((program, action, c.options))
     if len(misses) < 2:
         return
     workers = min(len(misses), len(os.sched_getaffinity(0)))
     pool = CompilePool(workers=workers, timeout_s=COMPILE_TIMEOUT_S)
     try:
         jobs = [(action, pool.submit(action.hex, COMPILE_JOB, compile_payload(
-            program, tgt, options, action.record))) for program, action in misses]
+            program, tgt, options, action.record))) for program, action, options in misses]
         for action, job in jobs:
             try:
                 entry, _ = compiled_entry(action.hex, job.result())
@@ -101,7 +102,7 @@ def check_and_time(cands, bound, target: str, tuner, progress) -> None:
         # Each candidate's own arguments (configs may differ in an output's dtype), the same
         # values for all: `inputs` seeds its own generator, random_inputs always seeds 0.
         try:
-            pristine = (list(tuner.inputs(*bound.args, **{**bound.kwargs, **c.config}))
+            pristine = (list(tuner.inputs(*bound.args, **{**bound.kwargs, **c.kwargs}))
                         if tuner.inputs else random_inputs(c.compiled.manifest, target))
         except Exception as e:  # no inputs for it: it cannot be checked, so not chosen
             c.skipped = f"no inputs: {type(e).__name__}: {e}"

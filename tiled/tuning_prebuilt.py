@@ -5,8 +5,9 @@ handed in by program digest). Split from tiled.tuning, which chooses among them.
 from __future__ import annotations
 
 import contextlib
+import json
 
-_KERNELS: dict | None = None  # program digest -> loaded kernel, inside `prebuilt`
+_KERNELS: dict | None = None  # (program digest, options key or None) -> kernel, in `prebuilt`
 
 
 class PrebuiltKernel:
@@ -27,26 +28,39 @@ def prebuilt(pairs):
     """Within the block, tiled.autotune takes its candidates (and the winner) from `pairs`,
     (artifact bytes, manifest) of kernels compiled elsewhere for the target being tuned (a
     bundle), by program digest, instead of compiling: how a host with neither the compiler
-    nor a daemon tunes. A candidate not among them is skipped as not built; the toolchain in
-    the tuning key is the one their manifests record."""
+    nor a daemon tunes. A pair may name the compile options it was built with as a third
+    item, (artifact, manifest, options): it then stands only for candidates compiled with
+    those (a config's own compile options make two candidates of one program); a pair
+    without them stands for its program under any options. A candidate not among them is
+    skipped as not built; the toolchain in the tuning key is the one their manifests
+    record."""
     global _KERNELS
     before = _KERNELS
-    kernels = [PrebuiltKernel(a, m) for a, m in pairs]
-    _KERNELS = {k.manifest.program_digest: k for k in kernels}
+    kernels = {}
+    for pair in pairs:
+        artifact, manifest, *rest = pair
+        k = PrebuiltKernel(artifact, manifest)
+        kernels[(k.manifest.program_digest, _options_key(rest[0]) if rest else None)] = k
+    _KERNELS = kernels
     try:
         yield
     finally:
         _KERNELS = before
 
 
+def _options_key(options: dict) -> str:
+    return json.dumps(options, sort_keys=True)
+
+
 def compile_candidate(kernel, target: str, options: dict):
     """The compiled kernel: from `prebuilt`'s kernels when inside it, else tiled.compile.
     Raises LookupError for a kernel the prebuilt set lacks."""
     if _KERNELS is not None:
-        k = _KERNELS.get(kernel.ir.digest)
+        digest = kernel.ir.digest
+        k = _KERNELS.get((digest, _options_key(options))) or _KERNELS.get((digest, None))
         if k is None:
-            raise LookupError(f"{kernel.name} ({kernel.ir.digest[:12]}) is not among the "
-                              "prebuilt kernels")
+            raise LookupError(f"{kernel.name} ({digest[:12]}, options {options}) is not among "
+                              "the prebuilt kernels")
         return k
     import tiled
 

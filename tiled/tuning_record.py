@@ -31,28 +31,37 @@ def device_identity(target: str) -> dict:
 
 
 def tuning_key(kernels: list, configs: list[dict], key: dict, target: str,
-               options: dict) -> tuple[dict, str]:
+               options: dict, own_options: list[dict] | None = None) -> tuple[dict, str]:
     """(the tuning's action record, its key) for candidates `kernels` built from `configs` at
     the bucket's shape `key` (argument name -> value): the template is the digest of their
-    programs and configs."""
+    programs and configs (a config's own compile options among them). `options`: the
+    decorator's compile options; `own_options`: each candidate's (default those)."""
     from tiled.cache.keys import ActionKey, canonical_json
 
     template = hashlib.sha256(canonical_json(
         {"autotune": RECORD_VERSION, "candidates": [k.ir.digest for k in kernels],
          "configs": configs})).hexdigest()
-    tgt, toolchain = _toolchain(kernels[0], target, options)
+    tgt, toolchain = _toolchain(kernels, own_options or [options] * len(kernels), target)
     k = ActionKey.build(template, tgt, {
         "tiled.autotune": {"key": key, "device": device_identity(target), "options": options}},
         toolchain, config.get("cache_namespace"))
     return k.record, k.hex
 
 
-def _toolchain(first, target: str, options: dict) -> tuple[Any, str]:
+def _toolchain(kernels: list, own_options: list[dict], target: str) -> tuple[Any, str]:
     """(the target as keys spell it, the toolchain digest): this process's compiler's, or with
     a daemon configured (or prebuilt kernels) the one the first candidate's manifest records
-    (the client may have no compiler)."""
+    (the client may have no compiler; with prebuilt kernels, the first candidate they hold)."""
     if config.get("server") or tuning_prebuilt.active():
-        m = tuning_prebuilt.compile_candidate(first, target, options).manifest
+        m = None
+        for kernel, options in zip(kernels, own_options, strict=True):
+            try:
+                m = tuning_prebuilt.compile_candidate(kernel, target, options).manifest
+                break
+            except LookupError:  # not among the prebuilt kernels: the next one may be
+                continue
+        if m is None:
+            raise ValueError("no candidate is among the prebuilt kernels")
         if not m.action:
             raise ValueError("the first candidate's manifest carries no action record: its "
                              "toolchain is unknown")
@@ -61,7 +70,7 @@ def _toolchain(first, target: str, options: dict) -> tuple[Any, str]:
     from tiled.compiler.registry import parse_target
 
     tgt = parse_target(target)
-    return tgt, action_of(first.ir.digest, tgt, options).record["toolchain"]
+    return tgt, action_of(kernels[0].ir.digest, tgt, own_options[0]).record["toolchain"]
 
 
 def recorded(tkey: str, record: dict, configs: list[dict], name: str) -> dict | None:

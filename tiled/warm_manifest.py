@@ -180,9 +180,10 @@ def _tuning_items(index: int, spec: str, tuner, variant: dict, targets: list[str
         raise ValueError("no config of the autotuned factory builds for these args")
     items = []
     for t in targets:
-        for n, (i, _, program) in enumerate(programs):
-            items.append(Item(index, f"{spec}[config {i}]", variant, t, tuner.options,
-                              compile_request(program, t, tuner.options),
+        for n, (i, cfg, program) in enumerate(programs):
+            options = tuner.options_of(cfg)
+            items.append(Item(index, f"{spec}[config {i}]", variant, t, options,
+                              compile_request(program, t, options),
                               tune=(tuner, variant, spec) if n == 0 and t == targets[0] else None))
     return items
 

@@ -105,6 +105,44 @@ def test_block_scaled_tiles_of_one_and_of_two_weight_blocks(BM, BN):
     assert _rel(y, xd @ wd.T) < 1e-5
 
 
+@pytest.mark.parametrize("M", [24, 40])
+def test_paired_block_scaled_gemm_adds_every_step_once(M):
+    """Two K steps an iteration, the second product added in the next one and the last after
+    the loop: every step once, at its own scales (K = 512: four steps; M past a tile)."""
+    g = torch.Generator().manual_seed(5)
+    N, K = 128, 512
+    xq, wq, xs, ws = _block_scaled_operands(M, N, K, g)
+    kernel = fp8.scaled_gemm_kernel(M, N, K, "float32", True, BM=16, BN=64, threads=128,
+                                    stages=4, paired=True)
+    y = torch.zeros(M, N)
+    tiled.compile(kernel, target="cpu")(xq, wq, xs, ws, y)
+    xd = (xq.float().view(M, 4, 128) * xs[..., None]).view(M, K)
+    wd = (wq.float().view(N, 4, 128) * ws.repeat_interleave(128, 0)[:, :, None]).view(N, K)
+    assert _rel(y, xd @ wd.T) < 1e-5
+    for bad in (dict(K=384), dict(BN=256), dict(block_scaled=False)):
+        args = {"K": K, "BN": 64, "block_scaled": True, **bad}
+        with pytest.raises(ValueError, match="paired"):
+            fp8.scaled_gemm_kernel(M, N, args["K"], "float32", args["block_scaled"], BM=16,
+                                   BN=args["BN"], threads=128, paired=True)
+
+
+def test_paired_configs_are_in_the_cuda_space_with_and_without_turns():
+    paired = [c for c in fp8.CUDA_SPACE if c.get("paired")]
+    assert {c.get("compile_options", {}).get("pingpong", False) for c in paired} == \
+        {False, True}
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    from tiled.compiler import compile_program
+
+    src = compile_program(fp8.scaled_gemm_kernel(4096, 7168, 2048, "bfloat16", True,
+                                                 **tuning.factory_kwargs(paired[0])),
+                          target="cuda:sm_90a").source
+    assert src.count("wgmma_rows_issue<__nv_fp8_e4m3, 64, 128, 128, 128") == 2
+    assert "float p0_ptr[64];" in src and "float p1_ptr[64];" in src
+
+
 def test_fp8_gemms_on_sm90a_take_the_ws_loop_and_keep_row_scales_in_registers():
     """Per-tensor: the generic WS loop (e4m3 wgmma over 128-element K rows, the
     accumulator's 16-byte stores); block-scaled: the same with each thread's two row scales

@@ -24,12 +24,18 @@ E4M3 = "float8_e4m3"
 E4M3_MAX = 448.0
 SCALE_BLOCK = 128  # DeepSeek-V3's block: 1 x 128 activation groups, 128 x 128 weight blocks
 
-# Tile configs: BM x BN output tiles over BK = 128 (one scale block per K step).
+# Tile configs: BM x BN output tiles over BK = 128 (one scale block per K step). The paired
+# block-scaled form (scaled_gemm_kernel's `paired`; per-tensor keys skip it) with and without
+# the consumer warpgroups taking turns: on an H100 the turns read 0.97-1.04x the form without
+# them, shape by shape (fp8_scales_probe_forms_h100.json), so both are candidates.
 CUDA_SPACE = [
     {"BM": 128, "BN": 128, "threads": 256, "stages": 4},
     {"BM": 128, "BN": 256, "threads": 256, "stages": 3},
     {"BM": 64, "BN": 128, "threads": 128, "stages": 4},
     {"BM": 64, "BN": 256, "threads": 128, "stages": 4},
+    {"BM": 128, "BN": 128, "threads": 256, "stages": 4, "paired": True},
+    {"BM": 128, "BN": 128, "threads": 256, "stages": 4, "paired": True,
+     "compile_options": {"pingpong": True}},
 ]
 CPU_SPACE = [{"BM": 16, "BN": 64, "threads": 128, "stages": 2},
              {"BM": 32, "BN": 32, "threads": 128, "stages": 2}]
@@ -108,13 +114,18 @@ def quantize_scaled_kernel(N: int, dtype: str, threads: int = 128):
 
 
 def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads=256,
-                       stages=4):
+                       stages=4, paired=False):
     """Y = (A @ B^T) dequantized, A [M, K] and B [N, K] e4m3 (M symbolic; `M` only names the
     bucket). Per-tensor: one scale each, applied once to the float32 accumulator. Block-scaled:
     each 128-deep K step's product is scaled by its row's activation scale SA[m, k] and its
-    weight block's SB[n / 128, k] before it is added (so BN divides 128 or is a multiple)."""
+    weight block's SB[n / 128, k] before it is added (so BN divides 128 or is a multiple).
+    `paired` (block-scaled, BN <= 128, an even number of K steps): two K steps an iteration,
+    each into its own product (_paired_blockscaled; `stages` then counts K steps, two a
+    ring stage)."""
     Md = T.dyn("M")
     steps = -(-K // BK)
+    if paired and not block_scaled:
+        raise ValueError("paired fp8 GEMM: block-scaled only (per-tensor products chain)")
     if not block_scaled:
         @tiled.kernel
         def fp8_gemm(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),
@@ -141,6 +152,11 @@ def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads
     G = steps
     NB = -(-N // SCALE_BLOCK)
     one_block = BN <= SCALE_BLOCK  # a tile's columns share one weight scale block
+    if paired:
+        if not one_block or steps % 2:
+            raise ValueError(f"paired block-scaled fp8 GEMM: needs BN <= {SCALE_BLOCK} (got "
+                             f"{BN}) and an even number of {BK}-deep K steps (got {steps})")
+        return _paired_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, G, NB)
 
     @tiled.kernel
     def fp8_gemm_blockscaled(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),
@@ -171,6 +187,56 @@ def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads
                         1.0 if one_block else SB[(bx * BN + j) // SCALE_BLOCK, k])
             T.copy(acc, Y[by * BM, bx * BN])
     return fp8_gemm_blockscaled
+
+
+def _paired_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, G, NB):
+    """scaled_gemm_kernel's `paired` form: two K steps an iteration, each into its own
+    product (p0, p1); p1 is added into the sum in the next iteration, after that one's first
+    MMA. On an H100 at N = 7168, K = 2048 / 18432, M = 512-4096 it ran 0.74-0.84x
+    torch._scaled_mm per-tensor where one product a step ran 0.68-0.78x (128 x 128 tiles,
+    fp8_scales_probe_forms_h100.json: fewer instructions a step; issuing both MMAs before
+    the first rescale, so that it meets the second MMA, measured no faster)."""
+    steps = K // BK
+
+    @tiled.kernel
+    def fp8_gemm_blockscaled_paired(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),
+                                    SA: T.Tensor((Md, G), "float32"),
+                                    SB: T.Tensor((NB, G), "float32"),
+                                    Y: T.Tensor((Md, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), threads=threads) as (bx, by):
+            a0 = T.alloc_shared((BM, BK), E4M3)
+            b0 = T.alloc_shared((BN, BK), E4M3)
+            a1 = T.alloc_shared((BM, BK), E4M3)
+            b1 = T.alloc_shared((BN, BK), E4M3)
+            p0 = T.alloc_fragment((BM, BN), "float32")
+            p1 = T.alloc_fragment((BM, BN), "float32")
+            acc = T.alloc_fragment((BM, BN), "float32")
+            s0 = T.alloc_fragment((BM,), "float32")
+            s1 = T.alloc_fragment((BM,), "float32")
+            s_last = T.alloc_fragment((BM,), "float32")  # p1's scales, for the next iteration
+            T.clear(acc)
+            T.clear(p1)
+            T.clear(s_last)
+            for k in T.Pipelined(steps // 2, num_stages=max(2, stages // 2)):
+                T.copy(A[by * BM, 2 * k * BK], a0)
+                T.copy(B[bx * BN, 2 * k * BK], b0)
+                T.copy(A[by * BM, (2 * k + 1) * BK], a1)
+                T.copy(B[bx * BN, (2 * k + 1) * BK], b1)
+                for i in T.Parallel(BM):
+                    s0[i] = SA[by * BM + i, 2 * k] * SB[bx * BN // SCALE_BLOCK, 2 * k]
+                    s1[i] = SA[by * BM + i, 2 * k + 1] * SB[bx * BN // SCALE_BLOCK, 2 * k + 1]
+                T.gemm(a0, b0, p0, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(BM, BN):
+                    acc[i, j] += p1[i, j] * s_last[i]
+                T.gemm(a1, b1, p1, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(BM, BN):
+                    acc[i, j] += p0[i, j] * s0[i]
+                for i in T.Parallel(BM):
+                    s_last[i] = s1[i]
+            for i, j in T.Parallel(BM, BN):
+                acc[i, j] += p1[i, j] * s_last[i]
+            T.copy(acc, Y[by * BM, bx * BN])
+    return fp8_gemm_blockscaled_paired
 
 
 # -- the ops -----------------------------------------------------------------------------------

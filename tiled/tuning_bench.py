@@ -20,9 +20,9 @@ COMPILE_TIMEOUT_S = 600.0
 
 def compile_all(cands, target: str, progress) -> None:
     """Sets each candidate's `compiled` (with its own compile `options`), or `skipped` with
-    the compile's error. With a daemon
-    configured its compile requests go out together (the daemon's pool runs them side by
-    side); else the cache misses compile in a local pool of worker processes first."""
+    the compile's error. With a daemon configured its compile requests go out together (the
+    daemon's pool runs them side by side); else the cache misses compile in a local pool of
+    worker processes first."""
     if not config.get("server") and not tuning_prebuilt.active() and len(cands) > 1:
         _precompile_locally(cands, target)
     done = [0]

@@ -21,12 +21,17 @@ process, rounds in rotated order:
   over the back edge; without it `pair` compiles as `seq2`). `*_pp`: compile option
   pingpong (the warpgroups take turns issuing).
 
+- `fresh` / `fresh2`: a fresh product each step that nothing reads in the loop (wrong
+  numbers on purpose), one or two an iteration: what waiting for each MMA costs without the
+  rescale.
+
 Runs (H100, results/): fp8_scales_probe_h100.json (now, pt, nosa, ahead, bm192; with
 fp8_scales_ncu_h100.txt, fp8_scales_sass_stalls_h100.txt), fp8_scales_probe_pair_h100.json
 (now, pt, bm192, dbl, pair, pair_pp, and `pair4`: the op's first paired form, pair's code),
 fp8_scales_probe_forms_h100.json (now, pt, dbl, pair, pair_pp, dbl_pp, seq2, seq2_pp; pair and
-pair_pp built with the diff in both). The bundle of each run held only the kernels it timed
-(index.json edited between runs).
+pair_pp built with the diff in both), fp8_scales_probe_fresh_h100.json (now, pt, dbl, fresh,
+fresh2). The bundle of each run held only the kernels it timed (index.json edited between
+runs).
 
     python benchmarks/gpu/probes/fp8_scales_probe.py build .gpu/fp8scales
 There: python3 benchmarks/gpu/probes/fp8_scales_probe.py run .gpu/fp8scales $OUT/out.json
@@ -63,6 +68,8 @@ def _variant(name: str, N: int, K: int):
     Md = T.dyn("M")
     G, NB, steps = K // BK, N // 128, K // BK
 
+    if name in ("fresh", "fresh2"):
+        return _fresh(Md, N, K, G, NB, steps, two=name == "fresh2")
     if name == "nosa":
         @tiled.kernel
         def fp8_nosa(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),
@@ -120,6 +127,46 @@ def _variant(name: str, N: int, K: int):
     return fp8_ahead
 
 
+def _fresh(Md, N, K, G, NB, steps, two):
+    """A fresh product each K step that nothing reads until the loop ends (Y gets the last
+    one: wrong numbers on purpose): each MMA waits only for the one before it on the same
+    product (clear_accum), never for a rescale. `two`: two products an iteration, so two
+    MMA groups of a warpgroup may be in flight."""
+    import tiled
+    import tiled.lang as T
+    from tiled.ops import fp8
+
+    BM, BN, threads, stages = TILE["BM"], TILE["BN"], TILE["threads"], TILE["stages"]
+    BK, E4M3 = fp8.BK, fp8.E4M3
+    n = 2 if two else 1
+
+    @tiled.kernel
+    def fp8_fresh(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),
+                  SA: T.Tensor((Md, G), "float32"), SB: T.Tensor((NB, G), "float32"),
+                  Y: T.Tensor((Md, N), "bfloat16")):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), threads=threads) as (bx, by):
+            a0 = T.alloc_shared((BM, BK), E4M3)
+            b0 = T.alloc_shared((BN, BK), E4M3)
+            a1 = T.alloc_shared((BM, BK), E4M3)
+            b1 = T.alloc_shared((BN, BK), E4M3)
+            pa = T.alloc_fragment((BM, BN), "float32")
+            pb = T.alloc_fragment((BM, BN), "float32")
+            for k in T.Pipelined(steps // n, num_stages=max(2, stages // n)):
+                T.copy(A[by * BM, n * k * BK], a0)
+                T.copy(B[bx * BN, n * k * BK], b0)
+                if two:
+                    T.copy(A[by * BM, (2 * k + 1) * BK], a1)
+                    T.copy(B[bx * BN, (2 * k + 1) * BK], b1)
+                T.gemm(a0, b0, pa, transpose_B=True, clear_accum=True)
+                if two:
+                    T.gemm(a1, b1, pb, transpose_B=True, clear_accum=True)
+            if two:
+                for i, j in T.Parallel(BM, BN):
+                    pa[i, j] += pb[i, j]
+            T.copy(pa, Y[by * BM, bx * BN])
+    return fp8_fresh
+
+
 def _double(Md, N, K, G, NB, steps, seq):
     """Two K steps an iteration, each into its own product (pa, pb): `seq` (seq2) adds each
     product right after its MMA, else (pair) both MMAs are issued before pa is added (module
@@ -170,7 +217,7 @@ def _double(Md, N, K, G, NB, steps, seq):
 
 
 VARIANTS = ("now", "pt", "nosa", "ahead", "bm192", "dbl", "pair", "pair_pp", "dbl_pp", "seq2",
-            "seq2_pp")
+            "seq2_pp", "fresh", "fresh2")
 OPTIONS = {"pair_pp": {"pingpong": True}, "dbl_pp": {"pingpong": True},
            "seq2_pp": {"pingpong": True}}
 

@@ -108,7 +108,8 @@ def test_block_scaled_tiles_of_one_and_of_two_weight_blocks(BM, BN):
 @pytest.mark.parametrize("M", [24, 40])
 def test_paired_block_scaled_gemm_adds_every_step_once(M):
     """Two K steps an iteration, the second product added in the next one and the last after
-    the loop: every step once, at its own scales (K = 512: four steps; M past a tile)."""
+    the loop: every step once, at its own scales (K = 512: four steps; K = 448: four, the
+    last partial; M past a tile)."""
     g = torch.Generator().manual_seed(5)
     N, K = 128, 512
     xq, wq, xs, ws = _block_scaled_operands(M, N, K, g)
@@ -119,6 +120,17 @@ def test_paired_block_scaled_gemm_adds_every_step_once(M):
     xd = (xq.float().view(M, 4, 128) * xs[..., None]).view(M, K)
     wd = (wq.float().view(N, 4, 128) * ws.repeat_interleave(128, 0)[:, :, None]).view(N, K)
     assert _rel(y, xd @ wd.T) < 1e-5
+    # K = 448: four steps, the last one 64 deep past K (zeros), each with its scale column
+    K = 448
+    xq, wq = torch.randn(M, K, generator=g).to(E4M3), torch.randn(N, K, generator=g).to(E4M3)
+    xs, ws = torch.rand(M, 4, generator=g) + 0.5, torch.rand(1, 4, generator=g) + 0.5
+    y = torch.zeros(M, N)
+    tiled.compile(fp8.scaled_gemm_kernel(M, N, K, "float32", True, BM=16, BN=64, threads=128,
+                                         stages=4, paired=True), target="cpu")(xq, wq, xs, ws, y)
+    cols = torch.arange(K) // 128
+    ref = (xq.float() * xs[:, cols]) @ (wq.float() * ws[0, cols]).T
+    assert _rel(y, ref) < 1e-5
+    K = 512
     for bad in (dict(K=384), dict(BN=256), dict(block_scaled=False)):
         args = {"K": K, "BN": 64, "block_scaled": True, **bad}
         with pytest.raises(ValueError, match="paired"):

@@ -156,7 +156,7 @@ def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads
         if not one_block or steps % 2:
             raise ValueError(f"paired block-scaled fp8 GEMM: needs BN <= {SCALE_BLOCK} (got "
                              f"{BN}) and an even number of {BK}-deep K steps (got {steps})")
-        return _paired_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, G, NB)
+        return _paired_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, steps, NB)
 
     @tiled.kernel
     def fp8_gemm_blockscaled(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),
@@ -189,14 +189,15 @@ def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads
     return fp8_gemm_blockscaled
 
 
-def _paired_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, G, NB):
+def _paired_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, steps, NB):
     """scaled_gemm_kernel's `paired` form: two K steps an iteration, each into its own
     product (p0, p1); p1 is added into the sum in the next iteration, after that one's first
     MMA. On an H100 at N = 7168, K = 2048 / 18432, M = 512-4096 it ran 0.74-0.84x
     torch._scaled_mm per-tensor where one product a step ran 0.68-0.78x (128 x 128 tiles,
     fp8_scales_probe_forms_h100.json: fewer instructions a step; issuing both MMAs before
-    the first rescale, so that it meets the second MMA, measured no faster)."""
-    steps = K // BK
+    the first rescale, so that it meets the second MMA, measured no faster). `steps`: the
+    K steps (one scale column each, the last past K read as zeros)."""
+    G = steps
 
     @tiled.kernel
     def fp8_gemm_blockscaled_paired(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),

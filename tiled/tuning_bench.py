@@ -61,7 +61,7 @@ def _precompile_locally(cands, target: str) -> None:
     from tiled.server.worker import COMPILE_JOB, compile_payload, compiled_entry
 
     cache, tgt = default_cache(), parse_target(target)
-    misses = []
+    misses = {}  # action key -> (program, action, options): a candidate compiled once
     for c in cands:
         try:
             program = as_program(c.kernel_ir)
@@ -69,15 +69,16 @@ def _precompile_locally(cands, target: str) -> None:
             action = action_of(program.digest, tgt, c.options)
         except Exception:  # reported by the serial compile
             continue
-        if not cache.contains(action.hex) and all(a.hex != action.hex for _, a, _ in misses):
-            misses.append((program, action, c.options))
+        if not cache.contains(action.hex):
+            misses.setdefault(action.hex, (program, action, c.options))
     if len(misses) < 2:
         return
     workers = min(len(misses), len(os.sched_getaffinity(0)))
     pool = CompilePool(workers=workers, timeout_s=COMPILE_TIMEOUT_S)
     try:
         jobs = [(action, pool.submit(action.hex, COMPILE_JOB, compile_payload(
-            program, tgt, options, action.record))) for program, action, options in misses]
+            program, tgt, options, action.record))) for program, action, options in
+            misses.values()]
         for action, job in jobs:
             try:
                 entry, _ = compiled_entry(action.hex, job.result())

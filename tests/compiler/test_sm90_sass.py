@@ -294,3 +294,17 @@ def test_filter_tiles_past_their_64s_take_narrow_wgmmas(tmp_path, bn, widths):
         assert f"HGMMA.{w}.F32.BF16" in text, w
     assert "HMMA" not in text
     _no_local(text)
+
+
+# A descriptor built from an address: its start field masked to 18 bits (LOP3 / ULOP3 with
+# 0x3ff..). A call of wgmma_rows_issue builds one for A's tile and one for B's and takes each
+# wgmma's as a constant past them (desc_at, one add); built from every wgmma's own address,
+# there were two for each wgmma (A's and B's).
+_BUILT = re.compile(r"\bU?LOP3\.LUT \w+, \w+, 0x3ff[0-9a-f]*,")
+
+
+@pytest.mark.parametrize("name", ["gemm", "gemm_nt", "gemm_fp8_e4m3", "gemm_nt_tf32"])
+def test_wgmma_descriptors_are_a_constant_past_their_tiles(tmp_path, name):
+    text = _sass(tmp_path, name)
+    gmma = len(SS.findall(text))
+    assert gmma and len(_BUILT.findall(text)) <= gmma, (len(_BUILT.findall(text)), gmma)

@@ -132,9 +132,10 @@ __host__ __device__ constexpr bool narrow_panel() {
 template <int BN, int K, bool B_KMAJOR, int COL, bool NARROW = false, int BP = BN>
 __device__ __forceinline__ uint64_t b_desc(const unsigned char* sb, int kk) {
   if constexpr (B_KMAJOR && NARROW)
-    return make_smem_desc(sb + COL * 64 + 32 * kk, 16, 512, Swizzle::k64B);
-  return B_KMAJOR ? desc_kmajor_sw128(sb + (kk / 4) * BP * 128 + COL * 128 + 32 * (kk % 4))
-                  : make_smem_desc(sb + (COL / 64) * K * 128 + 2048 * kk, K * 128, 1024);
+    return desc_at(make_smem_desc(sb, 16, 512, Swizzle::k64B), COL * 64 + 32 * kk);
+  if constexpr (B_KMAJOR)
+    return desc_at(desc_kmajor_sw128(sb), (kk / 4) * BP * 128 + COL * 128 + 32 * (kk % 4));
+  return desc_at(make_smem_desc(sb, K * 128, 1024), (COL / 64) * K * 128 + 2048 * kk);
 }
 
 // The wgmma width for columns [COL, BN): the widest of 256, 128, 64, 32, 16 they fill (a
@@ -176,7 +177,8 @@ __device__ __forceinline__ void wgmma_tile(void* region, int32_t a_off, int32_t 
   for (int kk = 0; kk < K / 16; ++kk) {
 #pragma unroll
     for (int h = 0; h < BM / 64; ++h) {
-      const uint64_t da = desc_kmajor_sw128(sa + (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
+      const uint64_t da =
+          desc_at(desc_kmajor_sw128(sa), (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
       wgmma_cols_any<T, BN, K, B_KMAJOR>(acc + h * (BN / 2), da, sb, kk);
     }
   }

@@ -65,8 +65,8 @@ __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, A
 #pragma unroll
     for (int h = 0; h < WM / 64; ++h) {
       const uint64_t da =
-          kNarrow ? make_smem_desc(sa + h * 4096 + 32 * kk, 16, 512, Swizzle::k64B)
-                  : desc_kmajor_sw128(sa + (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
+          kNarrow ? desc_at(make_smem_desc(sa, 16, 512, Swizzle::k64B), h * 4096 + 32 * kk)
+                  : desc_at(desc_kmajor_sw128(sa), (kk / 4) * BM * 128 + h * 8192 + 32 * (kk % 4));
       wgmma_cols_any<T, BN, K, B_KMAJOR, KS, 0, BP>(acc + h * (BN / 2), da, sb, kk,
                                              ZERO && kk == 0 ? 0u : 1u);
     }

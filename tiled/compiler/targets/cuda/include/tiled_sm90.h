@@ -267,10 +267,11 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) 
   return desc + static_cast<uint64_t>(bytes >> 4);
 }
 
-// The descriptor of `bytes` past the tile `desc` describes, for a tile start and `bytes`
-// that are multiples of 16: the start field is the address / 16 in the low word, which
-// cannot carry out of its 14 bits below 256 KiB, so one 32-bit add (the high word, the
-// stride byte offset and the swizzle, is the tile's). Written from a base descriptor plus a
+// The descriptor of `bytes` (a multiple of 16) past the tile `desc` describes: the start
+// field is the address / 16 in the low word, (a + bytes) / 16 = a / 16 + bytes / 16 for any
+// a, and it cannot carry out of its 14 bits below 256 KiB, so one 32-bit add gives the
+// value make_smem_desc would (the high word, the stride byte offset and the swizzle, is
+// the tile's). Written from a base descriptor plus a
 // constant, a loop of wgmmas takes one add per descriptor; make_smem_desc of each address
 // took a mask, a shift and two ors every time, since the compiler cannot fold a constant
 // through `(addr + c) >> 4` without knowing addr's low bits.

@@ -133,12 +133,13 @@ struct WsAttn {
                                                   bool zero) {
     mbarrier_wait_parity(k_bar(pool, k), (k / STAGES) & 1);
     const int wg = threadIdx.x / 128;
+    const uint64_t qd = desc_kmajor_sw128(q_tile(pool, b, 0) + wg * 64 * 128);
+    const uint64_t kd = desc_kmajor_sw128(k_tile(pool, k, 0));
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint64_t da =
-          desc_kmajor_sw128(q_tile(pool, b, kk / 4) + wg * 64 * 128 + 32 * (kk % 4));
-      const uint64_t db = desc_kmajor_sw128(k_tile(pool, k, kk / 4) + 32 * (kk % 4));
+    for (int kk = 0; kk < D / 16; ++kk) {  // slice kk: panel kk / 4, 32 bytes per slice
+      const uint64_t da = desc_at(qd, (kk / 4) * BM * 128 + 32 * (kk % 4));
+      const uint64_t db = desc_at(kd, (kk / 4) * BN * 128 + 32 * (kk % 4));
       wgmma_ss<T, BN, 0, 0>(*reinterpret_cast<float(*)[BN / 2]>(s), da, db,
                             (zero && kk == 0) ? 0u : 1u);
     }
@@ -164,10 +165,11 @@ struct WsAttn {
   __device__ __forceinline__ static void pv_issue(unsigned char* pool, int k, const uint32_t* a,
                                                   float* o) {
     mbarrier_wait_parity(v_bar(pool, k), (k / STAGES) & 1);
+    const uint64_t vd = make_smem_desc(v_tile(pool, k, 0), BN * 128, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint64_t db = make_smem_desc(v_tile(pool, k, 0) + 2048 * kk, BN * 128, 1024);
+      const uint64_t db = desc_at(vd, 2048 * kk);
       WgmmaRS<T, D, 1>::run(*reinterpret_cast<float(*)[D / 2]>(o), a + 4 * kk, db, 1u);
     }
     wgmma_commit_group();

@@ -271,10 +271,9 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) 
 // field is the address / 16 in the low word, (a + bytes) / 16 = a / 16 + bytes / 16 for any
 // a, and it cannot carry out of its 14 bits below 256 KiB, so one 32-bit add gives the
 // value make_smem_desc would (the high word, the stride byte offset and the swizzle, is
-// the tile's). Written from a base descriptor plus a
-// constant, a loop of wgmmas takes one add per descriptor; make_smem_desc of each address
-// took a mask, a shift and two ors every time, since the compiler cannot fold a constant
-// through `(addr + c) >> 4` without knowing addr's low bits.
+// the tile's). A loop of wgmmas written this way takes one add per descriptor, where
+// make_smem_desc of each address takes a mask, a shift and two ors: the compiler cannot
+// fold a constant through `(addr + c) >> 4` without knowing addr's low bits.
 __device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes) {
   const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
   return (desc & 0xFFFFFFFF00000000ull) | lo;

@@ -129,7 +129,7 @@ k_all(const __grid_constant__ tiled::sm90::TensorMap tm, half* c, __nv_bfloat16*
     float a64[32], a128[64], a256[128];
     const uint64_t da = s9::desc_kmajor_sw128(tile);
     const uint64_t db = s9::desc_mnmajor_sw128(tile + 16384, 8192);
-    const uint64_t dk = s9::desc_advance(s9::make_smem_desc(tile, 16, 1024), 32);
+    const uint64_t dk = s9::desc_at(s9::make_smem_desc(tile, 16, 1024), 32);
     s9::wgmma_fence();
     s9::wgmma_ss<half, 64, 0, 0>(a64, da, dk, 0);
     s9::wgmma_ss<__nv_bfloat16, 64, 0, 1>(a64, da, db, 1);

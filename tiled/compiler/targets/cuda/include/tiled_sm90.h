@@ -260,13 +260,6 @@ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(const void* tile,
   return make_smem_desc(tile, mn_stride_bytes, 1024);
 }
 
-// Advance a descriptor's start address by `bytes` (multiple of 16).  Safe as
-// long as the start field does not carry out of its 14 bits, i.e. always for
-// shared memory below 256 KiB.
-__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
-  return desc + static_cast<uint64_t>(bytes >> 4);
-}
-
 // The descriptor of `bytes` (a multiple of 16) past the tile `desc` describes: the start
 // field is the address / 16 in the low word, (a + bytes) / 16 = a / 16 + bytes / 16 for any
 // a, and it cannot carry out of its 14 bits below 256 KiB, so one 32-bit add gives the

@@ -1,7 +1,8 @@
 """The cpu backend's own exp / exp2 / sigmoid (tiled/compiler/targets/cpu/vmath.py), run in a
 compiled kernel over a sweep of every 997th float32 bit pattern (plus the edges), against
-float64 numpy rounded to float32: within 2 ulp, subnormal results included; NaN, infinities and
-overflow as libm gives them."""
+float64 numpy rounded to float32: within 2 ulp, subnormal results included, but exp2's, which
+are 0 where the level has no one-instruction ldexp (as CUDA's ex2.approx.ftz); NaN,
+infinities and overflow as libm gives them."""
 
 
 import numpy as np
@@ -67,9 +68,27 @@ def test_within_ulps_of_the_rounded_result(op, max_ulps, target):
         want = REFERENCES[op](x.astype(np.float64)).astype(np.float32)
     nan = np.isnan(want)
     np.testing.assert_array_equal(np.isnan(y), nan)
+    if op == "exp2":  # results below 2^-126 flushed to 0, or (ldexp levels) kept
+        flushed = (np.abs(want) < np.float32(2.0 ** -126)) & (y == 0)
+        nan |= flushed
     ulps = _ulps(y[~nan], want[~nan])
     worst = int(np.argmax(ulps))
     assert ulps[worst] <= max_ulps, (x[~nan][worst], y[~nan][worst], want[~nan][worst])
+
+
+def test_exp2_flushes_subnormal_results_to_zero_without_ldexp():
+    """cpu:generic scales by the exponent field: results below 2^-126 are 0, normal ones (the
+    smallest included) and the overflow edge as libm gives them."""
+    x = np.array([-126.0, -126.5, -130.0, -149.0, -200.0, -np.inf, 127.5, 127.99, 128.0,
+                  np.nan], np.float32)
+    y = np.empty_like(x)
+    tiled.compile(unary("exp2"), "cpu:generic")(x, y)
+    with np.errstate(over="ignore"):
+        want = np.exp2(x.astype(np.float64)).astype(np.float32)
+    assert y[0] == np.float32(2.0 ** -126)
+    assert not y[1:6].any()
+    assert np.all(_ulps(y[6:9], want[6:9]) <= 2) and y[8] == np.inf
+    assert np.isnan(y[9])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -1,7 +1,7 @@
 """Local memory in the conformance kernels on sm_90a: each kernel compiled here at its GPU
 shape (the conformance table's `gpu`), and the LDL / STL instructions of each launch's SASS
 counted (register arrays indexed by values the compiler cannot fold, or spills). No GPU
-needed; cuobjdump must be on PATH (the dev extra installs it under
+needed; cuobjdump on PATH or from the nvidia wheels (the dev extra installs it under
 site-packages/nvidia/cu13/bin).
 
     python benchmarks/gpu/probes/local_memory.py [--json OUT] [name ...]
@@ -10,13 +10,14 @@ site-packages/nvidia/cu13/bin).
 import argparse
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from tests.compiler.test_cuda_header import _find_tool  # PATH, else the nvidia wheels' bin
 
 
 def local_memory(artifact: bytes, cuobjdump: str) -> dict[str, dict[str, int]]:
@@ -41,9 +42,9 @@ def main() -> None:
     ap.add_argument("names", nargs="*")
     ap.add_argument("--json")
     args = ap.parse_args()
-    cuobjdump = shutil.which("cuobjdump")
+    cuobjdump = _find_tool("cuobjdump")
     if cuobjdump is None:
-        sys.exit("cuobjdump is not on PATH")
+        sys.exit("cuobjdump not found (the dev extra installs it)")
     cases = load_all()
     rows = []
     for name in args.names or sorted(cases):

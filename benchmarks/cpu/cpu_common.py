@@ -105,6 +105,20 @@ def write_result(path: Path, head: dict, body: dict) -> None:
     print(f"wrote {path}")
 
 
+def run_c_program(source: Path, flags: list[str]) -> list[dict]:
+    """Compiles the C benchmark `source` with the C compiler (`cc -O3 -pthread`, plus
+    `flags`), runs it and returns the JSON objects it printed, one a line."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / source.stem
+        subprocess.run(["cc", "-O3", *flags, "-pthread", str(source), "-o", str(exe), "-lm"],
+                       check=True)
+        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
 def rows_cols_main(doc: str, bench_dtype, default_out: Path) -> None:
     """The command line of a benchmark over a rows x cols tensor per dtype (membound.py,
     folds.py): `bench_dtype(rows, cols, dtype, repeat)` for each dtype, on numpy's BLAS

@@ -10,32 +10,23 @@ An x86-64 host with AVX2.
 GB/s count the bytes a copy of X moves (read X, write Y: 128 MiB)."""
 
 import argparse
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import start, write_result
+from cpu_common import run_c_program, start, write_result
 
 HERE = Path(__file__).resolve().parent
 BYTES = 2 * 4096 * 4096 * 4
 
 
 def main() -> None:
-    import json
-
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=str(HERE.parents[0] / "results" / "cpu_softmax_forms.json"))
     args = p.parse_args()
     head = start(sys.argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "softmax_forms"
-        subprocess.run(["cc", "-O3", "-mavx2", "-mfma", "-pthread", str(HERE / "softmax_forms.c"),
-                        "-o", str(exe), "-lm"], check=True)
-        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    rows = run_c_program(HERE / "softmax_forms.c", ["-mavx2", "-mfma"])
     for r in rows:
         r["best_GB/s"] = round(BYTES / (r["best_ms"] * 1e-3) / 1e9, 1)
         print(f"{r['variant']:12s} best {r['best_ms']:7.3f} ms {r['best_GB/s']:6.1f} GB/s   "

@@ -10,15 +10,12 @@ GB/s count the bytes a copy of X moves (read X, write Y: 128 MiB) for every vari
 read_only and write_only_nt (64 MiB each)."""
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import start, write_result
+from cpu_common import run_c_program, start, write_result
 
 HERE = Path(__file__).resolve().parent
 BYTES = 4096 * 4096 * 4
@@ -29,12 +26,7 @@ def main() -> None:
     p.add_argument("--out", default=str(HERE.parents[0] / "results" / "cpu_store_kinds.json"))
     args = p.parse_args()
     head = start(sys.argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "store_kinds"
-        subprocess.run(["cc", "-O3", "-march=x86-64-v4", "-pthread", str(HERE / "store_kinds.c"),
-                        "-o", str(exe), "-lm"], check=True)
-        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    rows = run_c_program(HERE / "store_kinds.c", ["-march=x86-64-v4"])
     for r in rows:
         nbytes = BYTES if r["variant"] in ("read_only", "write_only_nt") else 2 * BYTES
         r["best_GB/s"] = round(nbytes / (r["best_ms"] * 1e-3) / 1e9, 1)

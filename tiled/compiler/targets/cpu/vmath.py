@@ -31,7 +31,7 @@ with it where it took 8.0-8.2 ms before over 4096 x 4096 on the 2-core AVX2 host
 
 The input clamp keeps NaN as a select that passes it through (`x < lo ? lo : x`), which x86
 does in one max / min instruction; the NaN then reaches the polynomial, whose result stays NaN
-whatever the scale factors hold. About 21 vector instructions per exp, 15 per exp2 (13 each
+whatever the scale factors hold. About 21 vector instructions per exp, 15 per exp2 (15 and 13
 with ldexp).
 """
 
@@ -69,11 +69,17 @@ def _pow2(k):
     return tirx.reinterpret("float32", tirx.shift_left(biased, tirx.const(23, "uint32")))
 
 
-def _scaled(coefficients, r, n, ldexp: bool):
-    """poly(r) * 2^n for n (a float32 integer) in [-151, 129], poly by Horner's rule."""
+def _poly(coefficients, r):
+    """The polynomial (highest power first) at r, by Horner's rule."""
     p = _f32(coefficients[0])
     for c in coefficients[1:]:
         p = p * r + _f32(c)
+    return p
+
+
+def _scaled(coefficients, r, n, ldexp: bool):
+    """poly(r) * 2^n for n (a float32 integer) in [-151, 129]."""
+    p = _poly(coefficients, r)
     k = tirx.Cast("int32", n)
     if ldexp:
         return tirx.call_llvm_pure_intrin("float32", "llvm.ldexp.f32.i32", p, k)
@@ -103,9 +109,7 @@ def exp2(x, ldexp: bool = False):
 
     def body(c):  # c in [-126, 128]: poly(f) * 2^n is normal or (at n = 128, f = 0) inf
         def scaled(n, f):
-            p = _f32(_EXP2[0])
-            for co in _EXP2[1:]:
-                p = p * f + _f32(co)
+            p = _poly(_EXP2, f)
             # p in [2^-0.5, 2^0.5]: its biased exponent is 126 or 127, plus n in [-126, 128]
             # stays within the normal numbers, or reaches 255 (infinity's exponent, with p's
             # mantissa 0: p = 1) only where the result overflows.

@@ -9,11 +9,16 @@ tiled.ops for `cpu`): RMSNorm, softmax and LayerNorm (with weight and bias) over
 over X [rows, 2 cols] -> Y [rows, cols]; float32 and bfloat16. Bandwidth counts the bytes the
 op must move (X read + Y written; the weight row is not counted). The reference is the faster
 of two plain copies of a [rows, cols] array measured in the same run: numpy's `copyto` and a
-tiled copy kernel on the same threads as the ops. Outputs are preallocated (a fresh 64 MB
-output per call would measure page faults). Each op is checked against numpy first, then timed
-in rounds of (tiled copy, op): `of_copy` is the op's best bandwidth over the best copy's,
-`of_copy_median_of_rounds` the median over rounds of the two calls of a round, which load
-that comes and goes (a shared machine) affects less.
+tiled copy kernel on the same threads as the ops, built with `stream_stores=False` (plain
+stores). The ops are built as tiled.ops builds them, so on x86-64 with clang an output of twice
+the last-level cache or more takes non-temporal stores (tiled/compiler/targets/cpu/stream_out.py);
+the copy kernel built that way (`streaming_copy_gbs`) is the second reference. Outputs are
+preallocated (a fresh 64 MB output per call would measure page faults). Each op is checked
+against numpy first, then timed in rounds of (tiled copy, streaming copy, op): `of_copy` is
+the op's best bandwidth over the best plain copy's, `of_copy_median_of_rounds` the median over
+rounds of the op's bandwidth over the round's plain copy's, which load that comes and goes (a
+shared machine) affects less, `of_streaming_copy_median_of_rounds` the same over the round's
+streaming copy.
 """
 
 import statistics
@@ -37,18 +42,30 @@ def np_dtype(name: str):
     return np.dtype(name)
 
 
-def copy_kernel(cols: int, dtype: str, rows_per_block: int = 4):
+def copy_kernel(cols: int, dtype: str, rows_per_block: int = 4, tile: bool = False):
+    """Y = X, element by element; with `tile`, through a block tile (copied in, stored back:
+    the cpu backend folds both copies, and the store may stream as the ops' do)."""
     import tiled
     import tiled.lang as T
 
     M = T.dyn("M")
+    r = rows_per_block
 
     @tiled.kernel
     def copy(X: T.Tensor((M, cols), dtype), Y: T.Tensor((M, cols), dtype)):
-        with T.Kernel(T.ceildiv(M, rows_per_block), threads=128) as bx:
-            for i, j in T.Parallel(rows_per_block, cols):
-                Y[bx * rows_per_block + i, j] = X[bx * rows_per_block + i, j]
-    return copy
+        with T.Kernel(T.ceildiv(M, r), threads=128) as bx:
+            for i, j in T.Parallel(r, cols):
+                Y[bx * r + i, j] = X[bx * r + i, j]
+
+    @tiled.kernel
+    def copy_tile(X: T.Tensor((M, cols), dtype), Y: T.Tensor((M, cols), dtype)):
+        with T.Kernel(T.ceildiv(M, r), threads=128) as bx:
+            t = T.alloc_fragment((r, cols), dtype)
+            T.copy(X[bx * r, 0], t)
+            for i, j in T.Parallel(r, cols):
+                t[i, j] = t[i, j]
+            T.copy(t, Y[bx * r, 0])
+    return copy_tile if tile else copy
 
 
 def reference(name: str, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -80,13 +97,21 @@ def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
     y = np.empty((rows, cols), dt)
     nbytes = x.nbytes
 
-    copy = tiled.compile(copy_kernel(cols, dtype), target="cpu")
-    copy(x, y)
-    assert np.array_equal(y.view(np.uint8), x.view(np.uint8))
+    # The reference copies with plain stores (the cpu backend's `stream_stores` off); the
+    # copy through a tile, as the backend builds it by default, streams Y (non-temporal
+    # stores, tiled's stream_out.py) and is reported beside it.
+    copy = tiled.compile(copy_kernel(cols, dtype), target="cpu", stream_stores=False)
+    copy_streaming = tiled.compile(copy_kernel(cols, dtype, tile=True), target="cpu")
+    for c in (copy, copy_streaming):
+        y.fill(0)
+        c(x, y)
+        assert np.array_equal(y.view(np.uint8), x.view(np.uint8))
     ref_copy = {"numpy_copyto": timings(lambda: np.copyto(y, x), repeat),
                 "tiled_copy": timings(lambda: copy(x, y), repeat)}
     copy_gbs = {k: round(2 * nbytes / v["best_s"] / 1e9, 2) for k, v in ref_copy.items()}
     copy_best = max(copy_gbs.values())
+    streaming_gbs = round(2 * nbytes / timings(lambda: copy_streaming(x, y), repeat)["best_s"]
+                          / 1e9, 2)
 
     cfg = _launch_config("rms_norm", "cpu", N=cols, dtype=dtype)
     ops = {
@@ -102,28 +127,32 @@ def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
     }
     tol = 1e-5 if dtype == "float32" else 1e-2
     out = {"copy_gbs": copy_gbs, "copy_spread": {k: v["spread"] for k, v in ref_copy.items()},
-           "reference_gbs": copy_best, "ops": {}}
+           "reference_gbs": copy_best, "streaming_copy_gbs": streaming_gbs, "ops": {}}
     for name, (kernel, args, moved, src) in ops.items():
         kernel(*args)
         want = reference(name, src, w, b)
         err = float(np.abs(y.astype(np.float64) - want).max() / np.abs(want).max())
         assert err < tol, (name, dtype, err)
-        op_t, copy_t = [], []
-        for _ in range(repeat):  # rounds: the tiled copy, then the op
+        op_t, copy_t, stream_t = [], [], []
+        for _ in range(repeat):  # rounds: the tiled copy, its streaming build, then the op
             copy_t.append(timings(lambda: copy(x, y), 1, warmup=0)["best_s"])
+            stream_t.append(timings(lambda: copy_streaming(x, y), 1, warmup=0)["best_s"])
             op_t.append(timings(lambda k=kernel, a=args: k(*a), 1, warmup=0)["best_s"])
         t = {"best_s": min(op_t), "spread": round(max(op_t) / min(op_t) - 1, 3)}
         gbs = moved / t["best_s"] / 1e9
-        per_round = statistics.median((moved / o) / (2 * nbytes / c)
-                                      for o, c in zip(op_t, copy_t, strict=True))
+        per_round, per_round_streaming = (statistics.median(
+            (moved / o) / (2 * nbytes / c) for o, c in zip(op_t, ref, strict=True))
+            for ref in (copy_t, stream_t))
         out["ops"][name] = {"ms": round(t["best_s"] * 1e3, 3), "gbs": round(gbs, 2),
                             "of_copy": round(gbs / copy_best, 3),
                             "of_copy_median_of_rounds": round(per_round, 3),
+                            "of_streaming_copy_median_of_rounds": round(per_round_streaming, 3),
                             "spread": t["spread"], "bytes": moved, "max_rel_err": err,
                             "target": kernel.manifest.target}
         print(f"{name:13s} {dtype:8s} {t['best_s'] * 1e3:7.2f} ms {gbs:6.2f} GB/s = "
               f"{gbs / copy_best:.2f} of copy ({copy_best:.2f} GB/s), per round "
-              f"{per_round:.2f} (spread {t['spread']})", flush=True)
+              f"{per_round:.2f} (spread {t['spread']}); of the streaming copy per round "
+              f"{per_round_streaming:.2f}", flush=True)
     return out
 
 

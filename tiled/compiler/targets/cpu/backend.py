@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import ClassVar
 
-from tiled.compiler.registry import Artifact, Backend, Target, register
+from tiled.compiler.registry import Artifact, Backend, Option, Target, option, register
 from tiled.compiler.stages import timed
 from tiled.compiler.targets.cpu.levels import codegen_of, resolve_level
 from tiled.ir.program import Program
@@ -25,6 +26,10 @@ class CpuBackend(Backend):
     # The levels of this host's ISA, oldest first (the daemon's Capabilities lists them).
     archs = tuple(lv.name for lv in cpu_levels.levels_of(cpu_levels.host_cpu().isa))
     artifact_format = "so"
+    options: ClassVar[dict[str, Option]] = {"stream_stores": Option(
+        bool, True, "on x86-64 with clang, an output the kernel only writes through a whole "
+        "tile takes non-temporal stores in calls where it is 16-byte aligned and at least twice "
+        "the last-level cache (stream_out.py); False: plain stores always")}
 
     def parse_arch(self, arch: str | None) -> str:
         return resolve_level(arch)
@@ -32,17 +37,24 @@ class CpuBackend(Backend):
     def compile(self, program: Program, target: Target, options: dict) -> Artifact:
         import tvm
 
-        from tiled.compiler.targets.cpu import native_bf16
+        from tiled.compiler.targets.cpu import native_bf16, stream_out
         from tiled.compiler.targets.cpu.lower import lower_cpu
         from tiled.compiler.toolchain.cc import link_cpu_library
 
         codegen = codegen_of(target.arch)
-        # bfloat16 by instruction takes clang (native_bf16.py); without it, integer rounding.
-        clang = native_bf16.clang() if codegen.native_bf16 else None
+        # bfloat16 by instruction and streaming stores take clang (native_bf16.py,
+        # stream_out.py); without it, integer rounding and plain stores.
+        isa = cpu_levels.host_cpu().isa
+        stream = isa == "x86_64" and option(options, "stream_stores", self)
+        clang = native_bf16.clang() if codegen.native_bf16 or stream else None
         with timed("lower"):
             mod = lower_cpu(program, codegen.vector_bytes, codegen.vector_ldexp,
-                            clang is not None)
-        native = clang is not None and native_bf16.uses_marker(mod)
+                            clang is not None and codegen.native_bf16,
+                            streaming=clang is not None and stream)
+        bf16 = clang is not None and native_bf16.uses_marker(mod)
+        tags = str(mod.attrs[stream_out.ATTR]).split(",") if mod.attrs is not None and \
+            stream_out.ATTR in mod.attrs else []
+        native = bf16 or bool(tags)
         llvm = {"kind": "llvm", **codegen.llvm, **({"opt-level": 0} if native else {})}
         with tempfile.TemporaryDirectory(prefix="tiled-cpu-") as tmp:
             obj, so = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
@@ -52,8 +64,13 @@ class CpuBackend(Backend):
                     ex.mod.write_to_file(str(obj))
             if native:  # TVM's IR unoptimized, optimized and compiled by clang
                 with timed("toolchain"):
-                    native_bf16.compile_ir(native_bf16.define_marker(
-                        ex.mod.inspect_source("ll")), obj, codegen.cflags, clang)
+                    ll = native_bf16.define_marker(ex.mod.inspect_source("ll"))
+                    if tags:
+                        flags = (*codegen.cflags, *(native_bf16.VECTOR_FLAGS if bf16 else ()))
+                        stream_out.compile_ir(stream_out.define_helpers(ll), obj, flags, clang,
+                                              tags)
+                    else:
+                        native_bf16.compile_ir(ll, obj, codegen.cflags, clang)
             with timed("toolchain"):
                 link_cpu_library(str(obj), str(so), codegen.cflags)
             data = so.read_bytes()

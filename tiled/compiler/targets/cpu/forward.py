@@ -172,10 +172,16 @@ def _loads(st: pb.Stmt, buf: int) -> bool:
 
 
 def _uses(st: pb.Stmt, buf: int) -> bool:
+    return any(buf in written(s) for s in walk(st)) or reads(st, buf)
+
+
+def reads(st: pb.Stmt, buf: int) -> bool:
+    """Whether `st` reads buffer `buf` anywhere: a load, a copy's source, a gemm's operand, a
+    reduction's or a scan's source."""
     for s in walk(st):
         kind = s.WhichOneof("kind")
         node = getattr(s, kind)
-        if buf in written(s) or _loads(s, buf):
+        if _loads(s, buf):
             return True
         if kind == "copy" and node.src.buffer == buf:
             return True

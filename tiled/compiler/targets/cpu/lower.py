@@ -24,7 +24,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.stmts import body_statements
-from tiled.compiler.targets.cpu import forward, vmath
+from tiled.compiler.targets.cpu import forward, stream_out, vmath
 from tiled.compiler.targets.cpu.native_bf16 import ATTR as NATIVE_BF16_ATTR
 from tiled.compiler.targets.cpu.native_bf16 import to_bits as native_bf16_bits
 from tiled.compiler.targets.cpu.prefetch import prefetch_ahead, prefetch_plan
@@ -100,6 +100,10 @@ class CpuLowering(ReduceLowering, ExprLowering):
         self.prefetched: set[int] = set()
         # Block variable -> its value in the block after this one (lower_cpu).
         self.next_vars: dict[int, tirx.PrimExpr] = {}
+        # Outputs whose copy-out folds stream (stream_out.py): buffer id -> the call's test;
+        # the TBAA names of the aliases the streaming loops store through.
+        self.stream_ok: dict[int, tirx.Var] = {}
+        self.stream_tags: list[str] = []
 
     @contextlib.contextmanager
     def next_block(self):
@@ -267,7 +271,11 @@ class CpuLowering(ReduceLowering, ExprLowering):
                 tile, keep = plan.into_reduce[pos]
                 self.computed[tile] = (forward.loop_vars(st), forward.innermost(st).store, keep)
             if pos not in plan.skip:
-                self.stmt(st)
+                out = plan.copy_out[pos][1].dst.buffer if pos in plan.copy_out else None
+                if out in self.stream_ok:
+                    stream_out.lower_streamed(self, st, out)
+                else:
+                    self.stmt(st)
                 self.streamed |= self.touched
                 self.touched.clear()
             self.copied_out.pop(plan.copy_out.get(pos, (None,))[0], None)
@@ -388,10 +396,10 @@ class CpuLowering(ReduceLowering, ExprLowering):
 
 
 def lower_cpu(program: Program, vector_bytes: int = 16, vector_ldexp: bool = False,
-              native_bf16: bool = False) -> tvm.IRModule:
+              native_bf16: bool = False, streaming: bool = False) -> tvm.IRModule:
     """The kernel as a TIR module for a CPU whose vector registers hold `vector_bytes` (whose
     ldexp is a vector instruction, and which converts to bfloat16 by instruction:
-    levels.Codegen)."""
+    levels.Codegen); with `streaming`, the outputs stream_out.outputs names stream."""
     p = program.proto
     found = explicit_statement(p)
     if found is not None:
@@ -404,6 +412,8 @@ def lower_cpu(program: Program, vector_bytes: int = 16, vector_ldexp: bool = Fal
             T.func_name(p.name)
             T.func_attr({"tirx.noalias": True, "global_symbol": p.name})
             lower.tir_buffers.update(declare_params(program, lower))
+            if streaming:
+                stream_out.check_outputs(lower, p, stream_out.outputs(p))
             grid = [lower.expr(g) for g in p.kernel.grid]
             total = grid[0]
             for g in grid[1:]:
@@ -421,4 +431,6 @@ def lower_cpu(program: Program, vector_bytes: int = 16, vector_ldexp: bool = Fal
                             static_shape(b), lower.tir_dtype(b.dtype)))
                 lower.body(p.kernel.body)
     mod = tvm.IRModule({p.name: ib.get()})
+    if lower.stream_tags:
+        mod = mod.with_attr(stream_out.ATTR, ",".join(lower.stream_tags))
     return mod.with_attr(NATIVE_BF16_ATTR, True) if lower.used_native_bf16 else mod

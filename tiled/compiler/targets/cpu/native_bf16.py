@@ -37,8 +37,8 @@ _DEFINITION = f"""define internal i16 @{MARKER}(float %x) alwaysinline {{
 # -force-vector-width=16: LLVM's cost model has no cost for a vector fptrunc to bfloat and
 # picks 4 lanes for loops that hold one (tiled.ops' bf16 RMSNorm ran 0.89x its x86-64-v4
 # build that way); 16 float32 lanes are the level's vector register.
-CLANG_FLAGS = ("-x", "ir", "-c", "-O3", "-fPIC", "-Wno-override-module",
-               "-mllvm", "-force-vector-width=16")
+VECTOR_FLAGS = ("-mllvm", "-force-vector-width=16")
+CLANG_FLAGS = ("-x", "ir", "-c", "-O3", "-fPIC", "-Wno-override-module", *VECTOR_FLAGS)
 # TVM's codegen lets the backend fuse any multiply and add into an FMA (AllowFPOpFusion=Fast);
 # clang compiling IR does not take -ffp-contract, so the IR's own float multiplies, adds and
 # subtracts carry LLVM's `contract` flag instead: the same fusions, the same float32 results.

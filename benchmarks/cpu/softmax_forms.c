@@ -7,6 +7,12 @@
  *   tile_*: into a per-thread row buffer, then the normalized row to Y with plain stores
  *           (tiled.ops' softmax on the cpu backend has this form);
  *   nt_*:   the same with non-temporal stores of the normalized row (no read for ownership).
+ *   block4: nt_ftz's work in blocks of 4 rows, as tiled.ops' kernel on cpu runs it (its
+ *           blk_m): the 4 maxes, the 4 rows' exponentials into a 64 KiB buffer prefetching the
+ *           next block, then the 4 normalized rows stored non-temporally;
+ *   pipe4:  block4 skewed across blocks: one loop computes block b's exponentials (into one of
+ *           two buffers, prefetching block b + 1) and stores block b - 1's normalized rows, so
+ *           the reads of the next block and the writes of the last one overlap, as in a copy.
  *   *_exact: exp2 clamped to [-151, 129], 2^n as two factors (subnormal results kept);
  *   *_ftz:   exp2 clamped above at 128, 2^n added to the exponent field, results below 2^-126
  *            flushed to 0 (the cpu backend's exp2 on AVX2 since 2026-12-06).
@@ -23,9 +29,11 @@
 #include <time.h>
 
 enum { ROWS = 4096, COLS = 4096, THREADS = 2, ROUNDS = 21 };
-enum { COPY, COPY_NT, Y_EXACT, Y_FTZ, TILE_EXACT, TILE_FTZ, NT_EXACT, NT_FTZ, N_VARIANTS };
-static const char *NAMES[N_VARIANTS] = {"copy", "copy_nt", "y_exact", "y_ftz", "tile_exact",
-                                        "tile_ftz", "nt_exact", "nt_ftz"};
+enum { COPY, COPY_NT, Y_EXACT, Y_FTZ, TILE_EXACT, TILE_FTZ, NT_EXACT, NT_FTZ, BLOCK4, PIPE4,
+       N_VARIANTS };
+static const char *NAMES[N_VARIANTS] = {"copy",     "copy_nt", "y_exact", "y_ftz",
+                                        "tile_exact", "tile_ftz", "nt_exact", "nt_ftz",
+                                        "block4",   "pipe4"};
 static float *X, *Y;
 static int current;
 
@@ -112,13 +120,94 @@ static void softmax_row(const float *x, float *y, float *buf, int variant) {
     for (int j = 0; j < COLS; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(e + j), r));
 }
 
+static const float LOG2E = 1.4426950408889634f;
+
+static void block_max(const float *x, float *mx) {
+  for (int r = 0; r < 4; r++) {
+    __m256 m0 = k(-INFINITY), m1 = m0;
+    for (int j = 0; j < COLS; j += 16) {
+      m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + r * COLS + j));
+      m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + r * COLS + j + 8));
+    }
+    mx[r] = hmax(_mm256_max_ps(m0, m1)) * LOG2E;
+  }
+}
+
+/* Row r of the block at x: its exponentials into e (prefetching the next block's row), and
+   1 / their sum. */
+static float row_exp(const float *x, float *e, float shift) {
+  __m256 sh = k(shift), s0 = k(0), s1 = k(0);
+  for (int j = 0; j < COLS; j += 16) {
+    _mm_prefetch((const char *)(x + 4 * COLS + j), _MM_HINT_T1);
+    __m256 a = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(x + j), k(LOG2E), sh));
+    __m256 b = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(x + j + 8), k(LOG2E), sh));
+    _mm256_store_ps(e + j, a);
+    _mm256_store_ps(e + j + 8, b);
+    s0 = _mm256_add_ps(s0, a);
+    s1 = _mm256_add_ps(s1, b);
+  }
+  return 1.f / hsum(_mm256_add_ps(s0, s1));
+}
+
+static void block4(const float *x, float *y, float *buf) {
+  float mx[4], inv[4];
+  block_max(x, mx);
+  for (int r = 0; r < 4; r++) inv[r] = row_exp(x + r * COLS, buf + r * COLS, mx[r]);
+  for (int r = 0; r < 4; r++)
+    for (int j = 0; j < COLS; j += 8)
+      _mm256_stream_ps(y + r * COLS + j, _mm256_mul_ps(_mm256_load_ps(buf + r * COLS + j),
+                                                       k(inv[r])));
+}
+
+/* Blocks [0, n) of 4 rows from x: block b's exponentials and block b - 1's stores in one loop. */
+static void pipe4(const float *x, float *y, long n, float *buf) {
+  float inv_prev[4] = {0}, mx[4], inv[4];
+  for (long b = 0; b <= n; b++) {
+    float *cur = buf + (b & 1) * 4 * COLS, *prev = buf + ((b + 1) & 1) * 4 * COLS;
+    const float *xb = x + b * 4 * COLS;
+    float *yp = y + (b - 1) * 4 * COLS;
+    if (b < n) block_max(xb, mx);
+    for (int r = 0; r < 4; r++) {
+      __m256 sh = k(b < n ? mx[r] : 0), v = k(inv_prev[r]), s0 = k(0), s1 = k(0);
+      const float *xr = xb + r * COLS;
+      float *e = cur + r * COLS, *pe = prev + r * COLS;
+      for (int j = 0; j < COLS; j += 16) {
+        if (b < n) {
+          _mm_prefetch((const char *)(xr + 4 * COLS + j), _MM_HINT_T1);
+          __m256 a = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(xr + j), k(LOG2E), sh));
+          __m256 c = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(xr + j + 8), k(LOG2E), sh));
+          _mm256_store_ps(e + j, a);
+          _mm256_store_ps(e + j + 8, c);
+          s0 = _mm256_add_ps(s0, a);
+          s1 = _mm256_add_ps(s1, c);
+        }
+        if (b > 0) {
+          _mm256_stream_ps(yp + r * COLS + j, _mm256_mul_ps(_mm256_load_ps(pe + j), v));
+          _mm256_stream_ps(yp + r * COLS + j + 8, _mm256_mul_ps(_mm256_load_ps(pe + j + 8), v));
+        }
+      }
+      inv[r] = b < n ? 1.f / hsum(_mm256_add_ps(s0, s1)) : 0;
+    }
+    memcpy(inv_prev, inv, sizeof inv);
+  }
+}
+
 static void *work(void *arg) {
   long id = (long)arg;
-  float *buf = aligned_alloc(64, COLS * sizeof(float));
-  for (long i = id * (ROWS / THREADS); i < (id + 1) * (ROWS / THREADS); i++) {
+  float *buf = aligned_alloc(64, 8 * COLS * sizeof(float));
+  long first = id * (ROWS / THREADS);
+  if (current == PIPE4) {
+    pipe4(X + first * COLS, Y + first * COLS, ROWS / THREADS / 4, buf);
+    _mm_sfence();
+    free(buf);
+    return NULL;
+  }
+  for (long i = first; i < first + ROWS / THREADS; i++) {
     const float *x = X + i * COLS;
     float *y = Y + i * COLS;
-    if (current == COPY)
+    if (current == BLOCK4) {
+      if (i % 4 == 0) block4(x, y, buf);
+    } else if (current == COPY)
       for (int j = 0; j < COLS; j += 8) _mm256_storeu_ps(y + j, _mm256_loadu_ps(x + j));
     else if (current == COPY_NT)
       for (int j = 0; j < COLS; j += 8) _mm256_stream_ps(y + j, _mm256_loadu_ps(x + j));
@@ -151,6 +240,18 @@ int main(void) {
   srand(1);
   for (size_t i = 0; i < (size_t)ROWS * COLS; i++) X[i] = (rand() / (float)RAND_MAX - 0.5f) * 8;
   memset(Y, 0, (size_t)ROWS * COLS * sizeof(float));
+  float *want = aligned_alloc(64, (size_t)ROWS * COLS * sizeof(float));
+  run(NT_FTZ);
+  memcpy(want, Y, (size_t)ROWS * COLS * sizeof(float));
+  for (int v = BLOCK4; v <= PIPE4; v++) { /* the blocked forms compute nt_ftz's values */
+    memset(Y, 0, (size_t)ROWS * COLS * sizeof(float));
+    run(v);
+    if (memcmp(want, Y, (size_t)ROWS * COLS * sizeof(float)) != 0) {
+      fprintf(stderr, "%s differs from nt_ftz\n", NAMES[v]);
+      return 1;
+    }
+  }
+  free(want);
   for (int v = 0; v < N_VARIANTS; v++) run(v); /* warm up: pages, caches */
   for (int r = 0; r < ROUNDS; r++) {
     double copy = 0;

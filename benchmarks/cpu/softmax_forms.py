@@ -1,7 +1,8 @@
 """Where a three-pass row softmax's time goes on this machine: softmax_forms.c (AVX2 + FMA
 intrinsics, no tiled code) times, over X [4096, 4096] float32 on 2 threads in interleaved
-rounds, a plain and a non-temporal copy and six softmax forms (where the exponentials are
-kept, how the normalized row is stored, which exp2; the C file's comment says each). This
+rounds, a plain and a non-temporal copy and eight softmax forms (where the exponentials are
+kept, how the normalized row is stored, which exp2, blocks of 4 rows and their skewed
+pipeline; the C file's comment says each; the blocked forms are checked equal to nt_ftz). This
 script compiles it with the C compiler (`cc`, -O3 -mavx2 -mfma), runs it and writes the JSON.
 An x86-64 host with AVX2.
 

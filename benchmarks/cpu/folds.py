@@ -59,7 +59,7 @@ def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
     x = (rng.standard_normal((rows, cols), dtype=np.float32) * 2).astype(dt)
     w = rng.standard_normal(cols, dtype=np.float32).astype(dt)
     y_off, y_on = np.empty((rows, cols), dt), np.empty((rows, cols), dt)
-    copy = tiled.compile(copy_kernel(cols, dtype), target="cpu")
+    copy = tiled.compile(copy_kernel(cols, dtype), target="cpu", stream_stores=False)
     off, on = compiled(rows, cols, dtype, False), compiled(rows, cols, dtype, True)
     out = {}
     for name in off:

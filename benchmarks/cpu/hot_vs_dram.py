@@ -40,7 +40,7 @@ def measure(dtype: str, threads: int) -> dict:
 
     dt = np_dtype(dtype)
     cfg = _launch_config("rms_norm", "cpu")
-    ops = {"copy": tiled.compile(copy_kernel(COLS, dtype), "cpu"),
+    ops = {"copy": tiled.compile(copy_kernel(COLS, dtype), "cpu", stream_stores=False),
            "rms_norm": tiled.compile(kernels.rms_norm(COLS, dtype, 1e-6, **cfg), "cpu"),
            "softmax": tiled.compile(kernels.softmax(COLS, dtype, **cfg), "cpu"),
            "silu_and_mul": tiled.compile(kernels.gated_activation(

@@ -44,7 +44,8 @@ def np_dtype(name: str):
 
 def copy_kernel(cols: int, dtype: str, rows_per_block: int = 4, tile: bool = False):
     """Y = X, element by element; with `tile`, through a block tile (copied in, stored back:
-    the cpu backend folds both copies, and the store may stream as the ops' do)."""
+    the cpu backend folds both copies). Either streams Y where the cpu backend's
+    `stream_stores` is on (its default); the benchmarks' plain-copy references turn it off."""
     import tiled
     import tiled.lang as T
 

@@ -98,7 +98,7 @@ def main() -> None:
             w = rng.standard_normal(COLS, dtype=np.float32).astype(dt)
             b = rng.standard_normal(COLS, dtype=np.float32).astype(dt)
             y = np.empty_like(x)
-            copy = tiled.compile(copy_kernel(COLS, dtype), "cpu")
+            copy = tiled.compile(copy_kernel(COLS, dtype), "cpu", stream_stores=False)
             for op in args.ops:
                 results[f"{op}_{dtype}"] = row = measure(op, dtype, copy, x, w, b, y,
                                                          args.rounds)

@@ -100,7 +100,7 @@ def main() -> None:
     want = e / e.sum(1, keepdims=True)
     with config.override(cpu_threads=threads):
         kernels_ = {
-            "copy": tiled.compile(copy_kernel(cols, "float32"), "cpu"),
+            "copy": tiled.compile(copy_kernel(cols, "float32"), "cpu", stream_stores=False),
             "rows": tiled.compile(kernels.softmax(cols, "float32",
                                                   **_launch_config("softmax", "cpu")), "cpu"),
             "chunked": tiled.compile(chunked_softmax(cols, args.chunk), "cpu"),

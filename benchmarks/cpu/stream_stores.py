@@ -1,5 +1,6 @@
 """Streaming (non-temporal) stores on the cpu backend, on and off, in one process: tiled.ops'
-RMSNorm, softmax and LayerNorm (their CPU launch: four rows per block) and the tiled copy
+RMSNorm, softmax and LayerNorm (their CPU launch: four rows per block), SiLU-and-mul (X [rows,
+2 cols]; its element loop stores Y) and the tiled copy
 through a tile (membound.py's copy_kernel(tile=True)), each built with the default
 (`stream_stores`: outputs of twice the last-level cache or more stream) and with
 `stream_stores=False`, over X [rows, cols] -> Y [rows, cols]. Y comes two ways: as numpy
@@ -46,17 +47,21 @@ def _seconds(fn) -> float:
 
 def bench(dtype: str, rows: int, cols: int, rounds: int) -> dict:
     import tiled
-    from tiled.ops import kernels
+    from tiled.ops import _launch_config, kernels
 
     dt = np_dtype(dtype)
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((rows, cols), dtype=np.float32) * 2).astype(dt)
+    x2 = (rng.standard_normal((rows, 2 * cols), dtype=np.float32) * 2).astype(dt)
     w = rng.standard_normal(cols, dtype=np.float32).astype(dt)
     b = rng.standard_normal(cols, dtype=np.float32).astype(dt)
     outputs = {"numpy": np.empty((rows, cols), dt), "aligned64": _aligned((rows, cols), dt, 64)}
     builds = {
         "copy_tile": lambda **o: (tiled.compile(copy_kernel(cols, dtype, tile=True), "cpu", **o),
                                   lambda y: (x, y)),
+        "silu_and_mul": lambda **o: (tiled.compile(kernels.gated_activation(
+            cols, dtype, "silu", **_launch_config("gated_activation", "cpu", N=cols)), "cpu",
+            **o), lambda y: (x2, y)),
         "rms_norm": lambda **o: (tiled.compile(kernels.rms_norm(cols, dtype, 1e-6, blk_m=4),
                                                "cpu", **o), lambda y: (x, w, y)),
         "softmax": lambda **o: (tiled.compile(kernels.softmax(cols, dtype, blk_m=4), "cpu", **o),
@@ -70,6 +75,7 @@ def bench(dtype: str, rows: int, cols: int, rounds: int) -> dict:
     out = {"outputs_mod_64": {k: v.ctypes.data % 64 for k, v in outputs.items()}, "ops": {}}
     for name, build in builds.items():
         (on, args), (off, _) = build(), build(stream_stores=False)
+        op_bytes = x2.nbytes + x.nbytes if name == "silu_and_mul" else moved
         for yname, y in outputs.items():
             on(*args(y))
             first = y.copy()
@@ -86,7 +92,8 @@ def bench(dtype: str, rows: int, cols: int, rounds: int) -> dict:
             for k in ("streaming", "plain"):
                 row[k] = {"best_ms": round(min(times[k]) * 1e3, 3),
                           "of_copy_median_of_rounds": round(statistics.median(
-                              c / t for c, t in zip(times["copy"], times[k], strict=True)), 3)}
+                              (op_bytes / t) / (moved / c)
+                              for c, t in zip(times["copy"], times[k], strict=True)), 3)}
             row["copy_best_gbs"] = round(moved / min(times["copy"]) / 1e9, 2)
             row["plain_over_streaming_median"] = round(statistics.median(
                 p / s for p, s in zip(times["plain"], times["streaming"], strict=True)), 3)

@@ -54,6 +54,21 @@ def column_copy():
     return column_kernel
 
 
+def direct_store(cols: int, transposed: bool = False):
+    M = T.dyn("M")
+
+    @tiled.kernel
+    def direct_kernel(X: T.Tensor((M, cols), "float32"), Y: T.Tensor((M, cols), "float32"),
+                      Z: T.Tensor((cols, M), "float32")):
+        with T.Kernel(T.ceildiv(M, 4), threads=128) as bx:
+            for i, j in T.Parallel(4, cols):
+                if transposed:
+                    Z[j, bx * 4 + i] = X[bx * 4 + i, j] + 1.0
+                else:
+                    Y[bx * 4 + i, j] = X[bx * 4 + i, j] + 1.0
+    return direct_kernel
+
+
 def _outputs(kernel) -> list[str]:
     proto = kernel.ir.proto
     names = {b.id: b.name for b in proto.buffers}
@@ -69,6 +84,11 @@ def test_only_large_write_only_row_tiles_stream():
     assert _outputs(row_scale(256, blk=4)) == []  # a 4 KiB tile
     assert _outputs(row_scale(2048, read_back=True)) == []  # the kernel reads Y
     assert _outputs(column_copy()) == []  # a column is no contiguous run
+    assert _outputs(direct_store(2048)) == ["Y"]  # stored from an element loop along its rows
+    assert _outputs(direct_store(2048, transposed=True)) == []  # along its columns
+    assert _outputs(direct_store(128)) == []  # 512-byte runs
+    # a sigmoid per element: its stores trickle out too slowly to stream
+    assert _outputs(kernels.gated_activation(4096, "float32", "silu", block_n=4096)) == []
 
 
 IR = """\
@@ -184,6 +204,43 @@ def test_no_streaming_when_turned_off_or_without_clang(tmp_path):
         y = np.zeros_like(x)
         k(x, y)
         np.testing.assert_array_equal(y, x * 2)
+
+
+_DIRECT = """
+import sys
+import numpy as np
+import tiled
+sys.path.insert(0, sys.argv[3])
+from test_cpu_stream_out import direct_store
+k = tiled.compile(direct_store(2048), target="cpu")
+x = np.random.default_rng(1).standard_normal((7, 2048), dtype=np.float32)
+raw = np.zeros(7 * 2048 * 4 + 128, np.uint8)
+start = (-raw.ctypes.data) % 64 + int(sys.argv[1])
+y = raw[start:start + 7 * 2048 * 4].view(np.float32).reshape(7, 2048)
+k(x, y, np.zeros((2048, 7), np.float32))
+np.save(sys.argv[2], y)
+"""
+
+
+@needs_clang
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="binutils' objdump is missing")
+def test_element_loop_stores_stream_too(tmp_path):
+    """An element loop storing Y along its rows streams (threshold 0, aligned) or stores plainly
+    (4 bytes off alignment), the same values; 7 rows: an edge block."""
+    cache = tmp_path / "cache"
+    with config.override(cache_dir=cache):
+        k = tiled.compile(direct_store(2048), target="cpu")
+    assert "vmovntps" in _objdump(k.artifact, tmp_path)
+    got = []
+    for offset in (0, 4):
+        out = tmp_path / f"direct_{offset}.npy"
+        env = {**os.environ, "TILED_CACHE_DIR": str(cache), "TILED_CPU_STREAM_BYTES": "0"}
+        subprocess.run([sys.executable, "-c", _DIRECT, str(offset), str(out),
+                        str(Path(__file__).parent)], env=env, check=True, timeout=600)
+        got.append(np.load(out))
+    x = np.random.default_rng(1).standard_normal((7, 2048), dtype=np.float32)
+    np.testing.assert_array_equal(got[0], x + 1)
+    np.testing.assert_array_equal(got[1], x + 1)
 
 
 _THRESHOLD = """

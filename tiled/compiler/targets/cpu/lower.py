@@ -103,6 +103,7 @@ class CpuLowering(ReduceLowering, ExprLowering):
         # Outputs whose copy-out folds stream (stream_out.py): buffer id -> the call's test;
         # the TBAA names of the aliases the streaming loops store through.
         self.stream_ok: dict[int, tirx.Var] = {}
+        self.stream_plan: dict[int, set[int]] = {}  # stream_out.plan
         self.stream_tags: list[str] = []
 
     @contextlib.contextmanager
@@ -271,9 +272,9 @@ class CpuLowering(ReduceLowering, ExprLowering):
                 tile, keep = plan.into_reduce[pos]
                 self.computed[tile] = (forward.loop_vars(st), forward.innermost(st).store, keep)
             if pos not in plan.skip:
-                out = plan.copy_out[pos][1].dst.buffer if pos in plan.copy_out else None
-                if out in self.stream_ok:
-                    stream_out.lower_streamed(self, st, out)
+                streamed = self.stream_plan.get(pos, set()) & set(self.stream_ok)
+                if streamed:
+                    stream_out.lower_streamed(self, st, streamed)
                 else:
                     self.stmt(st)
                 self.streamed |= self.touched
@@ -413,7 +414,8 @@ def lower_cpu(program: Program, vector_bytes: int = 16, vector_ldexp: bool = Fal
             T.func_attr({"tirx.noalias": True, "global_symbol": p.name})
             lower.tir_buffers.update(declare_params(program, lower))
             if streaming:
-                stream_out.check_outputs(lower, p, stream_out.outputs(p))
+                lower.stream_plan = stream_out.plan(p)
+                stream_out.check_outputs(lower, p, set().union(*lower.stream_plan.values()))
             grid = [lower.expr(g) for g in p.kernel.grid]
             total = grid[0]
             for g in grid[1:]:

@@ -7,18 +7,22 @@ over 4096 x 4096 float32 on the 2-core Zen 4 that is a third of its memory traff
 (benchmarks/results/cpu_softmax_forms.json: the same C at 0.78 of a copy with plain stores,
 0.90 with streaming ones).
 
-Which stores: those a copy-out fold (forward.py) sends to a global output that the kernel never
-reads, where the tile's rows are contiguous runs of at least MIN_RUN_BYTES and the tile holds
-at least MIN_TILE_BYTES (tiles of a few cache lines gain nothing and would take the IR path's
-compile time). On x86-64 only, and only where clang (native_bf16.clang) can compile TVM's IR.
+Which stores: those into a global output that the kernel never reads, made by a copy-out fold
+(forward.py) whose tile's rows are contiguous runs of at least MIN_RUN_BYTES and whose tile
+holds at least MIN_TILE_BYTES, or by an element loop whose innermost variable indexes the
+output's last dim, over at least MIN_RUN_BYTES, inside loops of at least MIN_TILE_BYTES (a few
+cache lines gain nothing and would take the IR path's compile time); and only where the
+values stored take light arithmetic (`_light`: a loop busy with exponentials or divisions
+stores too slowly for streaming to pay). On x86-64 only, and only where clang
+(native_bf16.clang) can compile TVM's IR.
 
-How: the lowering (`lower_streamed`) emits the fold's loop twice, under a test the shim answers
-per call (tiled_stream_ok: the output 16-byte aligned and at least twice the last-level cache,
-or TILED_CPU_STREAM_BYTES): one loop stores through an alias of the output pointer
-(ALIAS, which TVM gives its own TBAA type), the other stores plainly. After the aliased loop a
-fence (FENCE: sfence) orders the streamed lines before the block ends. TVM emits its IR
-unoptimized; `define_helpers` defines ALIAS as the pointer itself with an assumption that it
-is 16-byte aligned, clang optimizes the IR (vectorizing the loops), `mark` adds
+How: the lowering (`lower_streamed`) emits such a top-level statement twice, under a test
+the shim answers per call (tiled_stream_ok: the output 16-byte aligned and at least twice the
+last-level cache, or TILED_CPU_STREAM_BYTES): one copy stores through an alias of the output
+pointer (ALIAS, which TVM gives its own TBAA type), the other stores plainly. After the aliased
+statement a fence (FENCE: sfence) orders the streamed lines before the block ends. TVM emits
+its IR unoptimized; `define_helpers` defines ALIAS as the pointer itself with an assumption
+that it is 16-byte aligned, clang optimizes the IR (vectorizing the loops), `mark` adds
 `!nontemporal` to the vector stores of the alias's TBAA type that LLVM proved 16-byte aligned,
 and clang compiles that (x86 stores a 16-byte aligned 32-byte vector as two 16-byte
 streaming stores). Stores LLVM could not prove aligned stay plain, so a streaming store never
@@ -40,6 +44,7 @@ from tiled.compiler.targets.cpu import forward
 from tiled.compiler.tir import global_extent
 from tiled.errors import ToolchainError
 from tiled.ir import dtypes
+from tiled.ir.walk import subexprs, walk
 from tiled.v1 import tile_ir_pb2 as pb
 
 ALIAS = "tiled_stream_alias"
@@ -51,22 +56,107 @@ MIN_TILE_BYTES = 8192
 ALIGN = 16
 
 
-def outputs(program: pb.Program) -> set[int]:
-    """The global buffers whose copy-out folds may stream (see the module docstring)."""
+def plan(program: pb.Program) -> dict[int, set[int]]:
+    """Top-level statement position -> the outputs its stores may stream (see the module
+    docstring): a copy-out fold's destination, and outputs stored directly from element
+    loops along their last dim. Only outputs the kernel never reads."""
     body = program.kernel.body
     bufs = {b.id: b for b in program.buffers}
-    out = set()
-    for tile_id, cp in forward.plan(program).copy_out.values():
-        tile, dst = bufs[tile_id], bufs[cp.dst.buffer]
-        shape = [d.size for d in tile.shape]
-        item = dtypes.nbytes(dst.dtype)
-        run = cp.dst.extents[-1] if cp.dst.extents else 1
-        if run != shape[-1] or run * item < MIN_RUN_BYTES or \
-                math.prod(shape) * item < MIN_TILE_BYTES:
+    write_only = {b.id for b in program.buffers
+                  if b.scope == pb.GLOBAL and not forward.reads(body, b.id)}
+    folds = forward.plan(program)
+    out: dict[int, set[int]] = {}
+    for pos, st in enumerate(forward.top_level(body)):
+        if pos in folds.skip:
             continue
-        if not forward.reads(body, dst.id):
-            out.add(dst.id)
+        found = _direct(st, bufs, ())
+        if pos in folds.copy_out:
+            tile_id, cp = folds.copy_out[pos]
+            if _fold_streams(bufs[tile_id], bufs[cp.dst.buffer], cp):
+                found.add(cp.dst.buffer)
+        found &= write_only
+        if found and _light(st):
+            out[pos] = found
     return out
+
+
+# Math that makes a loop's stores trickle out: a loop that spends many instructions per
+# vector it stores (SiLU-and-mul's sigmoid, a division) fills a write-combining buffer
+# slowly, and streaming its stores ran 0.74-0.99x as fast (float32 over 4096 x 4096,
+# benchmarks/results/cpu_stream_stores_direct_run1.json); the loops that gained multiply.
+_HEAVY = {pb.EXP, pb.EXP2, pb.LOG, pb.LOG2, pb.SQRT, pb.RSQRT, pb.TANH, pb.SIGMOID, pb.POW,
+          pb.ERF, pb.SIN, pb.COS}
+
+
+def _light(st: pb.Stmt) -> bool:
+    """Whether the values `st` stores take no transcendental call and no float division."""
+    for s in walk(st):
+        if s.WhichOneof("kind") != "store":
+            continue
+        for x in subexprs(s.store.value):
+            kind = x.WhichOneof("kind")
+            if kind == "call" and x.call.op in _HEAVY:
+                return False
+            if kind == "binary" and x.binary.op == pb.DIV and dtypes.is_float(x.dtype):
+                return False
+    return True
+
+
+def outputs(program: pb.Program) -> set[int]:
+    """Every output some statement of the kernel may stream (plan)."""
+    return set().union(*plan(program).values())
+
+
+def _fold_streams(tile: pb.Buffer, dst: pb.Buffer, cp: pb.Copy) -> bool:
+    shape = [d.size for d in tile.shape]
+    item = dtypes.nbytes(dst.dtype)
+    run = cp.dst.extents[-1] if cp.dst.extents else 1
+    return run == shape[-1] and run * item >= MIN_RUN_BYTES and \
+        math.prod(shape) * item >= MIN_TILE_BYTES
+
+
+def _direct(st: pb.Stmt, bufs: dict, loops: tuple) -> set[int]:
+    """Global buffers `st` stores directly along their last dim: the innermost loop's
+    variable, plus terms without it, indexes that dim; the loop is at least MIN_RUN_BYTES of
+    elements and the loops around the store at least MIN_TILE_BYTES."""
+    kind = st.WhichOneof("kind")
+    if kind == "for_":
+        return _direct(st.for_.body, bufs, (*loops, st.for_))
+    if kind == "seq":
+        return set().union(*(_direct(s, bufs, loops) for s in st.seq.stmts))
+    if kind == "if_then_else":
+        node = st.if_then_else
+        found = _direct(node.then_body, bufs, loops)
+        return found | _direct(node.else_body, bufs, loops) if node.HasField("else_body") \
+            else found
+    if kind != "store" or not loops or not st.store.indices:
+        return set()
+    buf = bufs[st.store.buffer]
+    extents = [f.extent.int_value if f.extent.WhichOneof("kind") == "int_value" else 0
+               for f in loops]
+    item = dtypes.nbytes(buf.dtype)
+    if buf.scope != pb.GLOBAL or extents[-1] * item < MIN_RUN_BYTES or \
+            math.prod(extents) * item < MIN_TILE_BYTES or \
+            not _plus_var(st.store.indices[-1], loops[-1].var) or \
+            any(_has_var(i, loops[-1].var) for i in st.store.indices[:-1]):
+        return set()
+    return {buf.id}
+
+
+def _plus_var(e: pb.Expr, var: int) -> bool:
+    """Whether `e` is `var`, or a sum with `var` as one term and no other mention of it."""
+    kind = e.WhichOneof("kind")
+    if kind == "var":
+        return e.var == var
+    if kind == "binary" and e.binary.op == pb.ADD:
+        a, b = e.binary.a, e.binary.b
+        return (_plus_var(a, var) and not _has_var(b, var)) or \
+            (_plus_var(b, var) and not _has_var(a, var))
+    return False
+
+
+def _has_var(e: pb.Expr, var: int) -> bool:
+    return any(x.WhichOneof("kind") == "var" and x.var == var for x in subexprs(e))
 
 
 def check_outputs(lower, program: pb.Program, bids: set[int]) -> None:
@@ -81,21 +171,25 @@ def check_outputs(lower, program: pb.Program, bids: set[int]) -> None:
                                                     nbytes))
 
 
-def lower_streamed(lower, st: pb.Stmt, bid: int) -> None:
-    """The copy-out fold's loop `st` into output `bid`, twice: through the alias when the
-    shim's test passes, plainly otherwise. The lowering's state is the same after either."""
+def lower_streamed(lower, st: pb.Stmt, bids: set[int]) -> None:
+    """Top-level statement `st`, twice: storing outputs `bids` through aliases when the shim's
+    test passes for each, plainly otherwise. The lowering's state is the same after either."""
     saved = (set(lower.touched), set(lower.streamed), set(lower.prefetched))
-    plain = lower.tir_buffers[bid]
-    with T.If(lower.stream_ok[bid] != 0):
+    plain = {bid: lower.tir_buffers[bid] for bid in sorted(bids)}
+    ok = None
+    for bid in plain:
+        ok = lower.stream_ok[bid] != 0 if ok is None else tirx.And(ok, lower.stream_ok[bid] != 0)
+    with T.If(ok):
         with T.Then():
-            alias = T.bind(T.call_extern("handle", ALIAS, plain.data))
-            lower.stream_tags.append(hex(alias.__chandle__()))
-            lower.tir_buffers[bid] = T.decl_buffer(plain.shape, plain.dtype, data=alias,
-                                                   align=plain.data_alignment)
+            for bid, buf in plain.items():
+                alias = T.bind(T.call_extern("handle", ALIAS, buf.data))
+                lower.stream_tags.append(hex(alias.__chandle__()))
+                lower.tir_buffers[bid] = T.decl_buffer(buf.shape, buf.dtype, data=alias,
+                                                       align=buf.data_alignment)
             try:
                 lower.stmt(st)
             finally:
-                lower.tir_buffers[bid] = plain
+                lower.tir_buffers.update(plain)
             T.evaluate(T.call_extern("void", FENCE))
         lower.touched, lower.streamed, lower.prefetched = (set(s) for s in saved)
         with T.Else():

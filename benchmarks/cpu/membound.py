@@ -85,16 +85,23 @@ def reference(name: str, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndar
     return g / (1 + np.exp(-g)) * x64[:, x.shape[1] // 2:]
 
 
-def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
-    import tiled
-    from tiled.ops import _launch_config, kernels
-
+def inputs(rows: int, cols: int, dtype: str) -> tuple[np.ndarray, ...]:
+    """X [rows, cols], X2 [rows, 2 cols] (SiLU-and-mul's), the weight and the bias rows."""
     dt = np_dtype(dtype)
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((rows, cols), dtype=np.float32) * 2).astype(dt)
     x2 = (rng.standard_normal((rows, 2 * cols), dtype=np.float32) * 2).astype(dt)
     w = rng.standard_normal(cols, dtype=np.float32).astype(dt)
     b = rng.standard_normal(cols, dtype=np.float32).astype(dt)
+    return x, x2, w, b
+
+
+def bench_dtype(rows: int, cols: int, dtype: str, repeat: int) -> dict:
+    import tiled
+    from tiled.ops import _launch_config, kernels
+
+    dt = np_dtype(dtype)
+    x, x2, w, b = inputs(rows, cols, dtype)
     y = np.empty((rows, cols), dt)
     nbytes = x.nbytes
 

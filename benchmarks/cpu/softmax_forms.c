@@ -133,19 +133,22 @@ static void block_max(const float *x, float *mx) {
   }
 }
 
-/* Row r of the block at x: its exponentials into e (prefetching the next block's row), and
-   1 / their sum. */
+/* 16 exponentials of the block's row at x into e, prefetching the next block's row, summed
+   into s0 and s1. */
+static inline void exp16(const float *x, float *e, __m256 sh, __m256 *s0, __m256 *s1) {
+  _mm_prefetch((const char *)(x + 4 * COLS), _MM_HINT_T1);
+  __m256 a = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(x), k(LOG2E), sh));
+  __m256 b = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(x + 8), k(LOG2E), sh));
+  _mm256_store_ps(e, a);
+  _mm256_store_ps(e + 8, b);
+  *s0 = _mm256_add_ps(*s0, a);
+  *s1 = _mm256_add_ps(*s1, b);
+}
+
+/* Row r of the block at x: its exponentials into e, and 1 / their sum. */
 static float row_exp(const float *x, float *e, float shift) {
-  __m256 sh = k(shift), s0 = k(0), s1 = k(0);
-  for (int j = 0; j < COLS; j += 16) {
-    _mm_prefetch((const char *)(x + 4 * COLS + j), _MM_HINT_T1);
-    __m256 a = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(x + j), k(LOG2E), sh));
-    __m256 b = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(x + j + 8), k(LOG2E), sh));
-    _mm256_store_ps(e + j, a);
-    _mm256_store_ps(e + j + 8, b);
-    s0 = _mm256_add_ps(s0, a);
-    s1 = _mm256_add_ps(s1, b);
-  }
+  __m256 s0 = k(0), s1 = k(0);
+  for (int j = 0; j < COLS; j += 16) exp16(x + j, e + j, k(shift), &s0, &s1);
   return 1.f / hsum(_mm256_add_ps(s0, s1));
 }
 
@@ -172,15 +175,7 @@ static void pipe4(const float *x, float *y, long n, float *buf) {
       const float *xr = xb + r * COLS;
       float *e = cur + r * COLS, *pe = prev + r * COLS;
       for (int j = 0; j < COLS; j += 16) {
-        if (b < n) {
-          _mm_prefetch((const char *)(xr + 4 * COLS + j), _MM_HINT_T1);
-          __m256 a = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(xr + j), k(LOG2E), sh));
-          __m256 c = exp2_ftz(_mm256_fmsub_ps(_mm256_loadu_ps(xr + j + 8), k(LOG2E), sh));
-          _mm256_store_ps(e + j, a);
-          _mm256_store_ps(e + j + 8, c);
-          s0 = _mm256_add_ps(s0, a);
-          s1 = _mm256_add_ps(s1, c);
-        }
+        if (b < n) exp16(xr + j, e + j, sh, &s0, &s1);
         if (b > 0) {
           _mm256_stream_ps(yp + r * COLS + j, _mm256_mul_ps(_mm256_load_ps(pe + j), v));
           _mm256_stream_ps(yp + r * COLS + j + 8, _mm256_mul_ps(_mm256_load_ps(pe + j + 8), v));

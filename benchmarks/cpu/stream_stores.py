@@ -10,13 +10,14 @@ op plain) for every op and output; per build the best time and the median over r
 bandwidth over the round's plain copy (membound.py's reference: the direct copy kernel,
 `stream_stores=False`). Outputs of the two builds are checked equal first.
 
-    python benchmarks/cpu/stream_stores.py [--dtypes float32 bfloat16] [--rounds 20]
+    python benchmarks/cpu/stream_stores.py [--dtypes float32 bfloat16] [--repeat 30]
         [--out benchmarks/results/cpu_stream_stores.json]
+
+(`--repeat`: rounds; the results under benchmarks/results were taken with 20.)
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -26,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import blas_threads, start, write_result
-from membound import copy_kernel, np_dtype
+from cpu_common import rows_cols_main
+from membound import copy_kernel, inputs, np_dtype
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,16 +46,12 @@ def _seconds(fn) -> float:
     return time.perf_counter() - t0
 
 
-def bench(dtype: str, rows: int, cols: int, rounds: int) -> dict:
+def bench(rows: int, cols: int, dtype: str, rounds: int) -> dict:
     import tiled
     from tiled.ops import _launch_config, kernels
 
     dt = np_dtype(dtype)
-    rng = np.random.default_rng(0)
-    x = (rng.standard_normal((rows, cols), dtype=np.float32) * 2).astype(dt)
-    x2 = (rng.standard_normal((rows, 2 * cols), dtype=np.float32) * 2).astype(dt)
-    w = rng.standard_normal(cols, dtype=np.float32).astype(dt)
-    b = rng.standard_normal(cols, dtype=np.float32).astype(dt)
+    x, x2, w, b = inputs(rows, cols, dtype)
     outputs = {"numpy": np.empty((rows, cols), dt), "aligned64": _aligned((rows, cols), dt, 64)}
     builds = {
         "copy_tile": lambda **o: (tiled.compile(copy_kernel(cols, dtype, tile=True), "cpu", **o),
@@ -107,22 +104,7 @@ def bench(dtype: str, rows: int, cols: int, rounds: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=4096)
-    p.add_argument("--cols", type=int, default=4096)
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_stream_stores.json")
-    args = p.parse_args()
-
-    from tiled import config
-
-    threads = blas_threads()
-    head = start(sys.argv)
-    with config.override(cpu_threads=threads):
-        results = {d: bench(d, args.rows, args.cols, args.rounds) for d in args.dtypes}
-    write_result(args.out, head, {"threads": threads, "rows": args.rows, "cols": args.cols,
-                                  "results": results})
+    rows_cols_main(__doc__, bench, ROOT / "benchmarks/results/cpu_stream_stores.json")
 
 
 if __name__ == "__main__":

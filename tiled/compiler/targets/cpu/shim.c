@@ -120,13 +120,12 @@ EXPORT void tiled_clear_error(void) {
 
 /* ---- workspace -------------------------------------------------------------------------------
  * TVM's code allocates a block's tiles when the block starts and frees them when it ends, so a
- * kernel allocates and frees the same sizes once per block. glibc gives a freed chunk at the top
- * of a thread's heap back to the system once the top passes its trim threshold (128 KiB), and
- * the next block's allocation faults the pages in again, zeroed: for tiled.ops' float32 softmax
- * (one 64 KiB tile per block of 4 rows of 4096) malloc, free and the page clearing took about
- * a tenth of the kernel's time. Each thread therefore keeps up to kCachedBlocks freed blocks of
- * at most kCachedBytes and hands them out again. A block carries its size in a header of
- * kWorkspaceAlign bytes before it. */
+ * kernel allocates and frees the same sizes once per block. For tiled.ops' float32 softmax (one
+ * 64 KiB tile per block of 4 rows of 4096) glibc's malloc and free (consolidating the freed
+ * chunk each time) were 3-4% of a softmax loop's samples (libc 4.4% -> 1.2% with this cache:
+ * benchmarks/results/cpu_workspace_reuse_ab.log). Each thread therefore keeps up to
+ * kCachedBlocks freed blocks, kCachedBytes at most together, and hands them out again. A block
+ * carries its size in a header of kWorkspaceAlign bytes before it. */
 
 enum { kCachedBlocks = 8 };
 static const size_t kCachedBytes = (size_t)4 << 20;
@@ -138,6 +137,7 @@ typedef struct {
 
 static __thread cached_block_t tls_blocks[kCachedBlocks];
 static __thread int tls_num_blocks;
+static __thread size_t tls_cached_bytes;
 
 HIDDEN void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes,
                                       int dtype_code_hint, int dtype_bits_hint) {
@@ -154,6 +154,7 @@ HIDDEN void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t n
       best = i;
   if (best >= 0) {
     char* base = tls_blocks[best].base;
+    tls_cached_bytes -= tls_blocks[best].size;
     tls_blocks[best] = tls_blocks[--tls_num_blocks];
     return base + kWorkspaceAlign;
   }
@@ -173,10 +174,11 @@ HIDDEN int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {
   if (ptr == NULL) return 0;
   char* base = (char*)ptr - kWorkspaceAlign;
   size_t size = *(size_t*)base;
-  if (size <= kCachedBytes && tls_num_blocks < kCachedBlocks) {
+  if (size <= kCachedBytes - tls_cached_bytes && tls_num_blocks < kCachedBlocks) {
     tls_blocks[tls_num_blocks].base = base;
     tls_blocks[tls_num_blocks].size = size;
     tls_num_blocks++;
+    tls_cached_bytes += size;
     return 0;
   }
   free(base);

@@ -27,9 +27,9 @@ class CpuBackend(Backend):
     archs = tuple(lv.name for lv in cpu_levels.levels_of(cpu_levels.host_cpu().isa))
     artifact_format = "so"
     options: ClassVar[dict[str, Option]] = {"stream_stores": Option(
-        bool, True, "on x86-64 with clang, an output the kernel only writes through a whole "
-        "tile takes non-temporal stores in calls where it is 16-byte aligned and at least twice "
-        "the last-level cache (stream_out.py); False: plain stores always")}
+        bool, True, "on x86-64 with clang, an output the kernel only writes, in long rows of "
+        "light arithmetic, takes non-temporal stores in calls where it is 16-byte aligned and "
+        "at least twice the last-level cache (stream_out.py); False: plain stores always")}
 
     def parse_arch(self, arch: str | None) -> str:
         return resolve_level(arch)

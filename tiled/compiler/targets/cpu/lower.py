@@ -100,8 +100,9 @@ class CpuLowering(ReduceLowering, ExprLowering):
         self.prefetched: set[int] = set()
         # Block variable -> its value in the block after this one (lower_cpu).
         self.next_vars: dict[int, tirx.PrimExpr] = {}
-        # Outputs whose copy-out folds stream (stream_out.py): buffer id -> the call's test;
-        # the TBAA names of the aliases the streaming loops store through.
+        # Outputs that may stream (stream_out.py): buffer id -> the call's test; top-level
+        # position -> the outputs its statement streams; the TBAA names of the aliases the
+        # streaming statements store through.
         self.stream_ok: dict[int, tirx.Var] = {}
         self.stream_plan: dict[int, set[int]] = {}  # stream_out.plan
         self.stream_tags: list[str] = []
@@ -400,7 +401,7 @@ def lower_cpu(program: Program, vector_bytes: int = 16, vector_ldexp: bool = Fal
               native_bf16: bool = False, streaming: bool = False) -> tvm.IRModule:
     """The kernel as a TIR module for a CPU whose vector registers hold `vector_bytes` (whose
     ldexp is a vector instruction, and which converts to bfloat16 by instruction:
-    levels.Codegen); with `streaming`, the outputs stream_out.outputs names stream."""
+    levels.Codegen); with `streaming`, the statements stream_out.plan names may stream."""
     p = program.proto
     found = explicit_statement(p)
     if found is not None:

@@ -3,9 +3,9 @@
 A plain store to a line that is not in the caches first reads the line (for ownership), so a
 kernel that writes an output it never reads moves its bytes twice; a non-temporal store writes
 whole lines without reading them and without evicting the caches' other data. For softmax
-over 4096 x 4096 float32 on the 2-core Zen 4 that is a third of its memory traffic
-(benchmarks/results/cpu_softmax_forms.json: the same C at 0.78 of a copy with plain stores,
-0.90 with streaming ones).
+over 4096 x 4096 float32 that is a third of its memory traffic (on the 2-core AVX2 development
+VM, benchmarks/results/cpu_softmax_forms.json: the same C at 0.83 of a plain copy with plain
+stores, 1.11 with streaming ones).
 
 Which stores: those into a global output that the kernel never reads, made by a copy-out fold
 (forward.py) whose tile's rows are contiguous runs of at least MIN_RUN_BYTES and whose tile

@@ -461,8 +461,9 @@ HIDDEN void tiled_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
  * least the threshold in bytes: TILED_CPU_STREAM_BYTES when set (0: every aligned output), else
  * twice the largest cache this CPU reports in sysfs, else 64 MiB. An output that fits the
  * cache may be read back from there by the next kernel, and one about its size still keeps
- * part of itself there: tiled.ops' bfloat16 RMSNorm over 4096 x 4096 (32 MiB, this Zen 4 VM's
- * L3) ran 0.91-0.97x as fast streamed (benchmarks/results/cpu_stream_stores.json). */
+ * part of itself there: tiled.ops' bfloat16 RMSNorm over 4096 x 4096 (32 MiB, the AVX2
+ * development VM's L3) ran 0.91-0.97x as fast streamed
+ * (benchmarks/results/cpu_stream_stores_threshold_1x_llc.json). */
 
 static int64_t largest_cache_bytes(void) {
   int64_t best = 0;

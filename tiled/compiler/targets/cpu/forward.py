@@ -121,19 +121,20 @@ def full_write(st: pb.Stmt, tile: pb.Buffer) -> bool:
     if not all(s.WhichOneof("kind") == "store" for s in body):
         return False
     mine = [k for k, s in enumerate(body) if s.store.buffer == tile.id]
-    if len(mine) != 1 or not _at(body[mine[0]].store.indices, loop_vars):
+    if len(mine) != 1 or not at_vars(body[mine[0]].store.indices, loop_vars):
         return False
     for k, s in enumerate(body):
         exprs = [*s.store.indices, s.store.value]
         for e in exprs:
             for x in subexprs(e):
                 if x.WhichOneof("kind") == "load" and x.load.buffer == tile.id and \
-                        (k > mine[0] or not _at(x.load.indices, loop_vars)):
+                        (k > mine[0] or not at_vars(x.load.indices, loop_vars)):
                     return False
     return True
 
 
-def _at(indices, loop_vars) -> bool:
+def at_vars(indices, loop_vars) -> bool:
+    """Whether `indices` are exactly the variables `loop_vars`, in order."""
     return len(indices) == len(loop_vars) and all(
         i.WhichOneof("kind") == "var" and i.var == v for i, v in zip(indices, loop_vars,
                                                                       strict=True))
@@ -166,9 +167,14 @@ def _reads_until(stmts: list[pb.Stmt], start: int, tile: pb.Buffer) -> int | Non
     return len(stmts)
 
 
+def loads(st: pb.Stmt) -> list[pb.Load]:
+    """Every element load in `st`."""
+    return [x.load for s in walk(st) for e in stmt_exprs(s) for x in subexprs(e)
+            if x.WhichOneof("kind") == "load"]
+
+
 def _loads(st: pb.Stmt, buf: int) -> bool:
-    return any(x.WhichOneof("kind") == "load" and x.load.buffer == buf
-               for s in walk(st) for e in stmt_exprs(s) for x in subexprs(e))
+    return any(ld.buffer == buf for ld in loads(st))
 
 
 def _uses(st: pb.Stmt, buf: int) -> bool:

@@ -17,6 +17,7 @@ on several threads).
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import tvm
 from tvm import tirx
@@ -24,7 +25,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.stmts import body_statements
-from tiled.compiler.targets.cpu import forward, stream_out, vmath
+from tiled.compiler.targets.cpu import forward, skew, stream_out, vmath
 from tiled.compiler.targets.cpu.native_bf16 import ATTR as NATIVE_BF16_ATTR
 from tiled.compiler.targets.cpu.native_bf16 import to_bits as native_bf16_bits
 from tiled.compiler.targets.cpu.prefetch import prefetch_ahead, prefetch_plan
@@ -83,8 +84,10 @@ class CpuLowering(ReduceLowering, ExprLowering):
         self.native_bf16 = native_bf16  # float32 -> bfloat16 by instruction (native_bf16.py)
         self.used_native_bf16 = False
         self.tir_buffers: dict[int, tirx.Buffer] = {}
-        # Partial results of a reduction: two vector registers of float32 on the target.
+        # Partial results of a reduction: two vector registers of float32 on the target, one
+        # where each element takes a long math function (reduce.py, ReduceLowering.lanes).
         self.reduce_lanes = max(4, vector_bytes // 2)
+        self.vector_bytes = vector_bytes
         # Tiles read through the copy that filled them, stored through the copy that empties
         # them (forward.py): tile id -> that copy.
         self.copied_in: dict[int, pb.Copy] = {}
@@ -258,8 +261,11 @@ class CpuLowering(ReduceLowering, ExprLowering):
     def body(self, body: pb.Stmt) -> None:
         """The kernel body, with the copies forward.plan folds folded."""
         plan = forward.plan(self.program)
+        stmts = forward.top_level(body)
+        skews = skew.plan(self.program, plan) if skew.ENABLED else {}
+        skewed: set[int] = set()  # positions lowered inside an earlier one's (skew.py)
         ends: dict[int, list[int]] = {}
-        for pos, st in enumerate(forward.top_level(body)):
+        for pos, st in enumerate(stmts):
             if pos in plan.copy_in:
                 tile, cp, end = plan.copy_in[pos]
                 self.copied_in[tile] = cp
@@ -272,12 +278,21 @@ class CpuLowering(ReduceLowering, ExprLowering):
             if pos in plan.into_reduce:
                 tile, keep = plan.into_reduce[pos]
                 self.computed[tile] = (forward.loop_vars(st), forward.innermost(st).store, keep)
-            if pos not in plan.skip:
-                streamed = self.stream_plan.get(pos, set()) & set(self.stream_ok)
+            if pos not in plan.skip and pos not in skewed:
+                emit = functools.partial(self.stmt, st)
+                last = pos
+                sk = skews.get(pos)
+                if sk is not None and skew.worth(self, st.reduce, plan.copy_out[sk.store][1]):
+                    last = sk.store
+                    hide = {t for k in range(pos, last) for t in ends.get(k, [])}
+                    emit = functools.partial(skew.lower_skewed, self, stmts, pos, sk,
+                                             plan.copy_out[last], hide)
+                    skewed |= {*sk.maps, last}
+                streamed = self.stream_plan.get(last, set()) & set(self.stream_ok)
                 if streamed:
-                    stream_out.lower_streamed(self, st, streamed)
+                    stream_out.lower_streamed(self, emit, streamed)
                 else:
-                    self.stmt(st)
+                    emit()
                 self.streamed |= self.touched
                 self.touched.clear()
             self.copied_out.pop(plan.copy_out.get(pos, (None,))[0], None)

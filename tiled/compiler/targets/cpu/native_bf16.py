@@ -88,8 +88,12 @@ def compile_ir(ll: str, obj: Path, level_flags: tuple[str, ...], exe: str) -> No
     with tempfile.TemporaryDirectory(prefix="tiled-cpu-ir-") as tmp:
         src = Path(tmp) / "kernel.ll"
         src.write_text(ll)
-        argv = [exe, *CLANG_FLAGS, *level_flags, str(src), "-o", str(obj)]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise ToolchainError(f"compiling the CPU kernel's IR failed (exit {proc.returncode}):"
-                                 f" {' '.join(argv)}\n{(proc.stdout + proc.stderr).strip()}")
+        run_clang([exe, *CLANG_FLAGS, *level_flags, str(src), "-o", str(obj)])
+
+
+def run_clang(argv: list[str]) -> None:
+    """Runs clang's command line `argv`; a ToolchainError with its output if it fails."""
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise ToolchainError(f"compiling the CPU kernel's IR failed (exit {proc.returncode}): "
+                             f"{' '.join(argv)}\n{(proc.stdout + proc.stderr).strip()}")

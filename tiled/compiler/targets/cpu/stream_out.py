@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.targets.cpu import forward
+from tiled.compiler.targets.cpu.native_bf16 import run_clang
 from tiled.compiler.tir import global_extent
 from tiled.errors import ToolchainError
 from tiled.ir import dtypes
@@ -171,9 +171,10 @@ def check_outputs(lower, program: pb.Program, bids: set[int]) -> None:
                                                     nbytes))
 
 
-def lower_streamed(lower, st: pb.Stmt, bids: set[int]) -> None:
-    """Top-level statement `st`, twice: storing outputs `bids` through aliases when the shim's
-    test passes for each, plainly otherwise. The lowering's state is the same after either."""
+def lower_streamed(lower, emit, bids: set[int]) -> None:
+    """What `emit()` lowers (a top-level statement, or those skew.py runs together), twice:
+    storing outputs `bids` through aliases when the shim's test passes for each, plainly
+    otherwise. The lowering's state is the same after either."""
     saved = (set(lower.touched), set(lower.streamed), set(lower.prefetched))
     plain = {bid: lower.tir_buffers[bid] for bid in sorted(bids)}
     ok = None
@@ -187,13 +188,13 @@ def lower_streamed(lower, st: pb.Stmt, bids: set[int]) -> None:
                 lower.tir_buffers[bid] = T.decl_buffer(buf.shape, buf.dtype, data=alias,
                                                        align=buf.data_alignment)
             try:
-                lower.stmt(st)
+                emit()
             finally:
                 lower.tir_buffers.update(plain)
             T.evaluate(T.call_extern("void", FENCE))
         lower.touched, lower.streamed, lower.prefetched = (set(s) for s in saved)
         with T.Else():
-            lower.stmt(st)
+            emit()
 
 
 def _declaration(name: str) -> re.Pattern:
@@ -260,17 +261,10 @@ def compile_ir(ll: str, obj: Path, flags: tuple[str, ...], exe: str,
     with tempfile.TemporaryDirectory(prefix="tiled-cpu-stream-") as tmp:
         src, opt = Path(tmp) / "kernel.ll", Path(tmp) / "kernel.opt.ll"
         src.write_text(ll)
-        _clang([exe, "-x", "ir", "-S", "-emit-llvm", "-O3", "-fPIC", "-Wno-override-module",
-                *flags, str(src), "-o", str(opt)])
+        run_clang([exe, "-x", "ir", "-S", "-emit-llvm", "-O3", "-fPIC",
+                   "-Wno-override-module", *flags, str(src), "-o", str(opt)])
         marked, count = mark(opt.read_text(), tags)
         opt.write_text(marked)
-        _clang([exe, "-x", "ir", "-c", "-O3", "-Xclang", "-disable-llvm-passes", "-fPIC",
-                "-Wno-override-module", *flags, str(opt), "-o", str(obj)])
+        run_clang([exe, "-x", "ir", "-c", "-O3", "-Xclang", "-disable-llvm-passes", "-fPIC",
+                   "-Wno-override-module", *flags, str(opt), "-o", str(obj)])
     return count
-
-
-def _clang(argv: list[str]) -> None:
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ToolchainError(f"compiling the CPU kernel's IR failed (exit {proc.returncode}): "
-                             f"{' '.join(argv)}\n{(proc.stdout + proc.stderr).strip()}")

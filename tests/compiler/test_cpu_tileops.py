@@ -469,3 +469,43 @@ def test_a_reduction_rereading_its_rows_prefetches_the_next_blocks_spread_over_i
     tiled.compile(k, "cpu")(x, y)
     e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
     np.testing.assert_allclose(y, e / e.sum(1, keepdims=True), rtol=2e-6)
+
+
+def test_an_element_loop_of_long_math_prefetches_the_next_blocks_rows_a_line_a_step():
+    """SiLU-and-mul on cpu: its element loop (a sigmoid per element) steps a cache line at a
+    time, prefetching that line of both halves of X as the next block (rows + 4) reads them;
+    a loop of light arithmetic (a copy) does not; the values are those of the loop without
+    prefetches (prefetch.ELEMENTS off), edge block included."""
+    from tiled.compiler.targets.cpu import prefetch
+    from tiled.ops import kernels
+
+    silu = kernels.gated_activation(256, "float32", "silu", block_n=256)
+    lines = str(lower_cpu(guard_program(silu.ir), vector_bytes=64)).splitlines()
+    pf = [i for i, line in enumerate(lines) if "llvm.prefetch" in line]
+    assert len(pf) == 2, lines  # the gate's and the up half's line, one each per step
+    # the next block of the (rows / 4, 1) grid: (v + 1) % rows-blocks, then its row v_1
+    assert all("X[(v + 1) % ((M + 4 - 1) // 4) * 4 + v_1, " in lines[i] and
+               re.search(r"v_2 \* 16\)?\]\), 0, 2, 1\)$", lines[i]) for i in pf), lines
+    assert "256 + (" in lines[pf[1]]  # the up half
+    assert re.fullmatch(r"\s*for v_1, v_2 in T.grid\(4, 16\):", lines[pf[0] - 1])
+    assert re.fullmatch(r"\s*for v_3 in range\(16\):", lines[pf[-1] + 1])
+
+    @tiled.kernel
+    def copy(X: T.Tensor((T.dyn("M"), 256), "float32"), Y: T.Tensor((T.dyn("M"), 256),
+                                                                     "float32")):
+        with T.Kernel(T.ceildiv(X.shape[0], 4), threads=128) as bx:
+            for i, j in T.Parallel(4, 256):
+                Y[bx * 4 + i, j] = X[bx * 4 + i, j] * 2.0
+    assert "llvm.prefetch" not in str(lower_cpu(guard_program(copy.ir), vector_bytes=64))
+
+    x = np.random.default_rng(0).standard_normal((7, 512), np.float32) * 4
+    y, want = np.empty((7, 256), np.float32), np.empty((7, 256), np.float32)
+    tiled.compile(silu, "cpu")(x, y)
+    saved, prefetch.ELEMENTS = prefetch.ELEMENTS, False
+    try:
+        tiled.compile(silu, "cpu", cache=False)(x, want)
+    finally:
+        prefetch.ELEMENTS = saved
+    np.testing.assert_array_equal(y, want)
+    g = x[:, :256].astype(np.float64)
+    np.testing.assert_allclose(y, g / (1 + np.exp(-g)) * x[:, 256:], rtol=1e-5, atol=1e-6)

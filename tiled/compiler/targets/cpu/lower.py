@@ -25,7 +25,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.stmts import body_statements
-from tiled.compiler.targets.cpu import forward, skew, stream_out, vmath
+from tiled.compiler.targets.cpu import forward, prefetch, skew, stream_out, vmath
 from tiled.compiler.targets.cpu.native_bf16 import ATTR as NATIVE_BF16_ATTR
 from tiled.compiler.targets.cpu.native_bf16 import to_bits as native_bf16_bits
 from tiled.compiler.targets.cpu.prefetch import prefetch_ahead, prefetch_plan
@@ -219,6 +219,10 @@ class CpuLowering(ReduceLowering, ExprLowering):
         if f.kind == pb.VECTORIZED and isinstance(extent, tirx.IntImm) and \
                 1 <= extent.value <= _VECTOR_LANES and _vectorizable(f):
             kind = T.vectorized
+        ahead = prefetch.element_plan(self, f, extent) if kind is T.serial else None
+        if ahead:
+            prefetch.element_loop(self, f, extent.value, ahead)
+            return
         with kind(0, extent) as v:
             self.vars[f.var] = v
             at, copies = prefetch_plan(self, f) if f.kind == pb.PIPELINED else (0, [])

@@ -15,6 +15,12 @@ usually this thread's next. Spread over the pass, these overlap the next block's
 this one's arithmetic; issued as one burst after the first pass (tried, not kept:
 benchmarks/results/cpu_next_block_prefetch.diff) they measured no gain.
 
+Element loops that read global rows and store a long math function of them (SiLU-and-mul:
+an exponential and a division per element) do the same (`element_plan`): the innermost
+loop steps a cache line at a time, each step prefetching that line of each row it reads as
+the next block will read it. Without, such a loop overlapped its arithmetic with its loads
+only partly, and fell furthest behind a copy when the memory was fastest.
+
 A prefetch never faults and changes no value, so unlike the run-ahead copies of the cuda target
 (tiled.compiler.passes.pipeline) the only requirement is that the copy's offsets can be
 computed up front: built from the loop variable, block indices, dims and scalar parameters.
@@ -29,11 +35,18 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.pipeline import uniform_vars
 from tiled.compiler.passes.stmts import body_statements
+from tiled.compiler.targets.cpu import forward
 from tiled.ir import dtypes
-from tiled.ir.walk import expr_vars, subexprs
+from tiled.ir.walk import expr_vars, stmt_exprs, subexprs
 from tiled.v1 import tile_ir_pb2 as pb
 
 CACHE_LINE = 64
+# Math functions that take many instructions an element (vmath's, or libm calls).
+LONG_MATH = {pb.EXP, pb.EXP2, pb.LOG, pb.LOG2, pb.TANH, pb.SIGMOID, pb.POW, pb.ERF, pb.SIN,
+             pb.COS}
+# Whether element loops prefetch the next block's rows (element_plan); off only to measure
+# the choice (benchmarks/cpu/element_prefetch.py).
+ELEMENTS = True
 # Which reductions prefetch the next block's rows (next_block_line): "math", those whose
 # elements take a long math function (reduce.py, rereads); "any" and "off" only to measure
 # the choice (benchmarks/cpu/next_block_prefetch.py).
@@ -105,3 +118,49 @@ def prefetch_ahead(lower, f: pb.For, var, copies: list[pb.Copy]) -> None:
             _region(lower, c.src)
     finally:
         lower.vars[f.var] = var
+
+
+def element_plan(lower, f: pb.For, extent) -> list[pb.Load]:
+    """For an element loop `f` (T.Parallel's innermost: one store, perhaps under a guard)
+    that stores a long math function of global rows along its variable: those rows' loads,
+    whose lines it prefetches as the next block reads them (element_loop). Only where the
+    extent is a constant of whole lines, four or more, and the loads' addresses depend on
+    the block (else the next block reads the same lines). [] where none."""
+    body = f.body
+    if body.WhichOneof("kind") == "if_then_else" and not body.if_then_else.HasField(
+            "else_body"):
+        body = body.if_then_else.then_body
+    if not ELEMENTS or not lower.next_vars or f.kind != pb.PARALLEL or \
+            body.WhichOneof("kind") != "store" or not isinstance(extent, tirx.IntImm) or \
+            not any(x.WhichOneof("kind") == "call" and x.call.op in LONG_MATH
+                    for e in stmt_exprs(body) for x in subexprs(e)):
+        return []
+    blocks = set(lower.program.kernel.block_vars)
+    loads = {}  # one per address: a value used twice is two loads in the IR
+    for ld in forward.loads(body):
+        if lower.buffers[ld.buffer].scope == pb.GLOBAL and \
+                f.var in expr_vars([ld.indices[-1]]) and expr_vars(list(ld.indices)) & blocks:
+            loads.setdefault((ld.buffer, *(i.SerializeToString() for i in ld.indices)), ld)
+    loads = list(loads.values())
+    if not loads:
+        return []
+    step = _line_elements(lower, loads)
+    return loads if extent.value % step == 0 and extent.value >= 4 * step else []
+
+
+def _line_elements(lower, loads: list[pb.Load]) -> int:
+    return CACHE_LINE // min(dtypes.nbytes(lower.buffers[ld.buffer].dtype) for ld in loads)
+
+
+def element_loop(lower, f: pb.For, extent: int, loads: list[pb.Load]) -> None:
+    """Element loop `f` a cache line at a time (element_plan), each step prefetching its
+    line of each of `loads` as the next block will read it."""
+    step = _line_elements(lower, loads)
+    with T.serial(0, extent // step) as ko:
+        lower.vars[f.var] = ko * step
+        with lower.next_block():
+            for ld in loads:
+                _prefetch(lower.tir_buffers[ld.buffer], [lower.expr(i) for i in ld.indices])
+        with T.serial(0, step) as ki:
+            lower.vars[f.var] = ko * step + ki
+            lower.stmt(f.body)

@@ -25,9 +25,6 @@ _IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
 _COMBINE = {pb.REDUCE_SUM: lambda a, b: a + b, pb.REDUCE_MAX: tirx.Max, pb.REDUCE_MIN: tirx.Min,
             pb.REDUCE_ABSMAX: lambda a, b: tirx.Max(a, saturating_abs(b))}
 
-# Math functions that take many instructions an element (vmath's, or libm calls).
-_LONG_MATH = {pb.EXP, pb.EXP2, pb.LOG, pb.LOG2, pb.TANH, pb.SIGMOID, pb.POW, pb.ERF, pb.SIN,
-              pb.COS}
 
 
 @contextlib.contextmanager
@@ -141,7 +138,7 @@ class ReduceLowering:
         """Whether `r` computes its elements (forward.py) with a long math function."""
         if r.src not in self.computed:
             return False
-        return any(x.WhichOneof("kind") == "call" and x.call.op in _LONG_MATH
+        return any(x.WhichOneof("kind") == "call" and x.call.op in prefetch.LONG_MATH
                    for e in stmt_exprs(pb.Stmt(store=self.computed[r.src][1]))
                    for x in subexprs(e))
 

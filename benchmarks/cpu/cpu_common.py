@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -174,6 +175,22 @@ def round_times(calls: dict, rounds: int) -> dict[str, list[float]]:
         for k, fn in calls.items():
             t0 = time.perf_counter()
             fn()
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def shuffled_round_times(calls: dict, rounds: int, seed: int = 0) -> dict[str, list[float]]:
+    """As round_times, the calls of each round in an order shuffled per round (seeded), so
+    that no build always follows the same one (the machine's bandwidth drifts within a
+    round too); no warm call."""
+    order = random.Random(seed)
+    times = {k: [] for k in calls}
+    for _ in range(rounds):
+        names = list(calls)
+        order.shuffle(names)
+        for k in names:
+            t0 = time.perf_counter()
+            calls[k]()
             times[k].append(time.perf_counter() - t0)
     return times
 

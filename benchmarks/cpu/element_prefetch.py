@@ -13,17 +13,15 @@ over the round's copy; and the median over rounds of plain / prefetch.
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import rows_cols_main
+from cpu_common import rows_cols_main, shuffled_round_times
 from membound import copy_kernel, inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,15 +56,7 @@ def bench(rows: int, cols: int, dtype: str, rounds: int) -> dict:
              **{n: (lambda k=k: k(x2, y)) for n, k in builds.items()}}
     for fn in calls.values():
         fn()
-    times = {n: [] for n in calls}
-    order = random.Random(0)
-    for _ in range(rounds):
-        names = list(calls)
-        order.shuffle(names)
-        for n in names:
-            t0 = time.perf_counter()
-            calls[n]()
-            times[n].append(time.perf_counter() - t0)
+    times = shuffled_round_times(calls, rounds)
     copied, moved = 2 * x.nbytes, x2.nbytes + y.nbytes
     out = {"copy_best_gbs": round(copied / min(times["copy"]) / 1e9, 2)}
     for n in builds:

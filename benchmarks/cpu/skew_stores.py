@@ -18,17 +18,15 @@ the skewed one. The builds' outputs are checked against numpy first.
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_common import rows_cols_main
+from cpu_common import rows_cols_main, shuffled_round_times
 from membound import copy_kernel, inputs, np_dtype, reference
 from stream_stores import _aligned
 
@@ -75,15 +73,7 @@ def bench(rows: int, cols: int, dtype: str, rounds: int) -> dict:
             assert err < tol, (name, layout, err)
         calls = {"copy": lambda x=x, y=y: copy(x, y),
                  **{n: (lambda k=k, x=x, y=y: k(x, y)) for n, k in builds.items()}}
-        times = {n: [] for n in calls}
-        order = random.Random(0)
-        for _ in range(rounds):
-            names = list(calls)
-            order.shuffle(names)
-            for n in names:
-                t0 = time.perf_counter()
-                calls[n]()
-                times[n].append(time.perf_counter() - t0)
+        times = shuffled_round_times(calls, rounds)
         row = {"x_y_mod_64": [x.ctypes.data % 64, y.ctypes.data % 64],
                "copy_best_gbs": round(moved / min(times["copy"]) / 1e9, 2)}
         for n in builds:

@@ -26,7 +26,6 @@ _COMBINE = {pb.REDUCE_SUM: lambda a, b: a + b, pb.REDUCE_MAX: tirx.Max, pb.REDUC
             pb.REDUCE_ABSMAX: lambda a, b: tirx.Max(a, saturating_abs(b))}
 
 
-
 @contextlib.contextmanager
 def loop_nest(extents, kind=T.serial):
     """Opens nested loops over `extents`; yields their variables."""

@@ -120,6 +120,13 @@ def prefetch_ahead(lower, f: pb.For, var, copies: list[pb.Copy]) -> None:
         lower.vars[f.var] = var
 
 
+def long_math(st: pb.Stmt) -> bool:
+    """Whether statement `st` itself (not the statements inside it) calls a LONG_MATH
+    function."""
+    return any(x.WhichOneof("kind") == "call" and x.call.op in LONG_MATH
+               for e in stmt_exprs(st) for x in subexprs(e))
+
+
 def element_plan(lower, f: pb.For, extent) -> list[pb.Load]:
     """For an element loop `f` (T.Parallel's innermost: one store, perhaps under a guard)
     that stores a long math function of global rows along its variable: those rows' loads,
@@ -132,8 +139,7 @@ def element_plan(lower, f: pb.For, extent) -> list[pb.Load]:
         body = body.if_then_else.then_body
     if not ELEMENTS or not lower.next_vars or f.kind != pb.PARALLEL or \
             body.WhichOneof("kind") != "store" or not isinstance(extent, tirx.IntImm) or \
-            not any(x.WhichOneof("kind") == "call" and x.call.op in LONG_MATH
-                    for e in stmt_exprs(body) for x in subexprs(e)):
+            not long_math(body):
         return []
     blocks = set(lower.program.kernel.block_vars)
     loads = {}  # one per address: a value used twice is two loads in the IR

@@ -137,9 +137,7 @@ class ReduceLowering:
         """Whether `r` computes its elements (forward.py) with a long math function."""
         if r.src not in self.computed:
             return False
-        return any(x.WhichOneof("kind") == "call" and x.call.op in prefetch.LONG_MATH
-                   for e in stmt_exprs(pb.Stmt(store=self.computed[r.src][1]))
-                   for x in subexprs(e))
+        return prefetch.long_math(pb.Stmt(store=self.computed[r.src][1]))
 
     def rereads(self, r: pb.Reduce, shape: list[int],
                 claim: bool = True) -> tuple[int, pb.Copy] | None:

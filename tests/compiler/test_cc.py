@@ -35,6 +35,18 @@ def test_shim_objects_are_cached_per_digest_and_level(tmp_path):
     assert not set(other) & set(first) and all(p.is_file() for p in first + other)
 
 
+def test_a_second_cache_dir_gets_the_objects_this_process_compiled(tmp_path, monkeypatch):
+    first = cc.shim_objects(("-O1",))
+    calls = []
+    monkeypatch.setattr(cc, "_run", lambda argv, what: calls.append(what))
+    with config.override(cache_dir=tmp_path / "other"):
+        second = cc.shim_objects(("-O1",))
+    assert not calls, calls  # no compile: the bytes came from this process's first one
+    assert [p.parent for p in second] == [tmp_path / "other" / "shim"] * len(cc.SHIM_SOURCES)
+    assert [p.read_bytes() for p in second] == [p.read_bytes() for p in first]
+    assert not [p for p in second[0].parent.iterdir() if p.name.startswith(".")]
+
+
 def test_missing_compiler_is_a_toolchain_error():
     with config.override(cc="no-such-cc-tiled"), pytest.raises(ToolchainError, match="TILED_CC"):
         cc.cc_version()

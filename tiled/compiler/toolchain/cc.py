@@ -3,8 +3,9 @@
 self-contained shared library that `tiled.runtime.cpu` loads without TVM.
 
 The shim's objects are compiled once per (sources, compiler, flags, target level's flags) and
-cached under `<cache_dir>/shim/`, published by an atomic rename, so concurrent processes may
-race safely: each writes its own temporary file and the last rename wins with identical bytes.
+cached under `<cache_dir>/shim/` (a process that moves to another cache directory writes the
+bytes it compiled there), published by an atomic rename, so concurrent processes may race
+safely: each writes its own temporary file and the last rename wins with identical bytes.
 All functions may raise ToolchainError carrying the tool's output. Thread-safe.
 """
 
@@ -16,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from tiled import config
@@ -70,9 +72,16 @@ def shim_digest() -> str:
     return h.hexdigest()
 
 
+# Objects this process compiled, by file name (which holds the tag): a cache directory that
+# lacks one gets these bytes instead of a second compile (a process may compile under several
+# cache directories, as the test suite does, one per test).
+_COMPILED: dict[str, bytes] = {}
+_COMPILED_LOCK = threading.Lock()
+
+
 def shim_objects(level_flags: tuple[str, ...] = ()) -> list[Path]:
     """Paths of the compiled shim objects for the configured compiler and a target level's
-    flags (`-march=...`), compiling them on first use."""
+    flags (`-march=...`), compiling them on first use in this process."""
     cc = _cc()
     shim_dir = Path(config.get("cache_dir")) / "shim"
     tag = hashlib.sha256((shim_digest() + "\0" + " ".join(level_flags)).encode()).hexdigest()
@@ -86,8 +95,15 @@ def shim_objects(level_flags: tuple[str, ...] = ()) -> list[Path]:
         fd, tmp = tempfile.mkstemp(prefix=f".cpu_{src.stem}-", suffix=".o", dir=shim_dir)
         os.close(fd)
         try:
-            _run([cc, *SHIM_FLAGS, *level_flags, "-c", str(src), "-o", tmp],
-                 f"compiling the CPU shim ({src.name})")
+            with _COMPILED_LOCK:
+                data = _COMPILED.get(path.name)
+            if data is None:
+                _run([cc, *SHIM_FLAGS, *level_flags, "-c", str(src), "-o", tmp],
+                     f"compiling the CPU shim ({src.name})")
+                with _COMPILED_LOCK:
+                    _COMPILED[path.name] = Path(tmp).read_bytes()
+            else:
+                Path(tmp).write_bytes(data)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

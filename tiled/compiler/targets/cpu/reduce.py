@@ -15,7 +15,6 @@ from tiled.compiler.targets.cpu import forward, prefetch
 from tiled.compiler.targets.cpu.prefetch import next_block_line
 from tiled.compiler.tir import FP8_DTYPES, saturating_abs, scan_acc_dtype, static_shape
 from tiled.ir import dtypes
-from tiled.ir.walk import stmt_exprs, subexprs
 from tiled.v1 import tile_ir_pb2 as pb
 
 _IDENTITY = {pb.REDUCE_SUM: lambda dt: tirx.const(0, dt),
@@ -152,11 +151,9 @@ class ReduceLowering:
         is not marked prefetched)."""
         if r.src not in self.computed:
             return None
-        exprs = [x for e in stmt_exprs(pb.Stmt(store=self.computed[r.src][1]))
-                 for x in subexprs(e)]
         if prefetch.NEXT_BLOCK == "math" and not self._long_math(r):
             return None
-        for tile in (x.load.buffer for x in exprs if x.WhichOneof("kind") == "load"):
+        for tile in (ld.buffer for ld in forward.loads(pb.Stmt(store=self.computed[r.src][1]))):
             cp = self.copied_in.get(tile)
             if cp is not None and tile in self.streamed and tile not in self.prefetched and \
                     static_shape(self.buffers[tile]) == shape and cp.src.extents[-1] != 1:

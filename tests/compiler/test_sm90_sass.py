@@ -277,21 +277,22 @@ def test_convolutions_gathered_by_a_producer_warpgroup(tmp_path, name):
     _no_local(text)
 
 
-@pytest.mark.parametrize("bn,widths", [(160, ("64x128x16", "64x32x16")),
+@pytest.mark.parametrize("bn,widths", [(160, ("64x160x16",)),
                                         (80, ("64x64x16", "64x16x16")),
-                                        (112, ("64x64x16", "64x32x16", "64x16x16"))])
+                                        (112, ("64x96x16", "64x16x16")),
+                                        (224, ("64x224x16",))])
 def test_filter_tiles_past_their_64s_take_narrow_wgmmas(tmp_path, bn, widths):
-    """A K-major 16-bit B tile whose rows end 16 / 32 / 48 past a multiple of 64 (a
+    """A K-major 16-bit B tile whose rows end 16 / 32 / 48 / 96 past a multiple of 64 (a
     convolution's 160-wide filter tile, sized so that its layer fills the SMs) takes wgmma:
-    the 64s, then n32 and / or n16 (tiled_sm90_explicit.h cols_width)."""
+    one instruction where a width of 96 / 160 / 192 / 224 covers it, then n32 and / or n16
+    (tiled_sm90_explicit.h cols_width), and nothing else."""
     import tiled
     from tiled.ops import conv
 
     k = conv.conv2d_kernel(640, 16, 16, 640, 3, 3, 1, 1, 1, "bfloat16", False, BM=128,
                            BN=bn, BC=64, threads=256, stages=4)
     text = sass(tiled.compile(k, target="cuda:sm_90a", cache=False).artifact, tmp_path)
-    for w in widths:
-        assert f"HGMMA.{w}.F32.BF16" in text, w
+    assert set(re.findall(r"HGMMA\.(\d+x\d+x\d+)\.F32\.BF16", text)) == set(widths)
     assert "HMMA" not in text
     _no_local(text)
 
@@ -308,3 +309,20 @@ def test_wgmma_descriptors_are_a_constant_past_their_tiles(tmp_path, name):
     text = _sass(tmp_path, name)
     gmma = len(SS.findall(text))
     assert gmma and len(_BUILT.findall(text)) <= gmma, (len(_BUILT.findall(text)), gmma)
+
+
+@pytest.mark.parametrize("bn,width", [(224, "64x224x32"), (160, "64x160x32"), (96, "64x96x32")])
+def test_float8_tiles_off_the_64s_take_one_wgmma_width(tmp_path, bn, width):
+    """float8 wgmma has widths past 64 in steps of 32 too (tiled_sm90.h): a 224-column tile,
+    which puts N = 7168 (DeepSeek-V3) in 32 tiles a row where 128 / 256 columns leave a
+    partial last wave, issues one QGMMA a K slice, TMA-fed, not the sm_80 fallback."""
+    import tiled
+    from tiled.ops.fp8 import scaled_gemm_kernel
+
+    k = scaled_gemm_kernel(512, 7168, 2048, "bfloat16", False, BM=128, BN=bn, threads=256,
+                           stages=3)
+    text = sass(tiled.compile(k, target="cuda:sm_90a", cache=False).artifact, tmp_path)
+    assert set(re.findall(r"QGMMA\.(\d+x\d+x\d+)\.F32\.E4M3", text)) == {width}
+    assert "HMMA" not in text
+    _tma_fed(text)
+    _no_local(text)

@@ -213,3 +213,32 @@ def test_narrow_tiles_compute_x_at_w_t_and_take_wgmma_on_sm90a(bn, splits):
     assert "tiled::sm90::tma_load(" in cuda.source
     assert f"wgmma_rows_issue<__nv_bfloat16, 64, 64, {bn}, 64, true>" in cuda.source
     assert ("tiled::launch_dependents()" in cuda.source) == (splits > 1)
+
+
+@pytest.mark.parametrize("bm,threads", [(128, 256), (64, 128)])
+def test_224_column_tiles_compute_x_at_w_t_and_take_one_wgmma_on_sm90a(tmp_path, bm, threads):
+    """The CUDA space's 224-column tiles (a wave-filling width for N = 14336): right on cpu
+    with a partial last tile (N = 500), and on sm_90a a TMA ring whose gemm issues wgmma
+    n224 (tiled_sm90_explicit.h cols_width), not 128 + 64 + 32."""
+    import re
+    import shutil
+
+    import tiled
+    from tests.compiler.test_sm90_path import sass
+    from tiled.ops.gemm import _run, linear_kernel
+
+    cfg = {"kind": "tile", "BM": bm, "BN": 224, "threads": threads}
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(70, 192, generator=g).bfloat16()
+    w = (torch.randn(500, 192, generator=g) / 16).bfloat16()
+    kernel = tiled.compile(linear_kernel(128, 500, 192, "bfloat16", "bfloat16", **cfg), "cpu")
+    y = torch.full((70, 500), float("nan")).bfloat16()
+    _run(kernel, cfg, [x, w, y])
+    want = x.float() @ w.float().T
+    assert ((y.float() - want).norm() / want.norm()).item() < 1e-2
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    cuda = tiled.compile(linear_kernel(1024, 14336, 4096, "bfloat16", "bfloat16", **cfg),
+                         "cuda:sm_90a", cache=False)
+    assert "tiled::sm90::tma_load(" in cuda.source
+    assert set(re.findall(r"HGMMA\.(\d+x\d+)x16", sass(cuda.artifact, tmp_path))) == {"64x224"}

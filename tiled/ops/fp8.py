@@ -24,13 +24,17 @@ E4M3 = "float8_e4m3"
 E4M3_MAX = 448.0
 SCALE_BLOCK = 128  # DeepSeek-V3's block: 1 x 128 activation groups, 128 x 128 weight blocks
 
-# Tile configs: BM x BN output tiles over BK = 128 (one scale block per K step). The paired
+# Tile configs: BM x BN output tiles over BK = 128 (one scale block per K step). 128 x 224
+# tiles (per-tensor only: a block-scaled tile's columns must share or fill 128-row weight
+# blocks) put N = 7168 in 32 tiles a row, so 512 tokens are 128 tiles, one wave of 132 SMs,
+# where 128 x 128 tiles are 224 (1.7 waves). The paired
 # block-scaled form (scaled_gemm_kernel's `paired`; per-tensor keys skip it) with and without
 # the consumer warpgroups taking turns: on an H100 the turns read 0.97-1.04x the form without
 # them, shape by shape (fp8_scales_probe_forms_h100.json), so both are candidates.
 CUDA_SPACE = [
     {"BM": 128, "BN": 128, "threads": 256, "stages": 4},
     {"BM": 128, "BN": 256, "threads": 256, "stages": 3},
+    {"BM": 128, "BN": 224, "threads": 256, "stages": 3},
     {"BM": 64, "BN": 128, "threads": 128, "stages": 4},
     {"BM": 64, "BN": 256, "threads": 128, "stages": 4},
     {"BM": 128, "BN": 128, "threads": 256, "stages": 4, "paired": True},

@@ -35,6 +35,8 @@ CUDA_SPACE = [
     {"kind": "tile", "BM": 64, "BN": 128, "threads": 128},
     {"kind": "tile", "BM": 64, "BN": 256, "threads": 128},
     {"kind": "tile", "BM": 128, "BN": 192, "threads": 256},
+    {"kind": "tile", "BM": 128, "BN": 224, "threads": 256},
+    {"kind": "tile", "BM": 64, "BN": 224, "threads": 128},
     *({"kind": "tile", "BM": bm, "BN": 128, "threads": t, "splits": s}
       for bm, t in ((128, 256), (64, 128)) for s in (2, 4)),
     *({"kind": "swap", "BM": bx, "BN": bw, "threads": t, "splits": s}
@@ -52,9 +54,11 @@ CUDA_SPACE = [
     {"kind": "tile", "BM": 64, "BN": 16, "threads": 128, "stages": 8},
 ]
 # (64-column tiles, 128 x 64 and 64 x 64, never won a bucket on the H200 and are left out:
-# benchmarks/results/autotune_linear_h200_run5.json.) 128 x 192 tiles are for grids that
-# 128 x 256 ones leave a partial last wave of: 14336 columns at 1024 tokens are 448 such tiles,
-# 3.4 waves of 132 SMs, and 600 of 128 x 192 (4.5 waves).
+# benchmarks/results/autotune_linear_h200_run5.json.) 128 x 192 and 224-column tiles are for
+# grids that 128 x 256 ones leave a partial last wave of: 14336 columns at 1024 tokens are 448
+# such tiles, 3.4 waves of 132 SMs, 600 of 128 x 192 (4.5 waves) and 512 of 128 x 224 (3.9
+# waves); at 128 tokens 64 x 224 tiles are 128 blocks, one wave, where 64 x 128 ones are 224
+# (1.7). Both widths are one wgmma a K slice (n192, n224: tiled_sm90_explicit.h cols_width).
 # The CPU space: tiles of 64 x 128, 128 x 128 and 256 x 128 from as many tokens as their rows
 # (`min_tokens`), which keep the shim's microkernel on a panel long enough to pay for packing
 # it (bf16, N = K = 4096 on the 2-core Zen 3: 64 x 128 reads 81 GFLOP/s at 64 tokens where

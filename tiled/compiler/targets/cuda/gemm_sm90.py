@@ -88,6 +88,16 @@ def _shape(b: pb.Buffer) -> list[int]:
     return [d.size for d in b.shape]
 
 
+def _kmajor_width(wn: int, dtype) -> bool:
+    """Whether a warpgroup's `wn` columns of a K-major B that are not whole 64-column steps
+    split into wgmma widths the device header has (tiled_sm90_explicit.h's cols_width):
+    16-bit operands any multiple of 16 (the tail taking n16 / n32), float8, tf32 and int8
+    multiples of 32 from 96 (n96, n160, n224 and the tails of wider ones)."""
+    if dtypes.nbytes(dtype) == 2:
+        return wn % 16 == 0
+    return wn % 32 == 0 and wn >= 96
+
+
 def _fits(g: pb.Gemm, buffers, threads: int) -> int | None:
     """Whether gemm `g` fits wgmma by dtypes and shapes (SS, or RS with A a fragment): the
     warpgroup columns its accumulator splits N into (`WgmmaLayout.wg_n`: 1, the
@@ -118,8 +128,7 @@ def _fits(g: pb.Gemm, buffers, threads: int) -> int | None:
     def fits(wg_n: int) -> bool:
         wm, wn = BM // (nwg // wg_n), BN // wg_n
         return (BM % (64 * (nwg // wg_n)) == 0 and BN % wg_n == 0 and wn <= 256
-                and (wn % 64 == 0 or (wn % 16 == 0 and g.transpose_b and
-                                      dtypes.nbytes(a.dtype) == 2))
+                and (wn % 64 == 0 or (g.transpose_b and _kmajor_width(wn, a.dtype)))
                 and wm // 64 * wn // 2 <= MAX_ACC)
 
     # The M split first (the form every other gemm here has run in); a FullCol gemm whose

@@ -320,23 +320,29 @@ struct WgmmaSS;
 #define TILED_WGMMA_D_8(d) TILED_WGMMA_OPS8("+f", d, 0)
 #define TILED_WGMMA_D_16(d) TILED_WGMMA_OPS8("+f", d, 0), TILED_WGMMA_OPS8("+f", d, 8)
 #define TILED_WGMMA_D_32(d) TILED_WGMMA_D32(d, 0)
+#define TILED_WGMMA_D16(d, i) TILED_WGMMA_OPS8("+f", d, i), TILED_WGMMA_OPS8("+f", d, (i) + 8)
+#define TILED_WGMMA_D_48(d) TILED_WGMMA_D32(d, 0), TILED_WGMMA_D16(d, 32)
 #define TILED_WGMMA_D_64(d) TILED_WGMMA_D32(d, 0), TILED_WGMMA_D32(d, 32)
-#define TILED_WGMMA_D_128(d)                                                                    \
-  TILED_WGMMA_D32(d, 0), TILED_WGMMA_D32(d, 32), TILED_WGMMA_D32(d, 64), TILED_WGMMA_D32(d, 96)
+#define TILED_WGMMA_D_80(d) TILED_WGMMA_D_64(d), TILED_WGMMA_D16(d, 64)
+#define TILED_WGMMA_D_96(d) TILED_WGMMA_D_64(d), TILED_WGMMA_D32(d, 64)
+#define TILED_WGMMA_D_112(d) TILED_WGMMA_D_96(d), TILED_WGMMA_D16(d, 96)
+#define TILED_WGMMA_D_128(d) TILED_WGMMA_D_64(d), TILED_WGMMA_D32(d, 64), TILED_WGMMA_D32(d, 96)
 #define TILED_WGMMA_REGS_8 "%0,%1,%2,%3,%4,%5,%6,%7"
 #define TILED_WGMMA_REGS_16 TILED_WGMMA_REGS_8 ",%8,%9,%10,%11,%12,%13,%14,%15"
-#define TILED_WGMMA_REGS_32                                                                     \
+#define TILED_WGMMA_REGS_32                                                                        \
   TILED_WGMMA_REGS_16                                                                           \
   ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-#define TILED_WGMMA_REGS_64                                                                     \
-  TILED_WGMMA_REGS_32                                                                           \
-  ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"                            \
+#define TILED_WGMMA_REGS_48 TILED_WGMMA_REGS_32                                                    \
+  ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
+#define TILED_WGMMA_REGS_64 TILED_WGMMA_REGS_48                                                    \
   ",%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-#define TILED_WGMMA_REGS_128                                                                    \
-  TILED_WGMMA_REGS_64                                                                           \
-  ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"                            \
-  ",%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"                            \
-  ",%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111"                \
+#define TILED_WGMMA_REGS_80 TILED_WGMMA_REGS_64                                                    \
+  ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
+#define TILED_WGMMA_REGS_96 TILED_WGMMA_REGS_80                                                    \
+  ",%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+#define TILED_WGMMA_REGS_112 TILED_WGMMA_REGS_96                                                   \
+  ",%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111"
+#define TILED_WGMMA_REGS_128 TILED_WGMMA_REGS_112                                                  \
   ",%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
 
 // The instruction text of an m64nNk16 wgmma with a predicate from operand PRED (scale-d)
@@ -371,6 +377,14 @@ TILED_WGMMA_SS(half, "f16", 128, 64, "%66", "%64, %65, p, %67, %68, %69, %70")
 TILED_WGMMA_SS(__nv_bfloat16, "bf16", 128, 64, "%66", "%64, %65, p, %67, %68, %69, %70")
 TILED_WGMMA_SS(half, "f16", 256, 128, "%130", "%128, %129, p, %131, %132, %133, %134")
 TILED_WGMMA_SS(__nv_bfloat16, "bf16", 256, 128, "%130", "%128, %129, p, %131, %132, %133, %134")
+TILED_WGMMA_SS(half, "f16", 96, 48, "%50", "%48, %49, p, %51, %52, %53, %54")
+TILED_WGMMA_SS(__nv_bfloat16, "bf16", 96, 48, "%50", "%48, %49, p, %51, %52, %53, %54")
+TILED_WGMMA_SS(half, "f16", 160, 80, "%82", "%80, %81, p, %83, %84, %85, %86")
+TILED_WGMMA_SS(__nv_bfloat16, "bf16", 160, 80, "%82", "%80, %81, p, %83, %84, %85, %86")
+TILED_WGMMA_SS(half, "f16", 192, 96, "%98", "%96, %97, p, %99, %100, %101, %102")
+TILED_WGMMA_SS(__nv_bfloat16, "bf16", 192, 96, "%98", "%96, %97, p, %99, %100, %101, %102")
+TILED_WGMMA_SS(half, "f16", 224, 112, "%114", "%112, %113, p, %115, %116, %117, %118")
+TILED_WGMMA_SS(__nv_bfloat16, "bf16", 224, 112, "%114", "%112, %113, p, %115, %116, %117, %118")
 #undef TILED_WGMMA_SS
 
 
@@ -401,6 +415,18 @@ TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 256, 32, 128, "%130", "%128, %129, p, 1, 
 TILED_WGMMA_SSK(float, "tf32", 64, 8, 32, "%34", "%32, %33, p, 1, 1")
 TILED_WGMMA_SSK(float, "tf32", 128, 8, 64, "%66", "%64, %65, p, 1, 1")
 TILED_WGMMA_SSK(float, "tf32", 256, 8, 128, "%130", "%128, %129, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 96, 32, 48, "%50", "%48, %49, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 96, 32, 48, "%50", "%48, %49, p, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 96, 8, 48, "%50", "%48, %49, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 160, 32, 80, "%82", "%80, %81, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 160, 32, 80, "%82", "%80, %81, p, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 160, 8, 80, "%82", "%80, %81, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 192, 32, 96, "%98", "%96, %97, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 192, 32, 96, "%98", "%96, %97, p, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 192, 8, 96, "%98", "%96, %97, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e4m3, "e4m3", 224, 32, 112, "%114", "%112, %113, p, 1, 1")
+TILED_WGMMA_SSK(__nv_fp8_e5m2, "e5m2", 224, 32, 112, "%114", "%112, %113, p, 1, 1")
+TILED_WGMMA_SSK(float, "tf32", 224, 8, 112, "%114", "%112, %113, p, 1, 1")
 #undef TILED_WGMMA_SSK
 
 // D[64 x N] (+)= A[64 x 16] * B[16 x N] for one warpgroup, A from registers: a[0..3]
@@ -435,13 +461,30 @@ TILED_WGMMA_RS(__nv_bfloat16, "bf16", 128, 64, "%69", "{%64,%65,%66,%67}, %68, p
 TILED_WGMMA_RS(half, "f16", 256, 128, "%133", "{%128,%129,%130,%131}, %132, p, 1, 1, %134")
 TILED_WGMMA_RS(__nv_bfloat16, "bf16", 256, 128, "%133",
                "{%128,%129,%130,%131}, %132, p, 1, 1, %134")
+TILED_WGMMA_RS(half, "f16", 96, 48, "%53",
+               "{%48,%49,%50,%51}, %52, p, 1, 1, %54")
+TILED_WGMMA_RS(__nv_bfloat16, "bf16", 96, 48, "%53",
+               "{%48,%49,%50,%51}, %52, p, 1, 1, %54")
+TILED_WGMMA_RS(half, "f16", 160, 80, "%85",
+               "{%80,%81,%82,%83}, %84, p, 1, 1, %86")
+TILED_WGMMA_RS(__nv_bfloat16, "bf16", 160, 80, "%85",
+               "{%80,%81,%82,%83}, %84, p, 1, 1, %86")
+TILED_WGMMA_RS(half, "f16", 192, 96, "%101",
+               "{%96,%97,%98,%99}, %100, p, 1, 1, %102")
+TILED_WGMMA_RS(__nv_bfloat16, "bf16", 192, 96, "%101",
+               "{%96,%97,%98,%99}, %100, p, 1, 1, %102")
+TILED_WGMMA_RS(half, "f16", 224, 112, "%117",
+               "{%112,%113,%114,%115}, %116, p, 1, 1, %118")
+TILED_WGMMA_RS(__nv_bfloat16, "bf16", 224, 112, "%117",
+               "{%112,%113,%114,%115}, %116, p, 1, 1, %118")
 #undef TILED_WGMMA_RS
 
 template <typename T, int N, int TRANS_A = 0, int TRANS_B = 0, int SCALE_A = 1, int SCALE_B = 1>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          uint32_t scale_d) {
-  static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 256,
-                "wgmma_ss: N must be 16, 32, 64, 128 or 256");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128 || N == 160 || N == 192 ||
+                    N == 224 || N == 256,
+                "wgmma_ss: N must be 16, 32, 64, 96, 128, 160, 192, 224 or 256");
   WgmmaSS<T, N, SCALE_A, SCALE_B, TRANS_A, TRANS_B>::run(d, desc_a, desc_b, scale_d);
 }
 

@@ -69,6 +69,11 @@ __device__ __forceinline__ void tma_load_panels(void* region, int32_t offset, co
 #define TILED_WGMMA_I_64(d) TILED_WGMMA_I32(d, 0), TILED_WGMMA_I32(d, 32)
 #define TILED_WGMMA_I_128(d)                                                                    \
   TILED_WGMMA_I32(d, 0), TILED_WGMMA_I32(d, 32), TILED_WGMMA_I32(d, 64), TILED_WGMMA_I32(d, 96)
+#define TILED_WGMMA_I16(d, i) TILED_WGMMA_OPS8("+r", d, i), TILED_WGMMA_OPS8("+r", d, (i) + 8)
+#define TILED_WGMMA_I_48(d) TILED_WGMMA_I32(d, 0), TILED_WGMMA_I16(d, 32)
+#define TILED_WGMMA_I_80(d) TILED_WGMMA_I_64(d), TILED_WGMMA_I16(d, 64)
+#define TILED_WGMMA_I_96(d) TILED_WGMMA_I_64(d), TILED_WGMMA_I32(d, 64)
+#define TILED_WGMMA_I_112(d) TILED_WGMMA_I_96(d), TILED_WGMMA_I16(d, 96)
 template <typename T>
 struct IsS8 {
   static constexpr bool value = false;
@@ -95,6 +100,10 @@ struct WgmmaS8<N> {                                                             
 TILED_WGMMA_S8(64, 32, "%34", "%32, %33, p")
 TILED_WGMMA_S8(128, 64, "%66", "%64, %65, p")
 TILED_WGMMA_S8(256, 128, "%130", "%128, %129, p")
+TILED_WGMMA_S8(96, 48, "%50", "%48, %49, p")
+TILED_WGMMA_S8(160, 80, "%82", "%80, %81, p")
+TILED_WGMMA_S8(192, 96, "%98", "%96, %97, p")
+TILED_WGMMA_S8(224, 112, "%114", "%112, %113, p")
 #undef TILED_WGMMA_S8
 
 // One m64nNk(32 bytes) wgmma from shared memory, accumulating (float, or int32 for int8).
@@ -138,12 +147,16 @@ __device__ __forceinline__ uint64_t b_desc(const unsigned char* sb, int kk) {
   return desc_at(make_smem_desc(sb, K * 128, 1024), (COL / 64) * K * 128 + 2048 * kk);
 }
 
-// The wgmma width for columns [COL, BN): the widest of 256, 128, 64, 32, 16 they fill (a
-// K-major 16-bit B's tile may end in 16 or 32 columns past its 64s: 160 = 128 + 32).
+// The wgmma width for columns [COL, BN): the widest of 256, 224, 192, 160, 128, 96, 64, 32,
+// 16 they fill, so that a 224-column tile is one instruction a K slice rather than three
+// (128 + 64 + 32), each of which reads the whole A slice from shared memory again (a K-major
+// 16-bit B's tile may end in 16 or 32 columns past its 64s: 80 = 64 + 16). An MN-major B
+// spans whole 64-column panels, so its widths stay multiples of 64 there.
 template <int BN, int COL>
 __host__ __device__ constexpr int cols_width() {
-  return BN - COL >= 256 ? 256 : BN - COL >= 128 ? 128 : BN - COL >= 64 ? 64
-       : BN - COL >= 32 ? 32 : 16;
+  constexpr int kLeft = BN - COL;
+  return kLeft >= 256 ? 256 : kLeft >= 224 ? 224 : kLeft >= 192 ? 192 : kLeft >= 160 ? 160
+       : kLeft >= 128 ? 128 : kLeft >= 96 ? 96 : kLeft >= 64 ? 64 : kLeft >= 32 ? 32 : 16;
 }
 
 // KS: the K elements B's stage holds (2 * K where two K tiles share a ring stage, ws_loop.py:

@@ -53,7 +53,8 @@ __device__ __forceinline__ void wgmma_rows_issue(const void* a, const void* b, A
   constexpr int kSlice = 32 / sizeof(T);  // K elements of one wgmma
   constexpr bool kNarrow = narrow_panel<T, KS>();
   static_assert(WM % 64 == 0 && BM % WM == 0 &&
-                    (BN % 64 == 0 || (sizeof(T) == 2 && B_KMAJOR && BN % 16 == 0)) &&
+                    (BN % 64 == 0 || (sizeof(T) == 2 && B_KMAJOR && BN % 16 == 0) ||
+                     (B_KMAJOR && BN % 32 == 0 && BN >= 96)) &&
                     (K % (4 * kSlice) == 0 || narrow_panel<T, K>()),
                 "wgmma_rows shape");
   const unsigned char* sa = static_cast<const unsigned char*>(a);

@@ -82,7 +82,8 @@ def _tma_boxes(low, rc: RingCopy, tmap, full) -> None:
     zero = tirx.const(0, "int32")
     for b in range(rc.boxes):
         col = b * rc.box_cols
-        dst = low.addr(rc.tile, [zero, tirx.const(col, "int32")])
+        at = [tirx.const(col, "int32")]
+        dst = low.addr(rc.tile, at if len(low.buffers[rc.tile].shape) == 1 else [zero, *at])
         call("tma_load", dst, tmap, full, coords[0] + col, *coords[1:])
 
 

@@ -57,3 +57,28 @@ def test_the_sass_has_the_vector_reduction(tmp_path):
     case = load_all()["gemm_splitk"]
     c = tiled.compile(case.factory(**case.gpu).kernel, target="cuda:sm_90a", cache=False)
     assert "REDG.E.ADD.F32x2" in sass(c.artifact, tmp_path, c.manifest.symbol)
+
+
+def test_guarded_adds_pair_where_both_guards_hold(tmp_path):
+    """Stream-K's adds into its workspace tile P[tile, i, j], whose tile index no bound
+    proves (the Tile IR guards each add): pairs whose guards both hold take the vector
+    reduction, the rest one add each under its own guard (tiled.ops.gemm_streamk, and the
+    conformance suite's gemm_streamk)."""
+    from tests.compiler.test_sm90_path import sass
+    from tests.conformance.cases import load_all
+    from tiled.compiler import compile_program
+    from tiled.ops.gemm import linear_kernel
+
+    c = compile_program(linear_kernel(1024, 14336, 4096, "bfloat16", "bfloat16", kind="streamk",
+                                      BM=128, BN=128, threads=256, units=132),
+                        target="cuda:sm_90a")
+    assert c.source.count("tiled::atomic_add_f32x2(") == 32
+    text = sass(c.artifact, tmp_path, c.manifest.symbol)
+    assert "REDG.E.ADD.F32x2" in text
+    # and the runs' loop is the TMA-fed wgmma ring, with nothing in local memory
+    assert "UTMALDG" in text and "HGMMA.64x128x16.F32.BF16" in text and "HMMA" not in text
+    assert " LDL" not in text and " STL" not in text
+    case = load_all()["gemm_streamk"]
+    src = tiled.compile(case.factory(**case.gpu).kernel, target="cuda:sm_90a",
+                        cache=False).source
+    assert "tiled::atomic_add_f32x2(" in src

@@ -242,3 +242,27 @@ def test_224_column_tiles_compute_x_at_w_t_and_take_one_wgmma_on_sm90a(tmp_path,
                          "cuda:sm_90a", cache=False)
     assert "tiled::sm90::tma_load(" in cuda.source
     assert set(re.findall(r"HGMMA\.(\d+x\d+)x16", sass(cuda.artifact, tmp_path))) == {"64x224"}
+
+
+@pytest.mark.parametrize("M,units", [(70, 4), (16, 5), (256, 7)])
+def test_stream_k_linear_matches_torch(M, units):
+    """Stream-K (gemm_streamk.py): the partial last wave's tiles shared by `units` runs whose
+    parts meet in the workspace (the last part, by the tile's step count, writes y), the
+    rest whole; 70 rows (a partial tile), 16 (every tile shared: decode), 256 (full waves
+    and shared tiles both)."""
+    import tiled
+    from tiled.ops.gemm import _run, linear_kernel
+    from tiled.ops.gemm_streamk import partial_tiles
+
+    cfg = {"kind": "streamk", "BM": 32, "BN": 32, "threads": 128, "units": units}
+    N, K = 96, 320  # 5 K steps a tile
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    w = (torch.randn(N, K, generator=g) / 16).bfloat16()
+    kernel = tiled.compile(linear_kernel(max(M, 64), N, K, "bfloat16", "bfloat16", **cfg),
+                           target="cpu")
+    y = torch.full((M, N), float("nan")).bfloat16()
+    _run(kernel, cfg, [x, w, y])
+    want = x.float() @ w.float().T
+    assert ((y.float() - want).norm() / want.norm()).item() < 1e-2
+    assert 0 < partial_tiles(M, N, 32, 32, units) < units

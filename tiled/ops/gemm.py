@@ -8,7 +8,9 @@ Three kernel forms, all with the token count M symbolic (one compile serves a wh
 - `swap`: y^T = w @ x^T for few tokens, so that w's rows fill the MMA's M side and the tokens
   its N side;
 - `gemv`: for 1 .. 4 tokens, no MMA: lanes multiply w's rows by the tokens in float32, one
-  cross-lane sum at the end (`_gemv_kernel`).
+  cross-lane sum at the end (`_gemv_kernel`);
+- `streamk`: `units` persistent blocks share the partial last wave's tiles K step by K step,
+  then take the full waves' tiles whole (tiled.ops.gemm_streamk).
 Either with `splits` > 1: split-K over a third grid axis, split s writing its float32 partial
 into P[s] of a [splits, M, N] workspace, which one `splitk_sum` kernel adds up and casts into
 y (no zeroing, no atomics: two launches in all). The GEMM runs T.pdl_trigger after its main
@@ -19,6 +21,7 @@ when the GEMM's blocks finish instead of a launch later (4096 x 4096 at 64 token
 
 import tiled
 import tiled.lang as T
+from tiled.ops.gemm_streamk import run_stream_k, stream_k_kernel
 from tiled.ops.tuned import TunedOp, pow2_bucket
 
 BK = 64
@@ -52,6 +55,9 @@ CUDA_SPACE = [
     *({"kind": "tile", "BM": 64, "BN": 32, "threads": 128, "stages": 8, "splits": s}
       for s in (1, 2, 4)),
     {"kind": "tile", "BM": 64, "BN": 16, "threads": 128, "stages": 8},
+    # stream-K (gemm_streamk.py): 132 units share the partial last wave's tiles step by step
+    *({"kind": "streamk", "BM": bm, "BN": bn, "threads": t, "units": 132}
+      for bm, bn, t in ((128, 256, 256), (128, 128, 256), (64, 128, 128))),
 ]
 # (64-column tiles, 128 x 64 and 64 x 64, never won a bucket on the H200 and are left out:
 # benchmarks/results/autotune_linear_h200_run5.json.) 128 x 192 and 224-column tiles are for
@@ -103,11 +109,13 @@ def _fits(cfg: dict, M: int) -> bool:
         return cfg["BM"] >= M and (cfg["BM"] <= 64 or M > 16)
     if cfg.get("splits", 1) > 1:
         return 64 <= M <= 1024
+    if cfg["kind"] == "streamk":
+        return 64 <= M <= 4096
     return M >= 64 or cfg["BM"] == 64 or cfg["BM"] <= 32
 
 
 def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, threads=128,
-                  splits=1, stages=4, min_tokens=0, trigger=None):
+                  splits=1, stages=4, min_tokens=0, trigger=None, units=132):
     """The kernel of one config (M only selects: the kernel's M is symbolic; a config serves
     M from `min_tokens`). With `splits` > 1 the K loop is split over a third grid axis and
     split s writes its float32 partial into P[s] ([splits, M, N]), which `splitk_sum` adds
@@ -117,6 +125,8 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
     if not _fits({"kind": kind, "BM": BM, "splits": splits, "min_tokens": min_tokens}, M):
         raise ValueError(f"config {kind} {BM}x{BN} is not for M = {M}")
     Md = T.dyn("M")
+    if kind == "streamk":
+        return stream_k_kernel(Md, N, K, dtype, out_dtype, BM, BN, threads, units, stages)
     steps = -(-K // BK)
     per_split = -(-steps // splits)  # K steps per split
     out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
@@ -281,6 +291,8 @@ def _run(kernel, config, args):
     """y = x @ w.T by `kernel` of `config` into args' y, as linear runs it and so as its
     candidates are timed (split-K through run_split_k)."""
     x, w, y = args
+    if config.get("kind") == "streamk":
+        return run_stream_k(kernel, config, x, w, y)
     return run_split_k(y, config.get("splits", 1), lambda out: kernel(x, w, out))
 
 

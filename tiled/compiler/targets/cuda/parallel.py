@@ -94,16 +94,28 @@ def lower_parallel(low, s: pb.Stmt) -> None:
         low.nest_vars = outer_vars
 
 
+def _single(body: pb.Stmt) -> pb.Stmt:
+    while body.WhichOneof("kind") == "seq" and len(body.seq.stmts) == 1:
+        body = body.seq.stmts[0]
+    return body
+
+
 def _paired_atomics(low, anchor, body: pb.Stmt, loop_vars: list[int], ident: list) -> bool:
     """A nest that is one relaxed float32 atomic add into a global tensor, over a wgmma
     accumulator (slots 2p and 2p + 1 of a thread are the same row's adjacent columns), whose
     element index moves by exactly one along the tensor's last dim when the nest's last
     variable does (proved, not sampled): lowered as one paired add per two slots
-    (tiled::atomic_add_f32x2, a vector reduction on sm_90). Whether it was."""
+    (tiled::atomic_add_f32x2, a vector reduction on sm_90). The add may sit under an `if`
+    without an else (a bounds guard: stream-K's adds into its tile of the workspace, whose
+    tile index no bound proves): a pair whose guards both hold takes the paired add, else
+    each slot its own guarded one. Whether it was."""
     from tiled.compiler.targets.cuda.layouts import WgmmaLayout
 
-    while body.WhichOneof("kind") == "seq" and len(body.seq.stmts) == 1:
-        body = body.seq.stmts[0]
+    body = _single(body)
+    guard = None
+    if body.WhichOneof("kind") == "if_then_else" and \
+            not body.if_then_else.HasField("else_body"):
+        guard, body = body.if_then_else.cond, _single(body.if_then_else.then_body)
     if not isinstance(anchor, WgmmaLayout) or body.WhichOneof("kind") != "atomic_add":
         return False
     st = body.atomic_add
@@ -134,9 +146,19 @@ def _paired_atomics(low, anchor, body: pb.Stmt, loop_vars: list[int], ident: lis
             low.frag_bind = {b: slot for b in ident}
             low.frag_row = (anchor, slot)
             parts.append((low.addr(st.buffer, [low.expr(i) for i in st.indices]),
-                          low.expr(st.value)))
-        T.evaluate(T.call_extern("void", "tiled::atomic_add_f32x2", parts[0][0], parts[0][1],
-                                 parts[1][1]))
+                          low.expr(st.value), None if guard is None else low.expr(guard)))
+        paired = T.call_extern("void", "tiled::atomic_add_f32x2", parts[0][0], parts[0][1],
+                               parts[1][1])
+        if guard is None:
+            T.evaluate(paired)
+        else:
+            with T.If(tirx.And(parts[0][2], parts[1][2])):
+                with T.Then():
+                    T.evaluate(paired)
+                with T.Else():
+                    for addr, value, ok in parts:
+                        with T.If(ok), T.Then():
+                            T.evaluate(T.call_extern("float32", "atomicAdd", addr, value))
     low.frag_bind, low.frag_row = {}, None
     return True
 

@@ -153,7 +153,11 @@ def _gemm_row(torch, M, N, K, block_scaled) -> dict:
            "rel_err_vs_bf16_product": err_vs_bf16,
            "vs_scaled_mm_per_tensor": us["torch._scaled_mm per-tensor"] / us["tiled"],
            "torch_blockwise": None if torch_block is None or
-           isinstance(torch_block, torch.Tensor) else torch_block}
+           isinstance(torch_block, torch.Tensor) else torch_block,
+           # every candidate's time as the tuner measured it (L2 flushed), or why it was
+           # skipped: the forms of the space compared in one process
+           "candidates": [{"config": c.config, "us": c.us, "skipped": c.skipped}
+                          for c in tuned.candidates]}
     print(f"{'block' if block_scaled else 'tensor'} M={M} N={N} K={K}: "
           f"{tflops['tiled']:.0f} TFLOP/s, "
           f"{row['vs_scaled_mm_per_tensor']:.3f}x _scaled_mm per-tensor, "

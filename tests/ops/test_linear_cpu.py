@@ -244,12 +244,12 @@ def test_224_column_tiles_compute_x_at_w_t_and_take_one_wgmma_on_sm90a(tmp_path,
     assert set(re.findall(r"HGMMA\.(\d+x\d+)x16", sass(cuda.artifact, tmp_path))) == {"64x224"}
 
 
-@pytest.mark.parametrize("M,units", [(70, 4), (16, 5), (256, 7)])
+@pytest.mark.parametrize("M,units", [(70, 4), (16, 5), (256, 7), (300, 7)])
 def test_stream_k_linear_matches_torch(M, units):
     """Stream-K (gemm_streamk.py): the partial last wave's tiles shared by `units` runs whose
     parts meet in the workspace (the last part, by the tile's step count, writes y), the
     rest whole; 70 rows (a partial tile), 16 (every tile shared: decode), 256 (full waves
-    and shared tiles both)."""
+    and shared tiles both), 300 (two groups of the tile order, the second partial)."""
     import tiled
     from tiled.ops.gemm import _run, linear_kernel
     from tiled.ops.gemm_streamk import partial_tiles

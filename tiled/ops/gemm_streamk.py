@@ -21,6 +21,7 @@ import tiled
 import tiled.lang as T
 
 BK = 64
+GROUP = 8  # tile rows per group of the tile order
 
 
 def stream_k_kernel(Md, N, K, dtype, out_dtype, BM, BN, threads, units, stages=4):
@@ -61,8 +62,13 @@ def stream_k_kernel(Md, N, K, dtype, out_dtype, BM, BN, threads, units, stages=4
                     kb = 0
                     ke = k_steps
                 if kb < ke:
-                    ty = tile // tiles_n
-                    tx = tile % tiles_n
+                    # tiles in groups of GROUP rows, down a group's rows first: the units
+                    # of a wave share the w columns they read (L2), as grid_walk orders
+                    # the tile kernels' blocks
+                    first = tile // (GROUP * tiles_n) * GROUP
+                    rows = T.min(T.ceildiv(Md, BM) - first, GROUP)
+                    ty = first + tile % (GROUP * tiles_n) % rows
+                    tx = tile % (GROUP * tiles_n) // rows
                     T.clear(acc)
                     for k in T.Pipelined(ke - kb, num_stages=stages):
                         T.copy(X[ty * BM, (kb + k) * BK], xs)

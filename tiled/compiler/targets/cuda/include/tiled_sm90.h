@@ -329,20 +329,20 @@ struct WgmmaSS;
 #define TILED_WGMMA_D_128(d) TILED_WGMMA_D_64(d), TILED_WGMMA_D32(d, 64), TILED_WGMMA_D32(d, 96)
 #define TILED_WGMMA_REGS_8 "%0,%1,%2,%3,%4,%5,%6,%7"
 #define TILED_WGMMA_REGS_16 TILED_WGMMA_REGS_8 ",%8,%9,%10,%11,%12,%13,%14,%15"
-#define TILED_WGMMA_REGS_32                                                                        \
+#define TILED_WGMMA_REGS_32                                                                     \
   TILED_WGMMA_REGS_16                                                                           \
   ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-#define TILED_WGMMA_REGS_48 TILED_WGMMA_REGS_32                                                    \
+#define TILED_WGMMA_REGS_48 TILED_WGMMA_REGS_32                                                 \
   ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
-#define TILED_WGMMA_REGS_64 TILED_WGMMA_REGS_48                                                    \
+#define TILED_WGMMA_REGS_64 TILED_WGMMA_REGS_48                                                 \
   ",%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-#define TILED_WGMMA_REGS_80 TILED_WGMMA_REGS_64                                                    \
+#define TILED_WGMMA_REGS_80 TILED_WGMMA_REGS_64                                                 \
   ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
-#define TILED_WGMMA_REGS_96 TILED_WGMMA_REGS_80                                                    \
+#define TILED_WGMMA_REGS_96 TILED_WGMMA_REGS_80                                                 \
   ",%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
-#define TILED_WGMMA_REGS_112 TILED_WGMMA_REGS_96                                                   \
+#define TILED_WGMMA_REGS_112 TILED_WGMMA_REGS_96                                                \
   ",%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111"
-#define TILED_WGMMA_REGS_128 TILED_WGMMA_REGS_112                                                  \
+#define TILED_WGMMA_REGS_128 TILED_WGMMA_REGS_112                                               \
   ",%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
 
 // The instruction text of an m64nNk16 wgmma with a predicate from operand PRED (scale-d)

@@ -2,10 +2,12 @@
 persistent blocks that share the work of the tiles a whole number of waves leaves over.
 
 With T = ceil(M / BM) * ceil(N / BN) output tiles of I = ceil(K / 64) K steps each and U units,
-the last T mod U tiles (`sk` of them: fewer than U) would fill a partial last wave. Their
-sk * I (tile, K step) iterations are split into U contiguous runs of equal length (the first
-few one step longer), one per unit, each crossing at most two tiles; then every unit takes
-whole tiles of the (T - sk) / U full waves, as TileLang's gemm_streamk example orders them.
+T mod U tiles (`sk` of them: fewer than U) would fill a partial last wave. The first sk tiles
+of the tile order (groups of GROUP tile rows, down a group's rows first, so that the units
+of a wave share the w columns they read) are shared: their sk * I (tile, K step) iterations
+are split into U contiguous runs of equal length (the first few one step longer), one per
+unit, each crossing at most two tiles; then every unit takes whole tiles of the (T - sk) / U
+full waves, as TileLang's gemm_streamk example orders them.
 
 A unit's run that covers only part of a tile adds its float32 partial tile into the
 workspace P[tile] and then adds its step count into the tile's counter C[tile] (acq_rel);

@@ -188,19 +188,14 @@ def _ring_copy(p: pb.Program, buffers, panels: set[int], pos: int, release: int,
     size = dtypes.nbytes(dst.dtype)
     nonunit = [j for j, e in enumerate(ext) if e != 1]
     if len(dst.shape) == 1:  # one row of the source's last dim (a float8 GEMM's row scales)
-        cols = dst.shape[0].size
-        if nonunit != [len(ext) - 1] or cols > MAX_BOX or (cols * size) % 128 or \
-                dst.id in panels:
+        rows, cols = 1, dst.shape[0].size
+        if nonunit != [len(ext) - 1] or dst.id in panels:
             return None
-        req = tma_requirements(p, src)
-        if req is None:
+    else:
+        rows, cols = (d.size for d in dst.shape)
+        if rows == 1 or cols == 1 or len(nonunit) != 2 or nonunit[1] != len(ext) - 1 or \
+                rows > MAX_BOX:
             return None
-        box = [cols] + [1] * (len(ext) - 1)
-        return RingCopy(pos, c, release, box, 0, 1, cols, cols * size, len(ext) - 1), req
-    rows, cols = (d.size for d in dst.shape)
-    if rows == 1 or cols == 1 or len(nonunit) != 2 or nonunit[1] != len(ext) - 1 or \
-            rows > MAX_BOX:
-        return None
     req = tma_requirements(p, src)
     if req is None:
         return None

@@ -45,7 +45,7 @@ def compile_sums(out: Path, pairs, dtype: str, target: str = "cuda:sm_90a") -> d
     `pairs`, compiled into `out` as tiled.ops asks for them (gemm.sum_params); returns their
     index entries by name (install_sums loads them there)."""
     import tiled.ops as ops
-    from tiled.ops.gemm import sum_params
+    from tiled.ops.split_k import sum_params
 
     index = {}
     for n, splits in sorted(pairs):

@@ -112,7 +112,8 @@ def test_the_split_k_pair_launches_programmatically():
     sum's wait at its top and the manifest flag that makes the runtime use it, as
     run_split_k asks for it (sum_params)."""
     from tiled.ops import kernels
-    from tiled.ops.gemm import linear_kernel, sum_params
+    from tiled.ops.gemm import linear_kernel
+    from tiled.ops.split_k import sum_params
 
     def gemm(splits=2, **kw):
         k = linear_kernel(64, 256, 256, "bfloat16", "bfloat16", kind="swap", BM=64, BN=64,

@@ -106,16 +106,17 @@ def test_wide_cpu_tiles_serve_layers_of_64_channels_and_more():
 
 
 @pytest.mark.parametrize("splits", [3, 4])
-def test_split_k_configs_add_their_partials(splits):
+@pytest.mark.parametrize("sum_", ["kernel", "last"])
+def test_split_k_configs_add_their_partials(splits, sum_):
     """A split config: each split's float32 partial (the bias in split 0's), added up by
-    splitk_sum; 4 splits of 18 steps (9 taps x 2 channel chunks) leave the last split steps
-    past the filter's taps, which read zeros."""
+    splitk_sum or by each tile's last split (sum="last"); 4 splits of 18 steps (9 taps x 2
+    channel chunks) leave the last split steps past the filter's taps, which read zeros."""
     g = torch.Generator().manual_seed(splits)
     x = torch.randn(2, 20, 6, 5, generator=g)
     w = torch.randn(12, 20, 3, 3, generator=g)
     b = torch.randn(12, generator=g)
     conv.CONV2D.spaces["cpu"] = [{"BM": 16, "BN": 16, "BC": 16, "threads": 32, "stages": 2,
-                                  "splits": splits}]
+                                  "splits": splits, "sum": sum_}]
     try:
         y = ops.conv2d(x, w, b, padding=1)
     finally:
@@ -137,3 +138,9 @@ def test_split_k_kernel_gathers_on_a_producer_for_sm90a():
     k = compile_program(conv.conv2d_kernel(1280, 8, 8, 1280, 3, 3, 1, 1, 1, "bfloat16", True,
                                            **cfg), target="cuda:sm_90a")
     assert "ring_gathered" in k.source and "float* __restrict__ Y_ptr" in k.source
+    # the sum in the kernel: partials into Part, the tile's count, the last split's sum
+    last = compile_program(conv.conv2d_kernel(1280, 8, 8, 1280, 3, 3, 1, 1, 1, "bfloat16",
+                                              True, **cfg, sum="last"), target="cuda:sm_90a")
+    assert "ring_gathered" in last.source and "float* __restrict__ Part_ptr" in last.source
+    assert "atomicAdd((&(Count_ptr[" in last.source
+    assert "launch_dependents" not in last.source

@@ -1,7 +1,6 @@
 """tiled.ops.quantize_fp8 and tiled.ops.fp8_linear on CPU tensors (the cpu target's float8 is
 exact), against the same arithmetic in torch; and their CUDA kernels compile for sm_90a."""
 
-import re
 
 import pytest
 
@@ -105,52 +104,6 @@ def test_block_scaled_tiles_of_one_and_of_two_weight_blocks(BM, BN):
     xd = (xq.float().view(M, 2, 128) * xs[..., None]).view(M, K)
     wd = (wq.float().view(N, 2, 128) * ws.repeat_interleave(128, 0)[:, :, None]).view(N, K)
     assert _rel(y, xd @ wd.T) < 1e-5
-
-
-@pytest.mark.parametrize("M,BN", [(24, 64), (37, 128)])
-def test_ring_scales_block_scaled_gemm_takes_its_scales_m_major(M, BN):
-    """`scales="ring"`: SA transposed ([K / 128, M]; 37 rows: a partial last tile), each K
-    step's row of it copied into shared memory beside A and B, the weight block's scales
-    read once; the op's `_run` transposes the op's [M, K / 128] scales for it."""
-    g = torch.Generator().manual_seed(7)
-    N, K = 256, 384
-    xq, wq, xs, ws = _block_scaled_operands(M, N, K, g)
-    kernel = tiled.compile(fp8.scaled_gemm_kernel(M, N, K, "float32", True, BM=16, BN=BN,
-                                                  threads=128, stages=2, scales="ring"),
-                           target="cpu")
-    y = torch.zeros(M, N)
-    fp8._run(kernel, {"scales": "ring"}, [xq, wq, xs, ws, y])
-    xd = (xq.float().view(M, 3, 128) * xs[..., None]).view(M, K)
-    wd = (wq.float().view(N, 3, 128) * ws.repeat_interleave(128, 0)[:, :, None]).view(N, K)
-    assert _rel(y, xd @ wd.T) < 1e-5
-    for bad in (dict(block_scaled=False), dict(BN=256), dict(paired=True)):
-        args = {"block_scaled": True, "BN": 128, **bad}
-        with pytest.raises(ValueError, match="ring"):
-            fp8.scaled_gemm_kernel(M, N, K, "float32", args.pop("block_scaled"), BM=16,
-                                   threads=128, scales="ring", **args)
-
-
-def test_ring_scales_take_a_tma_box_of_the_producers_ring_on_sm90a(tmp_path):
-    """On sm_90a the ring form's scale row is a third ring copy (a 1 x BM TMA box of the
-    M-major scales: UTMALDG, no global load in the consumers' loop), M a multiple of 4 a
-    launch precondition (the scales' row stride) with a fallback for other M."""
-    import shutil
-
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not installed")
-    from tests.compiler.test_sm90_path import sass
-    from tiled.compiler import compile_program
-
-    c = compile_program(fp8.scaled_gemm_kernel(4096, 7168, 2048, "bfloat16", True, BM=128,
-                                               BN=128, threads=256, scales="ring"),
-                        target="cuda:sm_90a")
-    assert [a.box for a in c.manifest.kernel_args if a.kind == "tensor_map"] == \
-        [(128, 128), (128, 128), (128, 1)]
-    assert c.manifest.requires == (("floormod", ("mul", 4, "M"), 16),)
-    assert c.manifest.fallback is not None
-    text = sass(c.artifact, tmp_path, c.manifest.symbol)
-    assert text.count("UTMALDG") == 3 and "QGMMA.64x128x32.F32.E4M3.E4M3" in text
-    assert not re.search(r"\b(LDL|STL)\b", text)
 
 
 @pytest.mark.parametrize("M", [24, 40])

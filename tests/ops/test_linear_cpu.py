@@ -73,22 +73,46 @@ def test_matmul_kernels_take_the_sm90_warp_specialized_gemm():
 
 
 @pytest.mark.parametrize("kind,bm,splits", [("tile", 16, 3), ("swap", 16, 2)])
-def test_split_k_partials_add_up_to_x_at_w_t(kind, bm, splits):
+@pytest.mark.parametrize("sum_", ["kernel", "last"])
+def test_split_k_partials_add_up_to_x_at_w_t(kind, bm, splits, sum_):
     """K = 200 is 4 steps of 64: with 3 splits of 2 steps the last split reads only past K
-    (its guarded loads give a zero partial); splitk_sum adds the partials and casts."""
+    (its guarded loads give a zero partial); splitk_sum adds the partials and casts, or
+    (sum="last") each tile's last split does, in the GEMM kernel, leaving the tiles'
+    counters at zero for the next launch (two launches on one buffer, the second with
+    another x)."""
     import tiled
+    from tiled.ops import split_k
     from tiled.ops.gemm import _run, linear_kernel
 
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(70 if kind == "tile" else 9, 200, generator=g).bfloat16()
+    rows = 70 if kind == "tile" else 9
     w = (torch.randn(48, 200, generator=g) / 200 ** 0.5).bfloat16()
-    kernel = tiled.compile(linear_kernel(x.shape[0] if kind == "tile" else bm, 48, 200,
-                                         "bfloat16", "bfloat16", kind=kind, BM=bm, BN=32,
-                                         threads=128, splits=splits), target="cpu")
-    y = torch.full((x.shape[0], 48), float("nan")).bfloat16()
-    out = _run(kernel, {"kind": kind, "splits": splits}, [x, w, y])
-    want = x.float() @ w.float().T
-    assert out is y and ((y.float() - want).norm() / want.norm()).item() < 1e-2
+    cfg = {"kind": kind, "BM": bm, "BN": 32, "threads": 128, "splits": splits, "sum": sum_}
+    kernel = tiled.compile(linear_kernel(rows if kind == "tile" else bm, 48, 200,
+                                         "bfloat16", "bfloat16", **cfg), target="cpu")
+    for _ in range(2):
+        x = torch.randn(rows, 200, generator=g).bfloat16()
+        y = torch.full((rows, 48), float("nan")).bfloat16()
+        out = _run(kernel, cfg, [x, w, y])
+        want = x.float() @ w.float().T
+        assert out is y and ((y.float() - want).norm() / want.norm()).item() < 1e-2
+    if sum_ == "last":
+        assert not split_k.counters(x.device, 10).any()
+
+
+def test_captured_launches_take_counters_of_their_own_from_the_pool(monkeypatch):
+    """split_k.counters inside a CUDA graph capture: one buffer per capture and stream, cut
+    from the device's zeroed pool (no memset in the graph), each capture's its own; a pool
+    with no room left hands out counters made (and zeroed) in the capture."""
+    from tiled.ops import split_k
+
+    dev = torch.device("cpu")
+    monkeypatch.setattr(split_k, "_POOLS", {"cpu": [torch.zeros(3000, dtype=torch.int32), 0]})
+    a, b = split_k._from_pool(dev, 1024), split_k._from_pool(dev, 1024)
+    assert a.data_ptr() != b.data_ptr() and not a.any() and not b.any()
+    assert split_k._POOLS["cpu"][1] == 2048
+    c = split_k._from_pool(dev, 1024)  # past the pool's end: its own zeroed buffer
+    assert c.numel() == 1024 and not c.any() and split_k._POOLS["cpu"][1] == 2048
 
 
 def test_decode_token_counts_tune_over_gemv_kernels_and_match_torch():

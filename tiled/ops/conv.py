@@ -20,6 +20,7 @@ convolution with stride 1 and no padding is a plain GEMM and runs as tiled.ops.l
 
 import tiled
 import tiled.lang as T
+from tiled.ops.split_k import add_up_last
 from tiled.ops.tuned import TunedOp, pow2_bucket
 
 CUDA_SPACE = [*({"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
@@ -42,6 +43,8 @@ CUDA_SPACE = [*({"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
                 for bm, t in ((128, 256), (64, 128))),
               {"BM": 64, "BN": 160, "BC": 64, "threads": 128, "stages": 4, "splits": 4},
               {"BM": 192, "BN": 128, "BC": 64, "threads": 384, "stages": 4}]
+# the split configs also with their sum in the GEMM kernel (tiled.ops.split_k, sum="last")
+CUDA_SPACE += [{**c, "sum": "last"} for c in CUDA_SPACE if c.get("splits", 1) > 1]
 # CPU: 128 x 64 and 256 x 64 pixel x filter tiles over 64 channels a step for layers of at
 # least 64 input and output channels (`min_channels`), 16 x 16 x 16 for the rest: bf16 3x3
 # layers over 4 x 56 x 56 on the 2-core Zen 3, the wide tiles read 51-52 GFLOP/s at 64 -> 64
@@ -57,58 +60,82 @@ def _out_size(size: int, k: int, stride: int, pad: int, dil: int) -> int:
 
 
 def conv2d_kernel(C, H, W, F, R, S, stride, pad, dil, dtype, bias, batch=8, BM=128, BN=128,
-                  BC=32, threads=256, stages=2, min_channels=0, splits=1):
+                  BC=32, threads=256, stages=2, min_channels=0, splits=1, sum="kernel"):
     """The implicit-GEMM kernel of one layer shape and config (the batch symbolic: `batch`
     only names the tuning, a power-of-two bucket of images the tuner times it at); a config
     with `min_channels` is for layers of at least that many input and output channels. With
     `splits` > 1 the K steps (taps x channel chunks) are split over a third grid axis and
-    split s writes its float32 partial (the bias in split 0's) into Y[s] ([splits, M, F]),
-    which `splitk_sum` adds up and casts (gemm.run_split_k); the steps past the last (when
-    `splits` does not divide them) read filter taps past R x S, which are zeros (T.copy's
-    fill), so they add nothing."""
+    split s writes its float32 partial (the bias in split 0's) into P[s] ([splits, M, F]),
+    which `splitk_sum` adds up and casts (`sum="kernel"`: the kernel's Y is P) or each
+    tile's last split adds up in the same kernel (`sum="last"`: tiled.ops.split_k); the
+    steps past the last (when `splits` does not divide them) read filter taps past R x S,
+    which are zeros (T.copy's fill), so they add nothing."""
     if min(C, F) < min_channels:
         raise ValueError(f"conv2d: config {BM}x{BN}x{BC} is not for {C} -> {F} channels "
                          f"(from {min_channels})")
+    if sum not in ("kernel", "last"):
+        raise ValueError(f"conv2d: sum must be 'kernel' or 'last', got {sum!r}")
     P, Q = _out_size(H, R, stride, pad, dil), _out_size(W, S, stride, pad, dil)
     if P < 1 or Q < 1:
         raise ValueError(f"conv2d: a {R}x{S} filter leaves no output of a {H}x{W} input")
     chunks = -(-C // BC)
     per_split = -(-(R * S * chunks) // splits)  # K steps per split
     Nd, Md = T.dyn("N"), T.dyn("M")  # images, and output pixels N P Q
-    out = T.Tensor((Md, F), dtype) if splits == 1 else T.Tensor((splits, Md, F), "float32")
+    y_t = T.Tensor((Md, F), dtype)
+    out = y_t if splits == 1 else T.Tensor((splits, Md, F), "float32")
     extra = (splits,) if splits > 1 else ()  # the split axis of the grid
+    x_t, w_t = T.Tensor((Nd, H, W, C), dtype), T.Tensor((F, R, S, C), dtype)
+    b_t = T.Tensor((F if bias else 1,), dtype)
+    tiles_n = -(-F // BN)
+
+    @T.macro
+    def tile_acc(X, Wt, Bias, acc, bx, by, bz):
+        """acc = the output tile (by, bx)'s sum over split bz's K steps, with the bias in
+        split 0's."""
+        xs = T.alloc_shared((BM, BC), dtype)
+        ws = T.alloc_shared((BN, BC), dtype)
+        T.clear(acc)
+        for k in T.Pipelined(per_split, num_stages=stages):
+            step = bz * per_split + k
+            tap, c0 = step // chunks, step % chunks * BC
+            r, s = tap // S, tap % S
+            T.copy(Wt[bx * BN:bx * BN + BN, r, s, c0:c0 + BC], ws)
+            for i, c in T.Parallel(BM, BC):
+                m = by * BM + i
+                n, pq = m // (P * Q), m % (P * Q)
+                h = pq // Q * stride + r * dil - pad
+                w = pq % Q * stride + s * dil - pad
+                inside = (m < Md) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+                if C % BC:  # (whole channel steps: a row's test holds for all of it)
+                    inside = inside & (c0 + c < C)
+                xs[i, c] = T.if_then_else(inside, X[n, h, w, c0 + c], 0)
+            T.gemm(xs, ws, acc, transpose_B=True)
+        if splits > 1 and sum == "kernel":
+            T.pdl_trigger()  # splitk_sum, launched programmatically, may start
+        if bias:
+            for i, j in T.Parallel(BM, BN):
+                b = T.cast(Bias[bx * BN + j], "float32")
+                acc[i, j] += b if splits == 1 else T.if_then_else(bz == 0, b, 0.0)
+
+    if splits > 1 and sum == "last":
+        @tiled.kernel
+        def conv2d_igemm_last(X: x_t, Wt: w_t, Bias: b_t, Y: y_t, Part: out,
+                              Count: T.Tensor((T.dyn("tiles"),), "int32")):
+            with T.Kernel(tiles_n, T.ceildiv(Md, BM), splits, threads=threads) as (bx, by, bz):
+                acc = T.alloc_fragment((BM, BN), "float32")
+                tile_acc(X, Wt, Bias, acc, bx, by, bz)
+                T.copy(acc, Part[bz, by * BM, bx * BN])
+                add_up_last(Part, Count, Y, by * tiles_n + bx, by * BM, bx * BN, BM, BN,
+                            splits, dtype)
+        return conv2d_igemm_last
 
     @tiled.kernel
-    def conv2d_igemm(X: T.Tensor((Nd, H, W, C), dtype), Wt: T.Tensor((F, R, S, C), dtype),
-                     Bias: T.Tensor((F if bias else 1,), dtype), Y: out):
-        with T.Kernel(T.ceildiv(F, BN), T.ceildiv(Md, BM), *extra, threads=threads) as g:
+    def conv2d_igemm(X: x_t, Wt: w_t, Bias: b_t, Y: out):
+        with T.Kernel(tiles_n, T.ceildiv(Md, BM), *extra, threads=threads) as g:
             bx, by = g[:2]
             bz = g[2] if splits > 1 else 0
-            xs = T.alloc_shared((BM, BC), dtype)
-            ws = T.alloc_shared((BN, BC), dtype)
             acc = T.alloc_fragment((BM, BN), "float32")
-            T.clear(acc)
-            for k in T.Pipelined(per_split, num_stages=stages):
-                step = bz * per_split + k
-                tap, c0 = step // chunks, step % chunks * BC
-                r, s = tap // S, tap % S
-                T.copy(Wt[bx * BN:bx * BN + BN, r, s, c0:c0 + BC], ws)
-                for i, c in T.Parallel(BM, BC):
-                    m = by * BM + i
-                    n, pq = m // (P * Q), m % (P * Q)
-                    h = pq // Q * stride + r * dil - pad
-                    w = pq % Q * stride + s * dil - pad
-                    inside = (m < Md) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
-                    if C % BC:  # (whole channel steps: a row's test holds for all of it)
-                        inside = inside & (c0 + c < C)
-                    xs[i, c] = T.if_then_else(inside, X[n, h, w, c0 + c], 0)
-                T.gemm(xs, ws, acc, transpose_B=True)
-            if splits > 1:
-                T.pdl_trigger()  # splitk_sum, launched programmatically, may start
-            if bias:
-                for i, j in T.Parallel(BM, BN):
-                    b = T.cast(Bias[bx * BN + j], "float32")
-                    acc[i, j] += b if splits == 1 else T.if_then_else(bz == 0, b, 0.0)
+            tile_acc(X, Wt, Bias, acc, bx, by, bz)
             # (a tile copy: vector stores, 16 bytes a lane from a wgmma accumulator)
             T.copy(acc, Y[by * BM, bx * BN] if splits == 1 else Y[bz, by * BM, bx * BN])
 
@@ -145,11 +172,15 @@ def _inputs(C, H, W, F, R, S, stride, pad, dil, dtype, bias, batch, **config):
 
 def _run(kernel, config, args):
     """The layer by `kernel` of `config` into args' y, as conv2d runs it and so as its
-    candidates are timed (split-K through gemm.run_split_k)."""
-    from tiled.ops.gemm import run_split_k
+    candidates are timed (split-K through split_k.run_split_k)."""
+    from tiled.ops.split_k import run_last_sum, run_split_k
 
     x, w, b, y = args
-    return run_split_k(y, config.get("splits", 1), lambda out: kernel(x, w, b, out))
+    splits = config.get("splits", 1)
+    if splits > 1 and config.get("sum") == "last":
+        tiles = -(-y.shape[0] // config["BM"]) * -(-y.shape[1] // config["BN"])
+        return run_last_sum(y, splits, tiles, lambda *out: kernel(x, w, b, *out))
+    return run_split_k(y, splits, lambda out: kernel(x, w, b, out))
 
 
 CONV2D = TunedOp("conv2d", conv2d_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},

@@ -41,11 +41,11 @@ CUDA_SPACE = [
     {"BM": 128, "BN": 128, "threads": 256, "stages": 4, "paired": True,
      "compile_options": {"pingpong": True}},
 ]
-# (The `scales="ring"` form, activation scales through the producer's ring, is not in the
-# space: ncu had put 12% of the rows form's stall samples on its scale loads, but on an H100
-# the ring form read 0.94-1.07x the rows form's time at K = 18432 and 1.01-1.13x at K = 2048
-# (128 x 128 tiles), and the paired form beat both at every M >= 512: fp8_ring2_h100.json's
-# candidates.)
+# (A form that took the activation scales M-major through the producer's ring, one TMA row
+# a K step, is gone: ncu had put 12% of this form's stall samples on its scale loads, but on
+# an H100 the ring form read 0.94-1.07x this form's time at K = 18432 and 1.01-1.13x at K =
+# 2048 (128 x 128 tiles), and the paired form beat both at every M >= 512: the candidates
+# of fp8_ring2_h100.json. tests/compiler/test_ring_rows.py keeps such a kernel.)
 CPU_SPACE = [{"BM": 16, "BN": 64, "threads": 128, "stages": 2},
              {"BM": 32, "BN": 32, "threads": 128, "stages": 2}]
 BK = 128
@@ -123,23 +123,15 @@ def quantize_scaled_kernel(N: int, dtype: str, threads: int = 128):
 
 
 def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads=256,
-                       stages=4, paired=False, scales="rows"):
+                       stages=4, paired=False):
     """Y = (A @ B^T) dequantized, A [M, K] and B [N, K] e4m3 (M symbolic; `M` only names the
     bucket). Per-tensor: one scale each, applied once to the float32 accumulator. Block-scaled:
     each 128-deep K step's product is scaled by its row's activation scale SA[m, k] and its
     weight block's SB[n / 128, k] before it is added (so BN divides 128 or is a multiple).
     `paired` (block-scaled, BN <= 128, an even number of K steps): two K steps an iteration,
     each into its own product (_paired_blockscaled; `stages` then counts K steps, two a
-    ring stage). `scales="ring"` (block-scaled, BN <= 128): the activation scales are taken
-    M-major, SA [K / 128, M] (`fp8_linear` transposes them), so each K step's BM of them is
-    one row that the step's copies bring into shared memory with A and B (on sm_90a a TMA
-    box of the producer's ring) and the weight block's row of scales is read once before the
-    loop: no global load waits in the consumers' loop."""
+    ring stage)."""
     Md = T.dyn("M")
-    if scales not in ("rows", "ring"):
-        raise ValueError(f"fp8 GEMM scales {scales!r}: 'rows' or 'ring'")
-    if scales == "ring" and (not block_scaled or paired or BN > SCALE_BLOCK):
-        raise ValueError(f"fp8 GEMM scales 'ring': block-scaled, unpaired, BN <= {SCALE_BLOCK}")
     steps = -(-K // BK)
     if paired and not block_scaled:
         raise ValueError("paired fp8 GEMM: block-scaled only (per-tensor products chain)")
@@ -174,8 +166,6 @@ def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads
             raise ValueError(f"paired block-scaled fp8 GEMM: needs BN <= {SCALE_BLOCK} (got "
                              f"{BN}) and an even number of {BK}-deep K steps (got {steps})")
         return _paired_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, steps, NB)
-    if scales == "ring":
-        return _ring_scales_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, steps, NB)
 
     @tiled.kernel
     def fp8_gemm_blockscaled(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),
@@ -206,39 +196,6 @@ def scaled_gemm_kernel(M, N, K, out_dtype, block_scaled, BM=128, BN=128, threads
                         1.0 if one_block else SB[(bx * BN + j) // SCALE_BLOCK, k])
             T.copy(acc, Y[by * BM, bx * BN])
     return fp8_gemm_blockscaled
-
-
-def _ring_scales_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, steps, NB):
-    """scaled_gemm_kernel's `scales="ring"` form (its docstring): SA M-major [steps, M]."""
-    G = steps
-
-    @tiled.kernel
-    def fp8_gemm_blockscaled_ring(A: T.Tensor((Md, K), E4M3), B: T.Tensor((N, K), E4M3),
-                                  SA: T.Tensor((G, Md), "float32"),
-                                  SB: T.Tensor((NB, G), "float32"),
-                                  Y: T.Tensor((Md, N), out_dtype)):
-        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), threads=threads) as (bx, by):
-            a_s = T.alloc_shared((BM, BK), E4M3)
-            b_s = T.alloc_shared((BN, BK), E4M3)
-            sa_s = T.alloc_shared((BM,), "float32")
-            sb_s = T.alloc_shared((G,), "float32")
-            part = T.alloc_fragment((BM, BN), "float32")
-            acc = T.alloc_fragment((BM, BN), "float32")
-            sa = T.alloc_fragment((BM,), "float32")
-            for g in T.Parallel(G):  # the tile's weight block: one scale per K step
-                sb_s[g] = SB[bx * BN // SCALE_BLOCK, g]
-            T.clear(acc)
-            for k in T.Pipelined(steps, num_stages=stages):
-                T.copy(A[by * BM, k * BK], a_s)
-                T.copy(B[bx * BN, k * BK], b_s)
-                T.copy(SA[k, by * BM], sa_s)
-                for i in T.Parallel(BM):
-                    sa[i] = sa_s[i] * sb_s[k]
-                T.gemm(a_s, b_s, part, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(BM, BN):
-                    acc[i, j] += part[i, j] * sa[i]
-            T.copy(acc, Y[by * BM, bx * BN])
-    return fp8_gemm_blockscaled_ring
 
 
 def _paired_blockscaled(Md, N, K, out_dtype, BM, BN, threads, stages, steps, NB):
@@ -368,8 +325,7 @@ def fp8_linear(x, w, x_scale, w_scale, bias=None, out_dtype=None):
     tuned = FP8_LINEAR.tuned(x, M, N, K, out_name, block_scaled)
     y = torch.empty(M, N, device=x.device, dtype=odt)
     if M:
-        _run(tuned.compiled, tuned.config, [x2, w.contiguous(), sa.contiguous(),
-                                            sb.contiguous(), y])
+        tuned.compiled(x2, w.contiguous(), sa.contiguous(), sb.contiguous(), y)
     if bias is not None:
         y += bias
     return y.view(*x.shape[:-1], N)
@@ -400,17 +356,6 @@ def _inputs(M, N, K, out_dtype, block_scaled, **config):
     return [a, b, sa, sb, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out_dtype))]
 
 
-def _run(kernel, config, args):
-    """The GEMM of `config` on fp8_linear's arguments (a, b, sa, sb, y), as the op runs it and
-    so as its candidates are timed: a `scales="ring"` kernel takes SA M-major (transposed
-    here, M x K / 128 floats: 2.4 MB at 4096 tokens and K = 18432)."""
-    a, b, sa, sb, y = args
-    if config.get("scales") == "ring":
-        sa = sa.t().contiguous()
-    kernel(a, b, sa, sb, y)
-    return y
-
-
 FP8_LINEAR = TunedOp("fp8_linear", scaled_gemm_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
                      key=["M", "N", "K", "out_dtype", "block_scaled"], bucket=_bucket,
-                     inputs=_inputs, run=_run)
+                     inputs=_inputs)

@@ -22,6 +22,7 @@ when the GEMM's blocks finish instead of a launch later (4096 x 4096 at 64 token
 import tiled
 import tiled.lang as T
 from tiled.ops.gemm_streamk import run_stream_k, stream_k_kernel
+from tiled.ops.split_k import add_up_last, run_last_sum, run_split_k
 from tiled.ops.tuned import TunedOp, pow2_bucket
 
 BK = 64
@@ -59,6 +60,9 @@ CUDA_SPACE = [
     *({"kind": "streamk", "BM": bm, "BN": bn, "threads": t, "units": 132}
       for bm, bn, t in ((128, 256, 256), (128, 128, 256), (64, 128, 128))),
 ]
+# every split-K tile and swap also with its sum in the GEMM kernel (split_k.py, sum="last")
+CUDA_SPACE += [{**c, "sum": "last"} for c in CUDA_SPACE
+               if c.get("splits", 1) > 1 and c["kind"] in ("tile", "swap")]
 # (64-column tiles, 128 x 64 and 64 x 64, never won a bucket on the H200 and are left out:
 # benchmarks/results/autotune_linear_h200_run5.json.) 128 x 192 and 224-column tiles are for
 # grids that 128 x 256 ones leave a partial last wave of: 14336 columns at 1024 tokens are 448
@@ -115,13 +119,18 @@ def _fits(cfg: dict, M: int) -> bool:
 
 
 def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, threads=128,
-                  splits=1, stages=4, min_tokens=0, trigger=None, units=132):
+                  splits=1, stages=4, min_tokens=0, trigger=None, units=132, sum="kernel"):
     """The kernel of one config (M only selects: the kernel's M is symbolic; a config serves
     M from `min_tokens`). With `splits` > 1 the K loop is split over a third grid axis and
     split s writes its float32 partial into P[s] ([splits, M, N]), which `splitk_sum` adds
-    up and casts (`_run`). `trigger` (default: with splits): T.pdl_trigger after the main
-    loop, so that the programmatically launched `splitk_sum` may start then."""
-    trigger = splits > 1 if trigger is None else trigger
+    up and casts (`sum="kernel"`) or the tile's last split to finish adds up in the same
+    kernel (`sum="last"`: tiled.ops.split_sum). `trigger` (default: with a `splitk_sum`):
+    T.pdl_trigger after the main loop, so that the programmatically launched sum may start
+    then."""
+    if sum not in ("kernel", "last"):
+        raise ValueError(f"linear: sum must be 'kernel' or 'last', got {sum!r}")
+    last = splits > 1 and sum == "last"
+    trigger = splits > 1 and not last if trigger is None else trigger
     if not _fits({"kind": kind, "BM": BM, "splits": splits, "min_tokens": min_tokens}, M):
         raise ValueError(f"config {kind} {BM}x{BN} is not for M = {M}")
     Md = T.dyn("M")
@@ -129,49 +138,88 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
         return stream_k_kernel(Md, N, K, dtype, out_dtype, BM, BN, threads, units, stages)
     steps = -(-K // BK)
     per_split = -(-steps // splits)  # K steps per split
-    out = T.Tensor((Md, N), out_dtype) if splits == 1 else T.Tensor((splits, Md, N), "float32")
+    y_t = T.Tensor((Md, N), out_dtype)
+    out = y_t if splits == 1 else T.Tensor((splits, Md, N), "float32")
     extra = (splits,) if splits > 1 else ()  # the split axis of the grid
 
     def split_of(g):
         """(the block's split: 0 without one, Y's leading index for it: none without one)."""
         return (g[2], (g[2],)) if splits > 1 else (0, ())
+    if kind == "gemv":
+        if last:
+            raise ValueError("linear: gemv configs take sum='kernel'")
+        return _gemv_kernel(Md, N, K, dtype, BM, BN, threads, splits, out, extra, split_of)
+    tiles_n = -(-N // BN)
+    c_t = T.Tensor((T.dyn("tiles"),), "int32")  # sum="last": the tiles' counters
+
+    @T.macro
+    def tile_product(X, Wt, acc, bx, by, bz):
+        """acc = X's BM x K rows by Wt's BN x K rows, transposed, over split bz's K steps."""
+        xs = T.alloc_shared((BM, BK), dtype)
+        ws = T.alloc_shared((BN, BK), dtype)
+        T.clear(acc)
+        for k in T.Pipelined(per_split, num_stages=stages):
+            T.copy(X[by * BM, (bz * per_split + k) * BK], xs)
+            T.copy(Wt[bx * BN, (bz * per_split + k) * BK], ws)
+            T.gemm(xs, ws, acc, transpose_B=True)
+        if trigger:
+            T.pdl_trigger()
+
+    if kind == "tile" and last:
+        @tiled.kernel
+        def linear_tile_last(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype),
+                             Y: y_t, P: out, C: c_t):
+            with T.Kernel(tiles_n, T.ceildiv(Md, BM), splits, threads=threads) as (bx, by, bz):
+                acc = T.alloc_fragment((BM, BN), "float32")
+                tile_product(X, Wt, acc, bx, by, bz)
+                T.copy(acc, P[bz, by * BM, bx * BN])
+                add_up_last(P, C, Y, by * tiles_n + bx, by * BM, bx * BN, BM, BN, splits,
+                            out_dtype)
+        return linear_tile_last
     if kind == "tile":
         @tiled.kernel
         def linear_tile(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype), Y: out):
-            with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as g:
+            with T.Kernel(tiles_n, T.ceildiv(Md, BM), *extra, threads=threads) as g:
                 (bx, by), (bz, lead) = g[:2], split_of(g)
-                xs = T.alloc_shared((BM, BK), dtype)
-                ws = T.alloc_shared((BN, BK), dtype)
                 acc = T.alloc_fragment((BM, BN), "float32")
-                T.clear(acc)
-                for k in T.Pipelined(per_split, num_stages=stages):
-                    T.copy(X[by * BM, (bz * per_split + k) * BK], xs)
-                    T.copy(Wt[bx * BN, (bz * per_split + k) * BK], ws)
-                    T.gemm(xs, ws, acc, transpose_B=True)
-                if trigger:
-                    T.pdl_trigger()
+                tile_product(X, Wt, acc, bx, by, bz)
                 T.copy(acc, Y[*lead, by * BM, bx * BN])
         return linear_tile
 
-    if kind == "gemv":
-        return _gemv_kernel(Md, N, K, dtype, BM, BN, threads, splits, out, extra, split_of)
-
     BW, BX = BN, BM  # swap: w rows per block, tokens per block
+
+    @T.macro
+    def swap_product(X, Wt, acc, bx, by, bz):
+        """acc = Wt's BW x K rows by X's BX x K rows, transposed, over split bz's K steps."""
+        ws = T.alloc_shared((BW, BK), dtype)
+        xs = T.alloc_shared((BX, BK), dtype)
+        T.clear(acc)
+        for k in T.Pipelined(per_split, num_stages=stages):
+            T.copy(Wt[bx * BW, (bz * per_split + k) * BK], ws)
+            T.copy(X[by * BX, (bz * per_split + k) * BK], xs)
+            T.gemm(ws, xs, acc, transpose_B=True)
+        if trigger:
+            T.pdl_trigger()
+
+    if last:
+        @tiled.kernel
+        def linear_swap_last(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype),
+                             Y: y_t, P: out, C: c_t):
+            with T.Kernel(tiles_n, T.ceildiv(Md, BX), splits, threads=threads) as (bx, by, bz):
+                acc = T.alloc_fragment((BW, BX), "float32")
+                swap_product(X, Wt, acc, bx, by, bz)
+                for i, j in T.Parallel(BW, BX):  # rows past M or N: the guards drop them
+                    P[bz, by * BX + j, bx * BW + i] = acc[i, j]
+                add_up_last(P, C, Y, by * tiles_n + bx, by * BX, bx * BW, BX, BW, splits,
+                            out_dtype)
+        return linear_swap_last
 
     @tiled.kernel
     def linear_swap(X: T.Tensor((Md, K), dtype), Wt: T.Tensor((N, K), dtype), Y: out):
-        with T.Kernel(T.ceildiv(N, BW), T.ceildiv(Md, BX), *extra, threads=threads) as g:
+        with T.Kernel(tiles_n, T.ceildiv(Md, BX), *extra, threads=threads) as g:
             (bx, by), (bz, lead) = g[:2], split_of(g)
-            ws = T.alloc_shared((BW, BK), dtype)
-            xs = T.alloc_shared((BX, BK), dtype)
             acc = T.alloc_fragment((BW, BX), "float32")
-            T.clear(acc)
-            for k in T.Pipelined(per_split, num_stages=stages):
-                T.copy(Wt[bx * BW, (bz * per_split + k) * BK], ws)
-                T.copy(X[by * BX, (bz * per_split + k) * BK], xs)
-                T.gemm(ws, xs, acc, transpose_B=True)
-            if trigger:
-                T.pdl_trigger()
+            swap_product(X, Wt, acc, bx, by, bz)
             for i, j in T.Parallel(BW, BX):  # rows past M or N: the guards drop them
                 Y[*lead, by * BX + j, bx * BW + i] = acc[i, j]
     return linear_swap
@@ -262,38 +310,17 @@ def _inputs(M, N, K, dtype, out_dtype, **config):
     return [x, w, torch.zeros(M, N, device=dev, dtype=_torch_dtype(torch, out_dtype))]
 
 
-def run_split_k(y, splits: int, launch):
-    """y [M, N] by `launch(out)`: out is y itself, or with `splits` > 1 a float32 [splits, M,
-    N] workspace of split-K partials that tiled.ops' `splitk_sum` kernel adds up into y
-    (sum_params)."""
-    import torch
-
-    import tiled.ops as ops
-
-    if splits == 1:
-        launch(y)
-        return y
-    M, N = y.shape
-    partials = torch.empty(splits, M, N, device=y.device, dtype=torch.float32)
-    launch(partials)
-    ops._kernel("splitk_sum", y, **sum_params(N, splits, str(y.dtype).removeprefix("torch.")))(
-        partials, y)
-    return y
-
-
-def sum_params(N: int, splits: int, dtype: str) -> dict:
-    """The `splitk_sum` kernel's parameters run_split_k asks tiled.ops for (what a bundle
-    built elsewhere installs): launched programmatically after the GEMM."""
-    return {"N": N, "splits": splits, "dtype": dtype, "pdl": True}
-
-
 def _run(kernel, config, args):
     """y = x @ w.T by `kernel` of `config` into args' y, as linear runs it and so as its
     candidates are timed (split-K through run_split_k)."""
     x, w, y = args
     if config.get("kind") == "streamk":
         return run_stream_k(kernel, config, x, w, y)
-    return run_split_k(y, config.get("splits", 1), lambda out: kernel(x, w, out))
+    splits = config.get("splits", 1)
+    if splits > 1 and config.get("sum") == "last":
+        tiles = -(-x.shape[0] // config["BM"]) * -(-w.shape[0] // config["BN"])
+        return run_last_sum(y, splits, tiles, lambda *out: kernel(x, w, *out))
+    return run_split_k(y, splits, lambda out: kernel(x, w, out))
 
 
 def _launch(tuned, x2, w, odt):

@@ -186,7 +186,7 @@ def splitk_sum(N: int, splits: int, dtype: str, block_n: int = 1024, threads: in
     """Y = P[0] + ... + P[splits - 1] in `dtype`, for the float32 split-K partials P
     [splits, M, N] of tiled.ops.linear: one pass that both reduces and casts. With `pdl` it
     may start while the GEMM that writes P still runs, and waits for it (T.pdl_sync; how
-    tiled.ops.linear runs it: gemm.sum_params, benchmarks/results/splitk_pdl_h200.json)."""
+    tiled.ops.linear runs it: split_k.sum_params, benchmarks/results/splitk_pdl_h200.json)."""
     M = T.dyn("M")
     bn = min(block_n, N)
 

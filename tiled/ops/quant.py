@@ -34,7 +34,7 @@ _MAGIC16). The tensor-core forms and the nibble arithmetic live in tiled.ops.qua
 
 import tiled
 import tiled.lang as T
-from tiled.ops.gemm import run_split_k, token_bucket
+from tiled.ops.gemm import token_bucket
 from tiled.ops.quant_tiles import (
     _magic,
     _nibble,
@@ -44,6 +44,7 @@ from tiled.ops.quant_tiles import (
     _w4_tile_kernel,
     _w8_tile_kernel,
 )
+from tiled.ops.split_k import run_split_k
 from tiled.ops.tuned import TunedOp
 
 # lanes (CUDA cores): BM tokens per block, BN columns per block, threads, splits, WPI: 32-bit
@@ -255,7 +256,7 @@ def _inputs(M, N, K, dtype, out_dtype, bits, group_size, zeros, **config):
 
 def _run(kernel, config, args):
     """y by `kernel` of `config` into args' y: with splits, float32 partials that splitk_sum
-    adds up (tiled.ops.gemm.run_split_k, as tiled.ops.linear's split-K)."""
+    adds up (tiled.ops.split_k.run_split_k, as tiled.ops.linear's split-K)."""
     x, w, s, z, y = args
     return run_split_k(y, config.get("splits", 1), lambda out: kernel(x, w, s, z, out))
 

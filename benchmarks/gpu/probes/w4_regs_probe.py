@@ -48,7 +48,7 @@ def _name(K, N, c):
 
 def build(out: Path) -> None:
     import tiled.ops as ops
-    from tiled.ops.gemm import sum_params
+    from tiled.ops.split_k import sum_params
     from tiled.ops.quant import quant_linear_kernel
 
     out.mkdir(parents=True, exist_ok=True)

@@ -39,11 +39,16 @@ def add_up_last(P, C, Y, tile, r0, c0, rows: int, cols: int, splits: int, dtype:
     partials in `dtype` (rows and columns past Y's: the guards drop them) and zero the count."""
     done = T.atomic_add(C[tile], 1, memory_order="acq_rel", return_prev=True)
     if done == splits - 1:
+        # all of a thread's loads first (rows past Y's read its last, so they need no
+        # guard and can all be in flight at once), then the tile's guarded stores
+        total = T.alloc_fragment((rows, cols), "float32")
+        last_row = Y.shape[0] - 1
         for i, j in T.Parallel(rows, cols):
-            total = P[0, r0 + i, c0 + j]
+            r = T.min(r0 + i, last_row)
+            total[i, j] = P[0, r, c0 + j]
             for s in range(1, splits):
-                total = total + P[s, r0 + i, c0 + j]
-            Y[r0 + i, c0 + j] = T.cast(total, dtype)
+                total[i, j] += P[s, r, c0 + j]
+        T.copy(total, Y[r0, c0])
         C[tile] = 0
 
 

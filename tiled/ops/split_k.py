@@ -19,16 +19,19 @@ stream: launches on one stream run one after another, and a launch that failed l
 context unusable (CUDA errors are sticky), so no later launch sees a count it left. Launches
 captured into a CUDA graph take a buffer per capture and capturing stream (the driver's
 capture id: two graphs may replay side by side, one graph's launches on one stream never),
-a slice of a pool zeroed outside any capture by the device's eager launches (which keep
-half of it free), so the graph holds no memset. Captured with no pool room (or no pool
-yet), the counters are made and zeroed inside the capture: right, but the graph replays
-the zeroing.
+a slice of a pool zeroed outside any capture by the device's eager launches, so the graph
+holds no memset; a pool half used is renewed by the next eager launch, and kept, as every
+slice a graph holds must be (a few hundred ints a capture). Captured with no pool room (or
+no pool yet), the counters are made and zeroed inside the capture: right, but the graph
+replays the zeroing.
 """
 
 import tiled.lang as T
 
-_COUNTERS: dict = {}  # (device, stream[, capture id]) -> int32 counters, zero between launches
+_COUNTERS: dict = {}  # (device, stream) -> int32 counters, zero between launches
+_CAPTURED: dict = {}  # (device, stream) -> (capture id, counters) of its latest capture
 _POOLS: dict = {}  # device -> [zeroed int32 pool for captured launches, next free index]
+_KEPT: list = []  # renewed pools and in-capture counters: graphs may replay them any time
 POOL_INTS = 1 << 20  # a device's pool for captured launches: 4 MiB, renewed when half used
 
 
@@ -57,24 +60,24 @@ def counters(device, tiles: int):
     current stream's buffer, or while a CUDA graph is captured the capture's own."""
     import torch
 
-    size = max(tiles, 1024)
     if device.type != "cuda":
         key = (str(device), None)
     else:
-        stream = torch.cuda.current_stream(device).cuda_stream
+        key = (str(device), torch.cuda.current_stream(device).cuda_stream)
         if torch.cuda.is_current_stream_capturing():
-            key = (str(device), stream, _capture_id(stream))
-            have = _COUNTERS.get(key)
-            if have is None or have.numel() < tiles:
-                have = _COUNTERS[key] = _from_pool(device, size)
-            return have
-        key = (str(device), stream)
+            capture = _capture_id(key[1])
+            have = _CAPTURED.get(key)
+            if have is None or have[0] != capture or have[1].numel() < tiles:
+                have = _CAPTURED[key] = (capture, _from_pool(device, -(-tiles // 256) * 256))
+            return have[1]
         pool = _POOLS.get(str(device))
-        if pool is None or pool[1] > pool[0].numel() // 2:  # (an old pool lives on in its slices)
+        if pool is None or pool[1] > pool[0].numel() // 2:
+            if pool is not None:
+                _KEPT.append(pool[0])
             _POOLS[str(device)] = [torch.zeros(POOL_INTS, device=device, dtype=torch.int32), 0]
     have = _COUNTERS.get(key)
     if have is None or have.numel() < tiles:
-        have = _COUNTERS[key] = torch.zeros(size, device=device, dtype=torch.int32)
+        have = _COUNTERS[key] = torch.zeros(max(tiles, 1024), device=device, dtype=torch.int32)
     return have
 
 
@@ -92,7 +95,9 @@ def _from_pool(device, size: int):
 
     pool = _POOLS.get(str(device))
     if pool is None or pool[1] + size > pool[0].numel():
-        return torch.zeros(size, device=device, dtype=torch.int32)  # the graph zeroes it
+        made = torch.zeros(size, device=device, dtype=torch.int32)  # the graph zeroes it
+        _KEPT.append(made)
+        return made
     start, pool[1] = pool[1], pool[1] + size
     return pool[0][start:start + size]
 

@@ -53,7 +53,9 @@ SHAPES = {  # (N, K) of x @ W^T
 MS = (1, 16, 64, 256, 1024, 4096, 8192)
 # Build filters (issue 12's table: AUTOTUNE_LINEAR_SHAPES=8b_q_o,8b_gate_up,8b_down
 # AUTOTUNE_LINEAR_MS=1,16,64,128,1024,4096); the bundle's index keeps them for the run.
-SELECT_ENV = ("AUTOTUNE_LINEAR_SHAPES", "AUTOTUNE_LINEAR_MS")
+SELECT_ENV = ("AUTOTUNE_LINEAR_SHAPES", "AUTOTUNE_LINEAR_MS", "AUTOTUNE_LINEAR_LAST")
+# AUTOTUNE_LINEAR_LAST=1: the bundle also holds tiled.ops.gemm.LAST_SUM_CONFIGS' kernels
+# (split-K summed in the GEMM kernel: not in the tuner's space; probes/split_sum_probe.py)
 ROUNDS = 3
 GRAPH_CALLS = 20
 PHASE_ENV = "AUTOTUNE_LINEAR_PHASE"
@@ -62,15 +64,16 @@ SMOKED_ENV = "AUTOTUNE_LINEAR_SMOKED"  # set (to the hung kernels, or empty): no
 
 
 def build(out: Path) -> None:
-    from tiled.ops.gemm import CUDA_SPACE, _fits, linear_kernel
+    from tiled.ops.gemm import CUDA_SPACE, LAST_SUM_CONFIGS, _fits, linear_kernel
 
+    space = CUDA_SPACE + (LAST_SUM_CONFIGS if os.environ.get(SELECT_ENV[2]) == "1" else [])
     out.mkdir(parents=True, exist_ok=True)
     index = {}
     old = out / "index.json"  # what an earlier build recorded of the kernels it made
     before = json.loads(old.read_text())["kernels"] if old.exists() else {}
     shapes, ms = _selection()
     for shape, (N, K) in shapes.items():
-        for i, cfg in enumerate(CUDA_SPACE):
+        for i, cfg in enumerate(space):
             m = next((m for m in ms if _fits(cfg, m)), None)
             if m is None:
                 continue

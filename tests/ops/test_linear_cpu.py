@@ -204,9 +204,9 @@ def test_16_token_swaps_and_split_k_tiles_take_the_sm90_warp_specialized_gemm():
 
 
 def test_every_config_of_the_cuda_space_defines_a_kernel_for_its_token_counts():
-    from tiled.ops.gemm import CUDA_SPACE, _fits, linear_kernel
+    from tiled.ops.gemm import CUDA_SPACE, LAST_SUM_CONFIGS, _fits, linear_kernel
 
-    for cfg in CUDA_SPACE:
+    for cfg in CUDA_SPACE + LAST_SUM_CONFIGS:
         ms = [m for m in (1, 2, 4, 16, 64, 128, 256, 1024, 4096) if _fits(cfg, m)]
         assert ms, cfg
         linear_kernel(ms[0], 4096, 4096, "bfloat16", "bfloat16", **cfg)

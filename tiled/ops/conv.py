@@ -43,8 +43,8 @@ CUDA_SPACE = [*({"BM": bm, "BN": bn, "BC": bc, "threads": t, "stages": st}
                 for bm, t in ((128, 256), (64, 128))),
               {"BM": 64, "BN": 160, "BC": 64, "threads": 128, "stages": 4, "splits": 4},
               {"BM": 192, "BN": 128, "BC": 64, "threads": 384, "stages": 4}]
-# the split configs also with their sum in the GEMM kernel (tiled.ops.split_k, sum="last")
-CUDA_SPACE += [{**c, "sum": "last"} for c in CUDA_SPACE if c.get("splits", 1) > 1]
+# (The split configs with their sum in the kernel, sum="last" (tiled.ops.split_k), are not in
+# the space until a GPU has timed them: tiled/ops/gemm.py's LAST_SUM_CONFIGS says why.)
 # CPU: 128 x 64 and 256 x 64 pixel x filter tiles over 64 channels a step for layers of at
 # least 64 input and output channels (`min_channels`), 16 x 16 x 16 for the rest: bf16 3x3
 # layers over 4 x 56 x 56 on the 2-core Zen 3, the wide tiles read 51-52 GFLOP/s at 64 -> 64

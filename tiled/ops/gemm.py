@@ -60,9 +60,15 @@ CUDA_SPACE = [
     *({"kind": "streamk", "BM": bm, "BN": bn, "threads": t, "units": 132}
       for bm, bn, t in ((128, 256, 256), (128, 128, 256), (64, 128, 128))),
 ]
-# every split-K tile and swap also with its sum in the GEMM kernel (split_k.py, sum="last")
-CUDA_SPACE += [{**c, "sum": "last"} for c in CUDA_SPACE
-               if c.get("splits", 1) > 1 and c["kind"] in ("tile", "swap")]
+# The split-K tiles and swaps with their sum in the GEMM kernel (split_k.py, sum="last"), not
+# in the space yet: right on the cpu target, and on sm_90a each tile's last split issues all
+# its loads of the partials before adding (32 LDG.128 ahead of the first FADD), but no GPU
+# has run them since that change; an earlier form, its loads a row at a time, read 0.72 /
+# 0.82x F.linear at 64 / 128 tokens on the H200 where the second kernel read 0.83 / 0.96x
+# (docs/ops.md). benchmarks/gpu/probes/split_sum_probe.py times both sums side by side on a
+# bundle that AUTOTUNE_LINEAR_LAST=1 benchmarks/gpu/autotune_linear.py build adds them to.
+LAST_SUM_CONFIGS = [{**c, "sum": "last"} for c in CUDA_SPACE
+                    if c.get("splits", 1) > 1 and c["kind"] in ("tile", "swap")]
 # (64-column tiles, 128 x 64 and 64 x 64, never won a bucket on the H200 and are left out:
 # benchmarks/results/autotune_linear_h200_run5.json.) 128 x 192 and 224-column tiles are for
 # grids that 128 x 256 ones leave a partial last wave of: 14336 columns at 1024 tokens are 448

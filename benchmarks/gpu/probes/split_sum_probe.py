@@ -1,10 +1,12 @@
 """Split-K's two sums side by side (tiled.ops.split_k: a `splitk_sum` kernel launched after the
 GEMM, or the tile's last split adding the partials up inside the GEMM): every split config of
-tiled.ops.linear's CUDA space in both forms, with F.linear, at the bundle's shapes and token
-counts: graph-replayed back to back (`hot`: a weight that fits the L2 stays there) and with the
-L2 flushed before each call (`cold`: as the tuner times candidates), in interleaved rounds.
+tiled.ops.linear's CUDA space in both forms (the second: tiled.ops.gemm.LAST_SUM_CONFIGS),
+with F.linear, at the bundle's shapes and token counts: graph-replayed back to back (`hot`:
+a weight that fits the L2 stays there) and with the L2 flushed before each call (`cold`: as
+the tuner times candidates), in interleaved rounds; and the sum-in-kernel output replayed
+from a CUDA graph (its counters the capture's own) checked against F.linear.
 
-Here: AUTOTUNE_LINEAR_SHAPES=8b_q_o,8b_down,8b_gate_up AUTOTUNE_LINEAR_MS=16,64,128 \\
+Here: AUTOTUNE_LINEAR_LAST=1 AUTOTUNE_LINEAR_SHAPES=8b_q_o AUTOTUNE_LINEAR_MS=16,64,128 \\
     python benchmarks/gpu/autotune_linear.py build --out .gpu/linear_last
 There (carry .gpu): python3 benchmarks/gpu/probes/split_sum_probe.py .gpu/linear_last \\
     $OUT/split_sum_probe.json

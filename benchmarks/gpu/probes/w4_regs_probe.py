@@ -48,8 +48,8 @@ def _name(K, N, c):
 
 def build(out: Path) -> None:
     import tiled.ops as ops
-    from tiled.ops.split_k import sum_params
     from tiled.ops.quant import quant_linear_kernel
+    from tiled.ops.split_k import sum_params
 
     out.mkdir(parents=True, exist_ok=True)
     index = {}

@@ -290,3 +290,28 @@ def test_stream_k_linear_matches_torch(M, units):
     want = x.float() @ w.float().T
     assert ((y.float() - want).norm() / want.norm()).item() < 1e-2
     assert 0 < partial_tiles(M, N, 32, 32, units) < units
+
+
+def test_last_split_sum_has_all_its_loads_in_flight_on_sm90a(tmp_path):
+    """sum="last" on sm_90a (64 w rows x 64 tokens, 4 splits): after the tile's count
+    (ATOMG), the last split issues every load of the partials (4 x 8 float4 a thread) before
+    its first add, rather than a row's loads per L2 round trip, and the GEMM keeps its TMA
+    ring and wgmma; no programmatic-launch trigger (there is no second kernel)."""
+    import re
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    import tiled
+    from tests.compiler.test_sm90_path import sass
+    from tiled.ops.gemm import linear_kernel
+
+    c = tiled.compile(linear_kernel(64, 4096, 4096, "bfloat16", "bfloat16", kind="swap", BM=64,
+                                    BN=64, threads=128, splits=4, stages=8, sum="last"),
+                      "cuda:sm_90a", cache=False)
+    assert "launch_dependents" not in c.source
+    text = sass(c.artifact, tmp_path, c.manifest.symbol)
+    assert "UTMALDG" in text and "HGMMA.64x64x16.F32.BF16" in text
+    after = text[text.index("ATOMG"):]
+    assert len(re.findall(r"LDG\.E\.128", after[:after.index("FADD")])) == 32
+    assert not re.search(r"\b(LDL|STL)\b", text)

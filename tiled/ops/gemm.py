@@ -159,15 +159,16 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
     c_t = T.Tensor((T.dyn("tiles"),), "int32")  # sum="last": the tiles' counters
 
     @T.macro
-    def tile_product(X, Wt, acc, bx, by, bz):
-        """acc = X's BM x K rows by Wt's BN x K rows, transposed, over split bz's K steps."""
-        xs = T.alloc_shared((BM, BK), dtype)
-        ws = T.alloc_shared((BN, BK), dtype)
+    def product(A, B, acc, a0, b0, bz, rows_a: int, rows_b: int):
+        """acc = A's rows_a x K rows from a0 by B's rows_b x K rows from b0, transposed, over
+        split bz's K steps (tile: A = X, B = Wt; swap: A = Wt, B = X)."""
+        a_s = T.alloc_shared((rows_a, BK), dtype)
+        b_s = T.alloc_shared((rows_b, BK), dtype)
         T.clear(acc)
         for k in T.Pipelined(per_split, num_stages=stages):
-            T.copy(X[by * BM, (bz * per_split + k) * BK], xs)
-            T.copy(Wt[bx * BN, (bz * per_split + k) * BK], ws)
-            T.gemm(xs, ws, acc, transpose_B=True)
+            T.copy(A[a0, (bz * per_split + k) * BK], a_s)
+            T.copy(B[b0, (bz * per_split + k) * BK], b_s)
+            T.gemm(a_s, b_s, acc, transpose_B=True)
         if trigger:
             T.pdl_trigger()
 
@@ -177,7 +178,7 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
                              Y: y_t, P: out, C: c_t):
             with T.Kernel(tiles_n, T.ceildiv(Md, BM), splits, threads=threads) as (bx, by, bz):
                 acc = T.alloc_fragment((BM, BN), "float32")
-                tile_product(X, Wt, acc, bx, by, bz)
+                product(X, Wt, acc, by * BM, bx * BN, bz, BM, BN)
                 T.copy(acc, P[bz, by * BM, bx * BN])
                 add_up_last(P, C, Y, by * tiles_n + bx, by * BM, bx * BN, BM, BN, splits,
                             out_dtype)
@@ -188,24 +189,11 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
             with T.Kernel(tiles_n, T.ceildiv(Md, BM), *extra, threads=threads) as g:
                 (bx, by), (bz, lead) = g[:2], split_of(g)
                 acc = T.alloc_fragment((BM, BN), "float32")
-                tile_product(X, Wt, acc, bx, by, bz)
+                product(X, Wt, acc, by * BM, bx * BN, bz, BM, BN)
                 T.copy(acc, Y[*lead, by * BM, bx * BN])
         return linear_tile
 
     BW, BX = BN, BM  # swap: w rows per block, tokens per block
-
-    @T.macro
-    def swap_product(X, Wt, acc, bx, by, bz):
-        """acc = Wt's BW x K rows by X's BX x K rows, transposed, over split bz's K steps."""
-        ws = T.alloc_shared((BW, BK), dtype)
-        xs = T.alloc_shared((BX, BK), dtype)
-        T.clear(acc)
-        for k in T.Pipelined(per_split, num_stages=stages):
-            T.copy(Wt[bx * BW, (bz * per_split + k) * BK], ws)
-            T.copy(X[by * BX, (bz * per_split + k) * BK], xs)
-            T.gemm(ws, xs, acc, transpose_B=True)
-        if trigger:
-            T.pdl_trigger()
 
     if last:
         @tiled.kernel
@@ -213,7 +201,7 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
                              Y: y_t, P: out, C: c_t):
             with T.Kernel(tiles_n, T.ceildiv(Md, BX), splits, threads=threads) as (bx, by, bz):
                 acc = T.alloc_fragment((BW, BX), "float32")
-                swap_product(X, Wt, acc, bx, by, bz)
+                product(Wt, X, acc, bx * BW, by * BX, bz, BW, BX)
                 for i, j in T.Parallel(BW, BX):  # rows past M or N: the guards drop them
                     P[bz, by * BX + j, bx * BW + i] = acc[i, j]
                 add_up_last(P, C, Y, by * tiles_n + bx, by * BX, bx * BW, BX, BW, splits,
@@ -225,7 +213,7 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
         with T.Kernel(tiles_n, T.ceildiv(Md, BX), *extra, threads=threads) as g:
             (bx, by), (bz, lead) = g[:2], split_of(g)
             acc = T.alloc_fragment((BW, BX), "float32")
-            swap_product(X, Wt, acc, bx, by, bz)
+            product(Wt, X, acc, bx * BW, by * BX, bz, BW, BX)
             for i, j in T.Parallel(BW, BX):  # rows past M or N: the guards drop them
                 Y[*lead, by * BX + j, bx * BW + i] = acc[i, j]
     return linear_swap

@@ -92,7 +92,7 @@ def build(out: Path) -> None:
             _, seconds = compile_into(out, name, _kernel(layer, cfg), TARGET)
             index[name] = {"layer": layer, "config": cfg, "cold_compile_s": round(seconds, 3)}
             print(name, index[name], flush=True)
-    # The split configs' partials are added up by splitk_sum (gemm.run_split_k): one per
+    # The split configs' partials are added up by splitk_sum (split_k.run_split_k): one per
     # filter count and split count, installed into tiled.ops by `run`.
     index.update(compile_sums(out, {(LAYERS[layer][3], cfg["splits"]) for layer in LAYERS
                                      if not _as_linear(layer) for cfg in conv.CUDA_SPACE

@@ -172,15 +172,11 @@ def _inputs(C, H, W, F, R, S, stride, pad, dil, dtype, bias, batch, **config):
 
 def _run(kernel, config, args):
     """The layer by `kernel` of `config` into args' y, as conv2d runs it and so as its
-    candidates are timed (split-K through split_k.run_split_k)."""
-    from tiled.ops.split_k import run_last_sum, run_split_k
+    candidates are timed (split-K through split_k.run_split)."""
+    from tiled.ops.split_k import run_split
 
     x, w, b, y = args
-    splits = config.get("splits", 1)
-    if splits > 1 and config.get("sum") == "last":
-        tiles = -(-y.shape[0] // config["BM"]) * -(-y.shape[1] // config["BN"])
-        return run_last_sum(y, splits, tiles, lambda *out: kernel(x, w, b, *out))
-    return run_split_k(y, splits, lambda out: kernel(x, w, b, out))
+    return run_split(y, config, lambda *out: kernel(x, w, b, *out))
 
 
 CONV2D = TunedOp("conv2d", conv2d_kernel, {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},

@@ -22,7 +22,7 @@ when the GEMM's blocks finish instead of a launch later (4096 x 4096 at 64 token
 import tiled
 import tiled.lang as T
 from tiled.ops.gemm_streamk import run_stream_k, stream_k_kernel
-from tiled.ops.split_k import add_up_last, run_last_sum, run_split_k
+from tiled.ops.split_k import add_up_last, run_split
 from tiled.ops.tuned import TunedOp, pow2_bucket
 
 BK = 64
@@ -130,7 +130,7 @@ def linear_kernel(M, N, K, dtype, out_dtype, kind="tile", BM=128, BN=128, thread
     M from `min_tokens`). With `splits` > 1 the K loop is split over a third grid axis and
     split s writes its float32 partial into P[s] ([splits, M, N]), which `splitk_sum` adds
     up and casts (`sum="kernel"`) or the tile's last split to finish adds up in the same
-    kernel (`sum="last"`: tiled.ops.split_sum). `trigger` (default: with a `splitk_sum`):
+    kernel (`sum="last"`: tiled.ops.split_k). `trigger` (default: with a `splitk_sum`):
     T.pdl_trigger after the main loop, so that the programmatically launched sum may start
     then."""
     if sum not in ("kernel", "last"):
@@ -306,15 +306,11 @@ def _inputs(M, N, K, dtype, out_dtype, **config):
 
 def _run(kernel, config, args):
     """y = x @ w.T by `kernel` of `config` into args' y, as linear runs it and so as its
-    candidates are timed (split-K through run_split_k)."""
+    candidates are timed (split-K through split_k.run_split)."""
     x, w, y = args
     if config.get("kind") == "streamk":
         return run_stream_k(kernel, config, x, w, y)
-    splits = config.get("splits", 1)
-    if splits > 1 and config.get("sum") == "last":
-        tiles = -(-x.shape[0] // config["BM"]) * -(-w.shape[0] // config["BN"])
-        return run_last_sum(y, splits, tiles, lambda *out: kernel(x, w, *out))
-    return run_split_k(y, splits, lambda out: kernel(x, w, out))
+    return run_split(y, config, lambda *out: kernel(x, w, *out))
 
 
 def _launch(tuned, x2, w, odt):

@@ -44,7 +44,7 @@ from tiled.ops.quant_tiles import (
     _w4_tile_kernel,
     _w8_tile_kernel,
 )
-from tiled.ops.split_k import run_split_k
+from tiled.ops.split_k import run_split
 from tiled.ops.tuned import TunedOp
 
 # lanes (CUDA cores): BM tokens per block, BN columns per block, threads, splits, WPI: 32-bit
@@ -256,9 +256,9 @@ def _inputs(M, N, K, dtype, out_dtype, bits, group_size, zeros, **config):
 
 def _run(kernel, config, args):
     """y by `kernel` of `config` into args' y: with splits, float32 partials that splitk_sum
-    adds up (tiled.ops.split_k.run_split_k, as tiled.ops.linear's split-K)."""
+    adds up (tiled.ops.split_k.run_split, as tiled.ops.linear's split-K)."""
     x, w, s, z, y = args
-    return run_split_k(y, config.get("splits", 1), lambda out: kernel(x, w, s, z, out))
+    return run_split(y, config, lambda *out: kernel(x, w, s, z, *out))
 
 
 QUANT_LINEAR = TunedOp("quant_linear", quant_linear_kernel,

@@ -1,6 +1,7 @@
 """Split-K for tiled.ops' GEMMs (this module, tiled.ops.split_k): the K loop of one output tile
 split over a third grid axis, split s writing its float32 partial into P[s] of a [splits, M,
-N] workspace, and two ways of adding the partials up into y:
+N] workspace, and two ways of adding the partials up into y (`run_split` runs a config by
+its `sum`):
 
 - `sum="kernel"` (`run_split_k`): one `splitk_sum` kernel (tiled.ops.kernels) reads P and
   writes y, launched programmatically (the GEMM runs T.pdl_trigger after its main loop, the
@@ -102,6 +103,17 @@ def _from_pool(device, size: int):
     return pool[0][start:start + size]
 
 
+def run_split(y, config: dict, launch):
+    """y [M, N] by `launch(*outputs)` of a kernel of `config` (its `splits`, `sum`, BM x BN
+    output tiles): launch(y) without splits; with them launch(P) of float32 [splits, M, N]
+    partials then `splitk_sum` (sum="kernel"), or launch(y, P, C) with the counters C of the
+    tiles (sum="last")."""
+    splits = config.get("splits", 1)
+    if splits > 1 and config.get("sum") == "last":
+        return run_last_sum(y, splits, config["BM"], config["BN"], launch)
+    return run_split_k(y, splits, launch)
+
+
 def run_split_k(y, splits: int, launch):
     """y [M, N] by `launch(out)`: out is y itself, or with `splits` > 1 a float32 [splits, M,
     N] workspace of split-K partials that tiled.ops' `splitk_sum` kernel adds up into y
@@ -121,14 +133,14 @@ def run_split_k(y, splits: int, launch):
     return y
 
 
-def run_last_sum(y, splits: int, tiles: int, launch):
-    """y [M, N] by `launch(y, P, C)` of a `sum="last"` kernel: P its float32 [splits, M, N]
-    partials, C the counters of its `tiles` output tiles."""
+def run_last_sum(y, splits: int, BM: int, BN: int, launch):
+    """y [M, N] by `launch(y, P, C)` of a `sum="last"` kernel of BM x BN output tiles: P its
+    float32 [splits, M, N] partials, C the tiles' counters."""
     import torch
 
     M, N = y.shape
     partials = torch.empty(splits, M, N, device=y.device, dtype=torch.float32)
-    launch(y, partials, counters(y.device, tiles))
+    launch(y, partials, counters(y.device, -(-M // BM) * -(-N // BN)))
     return y
 
 

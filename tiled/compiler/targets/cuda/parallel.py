@@ -24,6 +24,7 @@ from tiled.compiler.passes.layout_kinds import (
 )
 from tiled.compiler.passes.stmts import is_identity, parallel_nest
 from tiled.compiler.passes.vectorize import run_lanes
+from tiled.compiler.targets.cuda.halves import lower_halves
 from tiled.compiler.tir import and_all, steps_along, unravel_dyn
 from tiled.ir.walk import element_accesses, set_before_read, stores
 from tiled.v1 import tile_ir_pb2 as pb
@@ -46,7 +47,8 @@ def lower_parallel(low, s: pb.Stmt) -> None:
             if bid not in ident:
                 ident.append(bid)
     outer_vars = low.nest_vars
-    if anchor is not None and _paired_atomics(low, anchor, body, loop_vars, ident):
+    if anchor is not None and (_paired_atomics(low, anchor, body, loop_vars, ident) or
+                               lower_halves(low, anchor, body, loop_vars, ident)):
         low.nest_vars = outer_vars
         return
     if anchor is not None:

@@ -45,11 +45,13 @@ def test_w4a16_matches_the_dequantized_product(M, zeros):
     ("tile", True, 2, 1, 0), ("lanes", True, 2, 1, 0), ("lanes", False, 2, 2, 0),
     ("lanes", False, 2, 2, 1), ("lanes", True, 1, 1, 1), ("swap", False, 1, 1, 0),
     ("swap", True, 2, 1, 0), ("regs", False, 1, 1, 0), ("regs", True, 2, 1, 0),
-    ("regs_g", False, 1, 1, 0), ("regs_g", False, 2, 1, 0)])
+    ("regs_g", False, 1, 1, 0), ("regs_g", False, 2, 1, 0), ("regs_w", False, 1, 1, 0),
+    ("regs_w", False, 2, 1, 0)])
 def test_each_w4a16_kernel_form(kind, zeros, splits, kg, xs):
     """The lanes, the tile (dequantized into a shared tile, then T.gemm), the swapped tile
-    (W's tile times X's, transposed), the regs (swapped, W's tile a fragment) and regs_g (regs,
-    scaled per group after the MMA) forms directly, on 40 tokens (a ragged second token
+    (W's tile times X's, transposed), the regs (swapped, W's tile a fragment), regs_g (regs,
+    scaled per group after the MMA) and regs_w (regs_g with K reordered so that a thread
+    unpacks whole words) forms directly, on 40 tokens (a ragged second token
     tile) and 80 columns (a ragged column tile); split over K into float32 partials that
     splitk_sum adds (quant._run, as the op runs them), and over K inside a block (lanes' KG
     lane groups), with the tokens staged in shared (XS)."""
@@ -224,9 +226,61 @@ def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, kind, d
         assert re.search(r"\bH(ADD|FMA)2\b", text)
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_regs_w_in_float16(splits):
+    """regs_w's float16 form masks two of a word's nibble pairs in place (1024 + 16 q,
+    scaled by 1/16 after): exact, so within float16's rounding of the dequantized product."""
+    import tiled
+
+    g = torch.Generator().manual_seed(13)
+    M, K, N, group = 24, 256, 80, 64
+    q = torch.randint(0, 16, (K, N), generator=g)
+    s = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.float16)
+    x = torch.randn(M, K, generator=g).to(torch.float16)
+    cfg = {"kind": "regs_w", "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits}
+    kernel = quant.quant_linear_kernel(32, N, K, "float16", "float16", 4, group, False, **cfg)
+    y = torch.zeros(M, N, dtype=torch.float16)
+    quant._run(tiled.compile(kernel, target="cpu"), cfg,
+               [x, gptq_pack(q), s, torch.zeros(1, dtype=torch.float16), y])
+    w = (q.float() - 8) * s.float().repeat_interleave(group, 0)
+    assert _rel(y, x.float() @ w) < 1e-3
+
+
+@pytest.mark.parametrize("dtype,tokens", [("float16", 16), ("bfloat16", 32)])
+def test_regs_w_unpacks_a_word_per_thread_two_values_an_instruction(tmp_path, dtype, tokens):
+    """regs_w on sm_90a: wgmma's RS form; each 32-bit register of the operand is one masked
+    word (no PRMT repacking two halves), its subtraction two values at once (HADD2 / HFMA2,
+    the .BF16_V2 forms for bfloat16); a thread's shared loads of the words a quarter of
+    regs_g's (each word read once for its eight values, where regs_g reads it per pair),
+    plus X's reordering; no local memory."""
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    import re
+
+    import tiled
+    from tests.compiler.test_sm90_path import sass
+
+    def compiled(kind):
+        k = quant.quant_linear_kernel(tokens, 14336, 4096, dtype, dtype, 4, 128, False,
+                                      kind=kind, BM=tokens, BN=128, threads=128, stages=2,
+                                      splits=4)
+        return sass(tiled.compile(k, target="cuda:sm_90a", cache=False).artifact, tmp_path)
+
+    words, grouped = compiled("regs_w"), compiled("regs_g")
+    assert re.search(rf"HGMMA\.64x{tokens}x16\.F32(\.BF16)? R\d+, R\d+, gdesc", words)
+    assert not re.search(r"\b(PRMT|HMMA|LDL|STL)\b", words)
+    pairs = len(re.findall(r"\bH(ADD|FMA)2(\.BF16_V2)?\b", words))
+    assert pairs >= 128 * 128 // 128 // 2  # a thread's 128 values, two an instruction
+    word_loads = len(re.findall(r"\bLDS\b", words)) - len(re.findall(r"\bSTS\.U16\b", words))
+    assert word_loads * 4 <= len(re.findall(r"\bLDS\b", grouped))
+
+
 def test_regs_g_refuses_zero_points():
     """regs_g subtracts BASE + 8 in 16-bit arithmetic; a fractional zero point beside BASE
     would round, so it takes symmetric weights only (the tuner skips it elsewhere)."""
-    with pytest.raises(ValueError, match="symmetric"):
-        quant.quant_linear_kernel(16, 256, 256, "float16", "float16", 4, 128, True,
-                                  kind="regs_g", BM=16, BN=64, threads=128, stages=2)
+    for kind in ("regs_g", "regs_w"):
+        with pytest.raises(ValueError, match="symmetric"):
+            quant.quant_linear_kernel(16, 256, 256, "float16", "float16", 4, 128, True,
+                                      kind=kind, BM=16, BN=64, threads=128, stages=2)

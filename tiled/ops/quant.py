@@ -27,7 +27,12 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   unpacking and the MMA;
 - `regs_g` (4-bit symmetric, as `regs`): one group of K per step, its values unpacked as
   q - 8 in 16-bit arithmetic, exactly, with no float32 work per weight; the group's product
-  is scaled once per output element after the MMA (_w4_group_kernel).
+  is scaled once per output element after the MMA (_w4_group_kernel);
+- `regs_w` (as `regs_g`): K reordered inside each 32-wide chunk so that the register operand's
+  values a thread holds are one word's eight, unpacked two an instruction (one mask of the
+  word is a register's pair of 16-bit values), the tokens' tile reordered to match
+  (_w4_words_kernel). Built and checked (cpu numerics, sm_90a SASS) but not in CUDA_SPACE
+  until a GPU has timed it against regs_g (benchmarks/gpu/probes/w4_regs_probe.py).
 All unpack a nibble without an int-to-float conversion (`_nibble`, the 16-bit magic of
 _MAGIC16). The tensor-core forms and the nibble arithmetic live in tiled.ops.quant_tiles.
 """
@@ -42,6 +47,7 @@ from tiled.ops.quant_tiles import (
     _output,
     _w4_group_kernel,
     _w4_tile_kernel,
+    _w4_words_kernel,
     _w8_tile_kernel,
 )
 from tiled.ops.split_k import run_split
@@ -100,7 +106,7 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
     """lanes: BM the power of two covering M (16 past 16 tokens); tile, swap: BM at most twice M's
     bucket, from 8 tokens for 4-bit weights (lanes read them at the memory's speed below
     that) and from 1 for 8-bit ones (lanes walk a row of W [N, K] per lane: uncoalesced)."""
-    if cfg.get("kind", "lanes") in ("tile", "swap", "regs", "regs_g"):
+    if cfg.get("kind", "lanes") in ("tile", "swap", "regs", "regs_g", "regs_w"):
         return (M >= 8 or bits == 8) and cfg["BM"] <= max(16, 2 * M)
     m = min(M, 16)
     return m <= cfg["BM"] < 2 * m
@@ -113,8 +119,11 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
     scales."""
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
-    if kind in ("regs", "regs_g") and bits != 4:
+    if kind in ("regs", "regs_g", "regs_w") and bits != 4:
         raise ValueError(f"the {kind} form takes 4-bit weights")
+    if kind == "regs_w":
+        return _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
+                                stages, splits)
     if kind == "regs_g":
         return _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
                                 stages, splits)

@@ -199,6 +199,105 @@ def _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     return linear_w4a16_group
 
 
+def _pair_of(p):
+    """regs_w's order of K inside each 32-wide chunk of a step: which of its word's four nibble
+    pairs (e: nibbles e and e + 4, at bits 4e and 4e + 16) position p of the MMA's K takes.
+    wgmma's register operand gives a thread, in each 16-deep K block, positions 2i, 2i + 1
+    and 2i + 8, 2i + 9 (i its lane in the quad), each pair one 32-bit register; e walks them,
+    so the thread's eight positions of a 32-wide chunk hold one word's eight values."""
+    return (p % 32) // 16 * 2 + (p % 16) // 8
+
+
+def _word_of(p):
+    """The word (within the step's K / 8 of a column) whose nibble position p holds."""
+    return p // 32 * 4 + (p % 8) // 2
+
+
+def _k_of(p):
+    """The K index (within the step) that position p of the MMA's K holds in regs_w's order:
+    nibble e + 4 (p % 2) of word _word_of(p), the low half of the register pair the nibble
+    pair e, the high half nibble e + 4."""
+    return _word_of(p) * 8 + _pair_of(p) + p % 2 * 4
+
+
+def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads, stages,
+                     splits=1):
+    """regs_g with K reordered so that a thread unpacks whole words, two values an
+    instruction: within each 32-wide chunk of a step, the MMA's K positions a thread holds in
+    its register operand (_pair_of) take the eight values of one word, positions 2i and 2i + 1
+    nibbles e and e + 4, so one mask of the word (`& 0x000F000F`, the nibbles at bits 0 and
+    16), or-ed into the bits of BASE in both halves, is the register's two 16-bit values
+    BASE + q (the CUDA lowering stores such a pair as one 32-bit value: targets/cuda/halves.py)
+    and one HADD2 (HFMA2) makes them q - 8. For float16 the pairs at bits 4-7 / 20-23 are
+    masked in place and scaled by 1/16 (1024 + 16q is exact), so a word takes one shift, four
+    masks and four 16-bit pair operations; bfloat16's 7 mantissa bits take each pair shifted
+    down. X's tile is reordered the same way (a shared-to-shared copy per step: the sum over
+    K does not depend on its order); the group's product is scaled after the MMA as regs_g's.
+    Symmetric weights, group size 64 or 128 (the K step)."""
+    if group_size not in (64, 128) or K % (group_size * splits):
+        raise ValueError(f"regs_w steps over whole groups of 64 or 128; group size "
+                         f"{group_size}, K = {K}, {splits} splits")
+    if dtype not in _MAGIC16:
+        raise ValueError(f"regs_w unpacks into float16 or bfloat16, not {dtype}")
+    if zeros:
+        raise ValueError("regs_w takes symmetric weights (zeros=None) only")
+    magic, base = _MAGIC16[dtype]
+    in_place = dtype == "float16"  # 10 mantissa bits: a nibble at bits 4-7 stays in them
+    Md = T.dyn("M")
+    KW, G = K // 8, K // group_size
+    per = G // splits
+    out, extra = _output(Md, N, out_dtype, splits)
+
+    @tiled.kernel
+    def linear_w4a16_words(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((KW, N), "int32"),
+                           S: T.Tensor((G, N), dtype), Z: T.Tensor((1,), dtype), Y: out):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as grid:
+            bx, by = grid[0], grid[1]
+            bz = grid[2] if splits > 1 else 0
+            xs = T.alloc_shared((BM, group_size), dtype)
+            xk = T.alloc_shared((BM, group_size), dtype)  # xs in the MMA's K order
+            wq = T.alloc_shared((group_size // 8, BN), "int32")
+            ws = T.alloc_fragment((BN, group_size), dtype)
+            part = T.alloc_fragment((BN, BM), "float32")
+            acc = T.alloc_fragment((BN, BM), "float32")
+            T.clear(acc)
+            # BASE's bits in both halves, in a register (as _magic: one LOP3 a pair)
+            both = T.min(Md - 1, 0) + (magic << 16 | magic)
+            for kk in T.Pipelined(per, num_stages=stages):
+                g = bz * per + kk
+                T.copy(X[by * BM, g * group_size], xs)
+                T.copy(Wq[g * (group_size // 8), bx * BN], wq)
+                for t, p in T.Parallel(BM, group_size):
+                    xk[t, p] = xs[t, _k_of(p)]
+                for n, p in T.Parallel(BN, group_size):
+                    e = _pair_of(p)
+                    word = wq[_word_of(p), n]
+                    if in_place:  # pairs 0, 1 of the word, then 2, 3 of it shifted by 8
+                        j = e % 2
+                        src = T.if_then_else(e < 2, word, word >> 8)
+                    else:
+                        j = 0
+                        src = word >> (e * 4)
+                    pair = (src & (0x000F000F << (j * 4))) | both
+                    h = T.reinterpret(dtype, T.cast(pair >> (p % 2 * 16), "int16"))
+                    # (BASE + 16^j q) / 16^j - (BASE / 16^j + 8): q - 8, exactly
+                    ws[n, p] = h * T.if_then_else(j == 0, T.cast(1.0, dtype),
+                                                  T.cast(1.0 / 16, dtype)) - \
+                        T.if_then_else(j == 0, T.cast(base + 8.0, dtype),
+                                       T.cast(base / 16 + 8.0, dtype))
+                T.gemm(ws, xk, part, transpose_B=True, clear_accum=True)
+                for n, m in T.Parallel(BN, BM):
+                    acc[n, m] += part[n, m] * T.cast(S[g, T.min(bx * BN + n, N - 1)],
+                                                     "float32")
+            for n, m in T.Parallel(BN, BM):
+                if splits > 1:
+                    Y[bz, by * BM + m, bx * BN + n] = acc[n, m]
+                else:
+                    Y[by * BM + m, bx * BN + n] = T.cast(acc[n, m], out_dtype)
+
+    return linear_w4a16_words
+
+
 def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1, swap=False):
     """Y = X @ W.T for int8 W [N, K] (as int32 words [N, K / 4]) in BM x BN tiles: per 64-deep
     K step, X's tile and W's 64 bytes per row copied to shared memory (coalesced along K;

@@ -1,11 +1,16 @@
 """Probe (issue 14, w4a16 at 16 tokens: 1.47-1.80x F.linear where the goal is 3x): the swapped
 tile form (weights unpacked into a 16-bit shared tile, then wgmma SS) against the regs form
 (the same values unpacked straight into wgmma's register operand, RS) and the regs_g form
-(regs over whole groups, q - zero in 16-bit arithmetic, scaled after the MMA), config for config:
+(regs over whole groups, q - zero in 16-bit arithmetic, scaled after the MMA) and the regs_w
+form (regs_g with K reordered so that a thread unpacks whole words, two values an
+instruction), config for config:
 BN x threads in (64, 128), (128, 128), (128, 256), splits 1 / 4 / 8, 16 tokens (BM 16) and
 64 (BM 64), GPTQ 4-bit symmetric fp16 weights, group 128, at issue 14's three shapes; F.linear
 on the dequantized fp16 weights and an in-place stream in the same rounds (graph-replayed,
 rotated, medians). Each kernel is checked against the dequantized product first.
+
+The kinds built are W4_PROBE_KINDS's (default swap,regs_g,regs_w; the results of 2026-12-05,
+w4_regs_g_probe_*.json, had swap,regs,regs_g, before regs_w existed).
 
 Here:  python benchmarks/gpu/probes/w4_regs_probe.py build --out .gpu/w4_regs
 There: python3 benchmarks/gpu/probes/w4_regs_probe.py run --bundle .gpu/w4_regs \\
@@ -13,6 +18,7 @@ There: python3 benchmarks/gpu/probes/w4_regs_probe.py run --bundle .gpu/w4_regs 
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +33,7 @@ SHAPES = [(4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 TOKENS = {16: 16, 64: 64}  # M -> BM
 TILES = [(64, 128), (128, 128), (128, 256)]  # BN, threads
 SPLITS = (1, 4, 8)
-KINDS = ("swap", "regs", "regs_g")
+KINDS = tuple(os.environ.get("W4_PROBE_KINDS", "swap,regs_g,regs_w").split(","))
 DTYPE, GROUP = "float16", 128
 ROUNDS, GRAPH_CALLS = 5, 20
 RW_FLOATS = 128 << 20
@@ -66,7 +72,8 @@ def build(out: Path) -> None:
             compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params), TARGET)
             index[name] = {"op": "splitk_sum", "params": params}
     (out / "index.json").write_text(json.dumps({
-        "command": build_command("probes/w4_regs_probe.py", out), "machine": machine(),
+        "command": build_command("probes/w4_regs_probe.py", out, ("W4_PROBE_KINDS",)),
+        "machine": machine(),
         "target": TARGET, "kernels": index}, indent=1))
 
 
@@ -80,6 +87,7 @@ def run(bundle: Path, out: Path) -> None:
     from tiled.ops import quant
 
     index = json.loads((bundle / "index.json").read_text())
+    kinds = sorted({v["config"]["kind"] for v in index["kernels"].values() if "config" in v})
     for name, v in index["kernels"].items():
         if v.get("op") == "splitk_sum":
             ops.install("splitk_sum", TARGET, load_kernel(bundle, name), **v["params"])
@@ -113,7 +121,7 @@ def run(bundle: Path, out: Path) -> None:
             calls["rw_kernel"] = rw.neg_
             us = time_graphed(torch, calls, ROUNDS, GRAPH_CALLS)
             best = {kind: min((n for n in us if f"_{kind}_m" in n), key=us.get)
-                    for kind in KINDS}
+                    for kind in kinds}
             row = {"K": K, "N": N, "M": M, "us": us, "rel_err": errs,
                    "stream_GB/s": 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9,
                    "best": {k: {"kernel": n, "us": us[n],

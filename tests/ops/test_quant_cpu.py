@@ -89,27 +89,50 @@ def test_w8a16_matches_the_dequantized_product(M):
     assert _rel(y, x.float() @ (q.float() * s.float()[:, None]).T) < 1e-2
 
 
-@pytest.mark.parametrize("M,splits,kind", [(1, 1, "tile"), (40, 2, "tile"), (1, 1, "swap"),
-                                           (40, 2, "swap")])
-def test_the_w8a16_tile_form(M, splits, kind):
+@pytest.mark.parametrize("M,splits,kind,dtype", [
+    (1, 1, "tile", "float16"), (40, 2, "tile", "float16"), (1, 1, "swap", "float16"),
+    (40, 2, "swap", "float16"), (1, 1, "regs_w", "float16"), (40, 2, "regs_w", "float16"),
+    (5, 1, "regs_w", "bfloat16"), (40, 2, "regs_w", "bfloat16")])
+def test_the_w8a16_tile_form(M, splits, kind, dtype):
     """int8 W [N, K] copied along K into shared memory, cast to a 16-bit tile, T.gemm, the
     channel scales after the loop: one token (decode) and 40 (a ragged token tile), 80
     columns (a ragged column tile), split over K into float32 partials (quant._run); the
-    tile form and the swapped one (W's tile times X's, transposed)."""
+    tile form, the swapped one (W's tile times X's, transposed) and regs_w (the swapped
+    tile a register operand, K reordered so a thread unpacks whole words; float16 through
+    the bits of 1024.0, bfloat16 through float32's 2^23)."""
     import tiled
 
+    tdt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(5)
     K, N = 256, 80
     q = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
-    s = (torch.rand(N, generator=g) / 64).to(torch.float16)
-    x = torch.randn(M, K, generator=g).to(torch.float16)
+    s = (torch.rand(N, generator=g) / 64).to(tdt)
+    x = torch.randn(M, K, generator=g).to(tdt)
     cfg = {"BM": 16, "BN": 32, "threads": 32, "stages": 2, "splits": splits}
-    kernel = quant.quant_linear_kernel(M, N, K, "float16", "float16", 8, 0, False,
-                                       kind=kind, **cfg)
-    y = torch.zeros(M, N, dtype=torch.float16)
+    kernel = quant.quant_linear_kernel(M, N, K, dtype, dtype, 8, 0, False, kind=kind, **cfg)
+    y = torch.zeros(M, N, dtype=tdt)
     quant._run(tiled.compile(kernel, target="cpu"), {"kind": kind, **cfg},
-               [x, q.view(torch.int32), s, torch.zeros(1, dtype=torch.float16), y])
+               [x, q.view(torch.int32), s, torch.zeros(1, dtype=tdt), y])
     assert _rel(y, x.float() @ (q.float() * s.float()[:, None]).T) < 1e-2
+
+
+def test_w8a16_regs_w_decodes_every_byte_exactly():
+    """regs_w's byte pairs (bytes 0 and 2, 1 and 3 of a word, or-ed into 1024.0's bits with
+    the sign bits flipped; bfloat16 through float32): every int8 value in every byte
+    position, times an identity of tokens and unit scales, exactly."""
+    import tiled
+
+    K = 256
+    q = torch.stack([torch.arange(-128, 128).roll(r) for r in range(32)]).to(torch.int8)
+    for dtype in (torch.float16, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        cfg = {"kind": "regs_w", "BM": 16, "BN": 32, "threads": 32, "stages": 2, "splits": 1}
+        kernel = quant.quant_linear_kernel(K, 32, K, name, name, 8, 0, False, **cfg)
+        y = torch.zeros(K, 32, dtype=dtype)
+        quant._run(tiled.compile(kernel, target="cpu"), cfg,
+                   [torch.eye(K).to(dtype), q.view(torch.int32), torch.ones(32, dtype=dtype),
+                    torch.zeros(1, dtype=dtype), y])
+        assert torch.equal(y, q.T.to(dtype)), name
 
 
 def test_w8a16_decodes_every_byte_exactly():
@@ -275,6 +298,33 @@ def test_regs_w_unpacks_a_word_per_thread_two_values_an_instruction(tmp_path, dt
     assert pairs >= 128 * 128 // 128 // 2  # a thread's 128 values, two an instruction
     word_loads = len(re.findall(r"\bLDS\b", words)) - len(re.findall(r"\bSTS\.U16\b", words))
     assert word_loads * 4 <= len(re.findall(r"\bLDS\b", grouped))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_w8a16_regs_w_unpacks_byte_pairs_in_registers(tmp_path, dtype):
+    """8-bit regs_w on sm_90a: wgmma's RS form (no 16-bit shared tile of W, no shared stores
+    but X's reordering), no I2F (float16: one LOP3 a byte pair and HADD2; bfloat16: float32
+    through 2^23, then pairs rounded two at a time, F2FP), no PRMT, no local memory."""
+    import re
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    import tiled
+    from tests.compiler.test_sm90_path import sass
+
+    k = quant.quant_linear_kernel(16, 14336, 4096, dtype, dtype, 8, 0, False, kind="regs_w",
+                                  BM=16, BN=128, threads=128, stages=2, splits=4)
+    text = sass(tiled.compile(k, target="cuda:sm_90a", cache=False).artifact, tmp_path)
+    assert re.search(r"HGMMA\.64x16x16\.F32(\.BF16)? R\d+, R\d+, gdesc", text)
+    assert not re.search(r"\b(PRMT|HMMA|LDL|STL)\b", text)
+    # the few I2F are the launch's index arithmetic, not the bytes (64 a thread a step)
+    assert len(re.findall(r"\bI2F", text)) < 16
+    if dtype == "float16":
+        assert len(re.findall(r"\bHADD2\b", text)) >= 32
+    else:
+        assert len(re.findall(r"\bF2FP\.BF16", text)) >= 32
+    assert len(re.findall(r"\bSTS", text)) <= 8  # X's reordering: 16 x 64 over 128 threads
 
 
 def test_regs_g_refuses_zero_points():

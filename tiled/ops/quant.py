@@ -31,8 +31,11 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
 - `regs_w` (as `regs_g`): K reordered inside each 32-wide chunk so that the register operand's
   values a thread holds are one word's eight, unpacked two an instruction (one mask of the
   word is a register's pair of 16-bit values), the tokens' tile reordered to match
-  (_w4_words_kernel). Built and checked (cpu numerics, sm_90a SASS) but not in CUDA_SPACE
-  until a GPU has timed it against regs_g (benchmarks/gpu/probes/w4_regs_probe.py).
+  (_w4_words_kernel); for 8-bit weights (int8 W [N, K]) likewise over 16-deep blocks, a
+  thread's operand values there one word's four bytes, unpacked two an instruction into
+  float16 (bfloat16: through float32), the channel scales after the loop
+  (_w8_words_kernel). Built and checked (cpu numerics, sm_90a SASS) but not in CUDA_SPACE
+  until a GPU has timed it (benchmarks/gpu/probes/w4_regs_probe.py; W4_PROBE_BITS=8).
 All unpack a nibble without an int-to-float conversion (`_nibble`, the 16-bit magic of
 _MAGIC16). The tensor-core forms and the nibble arithmetic live in tiled.ops.quant_tiles.
 """
@@ -49,6 +52,7 @@ from tiled.ops.quant_tiles import (
     _w4_tile_kernel,
     _w4_words_kernel,
     _w8_tile_kernel,
+    _w8_words_kernel,
 )
 from tiled.ops.split_k import run_split
 from tiled.ops.tuned import TunedOp
@@ -119,8 +123,10 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
     scales."""
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
-    if kind in ("regs", "regs_g", "regs_w") and bits != 4:
+    if kind in ("regs", "regs_g") and bits != 4:
         raise ValueError(f"the {kind} form takes 4-bit weights")
+    if kind == "regs_w" and bits == 8:
+        return _w8_words_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits)
     if kind == "regs_w":
         return _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
                                 stages, splits)

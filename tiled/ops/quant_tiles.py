@@ -353,3 +353,73 @@ def _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1, s
                     put(m, n, acc[m, n])
 
     return linear_w8a16_tile
+
+
+def _k8_of(p):
+    """The K index (within a 16-deep block) that position p of the MMA's K holds in the 8-bit
+    regs_w order: a thread's four positions of the block (2i, 2i + 1, 2i + 8, 2i + 9; i its
+    lane in the quad) take word i's four bytes, positions 2i and 2i + 1 bytes 0 and 2 (bits
+    0 and 16), positions 2i + 8 and 2i + 9 bytes 1 and 3."""
+    return p // 16 * 16 + (p % 8) // 2 * 4 + (p % 16) // 8 + p % 2 * 2
+
+
+def _w8_words_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1):
+    """Y^T = W X^T for int8 W [N, K] (as int32 words [N, K / 4]) with W's tile T.gemm's
+    register operand (wgmma's RS form on sm_90a), K reordered inside each 16-deep block so
+    that a thread's operand values there are one word's four bytes (_k8_of). float16: a mask
+    of the word, bytes 0 and 2 (or 1 and 3, shifted down by 8), its sign bits flipped and the
+    bits of 1024.0 set in both halves (`^ 0x64806480`: one LOP3), reads as the register's
+    pair 1024 + 128 + b; one HADD2 makes them b, exactly. bfloat16 (7 mantissa bits, too few
+    for a byte): each byte made a float32 through the bits of 2^23 (`_nibble`'s trick) and
+    rounded to bfloat16 exactly. X's tile is reordered the same way in shared memory; the
+    channel scales are applied after the loop (as _w8_tile_kernel's)."""
+    if K % (TILE_BK * splits):
+        raise ValueError(f"K = {K} does not hold whole {TILE_BK}-deep steps in {splits} splits")
+    if dtype not in _MAGIC16:
+        raise ValueError(f"regs_w unpacks into float16 or bfloat16, not {dtype}")
+    Md = T.dyn("M")
+    KW, WB = K // 4, TILE_BK // 4  # words per row of W, per step
+    per = K // TILE_BK // splits
+    out, extra = _output(Md, N, out_dtype, splits)
+    halves = dtype == "float16"
+
+    @tiled.kernel
+    def linear_w8a16_words(X: T.Tensor((Md, K), dtype), Wq: T.Tensor((N, KW), "int32"),
+                           S: T.Tensor((N,), dtype), Z: T.Tensor((1,), dtype), Y: out):
+        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(Md, BM), *extra, threads=threads) as grid:
+            bx, by = grid[0], grid[1]
+            bz = grid[2] if splits > 1 else 0
+            xs = T.alloc_shared((BM, TILE_BK), dtype)
+            xk = T.alloc_shared((BM, TILE_BK), dtype)  # xs in the MMA's K order
+            wq = T.alloc_shared((BN, WB), "int32")
+            ws = T.alloc_fragment((BN, TILE_BK), dtype)
+            acc = T.alloc_fragment((BN, BM), "float32")
+            T.clear(acc)
+            # in a register (as _magic): float16's 1024.0 in both halves with the bytes' sign
+            # bits, float32's 2^23 with the byte's
+            flip = T.min(Md - 1, 0) + (0x64806480 if halves else 0x4B000080)
+            for kk in T.Pipelined(per, num_stages=stages):
+                k = bz * per + kk
+                T.copy(X[by * BM, k * TILE_BK], xs)
+                T.copy(Wq[bx * BN, k * WB], wq)
+                for t, p in T.Parallel(BM, TILE_BK):
+                    xk[t, p] = xs[t, _k8_of(p)]
+                for n, p in T.Parallel(BN, TILE_BK):
+                    word = wq[n, p // 16 * 4 + (p % 8) // 2]
+                    h = (p % 16) // 8  # bytes h and h + 2
+                    if halves:
+                        pair = ((word >> (h * 8)) & 0x00FF00FF) ^ flip
+                        ws[n, p] = T.reinterpret(
+                            dtype, T.cast(pair >> (p % 2 * 16), "int16")) - T.cast(1152.0, dtype)
+                    else:
+                        bits = ((word >> ((h + p % 2 * 2) * 8)) & 0xFF) ^ flip
+                        ws[n, p] = T.cast(T.reinterpret("float32", bits) - 8388736.0, dtype)
+                T.gemm(ws, xk, acc, transpose_B=True)
+            for n, m in T.Parallel(BN, BM):
+                v = acc[n, m] * T.cast(S[T.min(bx * BN + n, N - 1)], "float32")
+                if splits > 1:
+                    Y[bz, by * BM + m, bx * BN + n] = v
+                else:
+                    Y[by * BM + m, bx * BN + n] = T.cast(v, out_dtype)
+
+    return linear_w8a16_words

@@ -10,7 +10,10 @@ on the dequantized fp16 weights and an in-place stream in the same rounds (graph
 rotated, medians). Each kernel is checked against the dequantized product first.
 
 The kinds built are W4_PROBE_KINDS's (default swap,regs_g,regs_w; the results of 2026-12-05,
-w4_regs_g_probe_*.json, had swap,regs,regs_g, before regs_w existed).
+w4_regs_g_probe_*.json, had swap,regs,regs_g, before regs_w existed). W4_PROBE_BITS=8 builds
+the int8 forms instead (int8 W [N, K], channel scales; kinds swap,regs_w by default, and 1
+token beside 16 and 64, as those forms serve decode too), beside F.linear on the dequantized
+weights in the same way.
 
 Here:  python benchmarks/gpu/probes/w4_regs_probe.py build --out .gpu/w4_regs
 There: python3 benchmarks/gpu/probes/w4_regs_probe.py run --bundle .gpu/w4_regs \\
@@ -33,15 +36,24 @@ SHAPES = [(4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 TOKENS = {16: 16, 64: 64}  # M -> BM
 TILES = [(64, 128), (128, 128), (128, 256)]  # BN, threads
 SPLITS = (1, 4, 8)
-KINDS = tuple(os.environ.get("W4_PROBE_KINDS", "swap,regs_g,regs_w").split(","))
-DTYPE, GROUP = "float16", 128
+BITS = int(os.environ.get("W4_PROBE_BITS", "4"))
+KINDS = tuple(os.environ.get("W4_PROBE_KINDS",
+                             "swap,regs_g,regs_w" if BITS == 4 else "swap,regs_w").split(","))
+
+
+def tokens(bits: int) -> dict:
+    """M -> BM: the 8-bit forms also at 1 token (a 16-token tile)."""
+    return {1: 16, **TOKENS} if bits == 8 else TOKENS
+DTYPE = "float16"
+W4_GROUP = 128
+GROUP = W4_GROUP if BITS == 4 else 0
 ROUNDS, GRAPH_CALLS = 5, 20
 RW_FLOATS = 128 << 20
 
 
 def configs():
     for kind in KINDS:
-        for bm in sorted(set(TOKENS.values())):
+        for bm in sorted(set(tokens(BITS).values())):
             for bn, t in TILES:
                 for s in SPLITS:
                     yield {"kind": kind, "BM": bm, "BN": bn, "threads": t, "stages": 2,
@@ -62,7 +74,7 @@ def build(out: Path) -> None:
     for K, N in SHAPES:
         for c in configs():
             name = _name(K, N, c)
-            kernel = quant_linear_kernel(c["BM"], N, K, DTYPE, DTYPE, 4, GROUP, False, **c)
+            kernel = quant_linear_kernel(c["BM"], N, K, DTYPE, DTYPE, BITS, GROUP, False, **c)
             _, seconds = compile_into(out, name, kernel, TARGET)
             index[name] = {"K": K, "N": N, "config": c, "cold_compile_s": round(seconds, 3)}
             print(name, round(seconds, 1), flush=True)
@@ -72,8 +84,9 @@ def build(out: Path) -> None:
             compile_into(out, name, ops.kernel_factory("splitk_sum", TARGET, **params), TARGET)
             index[name] = {"op": "splitk_sum", "params": params}
     (out / "index.json").write_text(json.dumps({
-        "command": build_command("probes/w4_regs_probe.py", out, ("W4_PROBE_KINDS",)),
-        "machine": machine(),
+        "command": build_command("probes/w4_regs_probe.py", out,
+                                 ("W4_PROBE_BITS", "W4_PROBE_KINDS")),
+        "machine": machine(), "bits": BITS,
         "target": TARGET, "kernels": index}, indent=1))
 
 
@@ -88,19 +101,29 @@ def run(bundle: Path, out: Path) -> None:
 
     index = json.loads((bundle / "index.json").read_text())
     kinds = sorted({v["config"]["kind"] for v in index["kernels"].values() if "config" in v})
+    bits = index.get("bits", 4)
     for name, v in index["kernels"].items():
         if v.get("op") == "splitk_sum":
             ops.install("splitk_sum", TARGET, load_kernel(bundle, name), **v["params"])
     rows = []
     for K, N in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randint(0, 16, (K, N), device="cuda", generator=g)
-        scales = (torch.rand(K // GROUP, N, device="cuda", generator=g) / K ** 0.5 + 1e-3).half()
-        qweight = _gptq(torch, q)
-        w = ((q.float() - 8) * scales.float().repeat_interleave(GROUP, 0)).t().contiguous().half()
-        wbytes = K * N // 2 + scales.numel() * 2
+        if bits == 8:  # int8 W [N, K], channel scales
+            q = torch.randint(-128, 128, (N, K), device="cuda", generator=g, dtype=torch.int8)
+            scales = (torch.rand(N, device="cuda", generator=g) / K ** 0.5 / 64 + 1e-5).half()
+            qweight = q.view(torch.int32)
+            w = (q.float() * scales.float()[:, None]).half()
+            wbytes = K * N + scales.numel() * 2
+        else:
+            q = torch.randint(0, 16, (K, N), device="cuda", generator=g)
+            scales = (torch.rand(K // W4_GROUP, N, device="cuda", generator=g) / K ** 0.5
+                      + 1e-3).half()
+            qweight = _gptq(torch, q)
+            w = ((q.float() - 8) * scales.float().repeat_interleave(W4_GROUP, 0)).t() \
+                .contiguous().half()
+            wbytes = K * N // 2 + scales.numel() * 2
         z = scales.new_empty(1)
-        for M, bm in TOKENS.items():
+        for M, bm in tokens(bits).items():
             x = torch.randn(M, K, device="cuda", generator=g).half()
             ref = x.float() @ w.float().T
             calls, errs = {"F.linear_fp16": lambda x=x, w=w: F.linear(x, w)}, {}

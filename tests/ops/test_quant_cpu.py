@@ -327,6 +327,67 @@ def test_w8a16_regs_w_unpacks_byte_pairs_in_registers(tmp_path, dtype):
     assert len(re.findall(r"\bSTS", text)) <= 8  # X's reordering: 16 x 64 over 128 threads
 
 
+@pytest.mark.parametrize("bits,splits", [(4, 2), (4, 4), (8, 2)])
+def test_regs_w_adds_its_splits_up_in_the_kernel(bits, splits):
+    """regs_w with sum="last" (tiled.ops.split_k): each split writes its float32 partial and
+    the tile's last split adds them up into y in the same kernel; launched twice on the same
+    counters (each launch leaves them at zero), 40 tokens (a ragged token tile) and 80
+    columns (a ragged column tile)."""
+    import tiled
+    from tiled.ops import split_k
+
+    g = torch.Generator().manual_seed(17)
+    M, K, N = 40, 256, 80
+    cfg = {"kind": "regs_w", "BM": 32 if bits == 4 else 16, "BN": 32, "threads": 32,
+           "stages": 2, "splits": splits, "sum": "last"}
+    if bits == 4:
+        group, dt = 64, torch.float16
+        q = torch.randint(0, 16, (K, N), generator=g)
+        s = (torch.rand(K // group, N, generator=g) + 0.5).to(dt)
+        qweight, w = gptq_pack(q), (q.float() - 8) * s.float().repeat_interleave(group, 0)
+    else:
+        group, dt = 0, torch.bfloat16
+        q = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+        s = (torch.rand(N, generator=g) / 64).to(dt)
+        qweight, w = q.view(torch.int32), (q.float() * s.float()[:, None]).T
+    x = torch.randn(M, K, generator=g).to(dt)
+    name = str(dt).removeprefix("torch.")
+    kernel = tiled.compile(quant.quant_linear_kernel(64, N, K, name, name, bits, group, False,
+                                                     **cfg), target="cpu")
+    for _ in range(2):
+        y = torch.zeros(M, N, dtype=dt)
+        quant._run(kernel, cfg, [x, qweight, s, torch.zeros(1, dtype=dt), y])
+        assert _rel(y, x.float() @ w) < (1e-3 if bits == 4 else 1e-2)
+    assert not split_k.counters(torch.device("cpu"), 8).any()
+
+
+def test_sum_last_is_for_regs_w_only():
+    with pytest.raises(ValueError, match="regs_w"):
+        quant.quant_linear_kernel(16, 256, 256, "float16", "float16", 4, 128, False,
+                                  kind="swap", BM=16, BN=64, threads=128, stages=2, splits=2,
+                                  sum="last")
+
+
+def test_regs_w_last_sum_on_sm90a(tmp_path):
+    """regs_w with sum="last" on sm_90a: still wgmma's RS form, the tile's count an atomic,
+    no local memory."""
+    import re
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    import tiled
+    from tests.compiler.test_sm90_path import sass
+
+    k = quant.quant_linear_kernel(16, 14336, 4096, "float16", "float16", 4, 128, False,
+                                  kind="regs_w", BM=16, BN=128, threads=128, stages=2,
+                                  splits=4, sum="last")
+    text = sass(tiled.compile(k, target="cuda:sm_90a", cache=False).artifact, tmp_path)
+    assert re.search(r"HGMMA\.64x16x16\.F32 R\d+, R\d+, gdesc", text)
+    assert re.search(r"\bATOMG\b", text)
+    assert not re.search(r"\b(PRMT|LDL|STL)\b", text)
+
+
 def test_regs_g_refuses_zero_points():
     """regs_g subtracts BASE + 8 in 16-bit arithmetic; a fractional zero point beside BASE
     would round, so it takes symmetric weights only (the tuner skips it elsewhere)."""

@@ -13,7 +13,8 @@ The kinds built are W4_PROBE_KINDS's (default swap,regs_g,regs_w; the results of
 w4_regs_g_probe_*.json, had swap,regs,regs_g, before regs_w existed). W4_PROBE_BITS=8 builds
 the int8 forms instead (int8 W [N, K], channel scales; kinds swap,regs_w by default, and 1
 token beside 16 and 64, as those forms serve decode too), beside F.linear on the dequantized
-weights in the same way.
+weights in the same way. regs_w's split configs are built twice, the second with their sum
+in the GEMM kernel (sum="last"; the form `regs_w+last` in the results' `best`).
 
 Here:  python benchmarks/gpu/probes/w4_regs_probe.py build --out .gpu/w4_regs
 There: python3 benchmarks/gpu/probes/w4_regs_probe.py run --bundle .gpu/w4_regs \\
@@ -52,16 +53,27 @@ RW_FLOATS = 128 << 20
 
 
 def configs():
+    """Each kind's tiles and splits; regs_w's splits also with their sum in the kernel
+    (sum="last", tiled.ops.split_k) beside the splitk_sum kernel."""
     for kind in KINDS:
         for bm in sorted(set(tokens(BITS).values())):
             for bn, t in TILES:
                 for s in SPLITS:
-                    yield {"kind": kind, "BM": bm, "BN": bn, "threads": t, "stages": 2,
-                           "splits": s}
+                    c = {"kind": kind, "BM": bm, "BN": bn, "threads": t, "stages": 2,
+                         "splits": s}
+                    yield c
+                    if kind == "regs_w" and s > 1:
+                        yield {**c, "sum": "last"}
+
+
+def _form(c) -> str:
+    """The form a config belongs to in the results' `best`: its kind, "+last" with sum="last"."""
+    return c["kind"] + ("+last" if c.get("sum") == "last" else "")
 
 
 def _name(K, N, c):
-    return f"{K}x{N}_{c['kind']}_m{c['BM']}_n{c['BN']}_t{c['threads']}_s{c['splits']}"
+    return (f"{K}x{N}_{c['kind']}_m{c['BM']}_n{c['BN']}_t{c['threads']}_s{c['splits']}"
+            + ("_last" if c.get("sum") == "last" else ""))
 
 
 def build(out: Path) -> None:
@@ -100,7 +112,7 @@ def run(bundle: Path, out: Path) -> None:
     from tiled.ops import quant
 
     index = json.loads((bundle / "index.json").read_text())
-    kinds = sorted({v["config"]["kind"] for v in index["kernels"].values() if "config" in v})
+    forms = sorted({_form(v["config"]) for v in index["kernels"].values() if "config" in v})
     bits = index.get("bits", 4)
     for name, v in index["kernels"].items():
         if v.get("op") == "splitk_sum":
@@ -127,6 +139,7 @@ def run(bundle: Path, out: Path) -> None:
             x = torch.randn(M, K, device="cuda", generator=g).half()
             ref = x.float() @ w.float().T
             calls, errs = {"F.linear_fp16": lambda x=x, w=w: F.linear(x, w)}, {}
+            form_of = {}
             for name, v in index["kernels"].items():
                 c = v.get("config")
                 if not c or v["K"] != K or v["N"] != N or c["BM"] != bm:
@@ -140,11 +153,12 @@ def run(bundle: Path, out: Path) -> None:
                 torch.cuda.synchronize()
                 errs[name] = ((y.float() - ref).norm() / ref.norm()).item()
                 calls[name] = call
+                form_of[name] = _form(c)
             rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
             calls["rw_kernel"] = rw.neg_
             us = time_graphed(torch, calls, ROUNDS, GRAPH_CALLS)
-            best = {kind: min((n for n in us if f"_{kind}_m" in n), key=us.get)
-                    for kind in kinds}
+            best = {f: min((n for n in us if form_of.get(n) == f), key=us.get)
+                    for f in forms if f in form_of.values()}
             row = {"K": K, "N": N, "M": M, "us": us, "rel_err": errs,
                    "stream_GB/s": 2 * 4 * RW_FLOATS / (us["rw_kernel"] * 1e-6) / 1e9,
                    "best": {k: {"kernel": n, "us": us[n],

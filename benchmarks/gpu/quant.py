@@ -10,6 +10,9 @@ the splitk_sum kernels its split configs add their partials with
 There (device tool, carry=[".gpu"]; tiled.tuning.prebuilt hands the tuner the bundle)
     python3 benchmarks/gpu/quant.py run --bundle .gpu/quant --out $OUT/quant_h200.json
 
+With QUANT_REGS_W=1 at build, the bundle also holds tiled.ops.quant.REGS_W_CONFIGS' kernels
+(not in the op's space yet) and the run adds them to the space before tuning.
+
 Each call graph-replayed GRAPH_CALLS times; medians of ROUNDS interleaved rounds of do_bench.
 """
 
@@ -43,11 +46,18 @@ GRAPH_CALLS = 20
 RW_FLOATS = 128 << 20
 
 
+REGS_W = os.environ.get("QUANT_REGS_W") == "1"
+
+
+def _space() -> list:
+    from tiled.ops import quant
+
+    return quant.CUDA_SPACE + (quant.REGS_W_CONFIGS if REGS_W else [])
+
+
 def _sums() -> set[tuple[int, int]]:
     """(N, splits) of each splitk_sum kernel the split configs add their partials with."""
-    from tiled.ops.quant import CUDA_SPACE
-
-    splits = {c.get("splits", 1) for c in CUDA_SPACE} - {1}
+    splits = {c.get("splits", 1) for c in _space()} - {1}
     return {(n, s) for _, n in SHAPES for s in splits}
 
 
@@ -57,7 +67,7 @@ def build(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     index = {}
     for K, N in SHAPES:
-        for i, cfg in enumerate(quant.CUDA_SPACE):
+        for i, cfg in enumerate(_space()):
             if not any(quant._fits(cfg, m, BITS) for m in MS):
                 continue  # a token tile no row of this run tunes
             name = f"w{BITS}_{K}x{N}__c{i}"
@@ -72,8 +82,8 @@ def build(out: Path) -> None:
             print(name, index[name], flush=True)
     index.update(compile_sums(out, _sums(), DTYPE, TARGET))
     (out / "index.json").write_text(json.dumps({
-        "command": build_command("quant.py", out, ("QUANT_BITS",)), "machine": machine(),
-        "bits": BITS,
+        "command": build_command("quant.py", out, ("QUANT_BITS", "QUANT_REGS_W")),
+        "machine": machine(), "bits": BITS, "regs_w": REGS_W,
         "target": TARGET, "kernels": index}, indent=1))
 
 
@@ -139,8 +149,11 @@ def run(bundle: Path, out: Path) -> None:
     import torch
 
     from tiled import tuning
+    from tiled.ops import quant
 
     index = json.loads((bundle / "index.json").read_text())
+    if index.get("regs_w"):  # the bundle's extra configs join the op's space (this process)
+        quant.CUDA_SPACE.extend(quant.REGS_W_CONFIGS)
     install_sums(bundle, index, TARGET)
     pairs = [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
              for n, v in index["kernels"].items() if "op" not in v]

@@ -395,3 +395,15 @@ def test_regs_g_refuses_zero_points():
         with pytest.raises(ValueError, match="symmetric"):
             quant.quant_linear_kernel(16, 256, 256, "float16", "float16", 4, 128, True,
                                       kind=kind, BM=16, BN=64, threads=128, stages=2)
+
+
+def test_regs_w_configs_trace_and_stay_out_of_the_space():
+    """REGS_W_CONFIGS (kept out of CUDA_SPACE until a GPU has timed them) each trace for 4-
+    and 8-bit weights at a token count they fit; none is in the tuned space."""
+    assert not any(c["kind"] == "regs_w" for c in quant.CUDA_SPACE)
+    for cfg in quant.REGS_W_CONFIGS:
+        for bits in (4, 8):
+            M = next(m for m in (1, 16, 32, 64) if quant._fits(cfg, m, bits))
+            kernel = quant.quant_linear_kernel(M, 512, 1024, "float16", "float16", bits,
+                                               128 if bits == 4 else 0, False, **cfg)
+            assert kernel.ir is not None

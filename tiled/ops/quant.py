@@ -96,6 +96,14 @@ CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s,
               *({"kind": "regs_g", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
                 for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
                 for s in (1, 4, 8))]
+# regs_w (4-bit symmetric and 8-bit; split configs with either sum), not in the space until a
+# GPU has timed it: its sm_90a SASS has a quarter of regs_g's word loads and no repacking, but
+# no run yet (benchmarks/gpu/probes/w4_regs_probe.py times it beside swap and regs_g;
+# QUANT_REGS_W=1 builds it into benchmarks/gpu/quant.py's bundle, whose run then tunes with it)
+REGS_W_CONFIGS = [*({"kind": "regs_w", "BM": bm, "BN": bn, "threads": t, "stages": 2,
+                     "splits": s, **({"sum": sum_} if s > 1 else {})}
+                    for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
+                    for s in (1, 4, 8) for sum_ in (("kernel", "last") if s > 1 else ("kernel",)))]
 CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
                for bm in (1, 2, 4, 8, 16)),
              {"kind": "lanes", "BM": 4, "BN": 64, "threads": 32, "splits": 2, "WPI": 2},

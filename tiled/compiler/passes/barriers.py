@@ -18,6 +18,10 @@ class SyncTracker:
 
     def __init__(self, barrier: str | None = None):
         self.pending_read = self.pending_write = False
+        # shared writes (by the threads, the generic proxy) that no proxy fence has ordered
+        # before a read by the asynchronous proxy (wgmma, TMA stores) yet: a barrier orders
+        # them for the threads only, so a barrier does not clear this
+        self.unfenced = False
         self.suspended = 0
         self.barrier = barrier  # an extern call instead of __syncthreads() (named barriers)
 
@@ -29,6 +33,7 @@ class SyncTracker:
             self.sync()
         self.pending_read |= reads
         self.pending_write |= writes
+        self.unfenced |= writes
 
     def sync(self) -> None:
         if self.suspended:

@@ -213,11 +213,25 @@ def tile_row_bytes(tile) -> int:
         PANEL_BYTES
 
 
+def sync_next_iteration(low) -> None:
+    """The barrier at the end of a loop iteration that wrote shared memory, so the next one may
+    read or overwrite it: where the kernel has wgmma gemms, the threads' writes are fenced for
+    the async proxy first (a wgmma early in the next iteration reads what this one wrote late,
+    which the tracker, walking the body once, cannot see at that wgmma)."""
+    if low.sync.unfenced and low.wgmma_ops.accumulators:
+        T.evaluate(T.call_extern("void", "tiled::sm90::fence_proxy_async_shared"))
+        low.sync.unfenced = False
+    low.sync.sync()
+
+
 def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     """acc (+)= A @ B on wgmma (module docstring)."""
-    if low.sync.pending_write:
+    if low.sync.pending_write or low.sync.unfenced:
+        # the threads' shared writes, then a barrier, before wgmma reads them (a barrier the
+        # tracker placed since, for another read, orders them for the threads only)
         T.evaluate(T.call_extern("void", "tiled::sm90::fence_proxy_async_shared"))
         low.sync.sync()
+        low.sync.unfenced = False
     low.uniform_stmt(s)
     a, c = low.buffers[g.a], low.buffers[g.c]
     lay = low.layouts[g.c]

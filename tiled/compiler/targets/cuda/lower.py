@@ -44,6 +44,7 @@ from tiled.compiler.targets.cuda.gemm import (
 from tiled.compiler.targets.cuda.gemm_sm90 import (
     chains_wgmma,
     lower_wgmma,
+    sync_next_iteration,
 )
 from tiled.compiler.targets.cuda.grid_walk import grid_dependency
 from tiled.compiler.targets.cuda.layouts import (
@@ -287,7 +288,7 @@ class CudaLowering(BufferAccess, ExprLowering):
             self.vars[f.var] = v
             self.stmt(f.body)
             if writes:
-                self.sync.sync()
+                sync_next_iteration(self)
         if not self.sync.suspended:
             if writes:
                 self.sync.pending_read = self.sync.pending_write = False

@@ -29,6 +29,7 @@ from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.pipeline import touched
 from tiled.compiler.targets.cuda.acc_init import AccInit, find_acc_init, lower_mask_add
+from tiled.compiler.targets.cuda.gemm_sm90 import sync_next_iteration
 from tiled.compiler.targets.cuda.wgmma_waits import hold, wgmma_gemm
 from tiled.ir.walk import walk, written
 from tiled.v1 import tile_ir_pb2 as pb
@@ -151,7 +152,7 @@ def lower_rotated_loop(low, f: pb.For, body: list, ring: dict, peeled: set[int],
         if pending:
             wait_deferred(k - 1)
         if writes:
-            low.sync.sync()
+            sync_next_iteration(low)
 
     with T.If(n > 0), T.Then():
         iteration(tirx.const(0, "int32"), True)

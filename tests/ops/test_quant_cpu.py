@@ -46,7 +46,7 @@ def test_w4a16_matches_the_dequantized_product(M, zeros):
     ("lanes", False, 2, 2, 1), ("lanes", True, 1, 1, 1), ("swap", False, 1, 1, 0),
     ("swap", True, 2, 1, 0), ("regs", False, 1, 1, 0), ("regs", True, 2, 1, 0),
     ("regs_g", False, 1, 1, 0), ("regs_g", False, 2, 1, 0), ("regs_w", False, 1, 1, 0),
-    ("regs_w", False, 2, 1, 0)])
+    ("regs_w", False, 2, 1, 0), ("regs_w", True, 1, 1, 0), ("regs_w", True, 2, 1, 0)])
 def test_each_w4a16_kernel_form(kind, zeros, splits, kg, xs):
     """The lanes, the tile (dequantized into a shared tile, then T.gemm), the swapped tile
     (W's tile times X's, transposed), the regs (swapped, W's tile a fragment), regs_g (regs,
@@ -269,6 +269,26 @@ def test_regs_w_in_float16(splits):
     assert _rel(y, x.float() @ w) < 1e-3
 
 
+def test_regs_w_with_fractional_zero_points():
+    """regs_w with zero points: each value q exactly, minus its zero point rounded once to
+    float16 (fractional zero points too), then the group scale after the MMA: within float16
+    rounding of the dequantized product."""
+    import tiled
+
+    g = torch.Generator().manual_seed(19)
+    M, K, N, group = 24, 256, 80, 128
+    q = torch.randint(0, 16, (K, N), generator=g)
+    s = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.float16)
+    z = (torch.rand(K // group, N, generator=g) * 15).to(torch.float16)  # not integers
+    x = torch.randn(M, K, generator=g).to(torch.float16)
+    cfg = {"kind": "regs_w", "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": 1}
+    kernel = quant.quant_linear_kernel(32, N, K, "float16", "float16", 4, group, True, **cfg)
+    y = torch.zeros(M, N, dtype=torch.float16)
+    quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, gptq_pack(q), s, z, y])
+    w = (q.float() - z.float().repeat_interleave(group, 0)) * s.float().repeat_interleave(group, 0)
+    assert _rel(y, x.float() @ w) < 1e-3
+
+
 @pytest.mark.parametrize("dtype,tokens", [("float16", 16), ("bfloat16", 32)])
 def test_regs_w_unpacks_a_word_per_thread_two_values_an_instruction(tmp_path, dtype, tokens):
     """regs_w on sm_90a: wgmma's RS form; each 32-bit register of the operand is one masked
@@ -391,10 +411,9 @@ def test_regs_w_last_sum_on_sm90a(tmp_path):
 def test_regs_g_refuses_zero_points():
     """regs_g subtracts BASE + 8 in 16-bit arithmetic; a fractional zero point beside BASE
     would round, so it takes symmetric weights only (the tuner skips it elsewhere)."""
-    for kind in ("regs_g", "regs_w"):
-        with pytest.raises(ValueError, match="symmetric"):
-            quant.quant_linear_kernel(16, 256, 256, "float16", "float16", 4, 128, True,
-                                      kind=kind, BM=16, BN=64, threads=128, stages=2)
+    with pytest.raises(ValueError, match="symmetric"):
+        quant.quant_linear_kernel(16, 256, 256, "float16", "float16", 4, 128, True,
+                                  kind="regs_g", BM=16, BN=64, threads=128, stages=2)
 
 
 def test_regs_w_configs_trace_and_stay_out_of_the_space():

@@ -28,7 +28,8 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
 - `regs_g` (4-bit symmetric, as `regs`): one group of K per step, its values unpacked as
   q - 8 in 16-bit arithmetic, exactly, with no float32 work per weight; the group's product
   is scaled once per output element after the MMA (_w4_group_kernel);
-- `regs_w` (as `regs_g`): K reordered inside each 32-wide chunk so that the register operand's
+- `regs_w` (as `regs_g`, also with zero points): K reordered inside each 32-wide chunk so
+  that the register operand's
   values a thread holds are one word's eight, unpacked two an instruction (one mask of the
   word is a register's pair of 16-bit values), the tokens' tile reordered to match
   (_w4_words_kernel); for 8-bit weights (int8 W [N, K]) likewise over 16-deep blocks, a
@@ -96,7 +97,7 @@ CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s,
               *({"kind": "regs_g", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
                 for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
                 for s in (1, 4, 8))]
-# regs_w (4-bit symmetric and 8-bit; split configs with either sum), not in the space until a
+# regs_w (4-bit and 8-bit; split configs with either sum), not in the space until a
 # GPU has timed it: its sm_90a SASS has a quarter of regs_g's word loads and no repacking, but
 # no run yet (benchmarks/gpu/probes/w4_regs_probe.py times it beside swap and regs_g;
 # QUANT_REGS_W=1 builds it into benchmarks/gpu/quant.py's bundle, whose run then tunes with it)

@@ -234,14 +234,14 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     masks and four 16-bit pair operations; bfloat16's 7 mantissa bits take each pair shifted
     down. X's tile is reordered the same way (a shared-to-shared copy per step: the sum over
     K does not depend on its order); the group's product is scaled after the MMA as regs_g's.
-    Symmetric weights, group size 64 or 128 (the K step). `sum` as _swapped's."""
+    With `zeros` each pair is q exactly (minus BASE / 16^j), then minus its column's zero
+    point, rounded once to the 16-bit dtype (as the other forms round (q - z) * scale once).
+    Group size 64 or 128 (the K step). `sum` as _swapped's."""
     if group_size not in (64, 128) or K % (group_size * splits):
         raise ValueError(f"regs_w steps over whole groups of 64 or 128; group size "
                          f"{group_size}, K = {K}, {splits} splits")
     if dtype not in _MAGIC16:
         raise ValueError(f"regs_w unpacks into float16 or bfloat16, not {dtype}")
-    if zeros:
-        raise ValueError("regs_w takes symmetric weights (zeros=None) only")
     magic, base = _MAGIC16[dtype]
     in_place = dtype == "float16"  # 10 mantissa bits: a nibble at bits 4-7 stays in them
     Md = T.dyn("M")
@@ -249,7 +249,7 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     per = G // splits
 
     @T.macro
-    def words(X, Wq, S, acc, bx, by, bz):
+    def words(X, Wq, S, Z, acc, bx, by, bz):
         xs = T.alloc_shared((BM, group_size), dtype)
         xk = T.alloc_shared((BM, group_size), dtype)  # xs in the MMA's K order
         wq = T.alloc_shared((group_size // 8, BN), "int32")
@@ -275,17 +275,20 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
                     src = word >> (e * 4)
                 pair = (src & (0x000F000F << (j * 4))) | both
                 h = T.reinterpret(dtype, T.cast(pair >> (p % 2 * 16), "int16"))
-                # (BASE + 16^j q) / 16^j - (BASE / 16^j + 8): q - 8, exactly
-                ws[n, p] = h * T.if_then_else(j == 0, T.cast(1.0, dtype),
-                                              T.cast(1.0 / 16, dtype)) - \
-                    T.if_then_else(j == 0, T.cast(base + 8.0, dtype),
-                                   T.cast(base / 16 + 8.0, dtype))
+                scaled = h * T.if_then_else(j == 0, T.cast(1.0, dtype), T.cast(1.0 / 16, dtype))
+                if zeros:  # (BASE + 16^j q) / 16^j - BASE / 16^j: q exactly; minus z, rounded
+                    col = T.min(bx * BN + n, N - 1)
+                    ws[n, p] = (scaled - T.if_then_else(j == 0, T.cast(base, dtype),
+                                                        T.cast(base / 16, dtype))) - Z[g, col]
+                else:  # (BASE + 16^j q) / 16^j - (BASE / 16^j + 8): q - 8, exactly
+                    ws[n, p] = scaled - T.if_then_else(j == 0, T.cast(base + 8.0, dtype),
+                                                       T.cast(base / 16 + 8.0, dtype))
             T.gemm(ws, xk, part, transpose_B=True, clear_accum=True)
             for n, m in T.Parallel(BN, BM):
                 acc[n, m] += part[n, m] * T.cast(S[g, T.min(bx * BN + n, N - 1)], "float32")
 
     types = (T.Tensor((Md, K), dtype), T.Tensor((KW, N), "int32"), T.Tensor((G, N), dtype),
-             T.Tensor((1,), dtype))
+             T.Tensor((G, N) if zeros else (1,), dtype))
     return _swapped("linear_w4a16_words", types, words, Md, N, BM, BN, threads, splits,
                     out_dtype, sum)
 
@@ -376,7 +379,7 @@ def _w8_words_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1,
     halves = dtype == "float16"
 
     @T.macro
-    def words(X, Wq, S, acc, bx, by, bz):
+    def words(X, Wq, S, Z, acc, bx, by, bz):
         xs = T.alloc_shared((BM, TILE_BK), dtype)
         xk = T.alloc_shared((BM, TILE_BK), dtype)  # xs in the MMA's K order
         wq = T.alloc_shared((BN, WB), "int32")
@@ -411,7 +414,7 @@ def _w8_words_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits=1,
 
 def _swapped(name, types, product, Md, N, BM, BN, threads, splits, out_dtype, sum="kernel",
              scale=False):
-    """The kernel of a swapped form whose `product(X, Wq, S, acc, bx, by, bz)` macro leaves
+    """The kernel of a swapped form whose `product(X, Wq, S, Z, acc, bx, by, bz)` macro leaves
     Y^T's BN x BM tile in acc (float32; `scale`: times S's column scales after it): Y, or with
     `splits` > 1 float32 partials for a `splitk_sum` kernel (sum="kernel"), or partials the
     tile's last split adds up into Y in the same kernel (sum="last": the parameters Y, P, C of
@@ -431,7 +434,7 @@ def _swapped(name, types, product, Md, N, BM, BN, threads, splits, out_dtype, su
                  P: T.Tensor((splits, Md, N), "float32"), C: T.Tensor((T.dyn("tiles"),), "int32")):
             with T.Kernel(tiles_n, T.ceildiv(Md, BM), splits, threads=threads) as (bx, by, bz):
                 acc = T.alloc_fragment((BN, BM), "float32")
-                product(X, Wq, S, acc, bx, by, bz)
+                product(X, Wq, S, Z, acc, bx, by, bz)
                 for n, m in T.Parallel(BN, BM):  # rows past M or N: the guards drop them
                     P[bz, by * BM + m, bx * BN + n] = value(S, acc, n, m, bx)
                 add_up_last(P, C, Y, by * tiles_n + bx, by * BM, bx * BN, BM, BN, splits,
@@ -445,7 +448,7 @@ def _swapped(name, types, product, Md, N, BM, BN, threads, splits, out_dtype, su
             bx, by = grid[0], grid[1]
             bz = grid[2] if splits > 1 else 0
             acc = T.alloc_fragment((BN, BM), "float32")
-            product(X, Wq, S, acc, bx, by, bz)
+            product(X, Wq, S, Z, acc, bx, by, bz)
             for n, m in T.Parallel(BN, BM):
                 if splits > 1:
                     Y[bz, by * BM + m, bx * BN + n] = value(S, acc, n, m, bx)

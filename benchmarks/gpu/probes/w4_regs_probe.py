@@ -40,16 +40,16 @@ SPLITS = (1, 4, 8)
 BITS = int(os.environ.get("W4_PROBE_BITS", "4"))
 KINDS = tuple(os.environ.get("W4_PROBE_KINDS",
                              "swap,regs_g,regs_w" if BITS == 4 else "swap,regs_w").split(","))
-
-
-def tokens(bits: int) -> dict:
-    """M -> BM: the 8-bit forms also at 1 token (a 16-token tile)."""
-    return {1: 16, **TOKENS} if bits == 8 else TOKENS
 DTYPE = "float16"
 W4_GROUP = 128
 GROUP = W4_GROUP if BITS == 4 else 0
 ROUNDS, GRAPH_CALLS = 5, 20
 RW_FLOATS = 128 << 20
+
+
+def tokens(bits: int) -> dict:
+    """M -> BM: the 8-bit forms also at 1 token (a 16-token tile)."""
+    return {1: 16, **TOKENS} if bits == 8 else TOKENS
 
 
 def configs():

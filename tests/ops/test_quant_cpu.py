@@ -249,43 +249,28 @@ def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, kind, d
         assert re.search(r"\bH(ADD|FMA)2\b", text)
 
 
-@pytest.mark.parametrize("splits", [1, 2])
-def test_regs_w_in_float16(splits):
+@pytest.mark.parametrize("zeros,splits,group", [(False, 1, 64), (False, 2, 64),
+                                                 (True, 1, 128)])
+def test_regs_w_in_float16(zeros, splits, group):
     """regs_w's float16 form masks two of a word's nibble pairs in place (1024 + 16 q,
-    scaled by 1/16 after): exact, so within float16's rounding of the dequantized product."""
+    scaled by 1/16 after): exact, so within float16's rounding of the dequantized product.
+    With zero points each value is q exactly, minus its zero point rounded once to float16
+    (fractional zero points too), then the group scale after the MMA."""
     import tiled
 
     g = torch.Generator().manual_seed(13)
-    M, K, N, group = 24, 256, 80, 64
+    M, K, N = 24, 256, 80
     q = torch.randint(0, 16, (K, N), generator=g)
     s = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.float16)
+    z = (torch.rand(K // group, N, generator=g) * 15).to(torch.float16) if zeros \
+        else torch.zeros(1, dtype=torch.float16)  # zero points not integers
     x = torch.randn(M, K, generator=g).to(torch.float16)
     cfg = {"kind": "regs_w", "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits}
-    kernel = quant.quant_linear_kernel(32, N, K, "float16", "float16", 4, group, False, **cfg)
-    y = torch.zeros(M, N, dtype=torch.float16)
-    quant._run(tiled.compile(kernel, target="cpu"), cfg,
-               [x, gptq_pack(q), s, torch.zeros(1, dtype=torch.float16), y])
-    w = (q.float() - 8) * s.float().repeat_interleave(group, 0)
-    assert _rel(y, x.float() @ w) < 1e-3
-
-
-def test_regs_w_with_fractional_zero_points():
-    """regs_w with zero points: each value q exactly, minus its zero point rounded once to
-    float16 (fractional zero points too), then the group scale after the MMA: within float16
-    rounding of the dequantized product."""
-    import tiled
-
-    g = torch.Generator().manual_seed(19)
-    M, K, N, group = 24, 256, 80, 128
-    q = torch.randint(0, 16, (K, N), generator=g)
-    s = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.float16)
-    z = (torch.rand(K // group, N, generator=g) * 15).to(torch.float16)  # not integers
-    x = torch.randn(M, K, generator=g).to(torch.float16)
-    cfg = {"kind": "regs_w", "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": 1}
-    kernel = quant.quant_linear_kernel(32, N, K, "float16", "float16", 4, group, True, **cfg)
+    kernel = quant.quant_linear_kernel(32, N, K, "float16", "float16", 4, group, zeros, **cfg)
     y = torch.zeros(M, N, dtype=torch.float16)
     quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, gptq_pack(q), s, z, y])
-    w = (q.float() - z.float().repeat_interleave(group, 0)) * s.float().repeat_interleave(group, 0)
+    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
+    w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
     assert _rel(y, x.float() @ w) < 1e-3
 
 

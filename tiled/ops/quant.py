@@ -29,13 +29,12 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   q - 8 in 16-bit arithmetic, exactly, with no float32 work per weight; the group's product
   is scaled once per output element after the MMA (_w4_group_kernel);
 - `regs_w` (as `regs_g`, also with zero points): K reordered inside each 32-wide chunk so
-  that the register operand's
-  values a thread holds are one word's eight, unpacked two an instruction (one mask of the
-  word is a register's pair of 16-bit values), the tokens' tile reordered to match
-  (_w4_words_kernel); for 8-bit weights (int8 W [N, K]) likewise over 16-deep blocks, a
-  thread's operand values there one word's four bytes, unpacked two an instruction into
-  float16 (bfloat16: through float32), the channel scales after the loop
-  (_w8_words_kernel). Built and checked (cpu numerics, sm_90a SASS) but not in CUDA_SPACE
+  that the register operand's values a thread holds are one word's eight, unpacked two an
+  instruction (one mask of the word is a register's pair of 16-bit values), the tokens'
+  tile reordered to match (_w4_words_kernel); for 8-bit weights (int8 W [N, K]) likewise
+  over 16-deep blocks, a thread's operand values there one word's four bytes, unpacked two
+  an instruction into float16 (bfloat16: through float32), the channel scales after the
+  loop (_w8_words_kernel). Built and checked (cpu numerics, sm_90a SASS) but not in CUDA_SPACE
   until a GPU has timed it (benchmarks/gpu/probes/w4_regs_probe.py; W4_PROBE_BITS=8).
 All unpack a nibble without an int-to-float conversion (`_nibble`, the 16-bit magic of
 _MAGIC16). The tensor-core forms and the nibble arithmetic live in tiled.ops.quant_tiles.
@@ -101,10 +100,10 @@ CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s,
 # GPU has timed it: its sm_90a SASS has a quarter of regs_g's word loads and no repacking, but
 # no run yet (benchmarks/gpu/probes/w4_regs_probe.py times it beside swap and regs_g;
 # QUANT_REGS_W=1 builds it into benchmarks/gpu/quant.py's bundle, whose run then tunes with it)
-REGS_W_CONFIGS = [*({"kind": "regs_w", "BM": bm, "BN": bn, "threads": t, "stages": 2,
-                     "splits": s, **({"sum": sum_} if s > 1 else {})}
-                    for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
-                    for s in (1, 4, 8) for sum_ in (("kernel", "last") if s > 1 else ("kernel",)))]
+REGS_W_CONFIGS = [{"kind": "regs_w", "BM": bm, "BN": bn, "threads": t, "stages": 2,
+                   "splits": s, "sum": sm}
+                  for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
+                  for s in (1, 4, 8) for sm in (("kernel", "last") if s > 1 else ("kernel",))]
 CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
                for bm in (1, 2, 4, 8, 16)),
              {"kind": "lanes", "BM": 4, "BN": 64, "threads": 32, "splits": 2, "WPI": 2},

@@ -213,6 +213,17 @@ def tile_row_bytes(tile) -> int:
         PANEL_BYTES
 
 
+def fence_shared_writes(low) -> None:
+    """Before a wgmma (or a loop of them) reads shared memory: the threads' writes not yet
+    synchronized or not yet fenced for the async proxy get `fence.proxy.async` and a barrier
+    (a barrier the tracker placed since, for another read, orders them for the threads
+    only)."""
+    if low.sync.pending_write or low.sync.unfenced:
+        T.evaluate(T.call_extern("void", "tiled::sm90::fence_proxy_async_shared"))
+        low.sync.sync()
+        low.sync.unfenced = False
+
+
 def sync_next_iteration(low) -> None:
     """The barrier at the end of a loop iteration that wrote shared memory, so the next one may
     read or overwrite it: where the kernel has wgmma gemms, the threads' writes are fenced for
@@ -226,12 +237,7 @@ def sync_next_iteration(low) -> None:
 
 def lower_wgmma(low, g: pb.Gemm, s: pb.Stmt) -> None:
     """acc (+)= A @ B on wgmma (module docstring)."""
-    if low.sync.pending_write or low.sync.unfenced:
-        # the threads' shared writes, then a barrier, before wgmma reads them (a barrier the
-        # tracker placed since, for another read, orders them for the threads only)
-        T.evaluate(T.call_extern("void", "tiled::sm90::fence_proxy_async_shared"))
-        low.sync.sync()
-        low.sync.unfenced = False
+    fence_shared_writes(low)
     low.uniform_stmt(s)
     a, c = low.buffers[g.a], low.buffers[g.c]
     lay = low.layouts[g.c]

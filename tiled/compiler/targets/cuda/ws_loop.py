@@ -86,7 +86,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from tiled.compiler.passes.stmts import body_statements
-from tiled.compiler.targets.cuda.gemm_sm90 import sync_next_iteration
+from tiled.compiler.targets.cuda.gemm_sm90 import fence_shared_writes, sync_next_iteration
 from tiled.compiler.targets.cuda.grid_walk import (
     bind_block,
     persistent_walk,
@@ -249,10 +249,7 @@ def lower_ring_consumer(low, f: pb.For) -> None:
     w = low.wsloop
     body = body_statements(f.body)
     ring = {rc.pos: i for i, rc in enumerate(w.copies)}
-    if low.sync.pending_write or low.sync.unfenced:  # shared writes before the loop
-        call("fence_proxy_async_shared")
-        low.sync.sync()
-        low.sync.unfenced = False
+    fence_shared_writes(low)  # shared writes before the loop, made visible once
     reads = writes = False
     for i, st in enumerate(body):
         if i not in ring:

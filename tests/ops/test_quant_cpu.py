@@ -46,7 +46,10 @@ def test_w4a16_matches_the_dequantized_product(M, zeros):
     ("lanes", False, 2, 2, 1), ("lanes", True, 1, 1, 1), ("swap", False, 1, 1, 0),
     ("swap", True, 2, 1, 0), ("regs", False, 1, 1, 0), ("regs", True, 2, 1, 0),
     ("regs_g", False, 1, 1, 0), ("regs_g", False, 2, 1, 0), ("regs_w", False, 1, 1, 0),
-    ("regs_w", False, 2, 1, 0), ("regs_w", True, 1, 1, 0), ("regs_w", True, 2, 1, 0)])
+    ("regs_w", False, 2, 1, 0), ("regs_w", True, 1, 1, 0), ("regs_w", True, 2, 1, 0),
+    ("tile", True, 2, 1, "SR"), ("swap", True, 2, 1, "SR"), ("swap", False, 1, 1, "SR"),
+    ("regs", True, 2, 1, "SR"), ("regs_g", False, 2, 1, "SR"), ("regs_w", True, 2, 1, "SR"),
+    ("regs_w", False, 1, 1, "SR")])
 def test_each_w4a16_kernel_form(kind, zeros, splits, kg, xs):
     """The lanes, the tile (dequantized into a shared tile, then T.gemm), the swapped tile
     (W's tile times X's, transposed), the regs (swapped, W's tile a fragment), regs_g (regs,
@@ -54,7 +57,8 @@ def test_each_w4a16_kernel_form(kind, zeros, splits, kg, xs):
     unpacks whole words) forms directly, on 40 tokens (a ragged second token
     tile) and 80 columns (a ragged column tile); split over K into float32 partials that
     splitk_sum adds (quant._run, as the op runs them), and over K inside a block (lanes' KG
-    lane groups), with the tokens staged in shared (XS)."""
+    lane groups), with the tokens staged in shared (XS); the tile forms also with their group
+    scales (and zero points) through shared tiles (SR), the ragged column tile's past N."""
     import tiled
 
     g = torch.Generator().manual_seed(11)
@@ -66,7 +70,8 @@ def test_each_w4a16_kernel_form(kind, zeros, splits, kg, xs):
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     cfg = ({"BM": 16, "BN": 64, "threads": 32, "splits": splits, "WPI": 2, "KG": kg, "XS": xs}
            if kind == "lanes"
-           else {"BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits})
+           else {"BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits,
+                 **({"SR": 1} if xs == "SR" else {})})
     kernel = quant.quant_linear_kernel(64, N, K, "bfloat16", "bfloat16", 4, group, zeros,
                                        kind=kind, **cfg)
     y = torch.zeros(M, N, dtype=torch.bfloat16)
@@ -221,6 +226,34 @@ def test_the_swapped_tiles_take_wgmma_with_16_token_columns(tmp_path):
                                    kind="swap", BM=16, BN=128, threads=128, stages=2, splits=4)
     text = sass(tiled.compile(w8, target="cuda:sm_90a", cache=False).artifact, tmp_path)
     assert "HGMMA.64x16x16.F32" in text and not re.search(r"\b(HMMA|LDL|STL)\b", text)
+
+
+@pytest.mark.parametrize("kind,zeros", [("swap", True), ("regs_g", False), ("regs_w", True)])
+def test_group_scales_through_shared_tiles_take_the_producer(tmp_path, kind, zeros):
+    """SR=1: each step's group scales (and zero points) are copied beside X and W, so on
+    sm_90a every copy of the loop runs ahead on the TMA producer (UTMALDG) and the consumers
+    load nothing from global memory (no LDG; with SR=0 their scale loads kept the swapped
+    form off the producer); the swapped form still stores a word's values 8 bytes at a time
+    (the scale held in a register: STS.64, no STS.U16)."""
+    import re
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    import tiled
+    from tests.compiler.test_sm90_path import sass
+
+    kernel = quant.quant_linear_kernel(16, 14336, 4096, "float16", "float16", 4, 128, zeros,
+                                       kind=kind, BM=16, BN=128, threads=128, stages=2,
+                                       splits=8, SR=1)
+    text = sass(tiled.compile(kernel, target="cuda:sm_90a", cache=False).artifact, tmp_path)
+    assert "UTMALDG.2D" in text and "HGMMA.64x16x16.F32" in text
+    assert not re.search(r"(LDG|LDGSTS|LDL|STL)", text)
+    if kind == "swap":
+        assert "STS.64" in text and "STS.U16" not in text
+    with pytest.raises(ValueError, match="SR"):
+        quant.quant_linear_kernel(1, 14336, 4096, "float16", "float16", 4, 128, False,
+                                  kind="lanes", SR=1)
 
 
 @pytest.mark.parametrize("kind,dtype,tokens", [("regs", "float16", 16), ("regs", "bfloat16", 32),

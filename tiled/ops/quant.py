@@ -126,32 +126,35 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
 
 def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind="lanes",
                         BM=1, BN=512, threads=128, splits=1, WPI=2, stages=2, KG=1, XS=0,
-                        sum="kernel"):
+                        sum="kernel", SR=0):
     """The kernel of one config (M only selects: the kernel's M is symbolic). bits 4: GPTQ
     words [K / 8, N] with group scales (and zeros); bits 8: int8 [N, K] with channel
     scales. `sum` (regs_w with splits): "kernel" adds the partials up in a `splitk_sum`
-    kernel, "last" in the GEMM kernel itself (tiled.ops.split_k)."""
+    kernel, "last" in the GEMM kernel itself (tiled.ops.split_k). `SR` 1 (4-bit tile forms):
+    each step's group scales through the pipelined loop's shared tiles (quant_tiles._GroupRows)."""
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
     if sum != "kernel" and kind != "regs_w":
         raise ValueError(f"sum={sum!r} is for the regs_w form, not {kind}")
+    if SR and (bits != 4 or kind == "lanes"):
+        raise ValueError("SR (group scales through shared tiles) is for the 4-bit tile forms")
     if kind in ("regs", "regs_g") and bits != 4:
         raise ValueError(f"the {kind} form takes 4-bit weights")
     if kind == "regs_w" and bits == 8:
         return _w8_words_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits, sum)
     if kind == "regs_w":
         return _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
-                                stages, splits, sum)
+                                stages, splits, sum, SR)
     if kind == "regs_g":
         return _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
-                                stages, splits)
+                                stages, splits, SR)
     if kind in ("tile", "swap") and bits == 8:
         return _w8_tile_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits,
                                swap=kind == "swap")
     if kind in ("tile", "swap", "regs"):
         return _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN,
                                threads, stages, splits, swap=kind != "tile",
-                               regs=kind == "regs")
+                               regs=kind == "regs", SR=SR)
     per_word = 8 if bits == 4 else 4  # K values per 32-bit word
     if K % (per_word * WPI * splits * KG):
         raise ValueError(f"K = {K} does not split into {splits} x {KG} x {WPI}-word steps")

@@ -49,7 +49,7 @@ def _output(Md, N: int, out_dtype: str, splits: int):
 
 
 def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, threads, stages,
-                    splits=1, swap=False, regs=False):
+                    splits=1, swap=False, regs=False, SR=0):
     """Y = X @ W.T in BM x BN tiles: per 64-deep K step, X's tile and W's eight words per
     column copied to shared memory (cp.async: the T.Pipelined loop runs them `stages` ahead),
     the words unpacked, scaled and cast into a 16-bit shared tile of W, then T.gemm (tensor
@@ -91,6 +91,10 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
             else:
                 ws = T.alloc_shared((BN, TILE_BK) if swap else (TILE_BK, BN), dtype)
             word = T.alloc_var("int32")
+            rows = _GroupRows(S, Z, N, BN, dtype, zeros, SR)
+            if SR:  # the scale in registers before the stores: read from shared memory
+                # between them, nvcc would not merge a word's eight 2-byte stores
+                scale, zs = T.alloc_var("float32"), T.alloc_var("float32")
             acc = T.alloc_fragment((BN, BM) if swap else (BM, BN), "float32")
             T.clear(acc)
             magic = _magic(Md)
@@ -99,19 +103,18 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
                 T.copy(X[by * BM, k * TILE_BK], xs)
                 T.copy(Wq[k * (TILE_BK // 8), bx * BN], wq)
                 g = k * TILE_BK // group_size
+                rows.step(g, bx * BN)
                 if regs:  # value by value, over the fragment's own elements
                     for n, kq in T.Parallel(BN, TILE_BK):
-                        col = T.min(bx * BN + n, N - 1)
                         q = (wq[kq // 8, n] >> (kq % 8 * 4)) & 15
                         f = T.reinterpret("float32", q | magic) - 8388608.0  # q, exactly
-                        zero = T.cast(Z[g, col], "float32") if zeros else 8.0
-                        ws[n, kq] = T.cast((f - zero) * T.cast(S[g, col], "float32"), dtype)
+                        zero = T.cast(rows.zero(n), "float32") if zeros else 8.0
+                        ws[n, kq] = T.cast((f - zero) * T.cast(rows.scale(n), "float32"), dtype)
                 else:
                     for kw, n in T.Parallel(TILE_BK // 8, BN):
                         word = wq[kw, n]  # one shared load for the word's eight values
-                        col = T.min(bx * BN + n, N - 1)
-                        scale = T.cast(S[g, col], "float32")
-                        zs = scale * (T.cast(Z[g, col], "float32") if zeros else 8.0)
+                        scale = T.cast(rows.scale(n), "float32")
+                        zs = scale * (T.cast(rows.zero(n), "float32") if zeros else 8.0)
                         for i in range(8):
                             # (q * 16^j) * (scale * 16^-j) - zero * scale: (q - zero) * scale
                             # (j as in _nibble_at; one rounding for the symmetric zero 8)
@@ -140,13 +143,41 @@ def _w4_tile_kernel(N, K, dtype, out_dtype, bits, group_size, zeros, BM, BN, thr
     return linear_w4a16_tile
 
 
+class _GroupRows:
+    """A K step's scales (and zero points) of a tile's BN columns, for group g: read from
+    global memory where the step uses them (SR=0), or (SR=1) copied into shared tiles in the
+    pipelined loop beside X and W, so that a TMA producer loads them stages ahead and the
+    consumers read shared memory where a global load waited out its latency in the step (on
+    sm_90a such a loop's copies all run ahead: the form takes the warp-specialized path).
+    Made inside the kernel (its shared tiles); step() inside the loop, before the reads."""
+
+    def __init__(self, S, Z, N, BN, dtype, zeros, ring):
+        self.S, self.Z, self.N, self.ring = S, Z, N, ring
+        self.ss = T.alloc_shared((BN,), dtype) if ring else None
+        self.zz = T.alloc_shared((BN,), dtype) if ring and zeros else None
+        self.g = self.n0 = None
+
+    def step(self, g, n0):
+        self.g, self.n0 = g, n0
+        if self.ring:
+            T.copy(self.S[g, n0], self.ss)
+            if self.zz is not None:
+                T.copy(self.Z[g, n0], self.zz)
+
+    def scale(self, n):
+        return self.ss[n] if self.ring else self.S[self.g, T.min(self.n0 + n, self.N - 1)]
+
+    def zero(self, n):
+        return self.zz[n] if self.ring else self.Z[self.g, T.min(self.n0 + n, self.N - 1)]
+
+
 # 16-bit floats whose bits or-ed with a nibble q read as BASE + q, exactly (float16: 1024 + q,
 # 0x6400; bfloat16: 128 + q, 0x4300: both have the mantissa bits for it).
 _MAGIC16 = {"float16": (0x6400, 1024.0), "bfloat16": (0x4300, 128.0)}
 
 
 def _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads, stages,
-                     splits=1):
+                     splits=1, SR=0):
     """Y^T = W X^T as the regs form (BN x BM tiles, W's tile T.gemm's register operand),
     one quantization group per K step: each value is the nibble or-ed into a 16-bit float's
     bits (_MAGIC16: BASE + q) minus BASE + zero, q - zero exactly in 16-bit arithmetic, with
@@ -178,19 +209,20 @@ def _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
             ws = T.alloc_fragment((BN, group_size), dtype)
             part = T.alloc_fragment((BN, BM), "float32")
             acc = T.alloc_fragment((BN, BM), "float32")
+            rows = _GroupRows(S, Z, N, BN, dtype, False, SR)
             T.clear(acc)
             for kk in T.Pipelined(per, num_stages=stages):
                 g = bz * per + kk
                 T.copy(X[by * BM, g * group_size], xs)
                 T.copy(Wq[g * (group_size // 8), bx * BN], wq)
+                rows.step(g, bx * BN)
                 for n, kq in T.Parallel(BN, group_size):
                     q = (wq[kq // 8, n] >> (kq % 8 * 4)) & 15
                     ws[n, kq] = T.reinterpret(dtype, T.cast(q | magic, "int16")) - \
                         T.cast(base + 8.0, dtype)
                 T.gemm(ws, xs, part, transpose_B=True, clear_accum=True)
                 for n, m in T.Parallel(BN, BM):
-                    acc[n, m] += part[n, m] * T.cast(S[g, T.min(bx * BN + n, N - 1)],
-                                                     "float32")
+                    acc[n, m] += part[n, m] * T.cast(rows.scale(n), "float32")
             for n, m in T.Parallel(BN, BM):
                 if splits > 1:
                     Y[bz, by * BM + m, bx * BN + n] = acc[n, m]
@@ -222,7 +254,7 @@ def _k_of(p):
 
 
 def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads, stages,
-                     splits=1, sum="kernel"):
+                     splits=1, sum="kernel", SR=0):
     """regs_g with K reordered so that a thread unpacks whole words, two values an
     instruction: within each 32-wide chunk of a step, the MMA's K positions a thread holds in
     its register operand (_pair_of) take the eight values of one word, positions 2i and 2i + 1
@@ -255,6 +287,7 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
         wq = T.alloc_shared((group_size // 8, BN), "int32")
         ws = T.alloc_fragment((BN, group_size), dtype)
         part = T.alloc_fragment((BN, BM), "float32")
+        rows = _GroupRows(S, Z, N, BN, dtype, zeros, SR)
         T.clear(acc)
         # BASE's bits in both halves, in a register (as _magic: one LOP3 a pair)
         both = T.min(Md - 1, 0) + (magic << 16 | magic)
@@ -262,6 +295,7 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
             g = bz * per + kk
             T.copy(X[by * BM, g * group_size], xs)
             T.copy(Wq[g * (group_size // 8), bx * BN], wq)
+            rows.step(g, bx * BN)
             for t, p in T.Parallel(BM, group_size):
                 xk[t, p] = xs[t, _k_of(p)]
             for n, p in T.Parallel(BN, group_size):
@@ -277,15 +311,14 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
                 h = T.reinterpret(dtype, T.cast(pair >> (p % 2 * 16), "int16"))
                 scaled = h * T.if_then_else(j == 0, T.cast(1.0, dtype), T.cast(1.0 / 16, dtype))
                 if zeros:  # (BASE + 16^j q) / 16^j - BASE / 16^j: q exactly; minus z, rounded
-                    col = T.min(bx * BN + n, N - 1)
                     ws[n, p] = (scaled - T.if_then_else(j == 0, T.cast(base, dtype),
-                                                        T.cast(base / 16, dtype))) - Z[g, col]
+                                                        T.cast(base / 16, dtype))) - rows.zero(n)
                 else:  # (BASE + 16^j q) / 16^j - (BASE / 16^j + 8): q - 8, exactly
                     ws[n, p] = scaled - T.if_then_else(j == 0, T.cast(base + 8.0, dtype),
                                                        T.cast(base / 16 + 8.0, dtype))
             T.gemm(ws, xk, part, transpose_B=True, clear_accum=True)
             for n, m in T.Parallel(BN, BM):
-                acc[n, m] += part[n, m] * T.cast(S[g, T.min(bx * BN + n, N - 1)], "float32")
+                acc[n, m] += part[n, m] * T.cast(rows.scale(n), "float32")
 
     types = (T.Tensor((Md, K), dtype), T.Tensor((KW, N), "int32"), T.Tensor((G, N), dtype),
              T.Tensor((G, N) if zeros else (1,), dtype))

@@ -14,7 +14,9 @@ w4_regs_g_probe_*.json, had swap,regs,regs_g, before regs_w existed). W4_PROBE_B
 the int8 forms instead (int8 W [N, K], channel scales; kinds swap,regs_w by default, and 1
 token beside 16 and 64, as those forms serve decode too), beside F.linear on the dequantized
 weights in the same way. regs_w's split configs are built twice, the second with their sum
-in the GEMM kernel (sum="last"; the form `regs_w+last` in the results' `best`).
+in the GEMM kernel (sum="last"; the form `regs_w+last` in the results' `best`). With
+W4_PROBE_SR=1 (4-bit) every config is also built with its group scales through the
+pipelined loop's shared tiles (SR=1, quant_tiles._GroupRows: the forms `swap+SR`, ...).
 
 Here:  python benchmarks/gpu/probes/w4_regs_probe.py build --out .gpu/w4_regs
 There: python3 benchmarks/gpu/probes/w4_regs_probe.py run --bundle .gpu/w4_regs \\
@@ -44,6 +46,7 @@ DTYPE = "float16"
 W4_GROUP = 128
 GROUP = W4_GROUP if BITS == 4 else 0
 ROUNDS, GRAPH_CALLS = 5, 20
+SR = os.environ.get("W4_PROBE_SR") == "1" and BITS == 4
 RW_FLOATS = 128 << 20
 
 
@@ -61,19 +64,25 @@ def configs():
                 for s in SPLITS:
                     c = {"kind": kind, "BM": bm, "BN": bn, "threads": t, "stages": 2,
                          "splits": s}
-                    yield c
+                    variants = [c]
                     if kind == "regs_w" and s > 1:
-                        yield {**c, "sum": "last"}
+                        variants.append({**c, "sum": "last"})
+                    for v in variants:
+                        yield v
+                        if SR:
+                            yield {**v, "SR": 1}
 
 
 def _form(c) -> str:
-    """The form a config belongs to in the results' `best`: its kind, "+last" with sum="last"."""
-    return c["kind"] + ("+last" if c.get("sum") == "last" else "")
+    """The form a config belongs to in the results' `best`: its kind, "+last" with sum="last",
+    "+SR" with SR=1."""
+    return c["kind"] + ("+last" if c.get("sum") == "last" else "") + \
+        ("+SR" if c.get("SR") else "")
 
 
 def _name(K, N, c):
     return (f"{K}x{N}_{c['kind']}_m{c['BM']}_n{c['BN']}_t{c['threads']}_s{c['splits']}"
-            + ("_last" if c.get("sum") == "last" else ""))
+            + ("_last" if c.get("sum") == "last" else "") + ("_sr" if c.get("SR") else ""))
 
 
 def build(out: Path) -> None:
@@ -97,7 +106,7 @@ def build(out: Path) -> None:
             index[name] = {"op": "splitk_sum", "params": params}
     (out / "index.json").write_text(json.dumps({
         "command": build_command("probes/w4_regs_probe.py", out,
-                                 ("W4_PROBE_BITS", "W4_PROBE_KINDS")),
+                                 ("W4_PROBE_BITS", "W4_PROBE_KINDS", "W4_PROBE_SR")),
         "machine": machine(), "bits": BITS,
         "target": TARGET, "kernels": index}, indent=1))
 

@@ -11,7 +11,9 @@ There (device tool, carry=[".gpu"]; tiled.tuning.prebuilt hands the tuner the bu
     python3 benchmarks/gpu/quant.py run --bundle .gpu/quant --out $OUT/quant_h200.json
 
 With QUANT_REGS_W=1 at build, the bundle also holds tiled.ops.quant.REGS_W_CONFIGS' kernels
-(not in the op's space yet) and the run adds them to the space before tuning.
+(not in the op's space yet) and the run adds them to the space before tuning. With
+QUANT_SR=1 (4-bit) likewise the SR=1 twins of the space's tile forms (quant.sr_twins: group
+scales through shared tiles).
 
 Each call graph-replayed GRAPH_CALLS times; medians of ROUNDS interleaved rounds of do_bench.
 """
@@ -47,12 +49,20 @@ RW_FLOATS = 128 << 20
 
 
 REGS_W = os.environ.get("QUANT_REGS_W") == "1"
+SR = os.environ.get("QUANT_SR") == "1" and BITS == 4
 
 
 def _space() -> list:
     from tiled.ops import quant
 
-    return quant.CUDA_SPACE + (quant.REGS_W_CONFIGS if REGS_W else [])
+    return quant.CUDA_SPACE + _extra(quant, REGS_W, SR)
+
+
+def _extra(quant, regs_w: bool, sr: bool) -> list:
+    """The configs a bundle adds to the op's space: regs_w's, and the SR twins of the tile
+    forms (of regs_w's too when both)."""
+    extra = quant.REGS_W_CONFIGS if regs_w else []
+    return extra + (quant.sr_twins(quant.CUDA_SPACE + extra) if sr else [])
 
 
 def _sums() -> set[tuple[int, int]]:
@@ -82,8 +92,8 @@ def build(out: Path) -> None:
             print(name, index[name], flush=True)
     index.update(compile_sums(out, _sums(), DTYPE, TARGET))
     (out / "index.json").write_text(json.dumps({
-        "command": build_command("quant.py", out, ("QUANT_BITS", "QUANT_REGS_W")),
-        "machine": machine(), "bits": BITS, "regs_w": REGS_W,
+        "command": build_command("quant.py", out, ("QUANT_BITS", "QUANT_REGS_W", "QUANT_SR")),
+        "machine": machine(), "bits": BITS, "regs_w": REGS_W, "sr": SR,
         "target": TARGET, "kernels": index}, indent=1))
 
 
@@ -152,8 +162,8 @@ def run(bundle: Path, out: Path) -> None:
     from tiled.ops import quant
 
     index = json.loads((bundle / "index.json").read_text())
-    if index.get("regs_w"):  # the bundle's extra configs join the op's space (this process)
-        quant.CUDA_SPACE.extend(quant.REGS_W_CONFIGS)
+    # the bundle's extra configs join the op's space (this process)
+    quant.CUDA_SPACE.extend(_extra(quant, bool(index.get("regs_w")), bool(index.get("sr"))))
     install_sums(bundle, index, TARGET)
     pairs = [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
              for n, v in index["kernels"].items() if "op" not in v]

@@ -104,6 +104,16 @@ REGS_W_CONFIGS = [{"kind": "regs_w", "BM": bm, "BN": bn, "threads": t, "stages":
                    "splits": s, "sum": sm}
                   for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
                   for s in (1, 4, 8) for sm in (("kernel", "last") if s > 1 else ("kernel",))]
+
+
+def sr_twins(space: list) -> list:
+    """The SR=1 twins of `space`'s 4-bit tile-form configs (group scales through shared
+    tiles: quant_tiles._GroupRows), not in the space until a GPU has timed them
+    (benchmarks/gpu/probes/w4_regs_probe.py with W4_PROBE_SR=1; QUANT_SR=1 builds them into
+    benchmarks/gpu/quant.py's bundle)."""
+    return [{**c, "SR": 1} for c in space if c.get("kind", "lanes") != "lanes"]
+
+
 CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
                for bm in (1, 2, 4, 8, 16)),
              {"kind": "lanes", "BM": 4, "BN": 64, "threads": 32, "splits": 2, "WPI": 2},

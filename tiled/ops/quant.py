@@ -37,7 +37,8 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   loop (_w8_words_kernel). Built and checked (cpu numerics, sm_90a SASS) but not in CUDA_SPACE
   until a GPU has timed it (benchmarks/gpu/probes/w4_regs_probe.py; W4_PROBE_BITS=8).
 All unpack a nibble without an int-to-float conversion (`_nibble`, the 16-bit magic of
-_MAGIC16). The tensor-core forms and the nibble arithmetic live in tiled.ops.quant_tiles.
+_MAGIC16). The tensor-core forms and the nibble arithmetic live in tiled.ops.quant_tiles, the
+regs_w forms in tiled.ops.quant_words.
 """
 
 import tiled
@@ -50,10 +51,9 @@ from tiled.ops.quant_tiles import (
     _output,
     _w4_group_kernel,
     _w4_tile_kernel,
-    _w4_words_kernel,
     _w8_tile_kernel,
-    _w8_words_kernel,
 )
+from tiled.ops.quant_words import _w4_words_kernel, _w8_words_kernel
 from tiled.ops.split_k import run_split
 from tiled.ops.tuned import TunedOp
 

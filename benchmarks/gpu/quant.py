@@ -10,10 +10,10 @@ the splitk_sum kernels its split configs add their partials with
 There (device tool, carry=[".gpu"]; tiled.tuning.prebuilt hands the tuner the bundle)
     python3 benchmarks/gpu/quant.py run --bundle .gpu/quant --out $OUT/quant_h200.json
 
-With QUANT_REGS_W=1 at build, the bundle also holds tiled.ops.quant.REGS_W_CONFIGS' kernels
-(not in the op's space yet) and the run adds them to the space before tuning. With
-QUANT_SR=1 (4-bit) likewise the SR=1 twins of the space's tile forms (quant.sr_twins: group
-scales through shared tiles).
+With QUANT_SR=1 (4-bit) at build, the bundle also holds the SR=1 twins of the space's tile
+forms that are not in it (quant.sr_twins: group scales through shared tiles) and the run adds
+them to the space before tuning. (quant_rs_h100.json's bundle was built, at 3561197, before
+regs_w and SR regs_g joined the space, with the flags that then added them.)
 
 Each call graph-replayed GRAPH_CALLS times; medians of ROUNDS interleaved rounds of do_bench.
 """
@@ -48,21 +48,13 @@ GRAPH_CALLS = 20
 RW_FLOATS = 128 << 20
 
 
-REGS_W = os.environ.get("QUANT_REGS_W") == "1"
 SR = os.environ.get("QUANT_SR") == "1" and BITS == 4
 
 
 def _space() -> list:
     from tiled.ops import quant
 
-    return quant.CUDA_SPACE + _extra(quant, REGS_W, SR)
-
-
-def _extra(quant, regs_w: bool, sr: bool) -> list:
-    """The configs a bundle adds to the op's space: regs_w's, and the SR twins of the tile
-    forms (of regs_w's too when both)."""
-    extra = quant.REGS_W_CONFIGS if regs_w else []
-    return extra + (quant.sr_twins(quant.CUDA_SPACE + extra) if sr else [])
+    return quant.CUDA_SPACE + (quant.sr_twins(quant.CUDA_SPACE) if SR else [])
 
 
 def _sums() -> set[tuple[int, int]]:
@@ -92,8 +84,8 @@ def build(out: Path) -> None:
             print(name, index[name], flush=True)
     index.update(compile_sums(out, _sums(), DTYPE, TARGET))
     (out / "index.json").write_text(json.dumps({
-        "command": build_command("quant.py", out, ("QUANT_BITS", "QUANT_REGS_W", "QUANT_SR")),
-        "machine": machine(), "bits": BITS, "regs_w": REGS_W, "sr": SR,
+        "command": build_command("quant.py", out, ("QUANT_BITS", "QUANT_SR")),
+        "machine": machine(), "bits": BITS, "sr": SR,
         "target": TARGET, "kernels": index}, indent=1))
 
 
@@ -162,8 +154,8 @@ def run(bundle: Path, out: Path) -> None:
     from tiled.ops import quant
 
     index = json.loads((bundle / "index.json").read_text())
-    # the bundle's extra configs join the op's space (this process)
-    quant.CUDA_SPACE.extend(_extra(quant, bool(index.get("regs_w")), bool(index.get("sr"))))
+    if index.get("sr"):  # the bundle's extra configs join the op's space (this process)
+        quant.CUDA_SPACE.extend(quant.sr_twins(quant.CUDA_SPACE))
     install_sums(bundle, index, TARGET)
     pairs = [((bundle / f"{n}.cubin").read_bytes(), (bundle / f"{n}.manifest.json").read_text())
              for n, v in index["kernels"].items() if "op" not in v]

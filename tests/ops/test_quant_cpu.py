@@ -434,13 +434,20 @@ def test_regs_g_refuses_zero_points():
                                   kind="regs_g", BM=16, BN=64, threads=128, stages=2)
 
 
-def test_regs_w_configs_trace_and_stay_out_of_the_space():
-    """REGS_W_CONFIGS (kept out of CUDA_SPACE until a GPU has timed them) each trace for 4-
-    and 8-bit weights at a token count they fit; none is in the tuned space."""
-    assert not any(c["kind"] == "regs_w" for c in quant.CUDA_SPACE)
-    for cfg in quant.REGS_W_CONFIGS:
-        for bits in (4, 8):
+def test_the_space_holds_regs_w_with_group_scales_in_shared_for_4_bit_only():
+    """regs_w is in the tuned space twice, with SR for 4-bit weights and without for 8-bit
+    ones; each config traces for the bits it is for and the factory refuses it for the other
+    (the tuner skips it there, before compiling); regs_g is in it with SR only."""
+    sr = [c for c in quant.CUDA_SPACE if c["kind"] == "regs_w" and c.get("SR")]
+    plain = [c for c in quant.CUDA_SPACE if c["kind"] == "regs_w" and not c.get("SR")]
+    assert len(sr) == len(plain) == len(quant.REGS_W_CONFIGS)
+    assert all(c.get("SR") for c in quant.CUDA_SPACE if c["kind"] == "regs_g")
+    assert not quant.sr_twins([*sr, *plain[:1]])[1:]  # twins only of configs without SR
+    for cfgs, bits in ((sr, 4), (plain, 8)):
+        for cfg in cfgs:
             M = next(m for m in (1, 16, 32, 64) if quant._fits(cfg, m, bits))
             kernel = quant.quant_linear_kernel(M, 512, 1024, "float16", "float16", bits,
                                                128 if bits == 4 else 0, False, **cfg)
             assert kernel.ir is not None
+    with pytest.raises(ValueError, match="8-bit regs_w"):
+        quant.quant_linear_kernel(16, 512, 1024, "float16", "float16", 8, 0, False, **sr[0])

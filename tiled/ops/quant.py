@@ -34,8 +34,9 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   tile reordered to match (_w4_words_kernel); for 8-bit weights (int8 W [N, K]) likewise
   over 16-deep blocks, a thread's operand values there one word's four bytes, unpacked two
   an instruction into float16 (bfloat16: through float32), the channel scales after the
-  loop (_w8_words_kernel). Built and checked (cpu numerics, sm_90a SASS) but not in CUDA_SPACE
-  until a GPU has timed it (benchmarks/gpu/probes/w4_regs_probe.py; W4_PROBE_BITS=8).
+  loop (_w8_words_kernel).
+The 4-bit tile forms take `SR` 1: each step's group scales (and zero points) copied into
+shared tiles beside X and W (quant_tiles._GroupRows), which regs_g and regs_w do in the space.
 All unpack a nibble without an int-to-float conversion (`_nibble`, the 16-bit magic of
 _MAGIC16). The tensor-core forms and the nibble arithmetic live in tiled.ops.quant_tiles, the
 regs_w forms in tiled.ops.quant_words.
@@ -92,26 +93,34 @@ CUDA_SPACE = [*({"kind": "lanes", "BM": bm, "BN": bn, "threads": t, "splits": s,
                 for s in (1, 4, 8)),
               # swapped, the weights unpacked into the MMA's register operand and scaled per
               # group after it (the plain regs form, never the fastest of the three forms on
-              # the H100: results/w4_regs_g_probe_h100.json, is not in the space)
-              *({"kind": "regs_g", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s}
+              # the H100: results/w4_regs_g_probe_h100.json, is not in the space), the group
+              # scales through shared tiles (SR: faster in all 6 rows of
+              # results/w4_sr_probe_h100.json, 16 and 64 tokens at three shapes)
+              *({"kind": "regs_g", "BM": bm, "BN": bn, "threads": t, "stages": 2, "splits": s,
+                 "SR": 1}
                 for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
                 for s in (1, 4, 8))]
-# regs_w (4-bit and 8-bit; split configs with either sum), not in the space until a
-# GPU has timed it: its sm_90a SASS has a quarter of regs_g's word loads and no repacking, but
-# no run yet (benchmarks/gpu/probes/w4_regs_probe.py times it beside swap and regs_g;
-# QUANT_REGS_W=1 builds it into benchmarks/gpu/quant.py's bundle, whose run then tunes with it)
+# regs_w (split configs with either sum): 4-bit with its group scales through shared tiles
+# (SR: faster than without in all 6 rows of results/w4_sr_probe_h100.json), 8-bit without
+# (its channel scales come after the loop; the 4-bit form skips those configs, as the 8-bit
+# one skips the SR ones). On an H100 the tuner took regs_w at 16 tokens for every 4-bit
+# shape and at 1 and 16 tokens for every 8-bit one (results/quant_rs_h100.json,
+# quant_rw8_h100.json).
 REGS_W_CONFIGS = [{"kind": "regs_w", "BM": bm, "BN": bn, "threads": t, "stages": 2,
                    "splits": s, "sum": sm}
                   for bm in (16, 32, 64) for bn, t in ((64, 128), (128, 128), (128, 256))
                   for s in (1, 4, 8) for sm in (("kernel", "last") if s > 1 else ("kernel",))]
+CUDA_SPACE += [*({**c, "SR": 1} for c in REGS_W_CONFIGS), *REGS_W_CONFIGS]
 
 
 def sr_twins(space: list) -> list:
-    """The SR=1 twins of `space`'s 4-bit tile-form configs (group scales through shared
-    tiles: quant_tiles._GroupRows), not in the space until a GPU has timed them
-    (benchmarks/gpu/probes/w4_regs_probe.py with W4_PROBE_SR=1; QUANT_SR=1 builds them into
-    benchmarks/gpu/quant.py's bundle)."""
-    return [{**c, "SR": 1} for c in space if c.get("kind", "lanes") != "lanes"]
+    """The SR=1 twins of `space`'s 4-bit tile-form configs without it (group scales through
+    shared tiles: quant_tiles._GroupRows), outside the space: tile and swap (the swapped form
+    so takes the TMA producer and read slower in 5 of 6 rows of
+    results/w4_sr_probe_h100.json). QUANT_SR=1 builds them into benchmarks/gpu/quant.py's
+    bundle."""
+    return [{**c, "SR": 1} for c in space
+            if c.get("kind", "lanes") != "lanes" and not c.get("SR")]
 
 
 CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1, "WPI": 1}
@@ -147,7 +156,8 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
     if sum != "kernel" and kind != "regs_w":
         raise ValueError(f"sum={sum!r} is for the regs_w form, not {kind}")
     if SR and (bits != 4 or kind == "lanes"):
-        raise ValueError("SR (group scales through shared tiles) is for the 4-bit tile forms")
+        raise ValueError("SR (group scales through shared tiles) is for the 4-bit tile forms, "
+                         f"not {bits}-bit {kind}")
     if kind in ("regs", "regs_g") and bits != 4:
         raise ValueError(f"the {kind} form takes 4-bit weights")
     if kind == "regs_w" and bits == 8:

@@ -282,6 +282,65 @@ def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, kind, d
         assert re.search(r"\bH(ADD|FMA)2\b", text)
 
 
+@pytest.mark.parametrize("dtype,zeros,splits,group,sr", [
+    ("float16", False, 1, 128, 0), ("float16", True, 2, 64, 1), ("bfloat16", False, 2, 128, 1),
+    ("bfloat16", True, 1, 64, 0)])
+def test_regs_p_takes_words_repacked_into_the_mma_order(dtype, zeros, splits, group, sr):
+    """mma_order_words moves each 32-deep chunk's nibbles to where regs_w's unpacking reads
+    them (a permutation inside the chunk: the same values); regs_p on the repacked words
+    multiplies X's tile as copied and gives the dequantized product, as regs_w does on
+    GPTQ's words."""
+    import tiled
+    from tiled.ops.quant_words import mma_order_words
+
+    g = torch.Generator().manual_seed(17)
+    M, K, N = 24, 256, 80
+    q = torch.randint(0, 16, (K, N), generator=g)
+    packed = mma_order_words(gptq_pack(q))
+    unpacked = torch.stack([(packed.to(torch.int64) >> (4 * i)) & 15 for i in range(8)], 1)
+    chunks = unpacked.reshape(K // 32, 32, N)
+    assert torch.equal(chunks.sort(dim=1).values, q.reshape(K // 32, 32, N).sort(dim=1).values)
+    assert chunks[0, 8 * 1 + 4 * 1 + 3, 5] == q[16 + 8 + 2 + 1, 5]  # word 1, nibble e 3 + 4
+    dt = getattr(torch, dtype)
+    s = (torch.rand(K // group, N, generator=g) + 0.5).to(dt)
+    z = (torch.rand(K // group, N, generator=g) * 15).round().to(dt) if zeros \
+        else torch.zeros(1, dtype=dt)
+    x = torch.randn(M, K, generator=g).to(dt)
+    cfg = {"kind": "regs_p", "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits,
+           "SR": sr}
+    kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros, **cfg)
+    y = torch.zeros(M, N, dtype=dt)
+    quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, packed, s, z, y])
+    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
+    w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
+    assert _rel(y, x.float() @ w) < 1e-2
+
+
+def test_regs_p_has_no_reordering_in_its_loop(tmp_path):
+    """regs_p's sm_90a kernel multiplies X's tile as the producer copied it: no shared
+    stores at all (regs_w's reordered copy of X is its only STS) and fewer barriers; the
+    words unpacked as regs_w's (HGMMA from registers, HADD2 / HFMA2 pairs), no local memory."""
+    import re
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    import tiled
+    from tests.compiler.test_sm90_path import sass
+
+    texts = {}
+    for kind in ("regs_w", "regs_p"):
+        kernel = quant.quant_linear_kernel(16, 14336, 4096, "float16", "float16", 4, 128, False,
+                                           kind=kind, BM=16, BN=128, threads=128, stages=2,
+                                           splits=8, SR=1)
+        texts[kind] = sass(tiled.compile(kernel, target="cuda:sm_90a", cache=False).artifact,
+                           tmp_path)
+    w, p = texts["regs_w"], texts["regs_p"]
+    assert re.search(r"HGMMA\.64x16x16\.F32 R\d+, R\d+, gdesc", p) and "HFMA2" in p
+    assert re.search(r"\bSTS", w) and not re.search(r"\b(STS|LDL|STL)", p)
+    assert p.count("BAR.SYNC") < w.count("BAR.SYNC")
+
+
 @pytest.mark.parametrize("zeros,splits,group", [(False, 1, 64), (False, 2, 64),
                                                  (True, 1, 128)])
 def test_regs_w_in_float16(zeros, splits, group):

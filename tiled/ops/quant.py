@@ -34,7 +34,10 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   tile reordered to match (_w4_words_kernel); for 8-bit weights (int8 W [N, K]) likewise
   over 16-deep blocks, a thread's operand values there one word's four bytes, unpacked two
   an instruction into float16 (bfloat16: through float32), the channel scales after the
-  loop (_w8_words_kernel).
+  loop (_w8_words_kernel);
+- `regs_p` (4-bit, as `regs_w`): the words repacked once into the MMA's order
+  (quant_words.mma_order_words), so X's tile needs no reordering; the op does not take it
+  yet (its qweight is GPTQ's order): probes build it.
 The 4-bit tile forms take `SR` 1: each step's group scales (and zero points) copied into
 shared tiles beside X and W (quant_tiles._GroupRows), which regs_g and regs_w do in the space.
 All unpack a nibble without an int-to-float conversion (`_nibble`, the 16-bit magic of
@@ -137,7 +140,7 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
     """lanes: BM the power of two covering M (16 past 16 tokens); tile, swap: BM at most twice M's
     bucket, from 8 tokens for 4-bit weights (lanes read them at the memory's speed below
     that) and from 1 for 8-bit ones (lanes walk a row of W [N, K] per lane: uncoalesced)."""
-    if cfg.get("kind", "lanes") in ("tile", "swap", "regs", "regs_g", "regs_w"):
+    if cfg.get("kind", "lanes") in ("tile", "swap", "regs", "regs_g", "regs_w", "regs_p"):
         return (M >= 8 or bits == 8) and cfg["BM"] <= max(16, 2 * M)
     m = min(M, 16)
     return m <= cfg["BM"] < 2 * m
@@ -153,18 +156,18 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
     each step's group scales through the pipelined loop's shared tiles (quant_tiles._GroupRows)."""
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
-    if sum != "kernel" and kind != "regs_w":
+    if sum != "kernel" and kind not in ("regs_w", "regs_p"):
         raise ValueError(f"sum={sum!r} is for the regs_w form, not {kind}")
     if SR and (bits != 4 or kind == "lanes"):
         raise ValueError("SR (group scales through shared tiles) is for the 4-bit tile forms, "
                          f"not {bits}-bit {kind}")
-    if kind in ("regs", "regs_g") and bits != 4:
+    if kind in ("regs", "regs_g", "regs_p") and bits != 4:
         raise ValueError(f"the {kind} form takes 4-bit weights")
     if kind == "regs_w" and bits == 8:
         return _w8_words_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits, sum)
-    if kind == "regs_w":
+    if kind in ("regs_w", "regs_p"):  # regs_p: words in the MMA's order (mma_order_words)
         return _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
-                                stages, splits, sum, SR)
+                                stages, splits, sum, SR, packed=kind == "regs_p")
     if kind == "regs_g":
         return _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
                                 stages, splits, SR)

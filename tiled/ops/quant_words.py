@@ -32,8 +32,33 @@ def _k_of(p):
     return _word_of(p) * 8 + _pair_of(p) + p % 2 * 4
 
 
+def mma_order_words(qweight):
+    """GPTQ's 4-bit words (int32 [K / 8, N], eight values along K a word, the lowest nibble
+    first) with the nibbles of each 32-deep chunk of a column moved to where regs_w's
+    unpacking takes them (the `regs_p` form): word i of the chunk holds, at nibble e + 4h,
+    the value of K position 16 (e // 2) + 8 (e % 2) + 2i + h, which is the MMA position that
+    nibble feeds, so X's tile needs no reordering. Done once, at load time (as serving stacks
+    repack GPTQ weights for Marlin-style kernels); a torch tensor like qweight's, on its
+    device. The scales and zero points keep their layout (a group holds whole chunks)."""
+    import torch
+
+    K8, N = qweight.shape
+    if (8 * K8) % 32:
+        raise ValueError(f"K = {8 * K8} is not a whole number of 32-deep chunks")
+    w = qweight.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(8, device=w.device) * 4
+    nibbles = ((w[:, None, :] >> shifts[None, :, None]) & 15).reshape(8 * K8, N)  # [K, N]
+    d = torch.arange(8 * K8, device=w.device)  # the destination: chunk, word i, nibble s
+    i, s = (d % 32) // 8, d % 8
+    e, h = s % 4, s // 4
+    src = d // 32 * 32 + (e // 2) * 16 + (e % 2) * 8 + 2 * i + h
+    moved = nibbles[src].reshape(K8, 8, N) << shifts[None, :, None]
+    words = moved.sum(dim=1)  # disjoint nibbles: the sum is their or
+    return (words - ((words >> 31) << 32)).to(torch.int32)
+
+
 def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads, stages,
-                     splits=1, sum="kernel", SR=0):
+                     splits=1, sum="kernel", SR=0, packed=False):
     """regs_g with K reordered so that a thread unpacks whole words, two values an
     instruction: within each 32-wide chunk of a step, the MMA's K positions a thread holds in
     its register operand (_pair_of) take the eight values of one word, positions 2i and 2i + 1
@@ -47,7 +72,9 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     K does not depend on its order); the group's product is scaled after the MMA as regs_g's.
     With `zeros` each pair is q exactly (minus BASE / 16^j), then minus its column's zero
     point, rounded once to the 16-bit dtype (as the other forms round (q - z) * scale once).
-    Group size 64 or 128 (the K step). `sum` as _swapped's."""
+    Group size 64 or 128 (the K step). `sum` as _swapped's. `packed` (the `regs_p` form): the
+    words come in the MMA's order already (mma_order_words, once at load time) and X's tile
+    is used as copied, without the per-step reordering."""
     if group_size not in (64, 128) or K % (group_size * splits):
         raise ValueError(f"regs_w steps over whole groups of 64 or 128; group size "
                          f"{group_size}, K = {K}, {splits} splits")
@@ -62,7 +89,7 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     @T.macro
     def words(X, Wq, S, Z, acc, bx, by, bz):
         xs = T.alloc_shared((BM, group_size), dtype)
-        xk = T.alloc_shared((BM, group_size), dtype)  # xs in the MMA's K order
+        xk = xs if packed else T.alloc_shared((BM, group_size), dtype)  # the MMA's K order
         wq = T.alloc_shared((group_size // 8, BN), "int32")
         ws = T.alloc_fragment((BN, group_size), dtype)
         part = T.alloc_fragment((BN, BM), "float32")
@@ -75,8 +102,9 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
             T.copy(X[by * BM, g * group_size], xs)
             T.copy(Wq[g * (group_size // 8), bx * BN], wq)
             rows.step(g, bx * BN)
-            for t, p in T.Parallel(BM, group_size):
-                xk[t, p] = xs[t, _k_of(p)]
+            if not packed:
+                for t, p in T.Parallel(BM, group_size):
+                    xk[t, p] = xs[t, _k_of(p)]
             for n, p in T.Parallel(BN, group_size):
                 e = _pair_of(p)
                 word = wq[_word_of(p), n]
@@ -101,8 +129,8 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
 
     types = (T.Tensor((Md, K), dtype), T.Tensor((KW, N), "int32"), T.Tensor((G, N), dtype),
              T.Tensor((G, N) if zeros else (1,), dtype))
-    return _swapped("linear_w4a16_words", types, words, Md, N, BM, BN, threads, splits,
-                    out_dtype, sum)
+    return _swapped("linear_w4a16_mma_words" if packed else "linear_w4a16_words", types, words,
+                    Md, N, BM, BN, threads, splits, out_dtype, sum)
 
 
 def _k8_of(p):

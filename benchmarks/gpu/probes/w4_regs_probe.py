@@ -17,6 +17,8 @@ weights in the same way. regs_w's split configs are built twice, the second with
 in the GEMM kernel (sum="last"; the form `regs_w+last` in the results' `best`). With
 W4_PROBE_SR=1 (4-bit) every config is also built with its group scales through the
 pipelined loop's shared tiles (SR=1, quant_tiles._GroupRows: the forms `swap+SR`, ...).
+The kind regs_p (W4_PROBE_KINDS=...,regs_p) is regs_w on words repacked once into the MMA's
+order (quant_words.mma_order_words, done before the timing), without X's reordering.
 
 Here:  python benchmarks/gpu/probes/w4_regs_probe.py build --out .gpu/w4_regs
 There: python3 benchmarks/gpu/probes/w4_regs_probe.py run --bundle .gpu/w4_regs \\
@@ -65,7 +67,7 @@ def configs():
                     c = {"kind": kind, "BM": bm, "BN": bn, "threads": t, "stages": 2,
                          "splits": s}
                     variants = [c]
-                    if kind == "regs_w" and s > 1:
+                    if kind in ("regs_w", "regs_p") and s > 1:
                         variants.append({**c, "sum": "last"})
                     for v in variants:
                         yield v
@@ -144,6 +146,9 @@ def run(bundle: Path, out: Path) -> None:
                 .contiguous().half()
             wbytes = K * N // 2 + scales.numel() * 2
         z = scales.new_empty(1)
+        if bits == 4:
+            from tiled.ops.quant_words import mma_order_words
+            repacked = mma_order_words(qweight)  # regs_p's words (load time: not timed)
         for M, bm in tokens(bits).items():
             x = torch.randn(M, K, device="cuda", generator=g).half()
             ref = x.float() @ w.float().T
@@ -156,7 +161,9 @@ def run(bundle: Path, out: Path) -> None:
                 kern = load_kernel(bundle, name)
                 y = torch.zeros(M, N, device="cuda", dtype=torch.float16)
 
-                def call(kern=kern, c=c, args=(x, qweight, scales, z, y)):
+                words = repacked if c["kind"] == "regs_p" else qweight
+
+                def call(kern=kern, c=c, args=(x, words, scales, z, y)):
                     return quant._run(kern, c, list(args))
                 call()
                 torch.cuda.synchronize()

@@ -3,6 +3,8 @@ which copies may run ahead; targets/cuda/ws_loop.py feeds them from a TMA produc
 warpgroup). Generated code and plans only: no GPU needed (numerics: the H200 runs of
 benchmarks/gpu/conformance.py and tl_attention.py)."""
 
+import shutil
+
 import pytest
 
 import tiled
@@ -311,6 +313,53 @@ def test_gemms_stay_in_flight_until_something_needs_them():
     first, after = src[:src.index("for (int v_1")], src[src.index("for (int v_1"):]
     assert "wgmma_rows_rs_issue<" not in first[first.rindex("wgmma_rows_issue<"):]
     assert after.count("wgmma_rows_rs_issue<") == 2  # the loop's and the last P V
+
+
+def test_a_register_operand_is_filled_while_another_gemm_runs(tmp_path):
+    """Two register-operand gemms a step, each operand computed from its own shared tile (a
+    mixed-input GEMM's dequantization, written element by element): the second operand is
+    filled while the first gemm is in flight (its issue, then the fill, then the second
+    issue and retire<1>); what touches an accumulator still waits (retire<0> before the
+    epilogue of the step), and ptxas serializes nothing."""
+    @tiled.kernel
+    def halves(A: T.Tensor((256, 512), "float16"), B: T.Tensor((256, 512), "float16"),
+               C: T.Tensor((256, 256), "float32")):
+        with T.Kernel(2, 2, threads=128) as (bx, by):
+            a0_s = T.alloc_shared((64, 32), "float16")
+            a1_s = T.alloc_shared((64, 32), "float16")
+            b0_s = T.alloc_shared((128, 32), "float16")
+            b1_s = T.alloc_shared((128, 32), "float16")
+            a0 = T.alloc_fragment((64, 32), "float16", name="a0")
+            a1 = T.alloc_fragment((64, 32), "float16", name="a1")
+            part = T.alloc_fragment((64, 128), "float32", name="part")
+            acc = T.alloc_fragment((64, 128), "float32", name="acc")
+            T.clear(acc)
+            for k in T.Pipelined(8, num_stages=2):
+                T.copy(A[by * 64, k * 64], a0_s)
+                T.copy(A[by * 64, k * 64 + 32], a1_s)
+                T.copy(B[bx * 128, k * 64], b0_s)
+                T.copy(B[bx * 128, k * 64 + 32], b1_s)
+                for i, j in T.Parallel(64, 32):
+                    a0[i, j] = a0_s[i, j] * T.cast(0.5, "float16")
+                T.gemm(a0, b0_s, part, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(64, 32):
+                    a1[i, j] = a1_s[i, j] * T.cast(0.5, "float16")
+                T.gemm(a1, b1_s, part, transpose_B=True)
+                for i, j in T.Parallel(64, 128):
+                    acc[i, j] += part[i, j] * 2.0
+            T.copy(acc, C[by * 64, bx * 128])
+
+    src, _, _ = _lower(halves)
+    loop = _loop_text(src)
+    first = loop.index("wgmma_rows_rs_issue<")
+    second = loop.index("wgmma_rows_rs_issue<", first + 1)
+    assert loop.index("a1_ptr[0] =", first) < second < loop.index("retire<1>") < \
+        loop.index("retire<0>") < loop.index("acc_ptr[0] =", second)
+    assert "retire<" not in loop[first:second]
+    if shutil.which("nvcc"):
+        from tests.compiler.test_sm90_sass import _ptxas_remarks
+
+        assert _ptxas_remarks(src, tmp_path) == []
 
 
 def test_blocks_walk_the_grid_when_they_run_alike():

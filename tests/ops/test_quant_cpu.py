@@ -341,6 +341,78 @@ def test_regs_p_has_no_reordering_in_its_loop(tmp_path):
     assert p.count("BAR.SYNC") < w.count("BAR.SYNC")
 
 
+@pytest.mark.parametrize("kind,dtype,zeros,group,H,sr", [
+    ("regs_w", "float16", False, 128, 2, 0), ("regs_w", "bfloat16", True, 128, 4, 1),
+    ("regs_w", "float16", True, 64, 2, 1), ("regs_p", "float16", False, 128, 4, 1),
+    ("regs_p", "bfloat16", True, 64, 2, 0)])
+def test_regs_w_over_slices_of_a_group(kind, dtype, zeros, group, H, sr):
+    """regs_w and regs_p with a group's K in H slices (each its own MMA into the group's
+    product, slice i + 1 unpacked into the other set of registers): the dequantized product,
+    over two splits, a ragged token tile and a ragged column tile."""
+    import tiled
+    from tiled.ops.quant_words import mma_order_words
+
+    g = torch.Generator().manual_seed(23)
+    M, K, N = 40, 512, 80
+    q = torch.randint(0, 16, (K, N), generator=g)
+    dt = getattr(torch, dtype)
+    s = (torch.rand(K // group, N, generator=g) + 0.5).to(dt)
+    z = (torch.rand(K // group, N, generator=g) * 15).round().to(dt) if zeros \
+        else torch.zeros(1, dtype=dt)
+    x = torch.randn(M, K, generator=g).to(dt)
+    words = mma_order_words(gptq_pack(q)) if kind == "regs_p" else gptq_pack(q)
+    cfg = {"kind": kind, "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": 2,
+           "SR": sr, "H": H}
+    kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros, **cfg)
+    y = torch.zeros(M, N, dtype=dt)
+    quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, words, s, z, y])
+    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
+    w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
+    assert _rel(y, x.float() @ w) < 1e-2
+
+
+def test_slices_of_a_group_are_checked():
+    with pytest.raises(ValueError, match="slices of whole 32-wide chunks"):
+        quant.quant_linear_kernel(16, 256, 512, "float16", "float16", 4, 64, False,
+                                  kind="regs_w", BM=16, BN=64, H=4)
+    with pytest.raises(ValueError, match="for the 4-bit regs_w and regs_p forms"):
+        quant.quant_linear_kernel(16, 256, 512, "float16", "float16", 4, 128, False,
+                                  kind="regs_g", BM=16, BN=64, H=2)
+
+
+@pytest.mark.parametrize("kind,H", [("regs_p", 2), ("regs_w", 4)])
+def test_slices_are_unpacked_while_the_slice_before_is_in_the_mma(tmp_path, kind, H):
+    """On sm_90a a slice's register operand is filled while the MMA of the slice before it
+    runs: the wait plan retires that MMA only after the next one is issued (retire<1>,
+    never retire<0> between them), ptxas serializes no wgmma and injects no wait (no C75xx
+    remark), and the SASS has the unpacking's 16-bit pair operations between the first
+    HGMMA and the first wait for it; no local memory."""
+    import re
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    import tiled
+    from tests.compiler.test_sm90_path import sass
+    from tests.compiler.test_sm90_sass import _ptxas_remarks
+
+    kernel = quant.quant_linear_kernel(16, 14336, 4096, "float16", "float16", 4, 128, False,
+                                       kind=kind, BM=16, BN=128, threads=128, stages=2,
+                                       splits=4, SR=1, H=H)
+    c = tiled.compile(kernel, target="cuda:sm_90a", cache=False)
+    loop = c.source[c.source.index("wgmma_rows_rs_issue"):]
+    waits = re.findall(r"wgmma_rows_rs_issue|retire<\d>", loop)
+    assert waits[:2 * H] == ["wgmma_rows_rs_issue"] + ["wgmma_rows_rs_issue", "retire<1>"] * (
+        H - 1) + ["retire<0>"], waits
+    assert re.search(r"\(ws1_ptr \+ \d+\) =", loop[:loop.index("retire<1>")])
+    assert _ptxas_remarks(c.source, tmp_path) == []
+    text = sass(c.artifact, tmp_path)
+    first = text.index("HGMMA")
+    between = text[first:text.index("WARPGROUP.DEPBAR", first)]
+    assert re.search(r"\bH(ADD|FMA)2\b", between)
+    assert not re.search(r"\b(LDL|STL)\b", text)
+
+
 @pytest.mark.parametrize("zeros,splits,group", [(False, 1, 64), (False, 2, 64),
                                                  (True, 1, 128)])
 def test_regs_w_in_float16(zeros, splits, group):

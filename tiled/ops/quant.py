@@ -148,12 +148,14 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
 
 def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind="lanes",
                         BM=1, BN=512, threads=128, splits=1, WPI=2, stages=2, KG=1, XS=0,
-                        sum="kernel", SR=0):
+                        sum="kernel", SR=0, H=1):
     """The kernel of one config (M only selects: the kernel's M is symbolic). bits 4: GPTQ
     words [K / 8, N] with group scales (and zeros); bits 8: int8 [N, K] with channel
     scales. `sum` (regs_w with splits): "kernel" adds the partials up in a `splitk_sum`
     kernel, "last" in the GEMM kernel itself (tiled.ops.split_k). `SR` 1 (4-bit tile forms):
-    each step's group scales through the pipelined loop's shared tiles (quant_tiles._GroupRows)."""
+    each step's group scales through the pipelined loop's shared tiles (quant_tiles._GroupRows).
+    `H` (4-bit regs_w / regs_p): a group's K in H slices, each slice unpacked while the one
+    before it is in the MMA (quant_words._w4_words_kernel)."""
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
     if sum != "kernel" and kind not in ("regs_w", "regs_p"):
@@ -163,11 +165,14 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
                          f"not {bits}-bit {kind}")
     if kind in ("regs", "regs_g", "regs_p") and bits != 4:
         raise ValueError(f"the {kind} form takes 4-bit weights")
+    if H != 1 and (bits != 4 or kind not in ("regs_w", "regs_p")):
+        raise ValueError(f"H (a group's K in slices) is for the 4-bit regs_w and regs_p forms, "
+                         f"not {bits}-bit {kind}")
     if kind == "regs_w" and bits == 8:
         return _w8_words_kernel(N, K, dtype, out_dtype, BM, BN, threads, stages, splits, sum)
     if kind in ("regs_w", "regs_p"):  # regs_p: words in the MMA's order (mma_order_words)
         return _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
-                                stages, splits, sum, SR, packed=kind == "regs_p")
+                                stages, splits, sum, SR, packed=kind == "regs_p", H=H)
     if kind == "regs_g":
         return _w4_group_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
                                 stages, splits, SR)

@@ -58,7 +58,7 @@ def mma_order_words(qweight):
 
 
 def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads, stages,
-                     splits=1, sum="kernel", SR=0, packed=False):
+                     splits=1, sum="kernel", SR=0, packed=False, H=1):
     """regs_g with K reordered so that a thread unpacks whole words, two values an
     instruction: within each 32-wide chunk of a step, the MMA's K positions a thread holds in
     its register operand (_pair_of) take the eight values of one word, positions 2i and 2i + 1
@@ -74,7 +74,13 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     point, rounded once to the 16-bit dtype (as the other forms round (q - z) * scale once).
     Group size 64 or 128 (the K step). `sum` as _swapped's. `packed` (the `regs_p` form): the
     words come in the MMA's order already (mma_order_words, once at load time) and X's tile
-    is used as copied, without the per-step reordering."""
+    is used as copied, without the per-step reordering. `H`: the group's K in H slices
+    (1, 2 or 4), each its own MMA on one product, slice i + 1 unpacked into a second set of
+    registers while slice i's MMA runs (tiled.compiler's wgmma wait plan keeps it in flight
+    over code that fills another gemm's register operand)."""
+    if H not in (1, 2, 4) or group_size % (32 * H):
+        raise ValueError(f"regs_w takes a group's K in 1, 2 or 4 slices of whole 32-wide "
+                         f"chunks; {H} slices of a group of {group_size}")
     if group_size not in (64, 128) or K % (group_size * splits):
         raise ValueError(f"regs_w steps over whole groups of 64 or 128; group size "
                          f"{group_size}, K = {K}, {splits} splits")
@@ -86,44 +92,63 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     KW, G = K // 8, K // group_size
     per = G // splits
 
+    hk = group_size // H  # K of a slice (whole 32-wide chunks)
+
+    def unpack(wq, i, ws, rows, both):
+        """ws (BN x hk, the MMA's K order) from slice i's words in wq (the group's)."""
+        for n, p in T.Parallel(BN, hk):
+            e = _pair_of(p)
+            word = wq[i * (hk // 8) + _word_of(p), n]
+            if in_place:  # pairs 0, 1 of the word, then 2, 3 of it shifted by 8
+                j = e % 2
+                src = T.if_then_else(e < 2, word, word >> 8)
+            else:
+                j = 0
+                src = word >> (e * 4)
+            pair = (src & (0x000F000F << (j * 4))) | both
+            h = T.reinterpret(dtype, T.cast(pair >> (p % 2 * 16), "int16"))
+            scaled = h * T.if_then_else(j == 0, T.cast(1.0, dtype), T.cast(1.0 / 16, dtype))
+            if zeros:  # (BASE + 16^j q) / 16^j - BASE / 16^j: q exactly; minus z, rounded
+                ws[n, p] = (scaled - T.if_then_else(j == 0, T.cast(base, dtype),
+                                                    T.cast(base / 16, dtype))) - rows.zero(n)
+            else:  # (BASE + 16^j q) / 16^j - (BASE / 16^j + 8): q - 8, exactly
+                ws[n, p] = scaled - T.if_then_else(j == 0, T.cast(base + 8.0, dtype),
+                                                   T.cast(base / 16 + 8.0, dtype))
+
     @T.macro
     def words(X, Wq, S, Z, acc, bx, by, bz):
-        xs = T.alloc_shared((BM, group_size), dtype)
-        xk = xs if packed else T.alloc_shared((BM, group_size), dtype)  # the MMA's K order
-        wq = T.alloc_shared((group_size // 8, BN), "int32")
-        ws = T.alloc_fragment((BN, group_size), dtype)
-        part = T.alloc_fragment((BN, BM), "float32")
+        def tag(i, name):  # one slice: the names of old
+            return name if H == 1 else f"{name}{i}"
+
+        # X's tile: as copied (one a slice when packed, whose order is the MMA's), and in
+        # the MMA's K order, a tile a slice (the gemm's shared operand)
+        xs = None if packed else T.alloc_shared((BM, group_size), dtype, name="xs")
+        xk = [T.alloc_shared((BM, hk), dtype, name=tag(i, "xs" if packed else "xk"))
+              for i in range(H)]
+        wq = T.alloc_shared((group_size // 8, BN), "int32", name="wq")
+        # two sets of registers at most: slice i + 1 is unpacked while slice i's MMA runs
+        ws = [T.alloc_fragment((BN, hk), dtype, name=tag(i, "ws")) for i in range(min(H, 2))]
+        part = T.alloc_fragment((BN, BM), "float32", name="part")
         rows = _GroupRows(S, Z, N, BN, dtype, zeros, SR)
         T.clear(acc)
         # BASE's bits in both halves, in a register (as _magic: one LOP3 a pair)
         both = T.min(Md - 1, 0) + (magic << 16 | magic)
         for kk in T.Pipelined(per, num_stages=stages):
             g = bz * per + kk
-            T.copy(X[by * BM, g * group_size], xs)
+            if packed:
+                for i in range(H):
+                    T.copy(X[by * BM, g * group_size + i * hk], xk[i])
+            else:
+                T.copy(X[by * BM, g * group_size], xs)
             T.copy(Wq[g * (group_size // 8), bx * BN], wq)
             rows.step(g, bx * BN)
             if not packed:
-                for t, p in T.Parallel(BM, group_size):
-                    xk[t, p] = xs[t, _k_of(p)]
-            for n, p in T.Parallel(BN, group_size):
-                e = _pair_of(p)
-                word = wq[_word_of(p), n]
-                if in_place:  # pairs 0, 1 of the word, then 2, 3 of it shifted by 8
-                    j = e % 2
-                    src = T.if_then_else(e < 2, word, word >> 8)
-                else:
-                    j = 0
-                    src = word >> (e * 4)
-                pair = (src & (0x000F000F << (j * 4))) | both
-                h = T.reinterpret(dtype, T.cast(pair >> (p % 2 * 16), "int16"))
-                scaled = h * T.if_then_else(j == 0, T.cast(1.0, dtype), T.cast(1.0 / 16, dtype))
-                if zeros:  # (BASE + 16^j q) / 16^j - BASE / 16^j: q exactly; minus z, rounded
-                    ws[n, p] = (scaled - T.if_then_else(j == 0, T.cast(base, dtype),
-                                                        T.cast(base / 16, dtype))) - rows.zero(n)
-                else:  # (BASE + 16^j q) / 16^j - (BASE / 16^j + 8): q - 8, exactly
-                    ws[n, p] = scaled - T.if_then_else(j == 0, T.cast(base + 8.0, dtype),
-                                                       T.cast(base / 16 + 8.0, dtype))
-            T.gemm(ws, xk, part, transpose_B=True, clear_accum=True)
+                for i in range(H):
+                    for t, p in T.Parallel(BM, hk):
+                        xk[i][t, p] = xs[t, i * hk + _k_of(p)]
+            for i in range(H):
+                unpack(wq, i, ws[i % 2], rows, both)
+                T.gemm(ws[i % 2], xk[i], part, transpose_B=True, clear_accum=i == 0)
             for n, m in T.Parallel(BN, BM):
                 acc[n, m] += part[n, m] * T.cast(rows.scale(n), "float32")
 

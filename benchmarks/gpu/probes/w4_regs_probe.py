@@ -19,6 +19,9 @@ W4_PROBE_SR=1 (4-bit) every config is also built with its group scales through t
 pipelined loop's shared tiles (SR=1, quant_tiles._GroupRows: the forms `swap+SR`, ...).
 The kind regs_p (W4_PROBE_KINDS=...,regs_p) is regs_w on words repacked once into the MMA's
 order (quant_words.mma_order_words, done before the timing), without X's reordering.
+W4_PROBE_H=1,2,4 builds regs_w / regs_p with a group's K in that many slices too (H, the
+slice after each unpacked while its MMA runs: the forms `regs_w+H2`, ...); W4_PROBE_SR=only
+builds the SR=1 configs alone, and W4_PROBE_M=16 the 16-token tiles alone.
 
 Here:  python benchmarks/gpu/probes/w4_regs_probe.py build --out .gpu/w4_regs
 There: python3 benchmarks/gpu/probes/w4_regs_probe.py run --bundle .gpu/w4_regs \\
@@ -38,7 +41,7 @@ from bundle_cli import build_command, compile_into, load_kernel, machine, main, 
 
 TARGET = "cuda:sm_90a"
 SHAPES = [(4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
-TOKENS = {16: 16, 64: 64}  # M -> BM
+TOKENS = {m: m for m in map(int, os.environ.get("W4_PROBE_M", "16,64").split(","))}  # M->BM
 TILES = [(64, 128), (128, 128), (128, 256)]  # BN, threads
 SPLITS = (1, 4, 8)
 BITS = int(os.environ.get("W4_PROBE_BITS", "4"))
@@ -48,7 +51,8 @@ DTYPE = "float16"
 W4_GROUP = 128
 GROUP = W4_GROUP if BITS == 4 else 0
 ROUNDS, GRAPH_CALLS = 5, 20
-SR = os.environ.get("W4_PROBE_SR") == "1" and BITS == 4
+SR = os.environ.get("W4_PROBE_SR", "0") if BITS == 4 else "0"  # "1": both, "only": SR=1
+SLICES = tuple(map(int, os.environ.get("W4_PROBE_H", "1").split(",")))
 RW_FLOATS = 128 << 20
 
 
@@ -69,9 +73,13 @@ def configs():
                     variants = [c]
                     if kind in ("regs_w", "regs_p") and s > 1:
                         variants.append({**c, "sum": "last"})
+                    if kind in ("regs_w", "regs_p") and BITS == 4:
+                        variants = [{**v, "H": h} if h > 1 else v
+                                    for v in variants for h in SLICES]
                     for v in variants:
-                        yield v
-                        if SR:
+                        if SR != "only":
+                            yield v
+                        if SR in ("1", "only"):
                             yield {**v, "SR": 1}
 
 
@@ -79,12 +87,13 @@ def _form(c) -> str:
     """The form a config belongs to in the results' `best`: its kind, "+last" with sum="last",
     "+SR" with SR=1."""
     return c["kind"] + ("+last" if c.get("sum") == "last" else "") + \
-        ("+SR" if c.get("SR") else "")
+        (f"+H{c['H']}" if c.get("H", 1) > 1 else "") + ("+SR" if c.get("SR") else "")
 
 
 def _name(K, N, c):
     return (f"{K}x{N}_{c['kind']}_m{c['BM']}_n{c['BN']}_t{c['threads']}_s{c['splits']}"
-            + ("_last" if c.get("sum") == "last" else "") + ("_sr" if c.get("SR") else ""))
+            + ("_last" if c.get("sum") == "last" else "")
+            + (f"_h{c['H']}" if c.get("H", 1) > 1 else "") + ("_sr" if c.get("SR") else ""))
 
 
 def build(out: Path) -> None:
@@ -108,7 +117,8 @@ def build(out: Path) -> None:
             index[name] = {"op": "splitk_sum", "params": params}
     (out / "index.json").write_text(json.dumps({
         "command": build_command("probes/w4_regs_probe.py", out,
-                                 ("W4_PROBE_BITS", "W4_PROBE_KINDS", "W4_PROBE_SR")),
+                                 ("W4_PROBE_BITS", "W4_PROBE_KINDS", "W4_PROBE_SR",
+                                  "W4_PROBE_H", "W4_PROBE_M")),
         "machine": machine(), "bits": BITS,
         "target": TARGET, "kernels": index}, indent=1))
 

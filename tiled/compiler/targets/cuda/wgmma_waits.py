@@ -4,7 +4,9 @@ they are retired.
 Outside such loops every wgmma gemm is waited for before the next statement (gemm_sm90.py).
 Inside, a gemm of the loop body's own statements is issued and left running while the
 statements after it do not need it: its group is retired (wgmma.wait_group) just before the
-first statement that touches its accumulator or its register A operand, or writes a shared
+first statement that touches its accumulator or its register A operand (or the accumulator
+of any other wgmma of the loop: ptxas; the register operand of a gemm issued later may be
+filled beside it, as a mixed-input GEMM unpacks its next slice), or writes a shared
 tile it reads (an `if k == 0:` clearing the accumulator runs only when nothing is carried
 over the back edge), or when the next wgmma is issued (`retire<1>` after the issue keeps at most
 one group in flight). Two gemms on one accumulator may be in flight together (the hardware
@@ -70,18 +72,20 @@ def _registers(g: pb.Gemm, buffers) -> set[int]:
     return {g.c} | ({g.a} if buffers[g.a].scope == pb.FRAGMENT else set())
 
 
-def _conflicts(st: pb.Stmt, g: pb.Gemm, buffers, accumulators, wgmma_regs: set) -> bool:
+def _conflicts(st: pb.Stmt, g: pb.Gemm, buffers, accumulators, wgmma_accs: set) -> bool:
     """Whether statement `st` may not run while gemm `g` is in flight. Other wgmmas: the
-    same accumulator chains, unless cleared. Other statements: none may touch the
-    registers of any wgmma of the loop (`wgmma_regs`), not only g's: ptxas serializes
-    every wgmma of a kernel where ordinary code touches an accumulator while a wgmma is
-    in flight (its remark C7514), S = Q K^T's mask included."""
+    same accumulator chains, unless cleared. Other statements: none may touch g's own
+    registers, nor the accumulator of any wgmma of the loop (`wgmma_accs`), not only g's:
+    ptxas serializes every wgmma of a kernel where ordinary code touches an accumulator while
+    a wgmma is in flight (its remark C7514), S = Q K^T's mask included, or waits for it
+    (C7517, reading another product). The register operand of a gemm not yet issued may be
+    filled beside it: a second set of registers, unpacked while the first set's MMA runs."""
     h = wgmma_gemm(st, accumulators)
     regs = _registers(g, buffers)
     if h is not None:
         return h.a == g.c or (h.c in regs and h.c != g.c) or (h.c == g.c and h.clear_accum)
     tiles = {x for x in (g.a, g.b) if buffers[x].scope == pb.SHARED}
-    return bool(touched(st) & wgmma_regs) or any(written(x) & tiles for x in walk(st))
+    return bool(touched(st) & (regs | wgmma_accs)) or any(written(x) & tiles for x in walk(st))
 
 
 def _first_step_only(st: pb.Stmt, loop_var: int) -> bool:
@@ -125,7 +129,7 @@ def first_step_fills(body, loop_var: int, buffers) -> set[int]:
     return out
 
 
-def _walk(body, ring: dict, copies, buffers, accumulators, wgmma_regs: set[int],
+def _walk(body, ring: dict, copies, buffers, accumulators, wgmma_accs: set[int],
           top: list[int], loop_var: int, skip: set[int]):
     plan = WaitPlan()
     pending = [Group(p, True) for p in top]
@@ -133,7 +137,7 @@ def _walk(body, ring: dict, copies, buffers, accumulators, wgmma_regs: set[int],
         if i not in ring and i not in skip:
             first = _first_step_only(st, loop_var)
             if any(_conflicts(st, wgmma_gemm(body[g.pos], accumulators), buffers, accumulators,
-                              wgmma_regs)
+                              wgmma_accs)
                    for g in pending if not (first and g.carried)):
                 plan.before[i] = Retire(0, pending)
                 pending = []
@@ -166,9 +170,9 @@ def plan_waits(low, body: list, skip: set[int]) -> WaitPlan | None:
     accumulators = low.wgmma_ops.accumulators
     if not any(wgmma_gemm(st, accumulators) for st in body):
         return None
-    regs = {r for st in body if (g := wgmma_gemm(st, accumulators)) is not None
-            for r in _registers(g, low.buffers)}
-    args = (body, ring, w.copies, low.buffers, accumulators, regs)
+    gemms = [g for st in body if (g := wgmma_gemm(st, accumulators)) is not None]
+    regs = {r for g in gemms for r in _registers(g, low.buffers)}
+    args = (body, ring, w.copies, low.buffers, accumulators, {g.c for g in gemms})
     plan, end = _walk(*args, [], w.loop.var, skip)
     if not end:
         return plan

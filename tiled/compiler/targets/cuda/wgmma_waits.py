@@ -78,8 +78,11 @@ def _conflicts(st: pb.Stmt, g: pb.Gemm, buffers, accumulators, wgmma_accs: set) 
     registers, nor the accumulator of any wgmma of the loop (`wgmma_accs`), not only g's:
     ptxas serializes every wgmma of a kernel where ordinary code touches an accumulator while
     a wgmma is in flight (its remark C7514), S = Q K^T's mask included, or waits for it
-    (C7517, reading another product). The register operand of a gemm not yet issued may be
-    filled beside it: a second set of registers, unpacked while the first set's MMA runs."""
+    (C7517, reading another product carried over the back edge; reading one beside the
+    next MMA's flight within an iteration is clean, but measured no faster for the float8
+    block-scaled steps: results/wgmma_reads_beside_flight.diff, `pair`). The register
+    operand of a gemm not yet issued may be filled beside it: a second set of registers,
+    unpacked while the first set's MMA runs."""
     h = wgmma_gemm(st, accumulators)
     regs = _registers(g, buffers)
     if h is not None:

@@ -40,6 +40,60 @@ def test_w4a16_matches_the_dequantized_product(M, zeros):
     assert _rel(y, x.float() @ w) < 1e-2
 
 
+@pytest.mark.parametrize("zeros", [False, True])
+@pytest.mark.parametrize("M", [1, 3, 20])
+def test_w4a16_in_the_mma_layout_matches_the_gptq_one(M, zeros):
+    """linear_w4a16 on repack_w4a16's words with layout="mma" (the lanes form with X's
+    indices permuted, regs_p from 8 tokens) gives the dequantized product, as on GPTQ's."""
+    g = torch.Generator().manual_seed(5 + M)
+    K, N, group = 256, 96, 64
+    q = torch.randint(0, 16, (K, N), generator=g)
+    scales = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.bfloat16)
+    z = (torch.rand(K // group, N, generator=g) * 15).round().to(torch.bfloat16) if zeros \
+        else None
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
+    w = (q.float() - zz) * scales.float().repeat_interleave(group, 0)
+    y = ops.linear_w4a16(x, ops.repack_w4a16(gptq_pack(q)), scales, z, group_size=group,
+                         layout="mma")
+    assert y.shape == (M, N) and _rel(y, x.float() @ w) < 1e-2
+
+
+@pytest.mark.parametrize("splits,wpi,kg,xs", [(1, 1, 1, 0), (2, 2, 1, 0), (2, 2, 2, 1),
+                                              (1, 2, 1, 1)])
+def test_lanes_read_x_in_the_mma_layouts_order(splits, wpi, kg, xs):
+    """The lanes form on "mma" words reads each word's values' tokens at their permuted K
+    (quant._mma_k), from global memory or staged (XS), over splits and lane groups."""
+    import tiled
+
+    g = torch.Generator().manual_seed(29)
+    M, K, N, group = 5, 512, 64, 128
+    q = torch.randint(0, 16, (K, N), generator=g)
+    s = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.bfloat16)
+    z = torch.zeros(1, dtype=torch.bfloat16)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    cfg = {"kind": "lanes", "BM": 8, "BN": 64, "threads": 32, "splits": splits,
+           "WPI": wpi, "KG": kg, "XS": xs}
+    kernel = quant.quant_linear_kernel(8, N, K, "bfloat16", "bfloat16", 4, group, False, "mma",
+                                       **cfg)
+    y = torch.zeros(M, N, dtype=torch.bfloat16)
+    quant._run(tiled.compile(kernel, target="cpu"), cfg,
+               [x, ops.repack_w4a16(gptq_pack(q)), s, z, y])
+    w = (q.float() - 8.0) * s.float().repeat_interleave(group, 0)
+    assert _rel(y, x.float() @ w) < 1e-2
+    assert sorted(quant._mma_k(p) for p in range(64)) == list(range(64))
+
+
+def test_the_mma_layout_takes_lanes_and_regs_p_only():
+    with pytest.raises(ValueError, match="does not take the 'mma' layout"):
+        quant.quant_linear_kernel(16, 256, 512, "float16", "float16", 4, 128, False, "mma",
+                                  kind="regs_w", BM=16, BN=64)
+    with pytest.raises(ValueError, match="does not take the 'gptq' layout"):
+        quant.quant_linear_kernel(16, 256, 512, "float16", "float16", 4, 128, False,
+                                  kind="regs_p", BM=16, BN=64)
+    assert {c.get("kind", "lanes") for c in quant.MMA_CUDA_SPACE} == {"lanes", "regs_p"}
+
+
 @pytest.mark.parametrize("kind,zeros,splits,kg,xs", [
     ("lanes", False, 1, 1, 0), ("tile", False, 1, 1, 0), ("tile", True, 1, 1, 0),
     ("tile", True, 2, 1, 0), ("lanes", True, 2, 1, 0), ("lanes", False, 2, 2, 0),
@@ -163,6 +217,13 @@ def test_quantized_linears_refuse_bad_arguments():
         ops.linear_w4a16(x.float(), qw, s.float())
     with pytest.raises(ValueError, match="not int8"):
         ops.linear_w8a16(x, qw, torch.ones(64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="layout must be 'gptq' or 'mma', not 'marlin'"):
+        ops.linear_w4a16(x, qw, s, layout="marlin")
+    with pytest.raises(ValueError, match="whole 32-deep chunks"):
+        ops.linear_w4a16(x, qw, torch.ones(16, 64, dtype=torch.bfloat16), group_size=16,
+                         layout="mma")
+    with pytest.raises(ValueError, match="K a multiple of 32"):
+        ops.repack_w4a16(qw[:6])
 
 
 def test_quantized_custom_ops_pass_opcheck():
@@ -171,6 +232,8 @@ def test_quantized_custom_ops_pass_opcheck():
     qw = gptq_pack(torch.randint(0, 16, (128, 64), generator=g))
     s = torch.rand(1, 64, generator=g).to(torch.bfloat16)
     torch.library.opcheck(torch.ops.tiled.linear_w4a16.default, (x, qw, s))
+    torch.library.opcheck(torch.ops.tiled.linear_w4a16.default,
+                          (x, ops.repack_w4a16(qw), s, None, 128, "mma"))
     q8 = torch.randint(-128, 128, (64, 128), generator=g, dtype=torch.int8)
     torch.library.opcheck(torch.ops.tiled.linear_w8a16.default,
                           (x, q8, torch.rand(64, generator=g).to(torch.bfloat16)))
@@ -308,7 +371,7 @@ def test_regs_p_takes_words_repacked_into_the_mma_order(dtype, zeros, splits, gr
     x = torch.randn(M, K, generator=g).to(dt)
     cfg = {"kind": "regs_p", "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits,
            "SR": sr}
-    kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros, **cfg)
+    kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros, "mma", **cfg)
     y = torch.zeros(M, N, dtype=dt)
     quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, packed, s, z, y])
     zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
@@ -330,9 +393,10 @@ def test_regs_p_has_no_reordering_in_its_loop(tmp_path):
 
     texts = {}
     for kind in ("regs_w", "regs_p"):
+        layout = "mma" if kind == "regs_p" else "gptq"
         kernel = quant.quant_linear_kernel(16, 14336, 4096, "float16", "float16", 4, 128, False,
-                                           kind=kind, BM=16, BN=128, threads=128, stages=2,
-                                           splits=8, SR=1)
+                                           layout, kind=kind, BM=16, BN=128, threads=128,
+                                           stages=2, splits=8, SR=1)
         texts[kind] = sass(tiled.compile(kernel, target="cuda:sm_90a", cache=False).artifact,
                            tmp_path)
     w, p = texts["regs_w"], texts["regs_p"]
@@ -363,7 +427,8 @@ def test_regs_w_over_slices_of_a_group(kind, dtype, zeros, group, H, sr):
     words = mma_order_words(gptq_pack(q)) if kind == "regs_p" else gptq_pack(q)
     cfg = {"kind": kind, "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": 2,
            "SR": sr, "H": H}
-    kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros, **cfg)
+    kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros,
+                                       "mma" if kind == "regs_p" else "gptq", **cfg)
     y = torch.zeros(M, N, dtype=dt)
     quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, words, s, z, y])
     zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
@@ -397,8 +462,8 @@ def test_slices_are_unpacked_while_the_slice_before_is_in_the_mma(tmp_path, kind
     from tests.compiler.test_sm90_sass import _ptxas_remarks
 
     kernel = quant.quant_linear_kernel(16, 14336, 4096, "float16", "float16", 4, 128, False,
-                                       kind=kind, BM=16, BN=128, threads=128, stages=2,
-                                       splits=4, SR=1, H=H)
+                                       "mma" if kind == "regs_p" else "gptq", kind=kind, BM=16,
+                                       BN=128, threads=128, stages=2, splits=4, SR=1, H=H)
     c = tiled.compile(kernel, target="cuda:sm_90a", cache=False)
     loop = c.source[c.source.index("wgmma_rows_rs_issue"):]
     waits = re.findall(r"wgmma_rows_rs_issue|retire<\d>", loop)

@@ -19,7 +19,9 @@ over torch tensors with vLLM's argument conventions:
                     v_scale=None)            -> decode attention over vLLM's paged KV cache
     mla_decode(q, kv_cache, block_tables, seq_lens, head_dim_v=512, scale=None)
                                               -> DeepSeek MLA decode, FlashMLA's layout
-    linear_w4a16(x, qweight, scales, zeros=None, group_size=128)   GPTQ 4-bit weights
+    linear_w4a16(x, qweight, scales, zeros=None, group_size=128, layout="gptq")
+                                              -> GPTQ 4-bit weights (layout="mma": qweight
+                                                 from repack_w4a16, once at load time)
     conv2d(x, w, bias=None, stride=1, padding=0, dilation=1)   implicit-GEMM F.conv2d
     linear_w8a16(x, qweight, scales)          -> int8 weights, per-channel scales
 
@@ -332,7 +334,7 @@ from tiled.ops.mla import mla_decode  # noqa: E402
 from tiled.ops.paged import combine_kernel as _paged_combine  # noqa: E402
 from tiled.ops.paged import paged_attention  # noqa: E402
 from tiled.ops.prefill import attention  # noqa: E402
-from tiled.ops.quant import linear_w4a16, linear_w8a16  # noqa: E402
+from tiled.ops.quant import linear_w4a16, linear_w8a16, repack_w4a16  # noqa: E402
 
 _FACTORIES.update({"quantize_fp8_groups": _fp8.quantize_group_kernel,
                    "fp8_absmax": _fp8.absmax_kernel,
@@ -344,4 +346,5 @@ _register_torch_ops()
 __all__ = ["attention", "compiled_kernels", "conv2d", "fp8_linear", "fused_add_rms_norm",
            "gelu_and_mul", "grouped_linear", "install", "kernel_factory", "layer_norm", "linear",
            "linear_w4a16", "linear_w8a16", "matmul", "mla_decode", "paged_attention",
-           "quantize_fp8", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax"]
+           "quantize_fp8", "repack_w4a16", "rms_norm", "rotary_embedding", "silu_and_mul",
+           "softmax"]

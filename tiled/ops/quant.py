@@ -1,12 +1,16 @@
 """Weight-only quantized linears in tiled.ops (this module, tiled.ops.quant): 16-bit activations
 times 4- or 8-bit weights, dequantized in the main loop.
 
-    linear_w4a16(x, qweight, scales, zeros=None, group_size=128) -> x @ W.T
+    linear_w4a16(x, qweight, scales, zeros=None, group_size=128, layout="gptq") -> x @ W.T
         qweight int32 [K / 8, N], GPTQ's packing: word [k8, n] holds W[n, 8 k8 .. 8 k8 + 7]
         as eight 4-bit values, the lowest nibble first; scales [K / group_size, N] in x's
         dtype; W[n, k] = (q - z) * scales[k / group_size, n] with z = 8 when `zeros` is None
         (symmetric: vLLM's uint4b8), else zeros[k / group_size, n] (unpacked zero points, in
-        the scales' dtype).
+        the scales' dtype). layout="mma": qweight as repack_w4a16 made it from GPTQ's words
+        (once, at load time: each 32-deep chunk's nibbles in the order the MMA's register
+        operand takes them), which the lanes form reads with X's indices permuted the same
+        way and the regs_p form unpacks without reordering X.
+    repack_w4a16(qweight) -> GPTQ words in the "mma" layout (quant_words.mma_order_words)
     linear_w8a16(x, qweight, scales) -> x @ W.T
         qweight int8 [N, K] (F.linear's layout), scales [N] per output channel:
         W[n, k] = qweight[n, k] * scales[n].
@@ -35,9 +39,11 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   over 16-deep blocks, a thread's operand values there one word's four bytes, unpacked two
   an instruction into float16 (bfloat16: through float32), the channel scales after the
   loop (_w8_words_kernel);
-- `regs_p` (4-bit, as `regs_w`): the words repacked once into the MMA's order
-  (quant_words.mma_order_words), so X's tile needs no reordering; the op does not take it
-  yet (its qweight is GPTQ's order): probes build it.
+- `regs_p` (4-bit, as `regs_w`, layout="mma" only): the words repacked once into the MMA's
+  order (quant_words.mma_order_words), so X's tile needs no reordering.
+regs_w and regs_p take `H` 2 or 4: a group's K in H slices, each unpacked into a second set of
+registers while the slice before it is in the MMA. The "mma" layout's space is the lanes
+configs and regs_p's (LAYOUT_MMA_SPACE); neither regs_p nor H has been timed on a GPU yet.
 The 4-bit tile forms take `SR` 1: each step's group scales (and zero points) copied into
 shared tiles beside X and W (quant_tiles._GroupRows), which regs_g and regs_w do in the space.
 All unpack a nibble without an int-to-float conversion (`_nibble`, the 16-bit magic of
@@ -57,7 +63,7 @@ from tiled.ops.quant_tiles import (
     _w4_tile_kernel,
     _w8_tile_kernel,
 )
-from tiled.ops.quant_words import _w4_words_kernel, _w8_words_kernel
+from tiled.ops.quant_words import _w4_words_kernel, _w8_words_kernel, mma_order_words
 from tiled.ops.split_k import run_split
 from tiled.ops.tuned import TunedOp
 
@@ -136,6 +142,16 @@ CPU_SPACE = [*({"kind": "lanes", "BM": bm, "BN": 64, "threads": 32, "splits": 1,
              {"kind": "tile", "BM": 16, "BN": 32, "threads": 32, "stages": 2, "splits": 2}]
 
 
+# The "mma" layout (linear_w4a16's layout="mma": words from repack_w4a16): the lanes configs
+# (X's indices permuted) and regs_p, regs_w's twin on these words, whole or in H slices; not
+# timed on a GPU yet (benchmarks/gpu/probes/w4_regs_probe.py builds regs_p and H).
+MMA_CUDA_SPACE = [*(c for c in CUDA_SPACE if c.get("kind", "lanes") == "lanes"),
+                  *({**c, "kind": "regs_p", "SR": 1, **({"H": h} if h > 1 else {})}
+                    for c in REGS_W_CONFIGS for h in (1, 2, 4))]
+MMA_CPU_SPACE = [*(c for c in CPU_SPACE if c.get("kind", "lanes") == "lanes"),
+                 {"kind": "regs_p", "BM": 16, "BN": 32, "threads": 32, "stages": 2}]
+
+
 def _fits(cfg: dict, M: int, bits: int) -> bool:
     """lanes: BM the power of two covering M (16 past 16 tokens); tile, swap: BM at most twice M's
     bucket, from 8 tokens for 4-bit weights (lanes read them at the memory's speed below
@@ -146,16 +162,33 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
     return m <= cfg["BM"] < 2 * m
 
 
-def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind="lanes",
-                        BM=1, BN=512, threads=128, splits=1, WPI=2, stages=2, KG=1, XS=0,
-                        sum="kernel", SR=0, H=1):
+def _mma_k(p):
+    """The K index whose value position p of the "mma" layout's words holds (p = 8 w + s:
+    word w's nibble s; mma_order_words): in its 32-deep chunk, word i's nibble e + 4h holds
+    K position 16 (e // 2) + 8 (e % 2) + 2i + h."""
+    s, i = p % 8, (p % 32) // 8
+    return p // 32 * 32 + (s % 4) // 2 * 16 + s % 2 * 8 + 2 * i + s // 4
+
+
+def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, layout="gptq",
+                        kind="lanes", BM=1, BN=512, threads=128, splits=1, WPI=2, stages=2,
+                        KG=1, XS=0, sum="kernel", SR=0, H=1):
     """The kernel of one config (M only selects: the kernel's M is symbolic). bits 4: GPTQ
     words [K / 8, N] with group scales (and zeros); bits 8: int8 [N, K] with channel
     scales. `sum` (regs_w with splits): "kernel" adds the partials up in a `splitk_sum`
     kernel, "last" in the GEMM kernel itself (tiled.ops.split_k). `SR` 1 (4-bit tile forms):
     each step's group scales through the pipelined loop's shared tiles (quant_tiles._GroupRows).
     `H` (4-bit regs_w / regs_p): a group's K in H slices, each slice unpacked while the one
-    before it is in the MMA (quant_words._w4_words_kernel)."""
+    before it is in the MMA (quant_words._w4_words_kernel). `layout` "mma" (4-bit): the
+    words as repack_w4a16 leaves them, for the lanes form (X's indices permuted: _mma_k)
+    and regs_p, which takes nothing else."""
+    if layout not in ("gptq", "mma"):
+        raise ValueError(f"layout must be 'gptq' or 'mma', not {layout!r}")
+    mismatched = (layout == "mma") != (kind == "regs_p") and kind != "lanes"
+    if mismatched or (layout == "mma" and (bits != 4 or K % 32 or group_size % 32)):
+        raise ValueError(f"the {bits}-bit {kind} form with group {group_size} over K = {K} "
+                         f"does not take the {layout!r} layout (mma: 4-bit lanes and regs_p, "
+                         "32-deep chunks in whole groups)")
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
     if sum != "kernel" and kind not in ("regs_w", "regs_p"):
@@ -197,6 +230,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
         raise ValueError(f"XS stages 4-bit tokens' {BM} x {KS} split in shared memory: "
                          "too large" if bits == 4 else "XS is for 4-bit weights")
     out, extra = _output(Md, N, out_dtype, splits)
+    kx = _mma_k if layout == "mma" else (lambda k: k)  # X's index of a word's value
     if bits == 4:
         G = K // group_size
         wt, st = T.Tensor((KW, N), "int32"), T.Tensor((G, N), dtype)
@@ -217,12 +251,12 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
                 for m, k in T.Parallel(BM, KS):
                     j = k % 8
                     j = T.if_then_else(j < 5, j, j - 5)  # the nibble's place in _nibble_at
-                    xs[m, k] = T.cast(X[by * BM + m, bz * KS + k], "float32") * \
+                    xs[m, k] = T.cast(X[by * BM + m, kx(bz * KS + k)], "float32") * \
                         T.reinterpret("float32", (127 - 4 * j) << 23)  # 16^-j
                 for m, k8 in T.Parallel(BM, KS // 8):
                     t = 0.0
                     for i in range(8):
-                        t = t + T.cast(X[by * BM + m, bz * KS + k8 * 8 + i], "float32")
+                        t = t + T.cast(X[by * BM + m, kx(bz * KS + k8 * 8 + i)], "float32")
                     xsum[m, k8] = t
 
             magic = _magic(Md)
@@ -251,7 +285,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
                         part = 0.0
                         for i in range(8):
                             part = part + _nibble(word, i, zero, magic) * \
-                                T.cast(X[row, k0 + i], "float32")
+                                T.cast(X[row, kx(k0 + i)], "float32")
                         total = total + part * T.cast(S[k0 // group_size, col], "float32")
                     else:
                         word = Wq[col, w]
@@ -285,11 +319,12 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, kind
 
 
 
-def _bucket(M, N, K, dtype, out_dtype, bits, group_size, zeros):
-    return (*token_bucket(M, N, K, dtype, out_dtype), bits, group_size, zeros)
+def _bucket(M, N, K, dtype, out_dtype, bits, group_size, zeros, layout="gptq"):
+    return (*token_bucket(M, N, K, dtype, out_dtype), bits, group_size, zeros) + \
+        ((layout,) if layout != "gptq" else ())
 
 
-def _inputs(M, N, K, dtype, out_dtype, bits, group_size, zeros, **config):
+def _inputs(M, N, K, dtype, out_dtype, bits, group_size, zeros, layout="gptq", **config):
     import torch
 
     from tiled.jit import _torch_dtype
@@ -323,6 +358,12 @@ QUANT_LINEAR = TunedOp("quant_linear", quant_linear_kernel,
                        {"cuda": CUDA_SPACE, "cpu": CPU_SPACE},
                        key=["M", "N", "K", "dtype", "out_dtype", "bits", "group_size", "zeros"],
                        bucket=_bucket, inputs=_inputs, run=_run)
+# the "mma" layout's tuner (its own spaces; layout="mma" in its key)
+QUANT_LINEAR_MMA = TunedOp("quant_linear", quant_linear_kernel,
+                           {"cuda": MMA_CUDA_SPACE, "cpu": MMA_CPU_SPACE},
+                           key=["M", "N", "K", "dtype", "out_dtype", "bits", "group_size",
+                                "zeros", "layout"],
+                           bucket=_bucket, inputs=_inputs, run=_run)
 
 
 def _activations(op: str, x, scales):
@@ -337,24 +378,42 @@ def _activations(op: str, x, scales):
     return _rows(x.contiguous(), op), dtype
 
 
-def _launch(op, x, x2, dtype, N, K, bits, group, zeros_t, qweight, scales):
+def _launch(op, x, x2, dtype, N, K, bits, group, zeros_t, qweight, scales, layout="gptq"):
     import torch
 
     M = x2.shape[0]
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     if M:
-        tuned = QUANT_LINEAR.tuned(x, M, N, K, dtype, dtype, bits, group, zeros_t is not None)
+        key = (x, M, N, K, dtype, dtype, bits, group, zeros_t is not None)
+        tuned = QUANT_LINEAR.tuned(*key) if layout == "gptq" else \
+            QUANT_LINEAR_MMA.tuned(*key, layout)
         z = zeros_t if zeros_t is not None else scales.new_empty(1)  # (unread placeholder)
         _run(tuned.compiled, tuned.config, [x2, qweight.contiguous(), scales.contiguous(),
                                             z.contiguous(), y])
     return y.view(*x.shape[:-1], N)
 
 
-def linear_w4a16(x, qweight, scales, zeros=None, group_size: int = 128):
-    """x @ W.T for GPTQ-packed 4-bit W (module docstring), in x's dtype."""
+def repack_w4a16(qweight):
+    """GPTQ's 4-bit words (int32 [K / 8, N]) in the "mma" layout that linear_w4a16(...,
+    layout="mma") takes: within each 32-deep chunk of a column the nibbles moved to where
+    the tensor-core form's register operand takes them (quant_words.mma_order_words). Once,
+    at load time; the scales and zero points keep their layout."""
+    import torch
+
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] % 4:
+        raise ValueError(f"tiled.ops.repack_w4a16: qweight {tuple(qweight.shape)} "
+                         f"{qweight.dtype} is not int32 [K / 8, N] with K a multiple of 32")
+    return mma_order_words(qweight.contiguous())
+
+
+def linear_w4a16(x, qweight, scales, zeros=None, group_size: int = 128, layout: str = "gptq"):
+    """x @ W.T for GPTQ-packed 4-bit W (module docstring), in x's dtype; layout="mma": qweight
+    from repack_w4a16."""
     import torch
 
     op = "linear_w4a16"
+    if layout not in ("gptq", "mma"):
+        raise ValueError(f"tiled.ops.{op}: layout must be 'gptq' or 'mma', not {layout!r}")
     x2, dtype = _activations(op, x, scales)
     K = x.shape[-1]
     if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] * 8 != K:
@@ -373,7 +432,10 @@ def linear_w4a16(x, qweight, scales, zeros=None, group_size: int = 128):
                          f"{(G, N)} {scales.dtype} (unpacked zero points) on {x.device}")
     if qweight.device != x.device:
         raise ValueError(f"tiled.ops.{op}: qweight is on {qweight.device}, x on {x.device}")
-    return _launch(op, x, x2, dtype, N, K, 4, group_size, zeros, qweight, scales)
+    if layout == "mma" and (K % 32 or group_size % 32):
+        raise ValueError(f"tiled.ops.{op}: the mma layout needs K ({K}) and group_size "
+                         f"({group_size}) in whole 32-deep chunks")
+    return _launch(op, x, x2, dtype, N, K, 4, group_size, zeros, qweight, scales, layout)
 
 
 def linear_w8a16(x, qweight, scales):

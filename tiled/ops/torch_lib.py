@@ -156,12 +156,12 @@ def _(q, k_cache, v_cache, block_tables, seq_lens, scale=None, k_scale=None, v_s
 
 @torch.library.custom_op("tiled::linear_w4a16", mutates_args=())
 def linear_w4a16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None = None,
-                 group_size: int = 128) -> Tensor:
-    return ops.linear_w4a16(x, qweight, scales, zeros, group_size)
+                 group_size: int = 128, layout: str = "gptq") -> Tensor:
+    return ops.linear_w4a16(x, qweight, scales, zeros, group_size, layout)
 
 
 @linear_w4a16.register_fake
-def _(x, qweight, scales, zeros=None, group_size=128):
+def _(x, qweight, scales, zeros=None, group_size=128, layout="gptq"):
     return x.new_empty((*x.shape[:-1], qweight.shape[1]))
 
 

@@ -106,7 +106,9 @@ def build(out: Path) -> None:
     for K, N in SHAPES:
         for c in configs():
             name = _name(K, N, c)
-            kernel = quant_linear_kernel(c["BM"], N, K, DTYPE, DTYPE, BITS, GROUP, False, **c)
+            layout = "mma" if c["kind"] == "regs_p" else "gptq"
+            kernel = quant_linear_kernel(c["BM"], N, K, DTYPE, DTYPE, BITS, GROUP, False, layout,
+                                         **c)
             _, seconds = compile_into(out, name, kernel, TARGET)
             index[name] = {"K": K, "N": N, "config": c, "cold_compile_s": round(seconds, 3)}
             print(name, round(seconds, 1), flush=True)

@@ -15,6 +15,10 @@ forms that are not in it (quant.sr_twins: group scales through shared tiles) and
 them to the space before tuning. (quant_rs_h100.json's bundle was built, at 3561197, before
 regs_w and SR regs_g joined the space, with the flags that then added them.)
 
+With QUANT_LAYOUT=mma (4-bit, build and run): linear_w4a16(..., layout="mma") on words from
+tiled.ops.repack_w4a16 (repacked before the timing, as a server does at load), tuned over
+quant.MMA_CUDA_SPACE (lanes with X's indices permuted, regs_p whole and in H slices).
+
 Each call graph-replayed GRAPH_CALLS times; medians of ROUNDS interleaved rounds of do_bench.
 """
 
@@ -49,11 +53,14 @@ RW_FLOATS = 128 << 20
 
 
 SR = os.environ.get("QUANT_SR") == "1" and BITS == 4
+LAYOUT = os.environ.get("QUANT_LAYOUT", "gptq") if BITS == 4 else "gptq"
 
 
 def _space() -> list:
     from tiled.ops import quant
 
+    if LAYOUT == "mma":
+        return quant.MMA_CUDA_SPACE
     return quant.CUDA_SPACE + (quant.sr_twins(quant.CUDA_SPACE) if SR else [])
 
 
@@ -75,7 +82,8 @@ def build(out: Path) -> None:
             name = f"w{BITS}_{K}x{N}__c{i}"
             try:
                 kernel = quant.quant_linear_kernel(cfg["BM"], N, K, DTYPE, DTYPE, BITS,
-                                                   GROUP if BITS == 4 else 0, False, **cfg)
+                                                   GROUP if BITS == 4 else 0, False, LAYOUT,
+                                                   **cfg)
             except ValueError as e:  # a config this shape does not take (the tuner skips it)
                 print(name, "skipped:", e, flush=True)
                 continue
@@ -84,8 +92,8 @@ def build(out: Path) -> None:
             print(name, index[name], flush=True)
     index.update(compile_sums(out, _sums(), DTYPE, TARGET))
     (out / "index.json").write_text(json.dumps({
-        "command": build_command("quant.py", out, ("QUANT_BITS", "QUANT_SR")),
-        "machine": machine(), "bits": BITS, "sr": SR,
+        "command": build_command("quant.py", out, ("QUANT_BITS", "QUANT_SR", "QUANT_LAYOUT")),
+        "machine": machine(), "bits": BITS, "sr": SR, "layout": LAYOUT,
         "target": TARGET, "kernels": index}, indent=1))
 
 
@@ -97,16 +105,19 @@ def _gptq(torch, q):
     return (words - ((words >> 31) << 32)).to(torch.int32)
 
 
-def _w4_problem(torch, K, N, g):
-    """GPTQ 4-bit weights: (the op on tokens x, W dequantized [N, K] fp16, weight bytes)."""
+def _w4_problem(torch, K, N, g, layout="gptq"):
+    """GPTQ 4-bit weights: (the op on tokens x, W dequantized [N, K] fp16, weight bytes);
+    layout "mma": the words repacked first (not timed)."""
     import tiled.ops as ops
 
     q = torch.randint(0, 16, (K, N), device="cuda", generator=g)
     scales = (torch.rand(K // GROUP, N, device="cuda", generator=g) / K ** 0.5 + 1e-3).half()
     qweight = _gptq(torch, q)
+    if layout == "mma":
+        qweight = ops.repack_w4a16(qweight)
     w = ((q.float() - 8) * scales.float().repeat_interleave(GROUP, 0)).t().contiguous().half()
-    return (lambda x: ops.linear_w4a16(x, qweight, scales, group_size=GROUP)), w, \
-        K * N // 2 + scales.numel() * 2
+    return (lambda x: ops.linear_w4a16(x, qweight, scales, group_size=GROUP, layout=layout)), \
+        w, K * N // 2 + scales.numel() * 2
 
 
 def _w8_problem(torch, K, N, g):
@@ -119,20 +130,22 @@ def _w8_problem(torch, K, N, g):
     return (lambda x: ops.linear_w8a16(x, q, scales)), w, K * N + N * 2
 
 
-def _row(torch, K, N, M, bits: int) -> dict:
+def _row(torch, K, N, M, bits: int, layout: str = "gptq") -> dict:
     import torch.nn.functional as F
 
     from tiled.ops import quant
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    op, w, wbytes = (_w8_problem if bits == 8 else _w4_problem)(torch, K, N, g)
+    op, w, wbytes = _w8_problem(torch, K, N, g) if bits == 8 else \
+        _w4_problem(torch, K, N, g, layout)
     x = torch.randn(M, K, device="cuda", generator=g).half()
     y = op(x)  # tunes this bucket
     ref = x.float() @ w.float().T
     err = ((y.float() - ref).norm() / ref.norm()).item()
     group = GROUP if bits == 4 else 0
-    tuned = quant.QUANT_LINEAR.chosen[(TARGET, quant._bucket(M, N, K, DTYPE, DTYPE, bits, group,
-                                                             False))]
+    tuner = quant.QUANT_LINEAR_MMA if layout == "mma" else quant.QUANT_LINEAR
+    tuned = tuner.chosen[(TARGET, quant._bucket(M, N, K, DTYPE, DTYPE, bits, group, False,
+                                                layout))]
     rw = torch.empty(RW_FLOATS, device="cuda", dtype=torch.float32)
     us = time_graphed(torch, {"tiled": lambda: op(x), "F.linear_fp16": lambda: F.linear(x, w),
                               "rw_kernel": rw.neg_}, ROUNDS, GRAPH_CALLS)
@@ -163,7 +176,8 @@ def run(bundle: Path, out: Path) -> None:
     with tuning.prebuilt(pairs):
         for K, N in SHAPES:
             for M in MS:
-                rows.append(_row(torch, K, N, M, index.get("bits", 4)))
+                rows.append(_row(torch, K, N, M, index.get("bits", 4),
+                                 index.get("layout", "gptq")))
                 torch.cuda.empty_cache()
     write_results(out, "quant.py", bundle, index, rounds=ROUNDS, graph_calls=GRAPH_CALLS,
                   rows=rows, tuning_stats=dict(tuning.STATS))

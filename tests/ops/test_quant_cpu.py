@@ -405,14 +405,17 @@ def test_regs_p_has_no_reordering_in_its_loop(tmp_path):
     assert p.count("BAR.SYNC") < w.count("BAR.SYNC")
 
 
-@pytest.mark.parametrize("kind,dtype,zeros,group,H,sr", [
-    ("regs_w", "float16", False, 128, 2, 0), ("regs_w", "bfloat16", True, 128, 4, 1),
-    ("regs_w", "float16", True, 64, 2, 1), ("regs_p", "float16", False, 128, 4, 1),
-    ("regs_p", "bfloat16", True, 64, 2, 0)])
-def test_regs_w_over_slices_of_a_group(kind, dtype, zeros, group, H, sr):
+@pytest.mark.parametrize("kind,dtype,zeros,group,H,sr,sum", [
+    ("regs_w", "float16", False, 128, 2, 0, "kernel"),
+    ("regs_w", "bfloat16", True, 128, 4, 1, "kernel"),
+    ("regs_w", "float16", True, 64, 2, 1, "last"),
+    ("regs_p", "float16", False, 128, 4, 1, "last"),
+    ("regs_p", "bfloat16", True, 64, 2, 0, "kernel")])
+def test_regs_w_over_slices_of_a_group(kind, dtype, zeros, group, H, sr, sum):
     """regs_w and regs_p with a group's K in H slices (each its own MMA into the group's
     product, slice i + 1 unpacked into the other set of registers): the dequantized product,
-    over two splits, a ragged token tile and a ragged column tile."""
+    over two splits (added up by splitk_sum or in the kernel), a ragged token tile and a
+    ragged column tile."""
     import tiled
     from tiled.ops.quant_words import mma_order_words
 
@@ -426,7 +429,7 @@ def test_regs_w_over_slices_of_a_group(kind, dtype, zeros, group, H, sr):
     x = torch.randn(M, K, generator=g).to(dt)
     words = mma_order_words(gptq_pack(q)) if kind == "regs_p" else gptq_pack(q)
     cfg = {"kind": kind, "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": 2,
-           "SR": sr, "H": H}
+           "SR": sr, "H": H, "sum": sum}
     kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros,
                                        "mma" if kind == "regs_p" else "gptq", **cfg)
     y = torch.zeros(M, N, dtype=dt)

@@ -43,7 +43,7 @@ Kernels (tuned by tiled.autotune per token bucket, the token count symbolic):
   order (quant_words.mma_order_words), so X's tile needs no reordering.
 regs_w and regs_p take `H` 2 or 4: a group's K in H slices, each unpacked into a second set of
 registers while the slice before it is in the MMA. The "mma" layout's space is the lanes
-configs and regs_p's (LAYOUT_MMA_SPACE); neither regs_p nor H has been timed on a GPU yet.
+configs and regs_p's (MMA_CUDA_SPACE); neither regs_p nor H has been timed on a GPU yet.
 The 4-bit tile forms take `SR` 1: each step's group scales (and zero points) copied into
 shared tiles beside X and W (quant_tiles._GroupRows), which regs_g and regs_w do in the space.
 All unpack a nibble without an int-to-float conversion (`_nibble`, the 16-bit magic of

@@ -23,9 +23,12 @@ def _rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+@pytest.mark.parametrize("layout", ["gptq", "mma"])
 @pytest.mark.parametrize("zeros", [False, True])
 @pytest.mark.parametrize("M", [1, 3, 20])
-def test_w4a16_matches_the_dequantized_product(M, zeros):
+def test_w4a16_matches_the_dequantized_product(M, zeros, layout):
+    """GPTQ's words, and the same repacked by repack_w4a16 with layout="mma" (the lanes form
+    with X's indices permuted, regs_p from 8 tokens)."""
     g = torch.Generator().manual_seed(M)
     K, N, group = 256, 96, 64
     q = torch.randint(0, 16, (K, N), generator=g)
@@ -35,28 +38,10 @@ def test_w4a16_matches_the_dequantized_product(M, zeros):
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
     w = (q.float() - zz) * scales.float().repeat_interleave(group, 0)  # [K, N]
-    y = ops.linear_w4a16(x, gptq_pack(q), scales, z, group_size=group)
+    words = gptq_pack(q) if layout == "gptq" else ops.repack_w4a16(gptq_pack(q))
+    y = ops.linear_w4a16(x, words, scales, z, group_size=group, layout=layout)
     assert y.shape == (M, N) and y.dtype == torch.bfloat16
     assert _rel(y, x.float() @ w) < 1e-2
-
-
-@pytest.mark.parametrize("zeros", [False, True])
-@pytest.mark.parametrize("M", [1, 3, 20])
-def test_w4a16_in_the_mma_layout_matches_the_gptq_one(M, zeros):
-    """linear_w4a16 on repack_w4a16's words with layout="mma" (the lanes form with X's
-    indices permuted, regs_p from 8 tokens) gives the dequantized product, as on GPTQ's."""
-    g = torch.Generator().manual_seed(5 + M)
-    K, N, group = 256, 96, 64
-    q = torch.randint(0, 16, (K, N), generator=g)
-    scales = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.bfloat16)
-    z = (torch.rand(K // group, N, generator=g) * 15).round().to(torch.bfloat16) if zeros \
-        else None
-    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
-    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
-    w = (q.float() - zz) * scales.float().repeat_interleave(group, 0)
-    y = ops.linear_w4a16(x, ops.repack_w4a16(gptq_pack(q)), scales, z, group_size=group,
-                         layout="mma")
-    assert y.shape == (M, N) and _rel(y, x.float() @ w) < 1e-2
 
 
 @pytest.mark.parametrize("splits,wpi,kg,xs", [(1, 1, 1, 0), (2, 2, 1, 0), (2, 2, 2, 1),

@@ -22,6 +22,8 @@ order (quant_words.mma_order_words, done before the timing), without X's reorder
 W4_PROBE_H=1,2,4 builds regs_w / regs_p with a group's K in that many slices too (H, the
 slice after each unpacked while its MMA runs: the forms `regs_w+H2`, ...); W4_PROBE_SR=only
 builds the SR=1 configs alone, and W4_PROBE_M=16 the 16-token tiles alone.
+W4_PROBE_TILES=64x128,...,256x128 sets the BN x threads tiles (256 x 128 with H = 4 holds 158
+registers at 16 tokens, where H = 1 spills).
 
 Here:  python benchmarks/gpu/probes/w4_regs_probe.py build --out .gpu/w4_regs
 There: python3 benchmarks/gpu/probes/w4_regs_probe.py run --bundle .gpu/w4_regs \\
@@ -42,7 +44,8 @@ from bundle_cli import build_command, compile_into, load_kernel, machine, main, 
 TARGET = "cuda:sm_90a"
 SHAPES = [(4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 TOKENS = {m: m for m in map(int, os.environ.get("W4_PROBE_M", "16,64").split(","))}  # M->BM
-TILES = [(64, 128), (128, 128), (128, 256)]  # BN, threads
+TILES = [tuple(map(int, t.split("x"))) for t in  # BN x threads
+         os.environ.get("W4_PROBE_TILES", "64x128,128x128,128x256").split(",")]
 SPLITS = (1, 4, 8)
 BITS = int(os.environ.get("W4_PROBE_BITS", "4"))
 KINDS = tuple(os.environ.get("W4_PROBE_KINDS",
@@ -120,7 +123,7 @@ def build(out: Path) -> None:
     (out / "index.json").write_text(json.dumps({
         "command": build_command("probes/w4_regs_probe.py", out,
                                  ("W4_PROBE_BITS", "W4_PROBE_KINDS", "W4_PROBE_SR",
-                                  "W4_PROBE_H", "W4_PROBE_M")),
+                                  "W4_PROBE_H", "W4_PROBE_M", "W4_PROBE_TILES")),
         "machine": machine(), "bits": BITS,
         "target": TARGET, "kernels": index}, indent=1))
 

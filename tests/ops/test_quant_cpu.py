@@ -207,7 +207,7 @@ def test_quantized_linears_refuse_bad_arguments():
     with pytest.raises(ValueError, match="whole 32-deep chunks"):
         ops.linear_w4a16(x, qw, torch.ones(16, 64, dtype=torch.bfloat16), group_size=16,
                          layout="mma")
-    with pytest.raises(ValueError, match="K a multiple of 32"):
+    with pytest.raises(ValueError, match="K and N multiples of 32"):
         ops.repack_w4a16(qw[:6])
 
 
@@ -335,17 +335,22 @@ def test_the_regs_form_unpacks_into_the_wgmma_register_operand(tmp_path, kind, d
     ("bfloat16", True, 1, 64, 0)])
 def test_regs_p_takes_words_repacked_into_the_mma_order(dtype, zeros, splits, group, sr):
     """mma_order_words moves each 32-deep chunk's nibbles to where regs_w's unpacking reads
-    them (a permutation inside the chunk: the same values); regs_p on the repacked words
-    multiplies X's tile as copied and gives the dequantized product, as regs_w does on
-    GPTQ's words."""
+    them (a permutation inside the chunk: the same values) and rotates each row's words
+    inside 32-column blocks so that a warp's loads (8 columns of 4 rows a load) take 32
+    banks; regs_p on the repacked words multiplies X's tile as copied and gives the
+    dequantized product, as regs_w does on GPTQ's words, with a ragged column tile."""
     import tiled
-    from tiled.ops.quant_words import mma_order_words
+    from tiled.ops.quant_words import mma_col, mma_order_words
 
     g = torch.Generator().manual_seed(17)
-    M, K, N = 24, 256, 80
+    M, K, N = 24, 256, 96
     q = torch.randint(0, 16, (K, N), generator=g)
     packed = mma_order_words(gptq_pack(q))
-    unpacked = torch.stack([(packed.to(torch.int64) >> (4 * i)) & 15 for i in range(8)], 1)
+    rows, cols = torch.arange(K // 8)[:, None], torch.arange(N)[None, :]
+    assert {mma_col(r, base + c) % 32 for r in range(4) for c in range(8)
+            for base in (0, 8, 16, 24)} == set(range(32))
+    logical = packed.gather(1, mma_col(rows, cols).expand(K // 8, N))
+    unpacked = torch.stack([(logical.to(torch.int64) >> (4 * i)) & 15 for i in range(8)], 1)
     chunks = unpacked.reshape(K // 32, 32, N)
     assert torch.equal(chunks.sort(dim=1).values, q.reshape(K // 32, 32, N).sort(dim=1).values)
     assert chunks[0, 8 * 1 + 4 * 1 + 3, 5] == q[16 + 8 + 2 + 1, 5]  # word 1, nibble e 3 + 4
@@ -354,7 +359,7 @@ def test_regs_p_takes_words_repacked_into_the_mma_order(dtype, zeros, splits, gr
     z = (torch.rand(K // group, N, generator=g) * 15).round().to(dt) if zeros \
         else torch.zeros(1, dtype=dt)
     x = torch.randn(M, K, generator=g).to(dt)
-    cfg = {"kind": "regs_p", "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits,
+    cfg = {"kind": "regs_p", "BM": 32, "BN": 64, "threads": 32, "stages": 2, "splits": splits,
            "SR": sr}
     kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros, "mma", **cfg)
     y = torch.zeros(M, N, dtype=dt)
@@ -405,7 +410,7 @@ def test_regs_w_over_slices_of_a_group(kind, dtype, zeros, group, H, sr, sum):
     from tiled.ops.quant_words import mma_order_words
 
     g = torch.Generator().manual_seed(23)
-    M, K, N = 40, 512, 80
+    M, K, N = 40, 512, 96
     q = torch.randint(0, 16, (K, N), generator=g)
     dt = getattr(torch, dtype)
     s = (torch.rand(K // group, N, generator=g) + 0.5).to(dt)
@@ -413,7 +418,7 @@ def test_regs_w_over_slices_of_a_group(kind, dtype, zeros, group, H, sr, sum):
         else torch.zeros(1, dtype=dt)
     x = torch.randn(M, K, generator=g).to(dt)
     words = mma_order_words(gptq_pack(q)) if kind == "regs_p" else gptq_pack(q)
-    cfg = {"kind": kind, "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": 2,
+    cfg = {"kind": kind, "BM": 32, "BN": 64, "threads": 32, "stages": 2, "splits": 2,
            "SR": sr, "H": H, "sum": sum}
     kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros,
                                        "mma" if kind == "regs_p" else "gptq", **cfg)

@@ -8,8 +8,10 @@ times 4- or 8-bit weights, dequantized in the main loop.
         (symmetric: vLLM's uint4b8), else zeros[k / group_size, n] (unpacked zero points, in
         the scales' dtype). layout="mma": qweight as repack_w4a16 made it from GPTQ's words
         (once, at load time: each 32-deep chunk's nibbles in the order the MMA's register
-        operand takes them), which the lanes form reads with X's indices permuted the same
-        way and the regs_p form unpacks without reordering X.
+        operand takes them, each row's words rotated inside 32-column blocks), which the
+        lanes form reads with X's indices permuted the same way and the regs_p form unpacks
+        without reordering X and without shared-memory bank conflicts; K and N multiples of
+        32.
     repack_w4a16(qweight) -> GPTQ words in the "mma" layout (quant_words.mma_order_words)
     linear_w8a16(x, qweight, scales) -> x @ W.T
         qweight int8 [N, K] (F.linear's layout), scales [N] per output channel:
@@ -63,7 +65,7 @@ from tiled.ops.quant_tiles import (
     _w4_tile_kernel,
     _w8_tile_kernel,
 )
-from tiled.ops.quant_words import _w4_words_kernel, _w8_words_kernel, mma_order_words
+from tiled.ops.quant_words import _w4_words_kernel, _w8_words_kernel, mma_col, mma_order_words
 from tiled.ops.split_k import run_split
 from tiled.ops.tuned import TunedOp
 
@@ -185,10 +187,10 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, layo
     if layout not in ("gptq", "mma"):
         raise ValueError(f"layout must be 'gptq' or 'mma', not {layout!r}")
     mismatched = (layout == "mma") != (kind == "regs_p") and kind != "lanes"
-    if mismatched or (layout == "mma" and (bits != 4 or K % 32 or group_size % 32)):
-        raise ValueError(f"the {bits}-bit {kind} form with group {group_size} over K = {K} "
+    if mismatched or (layout == "mma" and (bits != 4 or K % 32 or group_size % 32 or N % 32)):
+        raise ValueError(f"the {bits}-bit {kind} form with group {group_size}, K = {K}, N = {N} "
                          f"does not take the {layout!r} layout (mma: 4-bit lanes and regs_p, "
-                         "32-deep chunks in whole groups)")
+                         "32-deep chunks in whole groups, 32-column blocks)")
     if not _fits({"kind": kind, "BM": BM}, M, bits):
         raise ValueError(f"a {kind} {BM}-token tile is not for M = {M}")
     if sum != "kernel" and kind not in ("regs_w", "regs_p"):
@@ -231,6 +233,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, layo
                          "too large" if bits == 4 else "XS is for 4-bit weights")
     out, extra = _output(Md, N, out_dtype, splits)
     kx = _mma_k if layout == "mma" else (lambda k: k)  # X's index of a word's value
+    wcol = mma_col if layout == "mma" else (lambda w, n: n)  # where a row's word of n is
     if bits == 4:
         G = K // group_size
         wt, st = T.Tensor((KW, N), "int32"), T.Tensor((G, N), dtype)
@@ -271,7 +274,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, layo
                     w = (bz * per + kg * (per // KG) + step) * WPI + u
                     k0 = w * per_word
                     if bits == 4 and XS:
-                        word = Wq[w, col]
+                        word = Wq[w, wcol(w, col)]
                         zero = T.cast(Z[k0 // group_size, col], "float32") if zeros else 8.0
                         kl = k0 - bz * KS  # in the split's staged tokens
                         part = 0.0
@@ -280,7 +283,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, layo
                         part = part - zero * xsum[m, kl // 8]
                         total = total + part * T.cast(S[k0 // group_size, col], "float32")
                     elif bits == 4:
-                        word = Wq[w, col]
+                        word = Wq[w, wcol(w, col)]
                         zero = T.cast(Z[k0 // group_size, col], "float32") if zeros else None
                         part = 0.0
                         for i in range(8):
@@ -400,9 +403,11 @@ def repack_w4a16(qweight):
     at load time; the scales and zero points keep their layout."""
     import torch
 
-    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] % 4:
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] % 4 or \
+            qweight.shape[1] % 32:
         raise ValueError(f"tiled.ops.repack_w4a16: qweight {tuple(qweight.shape)} "
-                         f"{qweight.dtype} is not int32 [K / 8, N] with K a multiple of 32")
+                         f"{qweight.dtype} is not int32 [K / 8, N] with K and N multiples "
+                         "of 32")
     return mma_order_words(qweight.contiguous())
 
 
@@ -432,9 +437,10 @@ def linear_w4a16(x, qweight, scales, zeros=None, group_size: int = 128, layout: 
                          f"{(G, N)} {scales.dtype} (unpacked zero points) on {x.device}")
     if qweight.device != x.device:
         raise ValueError(f"tiled.ops.{op}: qweight is on {qweight.device}, x on {x.device}")
-    if layout == "mma" and (K % 32 or group_size % 32):
+    if layout == "mma" and (K % 32 or group_size % 32 or N % 32):
         raise ValueError(f"tiled.ops.{op}: the mma layout needs K ({K}) and group_size "
-                         f"({group_size}) in whole 32-deep chunks")
+                         f"({group_size}) in whole 32-deep chunks, N ({N}) in 32-column "
+                         "blocks")
     return _launch(op, x, x2, dtype, N, K, 4, group_size, zeros, qweight, scales, layout)
 
 

@@ -32,19 +32,32 @@ def _k_of(p):
     return _word_of(p) * 8 + _pair_of(p) + p % 2 * 4
 
 
+def mma_col(row, n):
+    """Where the "mma" layout stores column n's word of row `row` (the row's index along
+    K / 8): inside each 32-column block, rotated by 8 columns a row (row % 4). A warp of the
+    regs_p form reads, per load, 8 columns (its quads) of 4 consecutive rows (a quad's lanes:
+    a word a lane, rows 128 words apart in the shared tile); unrotated, the four rows' words
+    of a column share a bank (4-way conflicts), rotated, the 32 lanes take 32 banks. The
+    lanes form reads rotated rows too: runs of 8 columns stay together (16-byte loads)."""
+    return n // 32 * 32 + (n % 32 + 8 * (row % 4)) % 32
+
+
 def mma_order_words(qweight):
     """GPTQ's 4-bit words (int32 [K / 8, N], eight values along K a word, the lowest nibble
     first) with the nibbles of each 32-deep chunk of a column moved to where regs_w's
     unpacking takes them (the `regs_p` form): word i of the chunk holds, at nibble e + 4h,
     the value of K position 16 (e // 2) + 8 (e % 2) + 2i + h, which is the MMA position that
-    nibble feeds, so X's tile needs no reordering. Done once, at load time (as serving stacks
-    repack GPTQ weights for Marlin-style kernels); a torch tensor like qweight's, on its
-    device. The scales and zero points keep their layout (a group holds whole chunks)."""
+    nibble feeds, so X's tile needs no reordering; and each row's words rotated inside their
+    32-column blocks (mma_col), so that the form's shared loads meet no bank conflict. Done
+    once, at load time (as serving stacks repack GPTQ weights for Marlin-style kernels); a
+    torch tensor like qweight's, on its device. N a multiple of 32. The scales and zero
+    points keep their layout (a group holds whole chunks)."""
     import torch
 
     K8, N = qweight.shape
-    if (8 * K8) % 32:
-        raise ValueError(f"K = {8 * K8} is not a whole number of 32-deep chunks")
+    if (8 * K8) % 32 or N % 32:
+        raise ValueError(f"K = {8 * K8} and N = {N} must be whole numbers of 32-deep chunks "
+                         "and 32-column blocks")
     w = qweight.to(torch.int64) & 0xFFFFFFFF
     shifts = torch.arange(8, device=w.device) * 4
     nibbles = ((w[:, None, :] >> shifts[None, :, None]) & 15).reshape(8 * K8, N)  # [K, N]
@@ -54,7 +67,11 @@ def mma_order_words(qweight):
     src = d // 32 * 32 + (e // 2) * 16 + (e % 2) * 8 + 2 * i + h
     moved = nibbles[src].reshape(K8, 8, N) << shifts[None, :, None]
     words = moved.sum(dim=1)  # disjoint nibbles: the sum is their or
-    return (words - ((words >> 31) << 32)).to(torch.int32)
+    rows = torch.arange(K8, device=w.device)[:, None]
+    out = torch.empty_like(words)
+    out.scatter_(1, mma_col(rows, torch.arange(N, device=w.device)[None, :]).expand(K8, N),
+                 words)
+    return (out - ((out >> 31) << 32)).to(torch.int32)
 
 
 def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads, stages,
@@ -98,7 +115,8 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
         """ws (BN x hk, the MMA's K order) from slice i's words in wq (the group's)."""
         for n, p in T.Parallel(BN, hk):
             e = _pair_of(p)
-            word = wq[i * (hk // 8) + _word_of(p), n]
+            row = i * (hk // 8) + _word_of(p)
+            word = wq[row, mma_col(row, n) if packed else n]
             if in_place:  # pairs 0, 1 of the word, then 2, 3 of it shifted by 8
                 j = e % 2
                 src = T.if_then_else(e < 2, word, word >> 8)

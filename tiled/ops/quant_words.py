@@ -108,7 +108,6 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
     Md = T.dyn("M")
     KW, G = K // 8, K // group_size
     per = G // splits
-
     hk = group_size // H  # K of a slice (whole 32-wide chunks)
 
     def unpack(wq, i, ws, rows, both):
@@ -135,7 +134,7 @@ def _w4_words_kernel(N, K, dtype, out_dtype, group_size, zeros, BM, BN, threads,
 
     @T.macro
     def words(X, Wq, S, Z, acc, bx, by, bz):
-        def tag(i, name):  # one slice: the names of old
+        def tag(i, name):  # H = 1: the buffer names (so the kernels) of the form before H
             return name if H == 1 else f"{name}{i}"
 
         # X's tile: as copied (one a slice when packed, whose order is the MMA's), and in

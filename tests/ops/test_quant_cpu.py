@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiled.ops as ops
-from tiled.ops import quant
+from tiled.ops import quant, quant_words
 
 
 def gptq_pack(q):
@@ -48,7 +48,7 @@ def test_w4a16_matches_the_dequantized_product(M, zeros, layout):
                                               (1, 2, 1, 1)])
 def test_lanes_read_x_in_the_mma_layouts_order(splits, wpi, kg, xs):
     """The lanes form on "mma" words reads each word's values' tokens at their permuted K
-    (quant._mma_k), from global memory or staged (XS), over splits and lane groups."""
+    (quant_words.mma_k), from global memory or staged (XS), over splits and lane groups."""
     import tiled
 
     g = torch.Generator().manual_seed(29)
@@ -66,7 +66,7 @@ def test_lanes_read_x_in_the_mma_layouts_order(splits, wpi, kg, xs):
                [x, ops.repack_w4a16(gptq_pack(q)), s, z, y])
     w = (q.float() - 8.0) * s.float().repeat_interleave(group, 0)
     assert _rel(y, x.float() @ w) < 1e-2
-    assert sorted(quant._mma_k(p) for p in range(64)) == list(range(64))
+    assert sorted(quant_words.mma_k(p) for p in range(64)) == list(range(64))
 
 
 def test_the_mma_layout_takes_lanes_and_regs_p_only():

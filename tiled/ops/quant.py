@@ -65,7 +65,13 @@ from tiled.ops.quant_tiles import (
     _w4_tile_kernel,
     _w8_tile_kernel,
 )
-from tiled.ops.quant_words import _w4_words_kernel, _w8_words_kernel, mma_col, mma_order_words
+from tiled.ops.quant_words import (
+    _w4_words_kernel,
+    _w8_words_kernel,
+    mma_col,
+    mma_k,
+    mma_order_words,
+)
 from tiled.ops.split_k import run_split
 from tiled.ops.tuned import TunedOp
 
@@ -164,14 +170,6 @@ def _fits(cfg: dict, M: int, bits: int) -> bool:
     return m <= cfg["BM"] < 2 * m
 
 
-def _mma_k(p):
-    """The K index whose value position p of the "mma" layout's words holds (p = 8 w + s:
-    word w's nibble s; mma_order_words): in its 32-deep chunk, word i's nibble e + 4h holds
-    K position 16 (e // 2) + 8 (e % 2) + 2i + h."""
-    s, i = p % 8, (p % 32) // 8
-    return p // 32 * 32 + (s % 4) // 2 * 16 + s % 2 * 8 + 2 * i + s // 4
-
-
 def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, layout="gptq",
                         kind="lanes", BM=1, BN=512, threads=128, splits=1, WPI=2, stages=2,
                         KG=1, XS=0, sum="kernel", SR=0, H=1):
@@ -182,7 +180,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, layo
     each step's group scales through the pipelined loop's shared tiles (quant_tiles._GroupRows).
     `H` (4-bit regs_w / regs_p): a group's K in H slices, each slice unpacked while the one
     before it is in the MMA (quant_words._w4_words_kernel). `layout` "mma" (4-bit): the
-    words as repack_w4a16 leaves them, for the lanes form (X's indices permuted: _mma_k)
+    words as repack_w4a16 leaves them, for the lanes form (X's indices permuted: quant_words.mma_k)
     and regs_p, which takes nothing else."""
     if layout not in ("gptq", "mma"):
         raise ValueError(f"layout must be 'gptq' or 'mma', not {layout!r}")
@@ -232,7 +230,7 @@ def quant_linear_kernel(M, N, K, dtype, out_dtype, bits, group_size, zeros, layo
         raise ValueError(f"XS stages 4-bit tokens' {BM} x {KS} split in shared memory: "
                          "too large" if bits == 4 else "XS is for 4-bit weights")
     out, extra = _output(Md, N, out_dtype, splits)
-    kx = _mma_k if layout == "mma" else (lambda k: k)  # X's index of a word's value
+    kx = mma_k if layout == "mma" else (lambda k: k)  # X's index of a word's value
     wcol = mma_col if layout == "mma" else (lambda w, n: n)  # where a row's word of n is
     if bits == 4:
         G = K // group_size

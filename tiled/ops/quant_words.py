@@ -32,6 +32,15 @@ def _k_of(p):
     return _word_of(p) * 8 + _pair_of(p) + p % 2 * 4
 
 
+def mma_k(p):
+    """The K index whose value position p of the "mma" layout's words holds (p = 8 w + s:
+    word w's nibble s; mma_order_words): in its 32-deep chunk, word i's nibble e + 4h holds
+    K position 16 (e // 2) + 8 (e % 2) + 2i + h. Python ints, DSL expressions or torch
+    tensors."""
+    s, i = p % 8, (p % 32) // 8
+    return p // 32 * 32 + (s % 4) // 2 * 16 + s % 2 * 8 + 2 * i + s // 4
+
+
 def mma_col(row, n):
     """Where the "mma" layout stores column n's word of row `row` (the row's index along
     K / 8): inside each 32-column block, rotated by 8 columns a row (row % 4). A warp of the
@@ -61,10 +70,7 @@ def mma_order_words(qweight):
     w = qweight.to(torch.int64) & 0xFFFFFFFF
     shifts = torch.arange(8, device=w.device) * 4
     nibbles = ((w[:, None, :] >> shifts[None, :, None]) & 15).reshape(8 * K8, N)  # [K, N]
-    d = torch.arange(8 * K8, device=w.device)  # the destination: chunk, word i, nibble s
-    i, s = (d % 32) // 8, d % 8
-    e, h = s % 4, s // 4
-    src = d // 32 * 32 + (e // 2) * 16 + (e % 2) * 8 + 2 * i + h
+    src = mma_k(torch.arange(8 * K8, device=w.device))  # each destination's K
     moved = nibbles[src].reshape(K8, 8, N) << shifts[None, :, None]
     words = moved.sum(dim=1)  # disjoint nibbles: the sum is their or
     rows = torch.arange(K8, device=w.device)[:, None]

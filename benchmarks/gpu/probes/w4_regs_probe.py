@@ -88,7 +88,7 @@ def configs():
 
 def _form(c) -> str:
     """The form a config belongs to in the results' `best`: its kind, "+last" with sum="last",
-    "+SR" with SR=1."""
+    "+H2" / "+H4" with H slices, "+SR" with SR=1."""
     return c["kind"] + ("+last" if c.get("sum") == "last" else "") + \
         (f"+H{c['H']}" if c.get("H", 1) > 1 else "") + ("+SR" if c.get("SR") else "")
 

@@ -23,6 +23,36 @@ def _rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _form_error(cfg, M, K, N, group, dtype="bfloat16", zeros=False, seed=0, select=None,
+                layout=None, round_zeros=True) -> float:
+    """The relative error against the dequantized product of config `cfg`'s kernel (its
+    kind included), run on the cpu target through quant._run as the op runs it, on M tokens
+    and random 4-bit weights from `seed`: zero points whole numbers unless `round_zeros` is
+    False, the words repacked for the "mma" layout (regs_p's by default). `select`: the M the
+    factory selects the config for (default M; the kernel's M is symbolic)."""
+    import tiled
+
+    layout = layout or ("mma" if cfg["kind"] == "regs_p" else "gptq")
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (K, N), generator=g)
+    dt = getattr(torch, dtype)
+    s = (torch.rand(K // group, N, generator=g) + 0.5).to(dt)
+    if zeros:
+        z = torch.rand(K // group, N, generator=g) * 15
+        z = (z.round() if round_zeros else z).to(dt)
+    else:
+        z = torch.zeros(1, dtype=dt)
+    x = torch.randn(M, K, generator=g).to(dt)
+    words = gptq_pack(q) if layout == "gptq" else ops.repack_w4a16(gptq_pack(q))
+    kernel = quant.quant_linear_kernel(select or M, N, K, dtype, dtype, 4, group, zeros, layout,
+                                       **cfg)
+    y = torch.zeros(M, N, dtype=dt)
+    quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, words, s, z, y])
+    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
+    w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
+    return _rel(y, x.float() @ w)
+
+
 @pytest.mark.parametrize("layout", ["gptq", "mma"])
 @pytest.mark.parametrize("zeros", [False, True])
 @pytest.mark.parametrize("M", [1, 3, 20])
@@ -49,23 +79,9 @@ def test_w4a16_matches_the_dequantized_product(M, zeros, layout):
 def test_lanes_read_x_in_the_mma_layouts_order(splits, wpi, kg, xs):
     """The lanes form on "mma" words reads each word's values' tokens at their permuted K
     (quant_words.mma_k), from global memory or staged (XS), over splits and lane groups."""
-    import tiled
-
-    g = torch.Generator().manual_seed(29)
-    M, K, N, group = 5, 512, 64, 128
-    q = torch.randint(0, 16, (K, N), generator=g)
-    s = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.bfloat16)
-    z = torch.zeros(1, dtype=torch.bfloat16)
-    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     cfg = {"kind": "lanes", "BM": 8, "BN": 64, "threads": 32, "splits": splits,
            "WPI": wpi, "KG": kg, "XS": xs}
-    kernel = quant.quant_linear_kernel(8, N, K, "bfloat16", "bfloat16", 4, group, False, "mma",
-                                       **cfg)
-    y = torch.zeros(M, N, dtype=torch.bfloat16)
-    quant._run(tiled.compile(kernel, target="cpu"), cfg,
-               [x, ops.repack_w4a16(gptq_pack(q)), s, z, y])
-    w = (q.float() - 8.0) * s.float().repeat_interleave(group, 0)
-    assert _rel(y, x.float() @ w) < 1e-2
+    assert _form_error(cfg, 5, 512, 64, 128, seed=29, select=8, layout="mma") < 1e-2
     assert sorted(quant_words.mma_k(p) for p in range(64)) == list(range(64))
 
 
@@ -98,27 +114,12 @@ def test_each_w4a16_kernel_form(kind, zeros, splits, kg, xs):
     splitk_sum adds (quant._run, as the op runs them), and over K inside a block (lanes' KG
     lane groups), with the tokens staged in shared (XS); the tile forms also with their group
     scales (and zero points) through shared tiles (SR), the ragged column tile's past N."""
-    import tiled
-
-    g = torch.Generator().manual_seed(11)
-    M, K, N, group = 40, 256, 80, 128
-    q = torch.randint(0, 16, (K, N), generator=g)
-    s = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.bfloat16)
-    z = (torch.rand(K // group, N, generator=g) * 15).round().to(torch.bfloat16) if zeros \
-        else torch.zeros(1, dtype=torch.bfloat16)
-    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     cfg = ({"BM": 16, "BN": 64, "threads": 32, "splits": splits, "WPI": 2, "KG": kg, "XS": xs}
            if kind == "lanes"
            else {"BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits,
                  **({"SR": 1} if xs == "SR" else {})})
-    kernel = quant.quant_linear_kernel(64, N, K, "bfloat16", "bfloat16", 4, group, zeros,
-                                       kind=kind, **cfg)
-    y = torch.zeros(M, N, dtype=torch.bfloat16)
-    quant._run(tiled.compile(kernel, target="cpu"), {"kind": kind, **cfg},
-               [x, gptq_pack(q), s, z, y])
-    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
-    w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
-    assert _rel(y, x.float() @ w) < 1e-2
+    assert _form_error({"kind": kind, **cfg}, 40, 256, 80, 128, zeros=zeros, seed=11,
+                       select=64) < 1e-2
 
 
 @pytest.mark.parametrize("M", [1, 5])
@@ -339,12 +340,10 @@ def test_regs_p_takes_words_repacked_into_the_mma_order(dtype, zeros, splits, gr
     inside 32-column blocks so that a warp's loads (8 columns of 4 rows a load) take 32
     banks; regs_p on the repacked words multiplies X's tile as copied and gives the
     dequantized product, as regs_w does on GPTQ's words, with a ragged column tile."""
-    import tiled
     from tiled.ops.quant_words import mma_col, mma_order_words
 
-    g = torch.Generator().manual_seed(17)
-    M, K, N = 24, 256, 96
-    q = torch.randint(0, 16, (K, N), generator=g)
+    K, N = 256, 96
+    q = torch.randint(0, 16, (K, N), generator=torch.Generator().manual_seed(17))
     packed = mma_order_words(gptq_pack(q))
     rows, cols = torch.arange(K // 8)[:, None], torch.arange(N)[None, :]
     assert {mma_col(r, base + c) % 32 for r in range(4) for c in range(8)
@@ -354,19 +353,9 @@ def test_regs_p_takes_words_repacked_into_the_mma_order(dtype, zeros, splits, gr
     chunks = unpacked.reshape(K // 32, 32, N)
     assert torch.equal(chunks.sort(dim=1).values, q.reshape(K // 32, 32, N).sort(dim=1).values)
     assert chunks[0, 8 * 1 + 4 * 1 + 3, 5] == q[16 + 8 + 2 + 1, 5]  # word 1, nibble e 3 + 4
-    dt = getattr(torch, dtype)
-    s = (torch.rand(K // group, N, generator=g) + 0.5).to(dt)
-    z = (torch.rand(K // group, N, generator=g) * 15).round().to(dt) if zeros \
-        else torch.zeros(1, dtype=dt)
-    x = torch.randn(M, K, generator=g).to(dt)
     cfg = {"kind": "regs_p", "BM": 32, "BN": 64, "threads": 32, "stages": 2, "splits": splits,
            "SR": sr}
-    kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros, "mma", **cfg)
-    y = torch.zeros(M, N, dtype=dt)
-    quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, packed, s, z, y])
-    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
-    w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
-    assert _rel(y, x.float() @ w) < 1e-2
+    assert _form_error(cfg, 24, K, N, group, dtype, zeros, seed=17, select=32) < 1e-2
 
 
 def test_regs_p_has_no_reordering_in_its_loop(tmp_path):
@@ -406,27 +395,9 @@ def test_regs_w_over_slices_of_a_group(kind, dtype, zeros, group, H, sr, sum):
     product, slice i + 1 unpacked into the other set of registers): the dequantized product,
     over two splits (added up by splitk_sum or in the kernel), a ragged token tile and a
     ragged column tile."""
-    import tiled
-    from tiled.ops.quant_words import mma_order_words
-
-    g = torch.Generator().manual_seed(23)
-    M, K, N = 40, 512, 96
-    q = torch.randint(0, 16, (K, N), generator=g)
-    dt = getattr(torch, dtype)
-    s = (torch.rand(K // group, N, generator=g) + 0.5).to(dt)
-    z = (torch.rand(K // group, N, generator=g) * 15).round().to(dt) if zeros \
-        else torch.zeros(1, dtype=dt)
-    x = torch.randn(M, K, generator=g).to(dt)
-    words = mma_order_words(gptq_pack(q)) if kind == "regs_p" else gptq_pack(q)
     cfg = {"kind": kind, "BM": 32, "BN": 64, "threads": 32, "stages": 2, "splits": 2,
            "SR": sr, "H": H, "sum": sum}
-    kernel = quant.quant_linear_kernel(32, N, K, dtype, dtype, 4, group, zeros,
-                                       "mma" if kind == "regs_p" else "gptq", **cfg)
-    y = torch.zeros(M, N, dtype=dt)
-    quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, words, s, z, y])
-    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
-    w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
-    assert _rel(y, x.float() @ w) < 1e-2
+    assert _form_error(cfg, 40, 512, 96, group, dtype, zeros, seed=23, select=32) < 1e-2
 
 
 def test_slices_of_a_group_are_checked():
@@ -478,22 +449,9 @@ def test_regs_w_in_float16(zeros, splits, group):
     scaled by 1/16 after): exact, so within float16's rounding of the dequantized product.
     With zero points each value is q exactly, minus its zero point rounded once to float16
     (fractional zero points too), then the group scale after the MMA."""
-    import tiled
-
-    g = torch.Generator().manual_seed(13)
-    M, K, N = 24, 256, 80
-    q = torch.randint(0, 16, (K, N), generator=g)
-    s = (torch.rand(K // group, N, generator=g) + 0.5).to(torch.float16)
-    z = (torch.rand(K // group, N, generator=g) * 15).to(torch.float16) if zeros \
-        else torch.zeros(1, dtype=torch.float16)  # zero points not integers
-    x = torch.randn(M, K, generator=g).to(torch.float16)
     cfg = {"kind": "regs_w", "BM": 32, "BN": 32, "threads": 32, "stages": 2, "splits": splits}
-    kernel = quant.quant_linear_kernel(32, N, K, "float16", "float16", 4, group, zeros, **cfg)
-    y = torch.zeros(M, N, dtype=torch.float16)
-    quant._run(tiled.compile(kernel, target="cpu"), cfg, [x, gptq_pack(q), s, z, y])
-    zz = z.float().repeat_interleave(group, 0) if zeros else 8.0
-    w = (q.float() - zz) * s.float().repeat_interleave(group, 0)
-    assert _rel(y, x.float() @ w) < 1e-3
+    assert _form_error(cfg, 24, 256, 80, group, "float16", zeros, seed=13, select=32,
+                       round_zeros=False) < 1e-3  # zero points not integers
 
 
 @pytest.mark.parametrize("dtype,tokens", [("float16", 16), ("bfloat16", 32)])
